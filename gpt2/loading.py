@@ -1,0 +1,188 @@
+"""Load GPT-2 weights from the Hugging Face hub or from local safetensors files.
+
+Where the weights come from (`load_gpt2`'s argument):
+  - "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl": the openai-community repos on the hub,
+  - any other hub repo id "owner/name",
+  - a local directory with model.safetensors (and config.json; without it the config is inferred),
+  - a single .safetensors file (config inferred from the tensor shapes, head size 64).
+
+Two key layouts exist. The hub files hold "wte.weight", "h.0.attn.c_attn.weight", ... with the
+linear weights stored [in, out] (OpenAI's Conv1D), plus a causal-mask buffer "h.N.attn.bias" per
+layer that we never read. Files written by transformers' save_pretrained prefix every key with
+"transformer." and may hold "lm_head.weight" (a copy of wte.weight). Both load.
+
+Weights are never unpickled, and the model is built on the "meta" device (no memory, no random
+init) so the loaded tensors become its parameters directly: peak memory stays near the size of
+the weights.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .config import GPT2Config
+from .model import GPT2
+
+OFFICIAL_REPOS = {
+    "gpt2": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+}
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+# The four linear layers per block, stored [in, out] in the checkpoints (we use [out, in]).
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Tensors a checkpoint may carry that the model does not need.
+IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
+
+
+class CheckpointError(Exception):
+    """The weights could not be found, downloaded or read. The message says what to do."""
+
+
+def load_gpt2(name_or_path, device=None, dtype=None) -> GPT2:
+    """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode."""
+    config, weights_path = resolve_checkpoint(name_or_path)
+    return load_safetensors(weights_path, config, device=device, dtype=dtype)
+
+
+def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
+    """Find (and if needed download) the weights. Returns (config or None to infer, weights path)."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise CheckpointError(
+                f"{path} is not a .safetensors file. Only safetensors weights are read (pickled "
+                f".bin/.pt files can run code when loaded); pass a model.safetensors file or its folder."
+            )
+        return None, path
+    if path.is_dir():
+        weights = path / WEIGHTS_NAME
+        if not weights.is_file():
+            raise CheckpointError(
+                f"The folder {path} has no {WEIGHTS_NAME}. Put the weights there (with "
+                f"{CONFIG_NAME}), or pass the .safetensors file itself."
+            )
+        config_file = path / CONFIG_NAME
+        return (read_config(config_file) if config_file.is_file() else None), weights
+    if text in OFFICIAL_REPOS:
+        return download_from_hub(OFFICIAL_REPOS[text])
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", text) and not text.endswith(".safetensors"):
+        return download_from_hub(text)
+    if text.endswith(".safetensors") or text.startswith(("/", ".", "~")) or "\\" in text:
+        raise CheckpointError(f"No such file or folder: {path}")
+    raise CheckpointError(
+        f"Unknown model {text!r}. Use one of {', '.join(OFFICIAL_REPOS)}, a hub repo id "
+        f"'owner/name', a local folder with {CONFIG_NAME} + {WEIGHTS_NAME}, or a .safetensors file."
+    )
+
+
+def download_from_hub(repo_id: str) -> tuple[GPT2Config, Path]:
+    """Fetch config.json and model.safetensors with huggingface_hub (its cache, HF_HUB_OFFLINE and
+    HF_TOKEN apply)."""
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    files = {}
+    for filename in (CONFIG_NAME, WEIGHTS_NAME):
+        try:
+            files[filename] = Path(huggingface_hub.hf_hub_download(repo_id, filename))
+        except RepositoryNotFoundError:
+            raise CheckpointError(
+                f"The hub has no repo {repo_id!r} (or it is private: set HF_TOKEN). Check the name."
+            ) from None
+        except Exception as e:  # offline, unreachable, missing file, ...
+            raise CheckpointError(
+                f"Could not get {filename} of {repo_id!r} from the Hugging Face hub, nor find it in "
+                f"the local cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
+                f"If this machine is offline, download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} "
+                f"elsewhere and pass their folder instead, e.g. load_gpt2('/path/to/{repo_id.split('/')[-1]}') "
+                f"or --target /path/to/folder on the command line."
+            ) from None
+    return read_config(files[CONFIG_NAME]), files[WEIGHTS_NAME]
+
+
+def read_config(path: Path) -> GPT2Config:
+    try:
+        return GPT2Config.from_hf_dict(json.loads(Path(path).read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); download it again.") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None) -> GPT2:
+    """Build a GPT2 whose parameters are the tensors of a safetensors file (either key layout)."""
+    path = Path(path)
+    device = torch.device(device or "cpu")
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            file_keys = list(f.keys())
+            prefix = "transformer." if any(k.startswith("transformer.") for k in file_keys) else ""
+            # name in our model -> shape in the file
+            shapes = {k[len(prefix):] if k.startswith(prefix) else k: tuple(f.get_slice(k).get_shape()) for k in file_keys}
+            if config is None:
+                config = infer_config(shapes, path)
+            with torch.device("meta"):
+                model = GPT2(config)
+            expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+            check_tensor_names_and_shapes(shapes, expected, path)
+            state = {}
+            for name in expected:
+                tensor = f.get_tensor(prefix + name)
+                if name.endswith(CONV1D_SUFFIXES):
+                    tensor = tensor.t()  # [in, out] -> [out, in]
+                state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
+                del tensor
+    except SafetensorError as e:
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({e}). It may be truncated or corrupt: "
+            f"delete it and download it again."
+        ) from None
+    model.load_state_dict(state, assign=True)
+    return model.requires_grad_(False).eval()
+
+
+def infer_config(shapes: dict, path) -> GPT2Config:
+    """Config from tensor shapes: wte [vocab, n_embd], wpe [n_positions, n_embd], h.N.* layers."""
+    if "wte.weight" not in shapes or "wpe.weight" not in shapes:
+        raise CheckpointError(
+            f"{path} has no wte.weight/wpe.weight tensors: it is not a GPT-2 checkpoint."
+        )
+    vocab_size, n_embd = shapes["wte.weight"]
+    n_positions = shapes["wpe.weight"][0]
+    layers = {int(m.group(1)) for k in shapes if (m := re.match(r"h\.(\d+)\.", k))}
+    if n_embd % 64:
+        raise CheckpointError(
+            f"{path}: n_embd={n_embd} is not a multiple of 64, so the number of heads can't be "
+            f"inferred; put a config.json beside the weights."
+        )
+    return GPT2Config(n_layer=len(layers), n_head=n_embd // 64, n_embd=n_embd,
+                      n_positions=n_positions, vocab_size=vocab_size)
+
+
+def check_tensor_names_and_shapes(shapes: dict, expected: dict, path) -> None:
+    """shapes: name -> shape in the file; expected: name -> shape in our model ([out, in])."""
+    for name, shape in expected.items():
+        file_shape = tuple(reversed(shape)) if name.endswith(CONV1D_SUFFIXES) else shape
+        if name not in shapes:
+            raise CheckpointError(
+                f"{path} is missing the tensor {name!r}: the file is incomplete or does not match "
+                f"its config (n_layer etc.). Download it again, or fix config.json."
+            )
+        if shapes[name] != file_shape:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {list(shapes[name])}, expected "
+                f"{list(file_shape)} for this config. The config.json does not match the weights."
+            )
+    unexpected = [k for k in shapes if k not in expected and not IGNORED.match(k)]
+    if unexpected:
+        raise CheckpointError(
+            f"{path} holds tensors this GPT-2 config does not have ({', '.join(unexpected[:5])}"
+            f"{', ...' if len(unexpected) > 5 else ''}). The config.json does not match the weights."
+        )

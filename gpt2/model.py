@@ -1,0 +1,167 @@
+"""GPT-2, written out by hand: embeddings, pre-LayerNorm blocks, causal self-attention, MLP, and an
+output head tied to the token embedding. Parameter names match the official checkpoints
+(wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), so loading is a rename-free copy.
+"""
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPT2Config
+from .kv_cache import KVCache
+
+# On x86 CPUs PyTorch sends fp32 matmuls to MKL, whose kernels for a few rows (batch 1, a handful
+# of tokens) are slow on AMD processors: verifying 5 tokens costs ~5x one token there, which would
+# erase the point of speculative decoding. oneDNN (also inside PyTorch) does these shapes at the
+# speed of reading the weights once. Same math, same fp32; set GPT2_ONEDNN=0 to compare.
+USE_ONEDNN = os.environ.get("GPT2_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias, with weight [out, in] as in nn.Linear."""
+    if (
+        USE_ONEDNN
+        and x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
+        # Inference only: this op has no autograd formula, so training falls back to F.linear.
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
+        self.c_proj = Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x, attn_mask, cache: KVCache | None, layer: int):
+        """x [B, T, C] -> [B, T, C]. attn_mask [T, T_past + T] (True = may attend) or None."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # [B, T, C] -> [B, n_head, T, head_dim]
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # now [B, n_head, T_past + T, head_dim]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(self, x, attn_mask, cache, layer):
+        x = x + self.attn(self.ln_1(x), attn_mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embedding
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)  # position embedding
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        # The output head is wte.weight itself (weight tying): logits = x @ wte.weight.T
+
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None
+    ) -> torch.Tensor:
+        """idx [B, T] token ids -> logits [B, T, vocab_size].
+
+        With a cache, idx continues the sequence at position cache.length, its keys/values are
+        written into the cache and cache.length grows by T. num_last_logits=n computes the
+        output head for the last n positions only (logits [B, n, vocab_size]): generation needs
+        only those, and on a long prompt the head is a large share of the work.
+        """
+        start = cache.length if cache is not None else 0
+        self._check_input(idx, start, cache)
+        T = idx.shape[1]
+        positions = torch.arange(start, start + T, device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        # Query i (at position start+i) may attend to keys 0..start+i. One token needs no mask.
+        attn_mask = None
+        if T > 1:
+            key_positions = torch.arange(start + T, device=idx.device)
+            attn_mask = key_positions[None, :] <= positions[:, None]
+        for layer, block in enumerate(self.h):
+            x = block(x, attn_mask, cache, layer)
+        if cache is not None:
+            cache.advance(T)
+        if num_last_logits is not None:
+            x = x[:, -num_last_logits:]
+        return linear(self.ln_f(x), self.wte.weight, None)
+
+    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        """An empty cache with room for max_len positions (default: n_positions)."""
+        c = self.config
+        max_len = c.n_positions if max_len is None else max_len
+        if not 1 <= max_len <= c.n_positions:
+            raise ValueError(f"max_len must be between 1 and n_positions={c.n_positions}, got {max_len}")
+        w = self.wte.weight
+        return KVCache(c.n_layer, batch_size, c.n_head, max_len, c.head_dim, w.device, w.dtype)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def _check_input(self, idx, start, cache):
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
+            got = f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise ValueError(f"idx must be a LongTensor of token ids with shape [B, T]; got {got}")
+        B, T = idx.shape
+        if T == 0:
+            raise ValueError("idx has no tokens (T = 0): feed at least one token")
+        n_pos = self.config.n_positions
+        if start + T > n_pos:
+            raise ValueError(
+                f"Positions {start}..{start + T - 1} do not fit the context window of "
+                f"n_positions={n_pos}: the sequence can hold at most {n_pos} tokens in all. "
+                f"Shorten the prompt or generate fewer tokens."
+            )
+        if cache is not None:
+            if start + T > cache.max_len:
+                raise ValueError(
+                    f"The KV cache holds {start} positions and has room for {cache.max_len}; "
+                    f"{T} more don't fit. Make a larger one with model.new_kv_cache(max_len=...) "
+                    f"or roll it back with cache.truncate()."
+                )
+            if B != cache.batch_size:
+                raise ValueError(f"idx has batch size {B} but the KV cache was made for {cache.batch_size}")
+        lo, hi = idx.aminmax()
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = int(lo) if lo < 0 else int(hi)
+            raise ValueError(
+                f"Token id {bad} is outside the vocabulary [0, {self.config.vocab_size}) of this model"
+            )
+
+
+
+__all__ = ["GPT2", "GPT2Config", "KVCache", "linear"]

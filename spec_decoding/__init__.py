@@ -1,0 +1,17 @@
+"""Speculative decoding on top of the hand-written GPT-2.
+
+p is the target's next-token distribution (the big model whose output we want), q the draft's
+(the small model that proposes tokens).
+"""
+
+from .autoregressive import autoregressive_generate
+from .greedy import speculative_sampling_greedy
+from .result import GenerationResult, GenerationStats
+from .sampling import logits_to_probs, sample
+from .speculative import modified_rejection_sampling, residual_distribution, speculative_sampling
+
+__all__ = [
+    "autoregressive_generate", "speculative_sampling_greedy", "speculative_sampling",
+    "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
+    "GenerationResult", "GenerationStats",
+]

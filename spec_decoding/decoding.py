@@ -1,0 +1,137 @@
+"""Pieces the three generators share: checking their inputs, feeding a model the tokens its cache
+has not seen, and taking output tokens until a stop condition."""
+
+import torch
+
+from gpt2 import GPT2
+from .result import (FROM_BONUS, FROM_CORRECTION, FROM_TARGET, STOP_CONTEXT_FULL, STOP_EOS,
+                     STOP_MAX_GEN, GenerationStats)
+
+
+def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
+    """A list of ints or a 1-D LongTensor -> list of ints, checked against the model."""
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() != 1 or prompt_ids.dtype not in (torch.long, torch.int, torch.int16):
+            raise ValueError(
+                f"prompt_ids must be a 1-D LongTensor (or a list of ints); got shape "
+                f"{tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}"
+            )
+        prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not all(isinstance(t, int) for t in prompt_ids):
+        raise ValueError("prompt_ids must be a list of token ids (ints); encode text with gpt2.encode()")
+    prompt = list(prompt_ids)
+    if not prompt:
+        raise ValueError("prompt_ids is empty: give at least one token (e.g. [50256], <|endoftext|>)")
+    vocab = model.config.vocab_size
+    if bad := [t for t in prompt if not 0 <= t < vocab]:
+        raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    n_pos = model.config.n_positions
+    if len(prompt) >= n_pos:
+        raise ValueError(
+            f"The prompt has {len(prompt)} tokens but the context window holds {n_pos}: it must be "
+            f"shorter than {n_pos} to leave room for new tokens. Shorten the prompt."
+        )
+    return prompt
+
+
+def check_positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def check_sampling_args(temperature, top_k, top_p) -> None:
+    if not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def check_pair(target: GPT2, draft: GPT2) -> None:
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise ValueError(
+            f"The draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
+            f"({target.config.vocab_size}): speculative decoding needs both models to share one "
+            f"tokenizer. Pick a draft from the same family."
+        )
+    if target.wte.weight.device != draft.wte.weight.device:
+        raise ValueError(
+            f"target is on {target.wte.weight.device} but draft is on {draft.wte.weight.device}; "
+            f"load both on the same device"
+        )
+
+
+def new_cache(model: GPT2, prompt_len: int, max_gen: int):
+    """A KV cache with room for the longest sequence this generation can feed."""
+    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen))
+
+
+def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
+    """Feed the tokens the cache has not seen yet (tokens[cache.length:]), return the logits of the
+    last num_last_logits positions, [num_last_logits, V].
+
+    This one rule covers the prompt (the first call feeds all of it), a single decoding step, and
+    the target's verification of the draft tokens."""
+    new = torch.tensor([tokens[cache.length:]], device=model.wte.weight.device)
+    return model(new, cache, num_last_logits=num_last_logits)[0]
+
+
+def take_tokens(tokens: list[int], out: list[int], stats: GenerationStats, new_tokens, sources,
+                eos_id: int | None, max_gen: int, n_positions: int, on_tokens=None) -> str | None:
+    """Append new tokens to the sequence `tokens` (prompt included) and to the output `out`,
+    noting where each came from; nothing is taken after eos. Returns the stop reason, or None."""
+    taken = 0
+    stop = None
+    for token, source in zip(new_tokens, sources):
+        tokens.append(token)
+        out.append(token)
+        stats.token_sources.append(source)
+        taken += 1
+        if token == eos_id:
+            stop = STOP_EOS
+            break
+    if on_tokens:
+        on_tokens(list(new_tokens[:taken]), list(sources[:taken]))
+    if stop is None and len(out) >= max_gen:
+        stop = STOP_MAX_GEN
+    if stop is None and len(tokens) >= n_positions:
+        stop = STOP_CONTEXT_FULL
+    return stop
+
+
+def round_gamma(gamma: int, out_len: int, max_gen: int, seq_len: int, target: GPT2, draft: GPT2) -> int:
+    """How many tokens to draft this round: gamma, fewer near the end. A round outputs up to g + 1
+    tokens, so g + 1 <= tokens still allowed keeps the output within max_gen and the context window
+    (no model is ever fed a position >= its n_positions). 0 means a plain target step."""
+    tokens_left = min(max_gen - out_len,
+                      target.config.n_positions - seq_len,
+                      draft.config.n_positions - seq_len)
+    return max(0, min(gamma, tokens_left - 1))
+
+
+def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int) -> None:
+    stats.target_calls += 1
+    stats.draft_calls += n_drafted
+    if n_drafted:
+        stats.rounds += 1
+        stats.tokens_drafted += n_drafted
+        stats.tokens_accepted += n_accepted
+        for i in range(n_drafted):
+            stats.drafted_by_position[i] += 1
+            stats.accepted_by_position[i] += i < n_accepted
+
+
+def roll_back(target_cache, draft_cache, seq_len: int) -> None:
+    """After a round, both caches keep the accepted sequence minus its last token (the next round
+    feeds it). The target saw every draft token, so it always moves back; the draft never saw its
+    own last proposal, so after a fully accepted round it is one short and stays where it is: the
+    next round feeds it the two tokens it lacks."""
+    target_cache.truncate(seq_len - 1)
+    draft_cache.truncate(min(draft_cache.length, seq_len - 1))
+
+
+def last_token_source(n_accepted: int, n_drafted: int) -> str:
+    if n_drafted == 0:
+        return FROM_TARGET
+    return FROM_BONUS if n_accepted == n_drafted else FROM_CORRECTION

@@ -1,0 +1,61 @@
+"""What the generators return: the new tokens and statistics about how they were made."""
+
+from dataclasses import asdict, dataclass, field
+
+# Where each output token came from.
+FROM_DRAFT = "draft"  # a draft token the target accepted
+FROM_CORRECTION = "correction"  # the target's token in place of the first rejected draft token
+FROM_BONUS = "bonus"  # the target's extra token after all gamma draft tokens were accepted
+FROM_TARGET = "target"  # plain autoregressive decoding (the baseline)
+
+STOP_MAX_GEN = "max_gen"
+STOP_EOS = "eos"
+STOP_CONTEXT_FULL = "context_full"
+
+
+@dataclass
+class GenerationStats:
+    target_calls: int = 0  # forward passes of the target (the first one includes the prompt)
+    draft_calls: int = 0  # forward passes of the draft
+    rounds: int = 0  # draft-then-verify rounds
+    tokens_drafted: int = 0
+    tokens_accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that drafted position i
+    accepted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that accepted it
+    token_sources: list[str] = field(default_factory=list)  # one FROM_* per output token
+    stop_reason: str = ""  # STOP_MAX_GEN, STOP_EOS or STOP_CONTEXT_FULL
+    seconds: float = 0.0  # wall time of the whole generation, prompt included
+
+    @property
+    def tokens_generated(self) -> int:
+        return len(self.token_sources)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted draft tokens (None when nothing was drafted)."""
+        return self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        return self.tokens_generated / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float | None]:
+        return [a / d if d else None for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_generated / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("tokens_generated", "acceptance_rate", "tokens_per_target_call",
+                     "acceptance_by_position", "tokens_per_second"):
+            d[name] = getattr(self, name)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # the new tokens only (the prompt is not repeated)
+    stats: GenerationStats
