@@ -64,12 +64,12 @@ class GPT2Config:
             "n_ctx": self.n_positions,
             "vocab_size": self.vocab_size,
             "layer_norm_epsilon": self.layer_norm_epsilon,
-            "bos_token_id": 50256,
-            "eos_token_id": 50256,
             "resid_pdrop": 0.0,
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
             "tie_word_embeddings": True,
+            # <|endoftext|>, where the vocabulary has it
+            **({"bos_token_id": 50256, "eos_token_id": 50256} if self.vocab_size > 50256 else {}),
         }
 
     def with_(self, **changes) -> "GPT2Config":

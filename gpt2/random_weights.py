@@ -1,0 +1,95 @@
+"""Random-weight GPT-2 checkpoints in the exact hub layout, for tests and benchmarks offline.
+
+The cost of running a model does not depend on its weight values, so a random checkpoint of the
+gpt2-large shape times like the real one. `save_agreeing_pair` makes a draft/target pair that
+agrees often, like GPT-2 Small and Large do on real text: the draft is the target's first blocks,
+and the target's remaining blocks are damped so they change the output little.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .config import GPT2Config
+
+LAYOUTS = ("hub", "transformers")
+MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.bias$")
+
+
+def random_hub_state_dict(config: GPT2Config, seed: int = 0, std: float = 0.02,
+                          embedding_std: float | None = None) -> dict[str, torch.Tensor]:
+    """Tensors named and shaped as in the openai-community files: linear weights [in, out], and
+    the float32 causal-mask buffer h.N.attn.bias [1, 1, n_positions, n_positions] per layer."""
+    g = torch.Generator().manual_seed(seed)
+    E, P, V = config.n_embd, config.n_positions, config.vocab_size
+
+    def randn(*shape, scale=std):
+        return torch.randn(*shape, generator=g) * scale
+
+    emb = std if embedding_std is None else embedding_std
+    sd = {"wte.weight": randn(V, E, scale=emb), "wpe.weight": randn(P, E, scale=emb)}
+    mask = torch.tril(torch.ones(P, P)).view(1, 1, P, P)
+    for i in range(config.n_layer):
+        h = f"h.{i}."
+        sd[h + "ln_1.weight"] = 1 + randn(E)
+        sd[h + "ln_1.bias"] = randn(E)
+        sd[h + "attn.bias"] = mask  # the buffer the real files carry; shared storage is fine here
+        sd[h + "attn.c_attn.weight"] = randn(E, 3 * E)
+        sd[h + "attn.c_attn.bias"] = randn(3 * E)
+        sd[h + "attn.c_proj.weight"] = randn(E, E)
+        sd[h + "attn.c_proj.bias"] = randn(E)
+        sd[h + "ln_2.weight"] = 1 + randn(E)
+        sd[h + "ln_2.bias"] = randn(E)
+        sd[h + "mlp.c_fc.weight"] = randn(E, 4 * E)
+        sd[h + "mlp.c_fc.bias"] = randn(4 * E)
+        sd[h + "mlp.c_proj.weight"] = randn(4 * E, E)
+        sd[h + "mlp.c_proj.bias"] = randn(E)
+    sd["ln_f.weight"] = 1 + randn(E)
+    sd["ln_f.bias"] = randn(E)
+    return sd
+
+
+def save_checkpoint(directory, state: dict, config: GPT2Config, layout: str = "hub") -> Path:
+    """Write config.json + model.safetensors. layout "hub": keys as on the hub; "transformers":
+    as save_pretrained writes them (a "transformer." prefix, plus lm_head.weight)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous().clone() for k, v in state.items()}  # safetensors refuses shared storage
+    if layout == "transformers":
+        tensors = {"transformer." + k: v for k, v in tensors.items() if not MASK_BUFFER.match(k)}
+        tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone()
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
+    return directory
+
+
+def save_random_checkpoint(directory, config: GPT2Config, seed: int = 0, std: float = 0.02,
+                           layout: str = "hub", embedding_std: float | None = None) -> Path:
+    return save_checkpoint(directory, random_hub_state_dict(config, seed, std, embedding_std),
+                           config, layout)
+
+
+def save_agreeing_pair(target_dir, draft_dir, target_config: GPT2Config, draft_n_layer: int,
+                       damping: float = 0.02, seed: int = 0, std: float = 0.02,
+                       embedding_std: float = 1.0) -> tuple[Path, Path]:
+    """A target and a draft that often pick the same next token.
+
+    The draft is the target's embeddings, first draft_n_layer blocks and final LayerNorm. The
+    target's later blocks have their output projections scaled by `damping`, so they nudge the
+    residual stream a little: the two usually agree, but not always.
+    """
+    sd = random_hub_state_dict(target_config, seed, std, embedding_std)
+    for i in range(draft_n_layer, target_config.n_layer):
+        for name in ("attn.c_proj", "mlp.c_proj"):
+            sd[f"h.{i}.{name}.weight"] = sd[f"h.{i}.{name}.weight"] * damping
+            sd[f"h.{i}.{name}.bias"] = sd[f"h.{i}.{name}.bias"] * damping
+    draft_config = target_config.with_(n_layer=draft_n_layer)
+    draft_sd = {k: v for k, v in sd.items()
+                if not k.startswith("h.") or int(k.split(".")[1]) < draft_n_layer}
+    return (save_checkpoint(target_dir, sd, target_config),
+            save_checkpoint(draft_dir, draft_sd, draft_config))
