@@ -1,0 +1,29 @@
+"""The speed-up theory of Leviathan et al. (2023), section 3.
+
+alpha: the chance that the target accepts a draft token (measured: the acceptance rate).
+gamma: draft tokens per round.
+c: the cost of one draft step relative to one target step.
+verify_cost: the target's cost of scoring gamma + 1 tokens in one forward, relative to one target
+step (1 in the paper's idealisation; a bit more on real hardware).
+"""
+
+
+def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+    """(1 - alpha^(gamma+1)) / (1 - alpha): accepted draft tokens plus the target's own token."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+    """Expected wall-time speed-up over the target alone: tokens per round over the round's cost,
+    (1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + verify_cost))."""
+    return expected_tokens_per_round(alpha, gamma) / (gamma * c + verify_cost)
+
+
+def best_gamma(alpha: float, c: float, gammas=range(1, 17), verify_cost=None) -> int:
+    """The gamma with the largest predicted speed-up. verify_cost: None (=1) or a function of
+    gamma giving the measured cost of verifying gamma + 1 tokens."""
+    def cost(g):
+        return 1.0 if verify_cost is None else verify_cost(g)
+    return max(gammas, key=lambda g: predicted_speedup(alpha, g, c, cost(g)))
