@@ -1,0 +1,329 @@
+#!/usr/bin/env python
+"""Generate text with speculative decoding: a small GPT-2 drafts, a large GPT-2 verifies.
+
+    python spec_decoding_generate.py --prompt "The meaning of life is" --max-gen 60
+    python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
+    python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
+    python spec_decoding_generate.py --json > result.json
+
+Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
+each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
+--temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
+it follows the target's distribution exactly. Only the speed changes.
+
+On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
+piped, it is plain text. --json prints one JSON object instead.
+"""
+
+import argparse
+import codecs
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
+from spec_decoding import autoregressive_generate, speculative_sampling
+from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
+                                  STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
+
+DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
+                  "remote, previously unexplored valley in the Andes Mountains.")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# ANSI escape codes: the colour of a token says where it came from.
+RESET, BOLD = "\033[0m", "\033[1m"
+COLOURS = {
+    FROM_DRAFT: "\033[32m",  # green: proposed by the draft, accepted by the target
+    FROM_CORRECTION: "\033[33m",  # yellow: the target's token in place of a rejected draft token
+    FROM_BONUS: "\033[36m",  # cyan: the target's extra token after all gamma drafts were accepted
+    FROM_TARGET: "",  # plain: a target step with nothing drafted (the last token, near the end)
+}
+LEGEND = (f"{COLOURS[FROM_DRAFT]}draft token accepted{RESET}  "
+          f"{COLOURS[FROM_CORRECTION]}target's correction{RESET}  "
+          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target alone")
+STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|endoftext|>",
+                STOP_CONTEXT_FULL: "the context window is full"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 means greedy), got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Speculative decoding with GPT-2: a small draft model proposes tokens, a "
+                    "large target model verifies them.",
+        epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
+               "folder with config.json + model.safetensors, or a .safetensors file.")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
+    parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2)")
+    parser.add_argument("--target", default="gpt2-large", help="the large model (default: gpt2-large)")
+    parser.add_argument("--gamma", type=positive_int, default=4,
+                        help="draft tokens proposed per round (default: 4)")
+    parser.add_argument("--max-gen", type=positive_int, default=100,
+                        help="maximum number of new tokens (default: 100)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0,
+                        help="0 is greedy (the default); > 0 samples")
+    parser.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=probability,
+                        help="sample among the most likely tokens holding this much probability")
+    parser.add_argument("--seed", type=int, help="random seed, for reproducible sampling")
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="float32 (default), or float16/bfloat16 to halve the memory")
+    parser.add_argument("--compare-baseline", action="store_true",
+                        help="also run the target alone and report the speedup")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object (tokens, text, stats) and nothing else")
+    args = parser.parse_args(argv)
+    if not args.prompt:
+        parser.error("--prompt is empty: give some text to continue")
+    if args.temperature == 0 and (args.top_k or args.top_p):
+        print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
+    return args
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda, then mps, then cpu. A named device must exist on this machine."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available here (no NVIDIA GPU, or a "
+                             f"CPU-only PyTorch build). Use --device cpu or auto.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"--device {name}: Apple's MPS is not available here. Use --device cpu or auto.")
+    elif device.type != "cpu":
+        raise ValueError(f"--device {name}: only cpu, cuda and mps are supported")
+    return device
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype):
+    print(f"Loading {role} {name} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    model = load_gpt2(name, device=device, dtype=dtype)
+    print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
+    return model
+
+
+@torch.inference_mode()
+def warm_up(model) -> None:
+    """One small forward pass, so the timings measure decoding and not one-time setup (the first
+    forward allocates memory and, on a GPU, loads its kernels)."""
+    model(torch.tensor([[EOT_ID]], device=model.wte.weight.device))
+
+
+def make_generator(seed, device: torch.device) -> torch.Generator:
+    """A random number generator: seeded if --seed was given, from the OS's entropy otherwise."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+class TokenPrinter:
+    """Prints tokens as the generator hands them over (its on_tokens callback), coloured by source.
+
+    A token is a string of bytes, not always of whole characters: one emoji or accented letter
+    can be split over two tokens. The incremental UTF-8 decoder holds back an unfinished
+    character until its last byte arrives, so the printed text is exactly decode(all tokens).
+    """
+
+    def __init__(self, out, colour: bool):
+        self.out = out
+        self.colour = colour
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.tokenizer = get_tokenizer()
+
+    def __call__(self, tokens: list[int], sources: list[str]) -> None:
+        for token, source in zip(tokens, sources):
+            text = self.utf8.decode(self.tokenizer.decode_single_token_bytes(token))
+            self.write(text, COLOURS.get(source, ""))
+        self.out.flush()
+
+    def write(self, text: str, colour: str = "") -> None:
+        if self.colour and colour and text:
+            text = colour + text + RESET
+        self.out.write(text)
+
+    def finish(self) -> None:
+        """Print what is left of an unfinished character (as U+FFFD, like decode does)."""
+        self.write(self.utf8.decode(b"", final=True))
+        self.out.write("\n")
+        self.out.flush()
+
+
+def use_colour() -> bool:
+    """Colour on a terminal only, and never when NO_COLOR is set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def print_stats(stats, gamma: int, baseline=None) -> None:
+    rate = stats.acceptance_rate
+    by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
+    lines = [
+        "",
+        "--- speculative decoding ---",
+        f"tokens generated:       {stats.tokens_generated} (stopped: {STOP_REASONS.get(stats.stop_reason, stats.stop_reason)})",
+        f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} draft tokens"
+        f" (by position: {by_position})",
+        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most gamma + 1 = {gamma + 1})",
+        f"target / draft calls:   {stats.target_calls} / {stats.draft_calls}",
+        f"speed:                  {stats.tokens_per_second:.1f} tokens/s ({stats.seconds:.2f} s)",
+    ]
+    if baseline is not None:
+        lines.append(f"baseline, target alone: {baseline.stats.tokens_per_second:.1f} tokens/s "
+                     f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
+        lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
+    print("\n".join(lines))
+
+
+def speedup(stats, baseline_stats) -> float:
+    """How many times faster than the target alone, in tokens per second."""
+    if baseline_stats.tokens_per_second == 0:
+        return 0.0
+    return stats.tokens_per_second / baseline_stats.tokens_per_second
+
+
+def describe_baseline_match(result, baseline, temperature: float) -> str:
+    if temperature > 0:
+        return ("(sampling: both runs follow the target's distribution but use the random numbers "
+                "differently, so their texts differ)")
+    if result.tokens == baseline.tokens:
+        return "greedy: identical tokens to the target alone, as speculative decoding promises"
+    first = next((i for i, (a, b) in enumerate(zip(result.tokens, baseline.tokens)) if a != b),
+                 min(len(result.tokens), len(baseline.tokens)))
+    return (f"greedy: the tokens differ from the target alone's from token {first} on. Scoring "
+            f"tokens in one batch or one at a time rounds differently, which can flip a near-tie "
+            f"(more likely in float16/bfloat16).")
+
+
+def to_json(args, seed: int, prompt_ids, result, baseline=None) -> str:
+    report = {
+        "prompt": args.prompt,
+        "prompt_tokens": prompt_ids,
+        "draft": args.draft,
+        "target": args.target,
+        "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
+                     "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
+                     "device": args.device, "dtype": args.dtype},
+        "tokens": result.tokens,
+        "text": get_tokenizer().decode(result.tokens),
+        "stats": result.stats.to_dict(),
+    }
+    if baseline is not None:
+        report["baseline"] = {"tokens": baseline.tokens,
+                              "text": get_tokenizer().decode(baseline.tokens),
+                              "stats": baseline.stats.to_dict()}
+        report["speedup"] = speedup(result.stats, baseline.stats)
+        report["identical_to_baseline"] = result.tokens == baseline.tokens
+    return json.dumps(report, indent=2, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def generate(args) -> None:
+    device = resolve_device(args.device)
+    prompt_ids = encode(args.prompt)
+    draft = load_model("draft", args.draft, device, DTYPES[args.dtype])
+    target = load_model("target", args.target, device, DTYPES[args.dtype])
+    warm_up(draft)
+    warm_up(target)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
+
+    printer = None
+    if not args.json:
+        colour = use_colour()
+        if colour:
+            print(LEGEND + "\n")
+        printer = TokenPrinter(sys.stdout, colour)
+        printer.write(args.prompt, BOLD)
+    generator = make_generator(args.seed, device)
+    seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
+    result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
+                                  generator=generator, on_tokens=printer, **sampling)
+    if printer:
+        printer.finish()
+
+    baseline = None
+    if args.compare_baseline:
+        print("Running the baseline: the target alone, one token per forward pass ...",
+              file=sys.stderr, flush=True)
+        # The same seed, but the baseline uses its random numbers differently, so for sampling the
+        # texts differ; both follow the target's distribution.
+        baseline = autoregressive_generate(target, prompt_ids, args.max_gen,
+                                           generator=make_generator(seed, device), **sampling)
+
+    if args.json:
+        print(to_json(args, seed, prompt_ids, result, baseline))
+    else:
+        print_stats(result.stats, args.gamma, baseline)
+        if baseline is not None:
+            print(describe_baseline_match(result, baseline, args.temperature))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)  # exits with code 2 on a bad argument
+    try:
+        generate(args)
+    except (CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
