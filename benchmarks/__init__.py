@@ -1,0 +1,1 @@
+"""Helpers for benchmark.py and other measurement scripts."""

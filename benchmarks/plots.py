@@ -1,0 +1,119 @@
+"""The benchmark's plots (matplotlib, Agg backend: no display needed), from benchmark.py's results.
+
+make_plots(results, out_dir) writes
+  benchmark_heatmap.png           median speed-up over gamma x max_gen (one panel per temperature),
+  benchmark_speedup_vs_gamma.png  measured speed-up (median, IQR bars) per max_gen, and the
+                                  speed-up Leviathan's formula predicts from the measured alpha, c
+                                  and verification cost,
+  benchmark_acceptance.png        acceptance by draft position, beside alpha^i: under the theory's
+                                  assumption (each token accepted independently with chance alpha)
+                                  position i is reached and accepted with chance alpha^i.
+"""
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+DPI = 100
+
+
+def make_plots(results: dict, out_dir) -> list[Path]:
+    out_dir = Path(out_dir)
+    cells = results["cells"]
+    temperatures = sorted({c["temperature"] for c in cells})
+    title = pair_title(results["environment"])
+    paths = [out_dir / "benchmark_heatmap.png", out_dir / "benchmark_speedup_vs_gamma.png",
+             out_dir / "benchmark_acceptance.png"]
+    for path, draw in zip(paths, (heatmap, speedup_vs_gamma, acceptance_by_position)):
+        fig, axes = plt.subplots(1, len(temperatures), figsize=(5.2 * len(temperatures) + 0.6, 4.3),
+                                 squeeze=False)
+        for ax, t in zip(axes[0], temperatures):
+            draw(ax, [c for c in cells if c["temperature"] == t], t)
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+    return paths
+
+
+def pair_title(env: dict) -> str:
+    names = f"draft {short_name(env['draft'])} -> target {short_name(env['target'])}"
+    if env.get("standins"):
+        names += " (random-weight stand-ins: real speed, not real text)"
+    return f"Speculative decoding, {names}\n{env['device']} {env['dtype']}, {env['threads']} threads"
+
+
+def short_name(name_or_path: str) -> str:
+    """'gpt2' stays; a folder /a/b/pair/target becomes pair/target."""
+    parts = Path(name_or_path).parts
+    return "/".join(parts[-2:]) if len(parts) > 1 else name_or_path
+
+
+def temperature_label(t: float) -> str:
+    return "temperature 0 (greedy)" if t == 0 else f"temperature {t:g} (sampling)"
+
+
+def heatmap(ax, cells, t):
+    gammas = sorted({c["gamma"] for c in cells})
+    max_gens = sorted({c["max_gen"] for c in cells})
+    grid = np.full((len(gammas), len(max_gens)), np.nan)
+    for c in cells:
+        grid[gammas.index(c["gamma"]), max_gens.index(c["max_gen"])] = c["speedup_median"]
+    lo, hi = np.nanmin(grid), np.nanmax(grid)
+    norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.99), vmax=max(hi, 1.01))  # white = no gain
+    image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
+    for i in range(len(gammas)):
+        for j in range(len(max_gens)):
+            ax.text(j, i, f"{grid[i, j]:.2f}x", ha="center", va="center", fontsize=9)
+    ax.set_xticks(range(len(max_gens)), [str(m) for m in max_gens])
+    ax.set_yticks(range(len(gammas)), [str(g) for g in gammas])
+    ax.set_xlabel("max_gen (new tokens)")
+    ax.set_ylabel("gamma (draft tokens per round)")
+    ax.set_title(f"Median speed-up, {temperature_label(t)}", fontsize=10)
+    ax.figure.colorbar(image, ax=ax, label="speed-up over the target alone")
+
+
+def speedup_vs_gamma(ax, cells, t):
+    gammas = sorted({c["gamma"] for c in cells})
+    for m in sorted({c["max_gen"] for c in cells}):
+        row = sorted((c for c in cells if c["max_gen"] == m), key=lambda c: c["gamma"])
+        median = np.array([c["speedup_median"] for c in row])
+        spread = [median - [c["speedup_q1"] for c in row], [c["speedup_q3"] for c in row] - median]
+        ax.errorbar([c["gamma"] for c in row], median, yerr=spread, marker="o", capsize=3,
+                    label=f"measured, max_gen {m}")
+    predicted = [np.mean([c["predicted_speedup"] for c in cells
+                          if c["gamma"] == g and c["predicted_speedup"] is not None] or [np.nan])
+                 for g in gammas]
+    ax.plot(gammas, predicted, "k--", marker="s", label="predicted (Leviathan, measured alpha, c, verify cost)")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gammas, [str(g) for g in gammas])
+    ax.set_xlabel("gamma (draft tokens per round)")
+    ax.set_ylabel("speed-up over the target alone")
+    ax.set_title(f"Speed-up vs gamma, {temperature_label(t)}", fontsize=10)
+    ax.legend(fontsize=7)
+
+
+def acceptance_by_position(ax, cells, t):
+    for i, g in enumerate(sorted({c["gamma"] for c in cells})):
+        row = [c for c in cells if c["gamma"] == g]
+        drafted = [sum(r["drafted_by_position"][k] for c in row for r in c["run_records"]) for k in range(g)]
+        accepted = [sum(r["accepted_by_position"][k] for c in row for r in c["run_records"]) for k in range(g)]
+        rate = [a / d if d else np.nan for a, d in zip(accepted, drafted)]
+        positions = np.arange(1, g + 1)
+        line, = ax.plot(positions, rate, marker="o", label=f"gamma {g}")
+        alphas = [c["alpha"] for c in row if c["alpha"] is not None]
+        if alphas:
+            ax.plot(positions, np.mean(alphas) ** positions, ls=":", color=line.get_color())
+    ax.plot([], [], "k:", label="alpha^i (theory)")
+    ax.set_ylim(0, 1.02)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("share of rounds accepting position i")
+    ax.set_title(f"Acceptance by draft position, {temperature_label(t)}", fontsize=10)
+    ax.legend(fontsize=7)

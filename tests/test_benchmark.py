@@ -1,0 +1,163 @@
+"""benchmark.py end to end, as a subprocess, on a tiny agreeing pair with GPT-2's vocabulary."""
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from conftest import ROOT
+from spec_decoding.theory import predicted_speedup
+
+REQUIRED_CELL_FIELDS = {
+    "gamma", "max_gen", "temperature", "speedup_median", "speedup_min", "speedup_max",
+    "target_tokens_per_s", "spec_tokens_per_s", "acceptance_rate", "tokens_per_target_call",
+    "acceptance_by_position", "target_calls", "draft_calls", "predicted_speedup", "tokens_match_baseline",
+}
+PLOTS = ("benchmark_heatmap.png", "benchmark_speedup_vs_gamma.png", "benchmark_acceptance.png")
+GAMMAS, MAX_GENS, TEMPERATURES = (1, 2), (8, 16), (0.0, 1.0)
+
+
+def run_benchmark(*args, timeout=120):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, str(ROOT / "benchmark.py"), *map(str, args)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def benchmark_run(text_pair_dirs, tmp_path_factory):
+    target_dir, draft_dir = text_pair_dirs
+    out = tmp_path_factory.mktemp("bench") / "out"
+    pair = ("--draft", draft_dir, "--target", target_dir)
+    proc = run_benchmark(*pair, "--gammas", *GAMMAS, "--max-gens", *MAX_GENS,
+                         "--temperatures", *TEMPERATURES, "--repeats", 1, "--threads", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc, pair
+
+
+def test_writes_all_files(benchmark_run):
+    out, proc, _ = benchmark_run
+    for name in ("results.csv", "results.json", "summary.md") + PLOTS:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for name in PLOTS:
+        with Image.open(out / name) as image:
+            image.verify()
+            assert image.format == "PNG"
+        with Image.open(out / name) as image:
+            assert image.size[0] > 100 and image.size[1] > 100
+    assert "| Gamma | Avg Speedup |" in proc.stdout  # the summary table
+    assert (out / "summary.md").read_text() in proc.stdout
+
+
+def test_csv_has_one_row_per_cell(benchmark_run):
+    out, _, _ = benchmark_run
+    with open(out / "results.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert REQUIRED_CELL_FIELDS <= set(reader.fieldnames)
+    assert len(rows) == len(GAMMAS) * len(MAX_GENS) * len(TEMPERATURES)
+    assert {(int(r["gamma"]), int(r["max_gen"]), float(r["temperature"])) for r in rows} == {
+        (g, m, t) for g in GAMMAS for m in MAX_GENS for t in TEMPERATURES}
+    cells = {(c["gamma"], c["max_gen"], c["temperature"]): c
+             for c in json.loads((out / "results.json").read_text())["cells"]}
+    for r in rows:
+        cell = cells[(int(r["gamma"]), int(r["max_gen"]), float(r["temperature"]))]
+        assert float(r["speedup_median"]) == pytest.approx(cell["speedup_median"])
+        assert len(json.loads(r["acceptance_by_position"])) == cell["gamma"]
+
+
+def test_json_layout(benchmark_run):
+    out, _, _ = benchmark_run
+    results = json.loads((out / "results.json").read_text())
+    assert {"cells", "costs", "environment", "best_gamma_measured", "best_gamma_predicted"} <= set(results)
+    assert results["best_gamma_measured"] in GAMMAS and results["best_gamma_predicted"] in GAMMAS
+    costs = results["costs"]
+    assert costs["c"] > 0 and set(costs["verify_cost_by_gamma"]) == {str(g) for g in GAMMAS}
+    env = results["environment"]
+    for key in ("torch", "device", "device_name", "dtype", "threads", "draft", "target", "date", "command"):
+        assert env[key] not in (None, ""), key
+    assert env["device"] == "cpu" and env["dtype"] == "float32" and env["threads"] == 1
+    assert env["standins"] is False
+    for cell in results["cells"]:
+        assert REQUIRED_CELL_FIELDS <= set(cell)
+
+
+def test_numbers_hang_together(benchmark_run):
+    out, _, _ = benchmark_run
+    results = json.loads((out / "results.json").read_text())
+    costs = results["costs"]
+    for cell in results["cells"]:
+        runs = cell["run_records"]
+        assert cell["runs"] == len(runs) == 5  # the five default prompts x 1 repeat
+        # Every run makes exactly max_gen tokens, the baseline too.
+        assert all(r["generated_tokens"] == r["baseline_tokens"] == cell["max_gen"] for r in runs)
+        assert cell["generated_tokens"] == sum(r["generated_tokens"] for r in runs)
+        assert cell["target_calls"] == sum(r["target_calls"] for r in runs)
+        assert cell["draft_calls"] == sum(r["draft_calls"] for r in runs)
+        assert cell["tokens_per_target_call"] == pytest.approx(cell["generated_tokens"] / cell["target_calls"])
+        assert 1 <= cell["tokens_per_target_call"] <= cell["gamma"] + 1
+        # Speed-up = baseline time / speculative time, run by run; the cell gives their median.
+        for r in runs:
+            assert r["speedup"] == pytest.approx(r["baseline_seconds"] / r["spec_seconds"])
+        speedups = [r["speedup"] for r in runs]
+        assert cell["speedup_median"] == pytest.approx(statistics.median(speedups))
+        assert cell["speedup_min"] == pytest.approx(min(speedups))
+        assert cell["speedup_max"] == pytest.approx(max(speedups))
+        assert cell["speedup_min"] <= cell["speedup_q1"] <= cell["speedup_median"] <= cell["speedup_q3"] <= cell["speedup_max"]
+        baseline_s = sum(r["baseline_seconds"] for r in runs)
+        assert cell["target_tokens_per_s"] == pytest.approx(5 * cell["max_gen"] / baseline_s)
+        # Acceptance.
+        assert 0 <= cell["acceptance_rate"] <= 1 and 0 <= cell["alpha"] <= 1
+        assert cell["acceptance_rate"] <= cell["alpha"] + 1e-12
+        assert len(cell["acceptance_by_position"]) == cell["gamma"]
+        assert all(a is None or 0 <= a <= 1 for a in cell["acceptance_by_position"])
+        if cell["gamma"] == 1:
+            assert cell["acceptance_by_position"][0] == pytest.approx(cell["acceptance_rate"])
+        assert cell["predicted_speedup"] == pytest.approx(predicted_speedup(
+            cell["alpha"], cell["gamma"], costs["c"], costs["verify_cost_by_gamma"][str(cell["gamma"])]))
+        # Greedy speculative decoding reproduces the target's own greedy tokens.
+        if cell["temperature"] == 0:
+            assert cell["tokens_match_baseline"] is True
+        else:
+            assert cell["tokens_match_baseline"] is None
+
+
+def test_refuses_to_overwrite_without_force(benchmark_run):
+    out, _, pair = benchmark_run
+    before = (out / "results.json").read_text()
+    proc = run_benchmark(*pair, "--gammas", 1, "--max-gens", 4, "--out", out, timeout=60)
+    assert proc.returncode == 2
+    assert "--force" in proc.stderr and "results.json" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (out / "results.json").read_text() == before
+
+
+def test_bad_gammas_is_a_clear_usage_error(tmp_path):
+    proc = run_benchmark("--gammas", "1", "0", "--out", tmp_path / "out", timeout=60)
+    assert proc.returncode == 2
+    assert "argument --gammas: '0' is not a whole number >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["--gammas", "two"], ["--gammas", "-3"], ["--max-gens", "1.5"],
+                                  ["--temperatures", "-1"], ["--repeats", "0"]])
+def test_bad_numbers_exit_2_with_the_option_named(args, tmp_path, capsys):
+    sys.path.insert(0, str(ROOT))
+    import benchmark
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args([*args, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert f"argument {args[0]}: {args[1]!r} is not" in capsys.readouterr().err
+
+
+def test_offline_error_says_how_to_pass_local_paths(tmp_path):
+    proc = run_benchmark("--draft", "gpt2", "--out", tmp_path / "out", timeout=60)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert "--draft DIR --target DIR" in proc.stderr and "--make-standins" in proc.stderr
