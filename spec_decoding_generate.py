@@ -49,6 +49,10 @@ STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|
                 STOP_CONTEXT_FULL: "the context window is full"}
 
 
+class UsageError(Exception):
+    """A problem the user can fix: a device this machine lacks, tokenizer files missing offline."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 
@@ -120,19 +124,26 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
+        raise UsageError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: CUDA is not available here (no NVIDIA GPU, or a "
+            raise UsageError(f"--device {name}: CUDA is not available here (no NVIDIA GPU, or a "
                              f"CPU-only PyTorch build). Use --device cpu or auto.")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     elif device.type == "mps":
         if not torch.backends.mps.is_available():
-            raise ValueError(f"--device {name}: Apple's MPS is not available here. Use --device cpu or auto.")
+            raise UsageError(f"--device {name}: Apple's MPS is not available here. Use --device cpu or auto.")
     elif device.type != "cpu":
-        raise ValueError(f"--device {name}: only cpu, cuda and mps are supported")
+        raise UsageError(f"--device {name}: only cpu, cuda and mps are supported")
     return device
+
+
+def encode_prompt(prompt: str) -> list[int]:
+    try:
+        return encode(prompt)
+    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+        raise UsageError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +151,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype):
-    print(f"Loading {role} {name} ...", file=sys.stderr, flush=True)
+    print(f"Loading {role} {name} ({device}, {str(dtype).removeprefix('torch.')}) ...",
+          file=sys.stderr, flush=True)
     start = time.perf_counter()
     model = load_gpt2(name, device=device, dtype=dtype)
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
@@ -246,7 +258,7 @@ def describe_baseline_match(result, baseline, temperature: float) -> str:
             f"(more likely in float16/bfloat16).")
 
 
-def to_json(args, seed: int, prompt_ids, result, baseline=None) -> str:
+def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=None) -> str:
     report = {
         "prompt": args.prompt,
         "prompt_tokens": prompt_ids,
@@ -254,7 +266,7 @@ def to_json(args, seed: int, prompt_ids, result, baseline=None) -> str:
         "target": args.target,
         "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
                      "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
-                     "device": args.device, "dtype": args.dtype},
+                     "device": str(device), "dtype": args.dtype},
         "tokens": result.tokens,
         "text": get_tokenizer().decode(result.tokens),
         "stats": result.stats.to_dict(),
@@ -274,9 +286,10 @@ def to_json(args, seed: int, prompt_ids, result, baseline=None) -> str:
 
 def generate(args) -> None:
     device = resolve_device(args.device)
-    prompt_ids = encode(args.prompt)
-    draft = load_model("draft", args.draft, device, DTYPES[args.dtype])
+    prompt_ids = encode_prompt(args.prompt)
+    # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, DTYPES[args.dtype])
+    draft = load_model("draft", args.draft, device, DTYPES[args.dtype])
     warm_up(draft)
     warm_up(target)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
@@ -305,7 +318,7 @@ def generate(args) -> None:
                                            generator=make_generator(seed, device), **sampling)
 
     if args.json:
-        print(to_json(args, seed, prompt_ids, result, baseline))
+        print(to_json(args, device, seed, prompt_ids, result, baseline))
     else:
         print_stats(result.stats, args.gamma, baseline)
         if baseline is not None:
@@ -316,7 +329,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)  # exits with code 2 on a bad argument
     try:
         generate(args)
-    except (CheckpointError, ValueError) as e:
+    except (CheckpointError, UsageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

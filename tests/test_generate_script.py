@@ -1,0 +1,286 @@
+"""spec_decoding_generate.py, the command-line script: run as a subprocess on the random-weight
+text_pair checkpoints (GPT-2's real vocabulary), plus in-process checks of its pieces.
+
+Starting Python + torch costs seconds, so the subprocess runs are started together (they overlap)
+by the `runs` fixture, and the cheaper checks call main() in-process."""
+
+import io
+import json
+import os
+import pty
+import random
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import spec_decoding_generate as script
+from gpt2 import EOT_ID, decode, encode
+from spec_decoding import autoregressive_generate
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "spec_decoding_generate.py"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PROMPT = "The capital of France is"
+MAX_GEN = 24
+STATS_KEYS = {"target_calls", "draft_calls", "rounds", "tokens_drafted", "tokens_accepted",
+              "token_sources", "stop_reason", "seconds", "tokens_generated", "acceptance_rate",
+              "tokens_per_target_call", "tokens_per_second"}
+
+
+def script_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env["TIKTOKEN_CACHE_DIR"] = os.environ.get("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken_cache"))
+    env["HF_HUB_OFFLINE"] = "1"
+    env.update(extra)
+    return env
+
+
+class Run:
+    """A started run of the script; .result() waits and returns (returncode, stdout, stderr)."""
+
+    def __init__(self, args, env=None, terminal=False):
+        cmd = [sys.executable, str(SCRIPT), *map(str, args)]
+        env = env or script_env()
+        self.chunks = []
+        if terminal:  # stdout is a pseudo-terminal, so isatty() is True in the script
+            master, slave = pty.openpty()
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=slave,
+                                         stderr=subprocess.PIPE, env=env)
+            os.close(slave)
+            self.reader = threading.Thread(target=self._read_pty, args=(master,), daemon=True)
+            self.reader.start()
+        else:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env)
+            self.reader = None
+        self._result = None
+
+    def _read_pty(self, master):
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO once the child has closed the terminal
+                break
+            if not data:
+                break
+            self.chunks.append(data)
+        os.close(master)
+
+    def result(self):
+        if self._result is None:
+            out, err = self.proc.communicate(timeout=120)
+            if self.reader:
+                self.reader.join(timeout=10)
+                out = b"".join(self.chunks)
+            self._result = (self.proc.returncode, out.decode("utf-8", "replace"),
+                            err.decode("utf-8", "replace"))
+        return self._result
+
+
+@pytest.fixture(scope="module")
+def runs(text_pair_dirs, tmp_path_factory):
+    target, draft = text_pair_dirs
+    pair = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", MAX_GEN]
+    empty_hf_home = tmp_path_factory.mktemp("empty-hf-home")
+    offline_env = script_env(HF_HOME=str(empty_hf_home), HF_HUB_CACHE=str(empty_hf_home / "hub"))
+    started = {
+        "json": Run([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
+        "plain": Run([*pair, "--gamma", 3, "--compare-baseline"]),
+        "terminal": Run([*pair, "--max-gen", 8], terminal=True),
+        "missing_folder": Run(["--target", "/nonexistent/folder", "--draft", draft]),
+        "offline": Run(["--target", "gpt2-large", "--draft", draft], env=offline_env),
+        "gamma0": Run([*pair, "--gamma", 0]),  # argparse's error, through the real exit path
+    }
+    yield started
+    for run in started.values():
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def json_report(runs):
+    code, out, err = runs["json"].result()
+    assert code == 0, err
+    return json.loads(out)  # stdout is exactly one JSON object
+
+
+def test_json_greedy_run(json_report, text_pair):
+    tokens = json_report["tokens"]
+    stats = json_report["stats"]
+    assert len(tokens) == MAX_GEN or (tokens[-1] == EOT_ID and stats["stop_reason"] == "eos")
+    assert json_report["text"] == decode(tokens)
+    assert STATS_KEYS <= stats.keys()
+    assert stats["tokens_generated"] == len(tokens) == len(stats["token_sources"])
+    assert json_report["prompt_tokens"] == encode(PROMPT)
+    # Greedy speculative decoding is lossless: the target alone, in this process, gives the same.
+    target, _ = text_pair
+    expected = autoregressive_generate(target, encode(PROMPT), MAX_GEN, eos_id=EOT_ID)
+    assert tokens == expected.tokens
+
+
+def test_json_compare_baseline(json_report):
+    assert json_report["baseline"]["tokens"] == json_report["tokens"]
+    assert json_report["identical_to_baseline"] is True
+    assert json_report["speedup"] > 0
+    assert STATS_KEYS <= json_report["baseline"]["stats"].keys()
+
+
+def test_piped_output_is_plain_text_with_stats(runs, json_report):
+    code, out, err = runs["plain"].result()
+    assert code == 0, err
+    assert "\x1b[" not in out
+    # The streamed text, round by round, is exactly the decode of all the tokens.
+    assert out.startswith(PROMPT + json_report["text"] + "\n")
+    for line in ("acceptance rate:", "tokens per target call:", "tokens/s", "target / draft calls:",
+                 "stopped:", "baseline, target alone:", "speedup:", "identical tokens"):
+        assert line in out
+    assert "Loading target" in err and "Loading draft" in err
+
+
+def test_terminal_output_is_coloured_with_legend(runs):
+    code, out, err = runs["terminal"].result()
+    assert code == 0, err
+    assert ANSI.search(out)
+    assert "draft token accepted" in out and "bonus token" in out
+    assert "acceptance rate:" in out
+
+
+@pytest.mark.parametrize("name, words", [
+    ("missing_folder", ["/nonexistent/folder"]),
+    ("offline", ["gpt2-large", "--target"]),
+    ("gamma0", ["--gamma"]),
+])
+def test_errors_exit_2_without_traceback(runs, name, words):
+    code, out, err = runs[name].result()
+    assert code == 2
+    assert "error:" in err and "Traceback" not in err
+    for word in words:
+        assert word in err
+    assert out == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# In-process: main(argv) on the same checkpoints.
+
+
+def run_main(argv, capsys):
+    code = script.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_seeded_sampling_is_reproducible(text_pair_dirs, capsys):
+    target, draft = text_pair_dirs
+    argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 12,
+            "--temperature", 0.8, "--top-k", 50, "--seed", 1, "--json"]
+    reports = []
+    for _ in range(2):
+        code, out, err = run_main(argv, capsys)
+        assert code == 0, err
+        reports.append(json.loads(out))
+    assert reports[0]["tokens"] == reports[1]["tokens"]
+    assert reports[0]["settings"]["seed"] == 1
+
+
+def test_top_p_runs(text_pair_dirs, capsys):
+    target, draft = text_pair_dirs
+    code, out, err = run_main(["--target", target, "--draft", draft, "--prompt", PROMPT,
+                               "--max-gen", 6, "--temperature", 1.0, "--top-p", 0.9], capsys)
+    assert code == 0, err
+    assert out.startswith(PROMPT) and "acceptance rate:" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gamma", "0"], ["--gamma", ">= 1"]),
+    (["--temperature", "-1"], ["--temperature", ">= 0"]),
+    (["--top-p", "1.5"], ["--top-p", "(0, 1]"]),
+    (["--top-p", "0"], ["--top-p"]),
+    (["--top-k", "0"], ["--top-k"]),
+    (["--max-gen", "-3"], ["--max-gen"]),
+    (["--prompt", ""], ["--prompt is empty"]),
+    (["--dtype", "float64"], ["--dtype"]),
+])
+def test_bad_arguments_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err
+    for word in words:
+        assert word in err
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:7", "mps", "tpu", "bogus"])
+def test_unavailable_device_is_a_clear_error(device, text_pair_dirs, capsys):
+    import torch
+    if device.startswith("cuda") and torch.cuda.is_available() or device == "mps" and torch.backends.mps.is_available():
+        pytest.skip(f"{device} exists here")
+    target, draft = text_pair_dirs
+    code, out, err = run_main(["--target", target, "--draft", draft, "--device", device], capsys)
+    assert code == 2
+    assert err.startswith("error:") and device in err
+
+
+def test_missing_tokenizer_files_are_a_clear_error(monkeypatch, capsys):
+    def no_tokenizer(text):
+        raise RuntimeError("Could not load tiktoken's 'gpt2' encoding (...). Point TIKTOKEN_CACHE_DIR ...")
+    monkeypatch.setattr(script, "encode", no_tokenizer)
+    code, out, err = run_main(["--device", "cpu"], capsys)
+    assert code == 2
+    assert err.startswith("error: Could not load tiktoken") and "Traceback" not in err
+
+
+def test_mismatched_vocabularies_are_a_clear_error(text_pair_dirs, make_checkpoint, capsys):
+    from conftest import TINY
+    target, _ = text_pair_dirs
+    code, out, err = run_main(["--target", target, "--draft", make_checkpoint(TINY), "--max-gen", 2], capsys)
+    assert code == 2
+    assert "error:" in err and "vocabulary" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# The streaming printer
+
+
+@pytest.mark.parametrize("text", ["naïve café 😀 — 日本語", "🙂🙂🙂 ∑∫ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢"])
+def test_printer_never_splits_characters(text):
+    """Tokens that hold part of a character are held back until it is complete."""
+    tokens = encode(text)
+    assert any("\ufffd" in decode([t]) for t in tokens)  # some token alone is part of a character
+    out = io.StringIO()
+    printer = script.TokenPrinter(out, colour=False)
+    for t in tokens:
+        printer([t], ["draft"])
+        assert "\ufffd" not in out.getvalue()
+    printer.finish()
+    assert out.getvalue() == text + "\n"
+
+
+def test_printer_matches_decode_on_random_tokens():
+    """Even invalid UTF-8 (random tokens) prints exactly as decode() renders it."""
+    rng = random.Random(0)
+    for _ in range(50):
+        tokens = [rng.randrange(50257) for _ in range(rng.randrange(1, 30))]
+        out = io.StringIO()
+        printer = script.TokenPrinter(out, colour=False)
+        for i in range(0, len(tokens), 3):  # rounds of up to 3 tokens
+            printer(tokens[i:i + 3], ["draft"] * 3)
+        printer.finish()
+        assert out.getvalue() == decode(tokens) + "\n"
+
+
+def test_colours_follow_token_sources():
+    out = io.StringIO()
+    printer = script.TokenPrinter(out, colour=True)
+    printer(encode(" one two three"), ["draft", "correction", "bonus"])
+    printer.finish()
+    text = out.getvalue()
+    assert script.COLOURS["draft"] + " one" in text
+    assert script.COLOURS["correction"] + " two" in text
+    assert script.COLOURS["bonus"] + " three" in text
+    assert ANSI.sub("", text) == " one two three\n"
