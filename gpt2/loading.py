@@ -54,6 +54,8 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
     """Find (and if needed download) the weights. Returns (config or None to infer, weights path)."""
     text = str(name_or_path)
     path = Path(text).expanduser()
+    is_hub_name = text in OFFICIAL_REPOS or (
+        re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None and not text.endswith(".safetensors"))
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(
@@ -61,7 +63,8 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
                 f".bin/.pt files can run code when loaded); pass a model.safetensors file or its folder."
             )
         return None, path
-    if path.is_dir():
+    # A local folder wins over a hub name only if it holds weights (this repo has a gpt2/ folder).
+    if path.is_dir() and ((path / WEIGHTS_NAME).is_file() or not is_hub_name):
         weights = path / WEIGHTS_NAME
         if not weights.is_file():
             raise CheckpointError(
@@ -70,10 +73,8 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
             )
         config_file = path / CONFIG_NAME
         return (read_config(config_file) if config_file.is_file() else None), weights
-    if text in OFFICIAL_REPOS:
-        return download_from_hub(OFFICIAL_REPOS[text])
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", text) and not text.endswith(".safetensors"):
-        return download_from_hub(text)
+    if is_hub_name:
+        return download_from_hub(OFFICIAL_REPOS.get(text, text))
     if text.endswith(".safetensors") or text.startswith(("/", ".", "~")) or "\\" in text:
         raise CheckpointError(f"No such file or folder: {path}")
     raise CheckpointError(

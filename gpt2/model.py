@@ -17,6 +17,9 @@ from .kv_cache import KVCache
 # erase the point of speculative decoding. oneDNN (also inside PyTorch) does these shapes at the
 # speed of reading the weights once. Same math, same fp32; set GPT2_ONEDNN=0 to compare.
 USE_ONEDNN = os.environ.get("GPT2_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
+# oneDNN sets up each call (~50 us); below this many weights plain F.linear is quicker. Every
+# linear layer of the real GPT-2 sizes is above it; only toy test models are below.
+ONEDNN_MIN_WEIGHTS = 1 << 18
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -25,6 +28,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         USE_ONEDNN
         and x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.bfloat16)
+        and weight.numel() >= ONEDNN_MIN_WEIGHTS
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     ):
         # Inference only: this op has no autograd formula, so training falls back to F.linear.

@@ -14,6 +14,9 @@ sys.path.insert(0, str(ROOT))
 from gpt2 import GPT2Config, load_gpt2  # noqa: E402
 from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint  # noqa: E402
 
+# The test models are tiny: threads buy nothing and, on a busy 2-core machine, cost a lot.
+torch.set_num_threads(1)
+
 # tiktoken's BPE files: beside the project in ../shared (CI and dev sessions).
 _SHARED_TIKTOKEN = ROOT.parent / "shared" / "tiktoken_cache"
 if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():

@@ -1,0 +1,244 @@
+"""The baseline and both speculative functions: greedy output identical to the target's own (and
+to transformers'), caches equal to a fresh forward after every round, eos, exact max_gen, the
+context-window edge, and a clear error for every bad input."""
+
+import pytest
+import torch
+from conftest import TINY
+from transformers import GPT2LMHeadModel
+
+import spec_decoding.greedy
+import spec_decoding.speculative
+from gpt2 import GPT2, load_gpt2
+from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from spec_decoding import (autoregressive_generate, speculative_sampling,
+                           speculative_sampling_greedy)
+from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT
+
+TARGET_CFG = TINY.with_(n_layer=4)
+PROMPT = [5, 17, 42, 8, 99, 3]
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    return save_agreeing_pair(root / "target", root / "draft", TARGET_CFG, draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+
+
+@pytest.fixture(scope="module")
+def target(pair_dirs):
+    return load_gpt2(pair_dirs[0])
+
+
+@pytest.fixture(scope="module")
+def draft(pair_dirs):
+    return load_gpt2(pair_dirs[1])
+
+
+class ConstantDraft(GPT2):
+    """A draft that always proposes the same token (so the target never agrees with it)."""
+
+    token = 0
+
+    def forward(self, idx, cache=None, num_last_logits=None):
+        logits = super().forward(idx, cache, num_last_logits)
+        return torch.full_like(logits, -1e4).index_fill_(-1, torch.tensor([self.token]), 1e4)
+
+
+@pytest.fixture(scope="module")
+def baseline(target):
+    return autoregressive_generate(target, PROMPT, 40).tokens
+
+
+def test_baseline_greedy_equals_transformers_generate(pair_dirs, baseline):
+    hf = GPT2LMHeadModel.from_pretrained(pair_dirs[0]).eval()
+    out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
+                      pad_token_id=0, eos_token_id=None)
+    assert out[0, len(PROMPT):].tolist() == baseline
+
+
+def test_baseline_accepts_a_tensor_prompt_and_counts_calls(target, baseline):
+    result = autoregressive_generate(target, torch.tensor(PROMPT), 40)
+    assert result.tokens == baseline
+    assert result.stats.target_calls == 40 and result.stats.stop_reason == "max_gen"
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_greedy_equals_target_greedy(target, draft, baseline, gamma):
+    result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma)
+    assert result.tokens == baseline
+    s = result.stats
+    assert 0 < s.acceptance_rate < 1  # the pair agrees often but not always: both paths run
+    assert s.tokens_drafted == s.draft_calls
+    assert s.token_sources.count(FROM_DRAFT) == s.tokens_accepted
+    # each target call gives exactly one token of its own (correction, bonus, or a plain step)
+    assert len(s.token_sources) - s.token_sources.count(FROM_DRAFT) == s.target_calls
+    assert s.token_sources.count(FROM_CORRECTION) > 0 and s.token_sources.count(FROM_BONUS) > 0
+    assert s.tokens_per_target_call == pytest.approx(40 / s.target_calls)
+    assert sum(s.accepted_by_position) == s.tokens_accepted
+    assert s.stop_reason == "max_gen"
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_greedy_when_draft_is_target_accepts_everything(target, baseline, gamma):
+    result = speculative_sampling_greedy(target, target, PROMPT, 40, gamma)
+    assert result.tokens == baseline
+    assert result.stats.acceptance_rate == 1.0
+    # every round but the last, shortened one gives gamma + 1 tokens
+    assert result.stats.target_calls == -(-40 // (gamma + 1))
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_greedy_when_draft_never_agrees(pair_dirs, target, baseline, gamma):
+    never = load_gpt2(pair_dirs[1])
+    never.__class__ = ConstantDraft
+    never.token = next(t for t in range(TINY.vocab_size) if t not in baseline)
+    result = speculative_sampling_greedy(target, never, PROMPT, 40, gamma)
+    assert result.tokens == baseline
+    assert result.stats.tokens_accepted == 0
+    assert result.stats.target_calls == 40
+
+
+def test_sampling_with_temperature_zero_is_greedy(target, draft, baseline):
+    assert speculative_sampling(target, draft, PROMPT, 40, 4, temperature=0).tokens == baseline
+
+
+def test_sampling_is_reproducible_with_a_generator(target, draft):
+    runs = [speculative_sampling(target, draft, PROMPT, 30, 3, temperature=0.9, top_k=20, top_p=0.95,
+                                 generator=torch.Generator().manual_seed(7)).tokens for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 30
+
+
+def check_cache(model, cache, sequence):
+    """The cache holds exactly what a fresh forward over sequence[:cache.length] gives."""
+    fresh = model.new_kv_cache()
+    with torch.inference_mode():
+        model(torch.tensor([sequence[:cache.length]]), fresh)
+    for layer in range(model.config.n_layer):
+        for got, want in ((cache.keys[layer], fresh.keys[layer]), (cache.values[layer], fresh.values[layer])):
+            torch.testing.assert_close(got[:, :, :cache.length], want[:, :, :cache.length], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("module, run", [
+    (spec_decoding.greedy, lambda t, d, cb: speculative_sampling_greedy(t, d, PROMPT, 30, 3, on_tokens=cb)),
+    (spec_decoding.speculative, lambda t, d, cb: speculative_sampling(
+        t, d, PROMPT, 30, 3, generator=torch.Generator().manual_seed(3), on_tokens=cb)),
+])
+def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, target, draft, module, run):
+    sequence = list(PROMPT)
+    rounds = []
+    real_roll_back = module.roll_back
+
+    def roll_back_and_check(target_cache, draft_cache, seq_len):
+        real_roll_back(target_cache, draft_cache, seq_len)
+        assert seq_len == len(sequence)
+        assert target_cache.length == seq_len - 1  # all but the last token, which is fed next
+        assert draft_cache.length <= seq_len - 1
+        check_cache(target, target_cache, sequence)
+        check_cache(draft, draft_cache, sequence)
+        rounds.append(seq_len - draft_cache.length)
+
+    monkeypatch.setattr(module, "roll_back", roll_back_and_check)
+    run(target, draft, lambda tokens, sources: sequence.extend(tokens))
+    # The draft is one token behind the target after a fully accepted round (it never fed its own
+    # last proposal), level with it otherwise. Only the last round may skip the draft (g = 0).
+    assert set(rounds[:-1]) == {1, 2}  # both kinds of round happened
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5])
+def test_eos_stops_and_is_kept(target, draft, baseline, gamma):
+    eos = baseline[7]
+    first = baseline.index(eos)
+    result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma, eos_id=eos)
+    assert result.tokens == baseline[:first + 1]
+    assert result.stats.stop_reason == "eos"
+    assert autoregressive_generate(target, PROMPT, 40, eos_id=eos).tokens == baseline[:first + 1]
+
+
+def test_eos_when_sampling(target, draft):
+    for seed in range(5):
+        free = speculative_sampling(target, draft, PROMPT, 30, 4, generator=torch.Generator().manual_seed(seed))
+        eos = free.tokens[10]
+        stopped = speculative_sampling(target, draft, PROMPT, 30, 4, eos_id=eos,
+                                       generator=torch.Generator().manual_seed(seed))
+        assert stopped.tokens == free.tokens[:free.tokens.index(eos) + 1]
+        assert stopped.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
+def test_exact_max_gen(target, draft, baseline, gamma):
+    for max_gen in range(1, 12):
+        result = speculative_sampling_greedy(target, draft, PROMPT, max_gen, gamma)
+        assert result.tokens == baseline[:max_gen], max_gen
+        sampled = speculative_sampling(target, draft, PROMPT, max_gen, gamma,
+                                       generator=torch.Generator().manual_seed(max_gen))
+        assert len(sampled.tokens) == max_gen
+        # nothing made past max_gen and thrown away: every accepted token and every target call's
+        # own token is in the output
+        for stats in (result.stats, sampled.stats):
+            assert stats.tokens_accepted + stats.target_calls == max_gen
+
+
+def test_context_window_edge(target, draft, make_checkpoint):
+    n_pos = TARGET_CFG.n_positions  # 64
+    for prompt_len in (n_pos - 1, n_pos - 6):
+        prompt = [(7 * i) % TINY.vocab_size for i in range(prompt_len)]
+        expected = autoregressive_generate(target, prompt, 20)
+        assert len(expected.tokens) == n_pos - prompt_len
+        assert expected.stats.stop_reason == "context_full"
+        for gamma in (1, 4, 8):
+            result = speculative_sampling_greedy(target, draft, prompt, 20, gamma)
+            assert result.tokens == expected.tokens and result.stats.stop_reason == "context_full"
+            sampled = speculative_sampling(target, draft, prompt, 20, gamma, generator=torch.Generator().manual_seed(0))
+            assert len(sampled.tokens) == n_pos - prompt_len
+    # a draft with a shorter window than the target's: it stops drafting, the target goes on
+    short_draft = load_gpt2(make_checkpoint(TINY.with_(n_positions=40), seed=9, std=0.1))
+    prompt = list(range(30))
+    expected = autoregressive_generate(target, prompt, 30)
+    result = speculative_sampling_greedy(target, short_draft, prompt, 30, 4)
+    assert result.tokens == expected.tokens and len(result.tokens) == 30
+
+
+@pytest.fixture(scope="module")
+def other_vocab_draft(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vocab50")
+    return load_gpt2(save_random_checkpoint(folder, TINY.with_(vocab_size=50)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gamma=0), "gamma must be an int >= 1"),
+    (dict(gamma=2.5), "gamma must be an int >= 1"),
+    (dict(max_gen=0), "max_gen must be an int >= 1"),
+    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=0), "top_k must be an int >= 1"),
+    (dict(prompt_ids=[]), "prompt_ids is empty"),
+    (dict(prompt_ids="hello"), "list of token ids"),
+    (dict(prompt_ids=torch.tensor([[1, 2]])), "1-D LongTensor"),
+    (dict(prompt_ids=[1, 100]), "prompt token id 100 is outside the vocabulary"),
+    (dict(prompt_ids=list(range(64))), "must be shorter than 64"),
+])
+def test_bad_inputs_give_clear_errors(target, draft, kwargs, message):
+    args = dict(prompt_ids=PROMPT, max_gen=10, gamma=4, temperature=1.0, top_k=None, top_p=None)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        speculative_sampling(target, draft, **args)
+    greedy_only = {"temperature", "top_k", "top_p"}
+    if not greedy_only & kwargs.keys():
+        greedy_args = {k: v for k, v in args.items() if k not in greedy_only}
+        with pytest.raises(ValueError, match=message):
+            speculative_sampling_greedy(target, draft, **greedy_args)
+    if "gamma" not in kwargs:
+        base_args = {k: v for k, v in args.items() if k != "gamma"}
+        with pytest.raises(ValueError, match=message):
+            autoregressive_generate(target, **base_args)
+
+
+def test_vocabularies_must_match(target, other_vocab_draft):
+    with pytest.raises(ValueError, match="vocabulary .* differs"):
+        speculative_sampling_greedy(target, other_vocab_draft, PROMPT, 10, 4)
+    with pytest.raises(ValueError, match="vocabulary .* differs"):
+        speculative_sampling(target, other_vocab_draft, PROMPT, 10, 4)
