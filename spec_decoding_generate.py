@@ -218,6 +218,16 @@ def use_colour() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
+def start_printing(prompt: str) -> TokenPrinter:
+    """Print the legend (in colour mode) and the prompt; return the printer for the new tokens."""
+    colour = use_colour()
+    if colour:
+        print(LEGEND + "\n")
+    printer = TokenPrinter(sys.stdout, colour)
+    printer.write(prompt, BOLD)
+    return printer
+
+
 def print_stats(stats, gamma: int, baseline=None) -> None:
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
@@ -290,21 +300,15 @@ def generate(args) -> None:
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, DTYPES[args.dtype])
     draft = load_model("draft", args.draft, device, DTYPES[args.dtype])
-    warm_up(draft)
     warm_up(target)
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
-
-    printer = None
-    if not args.json:
-        colour = use_colour()
-        if colour:
-            print(LEGEND + "\n")
-        printer = TokenPrinter(sys.stdout, colour)
-        printer.write(args.prompt, BOLD)
+    warm_up(draft)
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
+
+    printer = None if args.json else start_printing(args.prompt)
     result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                  generator=generator, on_tokens=printer, **sampling)
+                                  generator=generator, on_tokens=printer, **settings)
     if printer:
         printer.finish()
 
@@ -312,10 +316,10 @@ def generate(args) -> None:
     if args.compare_baseline:
         print("Running the baseline: the target alone, one token per forward pass ...",
               file=sys.stderr, flush=True)
-        # The same seed, but the baseline uses its random numbers differently, so for sampling the
-        # texts differ; both follow the target's distribution.
+        # The same seed; for sampling the texts still differ, as the two use their random
+        # numbers differently. Both follow the target's distribution.
         baseline = autoregressive_generate(target, prompt_ids, args.max_gen,
-                                           generator=make_generator(seed, device), **sampling)
+                                           generator=make_generator(seed, device), **settings)
 
     if args.json:
         print(to_json(args, device, seed, prompt_ids, result, baseline))
