@@ -154,7 +154,10 @@ def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype):
     print(f"Loading {role} {name} ({device}, {str(dtype).removeprefix('torch.')}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
-    model = load_gpt2(name, device=device, dtype=dtype)
+    try:
+        model = load_gpt2(name, device=device, dtype=dtype)
+    except CheckpointError as e:  # say which of the two models failed
+        raise CheckpointError(f"--{role} {name}: {e}") from None
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     return model
