@@ -16,11 +16,13 @@ init) so the loaded tensors become its parameters directly: peak memory stays ne
 the weights.
 """
 
+import contextlib
 import json
 import re
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
 from .config import GPT2Config
@@ -103,7 +105,7 @@ def download_from_hub(repo_id: str) -> tuple[GPT2Config, Path]:
                 f"the local cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
                 f"If this machine is offline, download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} "
                 f"elsewhere and pass their folder instead, e.g. load_gpt2('/path/to/{repo_id.split('/')[-1]}') "
-                f"or --target /path/to/folder on the command line."
+                f"or --target/--draft /path/to/folder on the command line."
             ) from None
     return read_config(files[CONFIG_NAME]), files[WEIGHTS_NAME]
 
@@ -129,7 +131,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             shapes = {k[len(prefix):] if k.startswith(prefix) else k: tuple(f.get_slice(k).get_shape()) for k in file_keys}
             if config is None:
                 config = infer_config(shapes, path)
-            with torch.device("meta"):
+            with torch.device("meta"), no_weight_init():
                 model = GPT2(config)
             expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
             check_tensor_names_and_shapes(shapes, expected, path)
@@ -147,6 +149,22 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         ) from None
     model.load_state_dict(state, assign=True)
     return model.requires_grad_(False).eval()
+
+
+@contextlib.contextmanager
+def no_weight_init():
+    """Skip torch.nn.init while building a model whose weights are about to be replaced. (On the
+    meta device there is nothing to initialise anyway, but the first normal_() there costs about a
+    second of one-off set-up inside torch.)"""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "ones_", "zeros_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
 
 
 def infer_config(shapes: dict, path) -> GPT2Config:

@@ -1,0 +1,155 @@
+"""Speculative sampling is lossless: its output follows the target's distribution exactly.
+
+With a 16-token vocabulary the exact distribution of the first three generated tokens (4,096
+outcomes) can be enumerated from the target's own probabilities. Thousands of speculative samples
+are compared with it by a chi-square test. The same test must reject the draft's samples, and
+the classic bug of resampling from p instead of norm(max(0, p - q)): so it has the power to fail.
+"""
+
+import pytest
+import torch
+from conftest import TINY_VOCAB
+from scipy import stats
+
+import spec_decoding.speculative
+from gpt2 import load_gpt2
+from spec_decoding import (autoregressive_generate, logits_to_probs, modified_rejection_sampling,
+                           residual_distribution, speculative_sampling)
+
+V = TINY_VOCAB.vocab_size
+PROMPT = [1, 2, 3]
+N_TOKENS = 3
+SETTINGS = {  # name: (sampling settings, gamma, samples)
+    "temperature 1": (dict(temperature=1.0), 2, 6000),
+    "temperature 0.7, top-k 6, top-p 0.9": (dict(temperature=0.7, top_k=6, top_p=0.9), 1, 5000),
+}
+
+
+@pytest.fixture(scope="module")
+def pair(make_checkpoint):
+    # Two unrelated random models: they agree on about half the tokens, so accepts, rejections and
+    # bonus tokens all happen often.
+    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
+    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3))
+    return target, draft
+
+
+def exact_distribution(model, settings) -> torch.Tensor:
+    """[V, V, V]: P(t1, t2, t3) = p(t1) p(t2 | t1) p(t3 | t1, t2), from one batched forward."""
+    t1, t2 = torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij")
+    idx = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), t1.reshape(-1, 1), t2.reshape(-1, 1)], 1)
+    with torch.inference_mode():
+        probs = logits_to_probs(model(idx)[:, -3:].double(), **settings)  # [V*V, 3, V]
+    p1 = probs[0, 0]  # the same for every row
+    p2 = probs[::V, 1]  # rows with t2 = 0, indexed by t1
+    p3 = probs[:, 2].reshape(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def counts_of(samples) -> torch.Tensor:
+    counts = torch.zeros(V ** N_TOKENS, dtype=torch.float64)
+    for s in samples:
+        counts[(s[0] * V + s[1]) * V + s[2]] += 1
+    return counts
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's chi-square test of counts against probs. Cells expecting fewer than 5 samples
+    are pooled into one, as the test requires."""
+    counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
+    expected = probs / probs.sum() * counts.sum()
+    small = expected < 5
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum().view(1)])
+        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
+    return stats.chisquare(counts.numpy(), expected.numpy()).pvalue
+
+
+def total_variation(counts, probs) -> float:
+    return 0.5 * (counts / counts.sum() - probs.reshape(-1)).abs().sum().item()
+
+
+def speculative_samples(target, draft, settings, gamma, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [speculative_sampling(target, draft, PROMPT, N_TOKENS, gamma, generator=g, **settings).tokens
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_speculative_samples_follow_the_target_distribution(pair, name):
+    target, draft = pair
+    settings, gamma, n = SETTINGS[name]
+    exact = exact_distribution(target, settings)
+    assert exact.sum().item() == pytest.approx(1.0)
+    samples = speculative_samples(target, draft, settings, gamma, n, seed=0)
+    counts = counts_of(samples)
+    p_value = chi_square_p_value(counts, exact)
+    assert p_value > 1e-3, f"speculative samples differ from the target (p = {p_value:.2g})"
+
+    # Power: the draft's own samples, the same number, are clearly told apart.
+    g = torch.Generator().manual_seed(1)
+    draft_samples = [autoregressive_generate(draft, PROMPT, N_TOKENS, generator=g, **settings).tokens
+                     for _ in range(n)]
+    draft_counts = counts_of(draft_samples)
+    assert chi_square_p_value(draft_counts, exact) < 1e-6
+    assert total_variation(draft_counts, exact) > total_variation(counts, exact)
+
+
+def test_resampling_from_p_instead_of_the_residual_is_caught(pair, monkeypatch):
+    """The classic bug: after a rejection, sample from p, not norm(max(0, p - q)). The output is
+    then biased towards tokens the draft likes; the test must notice."""
+    target, draft = pair
+    settings, gamma, n = SETTINGS["temperature 1"]
+    monkeypatch.setattr(spec_decoding.speculative, "residual_distribution", lambda p, q: p)
+    counts = counts_of(speculative_samples(target, draft, settings, gamma, n, seed=0))
+    assert chi_square_p_value(counts, exact_distribution(target, settings)) < 1e-6
+
+
+def random_distributions(rows, seed, sharpness=2.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(sharpness * torch.randn(rows, 6, generator=g, dtype=torch.float64), -1).float()
+
+
+def test_one_round_against_random_p_and_q():
+    """Leviathan's Theorem: the first token of a round is distributed as p[0]; a token that
+    follows an accepted draft token is distributed as the next row of p (here p does not depend
+    on the prefix); the acceptance probability is sum(min(p, q))."""
+    g = torch.Generator().manual_seed(0)
+    p, q = random_distributions(3, seed=1), random_distributions(2, seed=2)  # gamma = 2
+    n_rounds = 20000
+    first, second, accepted_first = [], [], 0
+    for _ in range(n_rounds):
+        draft_tokens = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)]
+        n, next_token = modified_rejection_sampling(p, q, draft_tokens, g)
+        out = draft_tokens[:n] + [next_token]
+        first.append(out[0])
+        accepted_first += n >= 1
+        if n >= 1:
+            second.append(out[1])
+    for observed, probs in ((first, p[0]), (second, p[1])):
+        assert chi_square_p_value(torch.bincount(torch.tensor(observed), minlength=6), probs) > 1e-3
+    expected_accept = torch.minimum(p[0], q[0]).sum().item()
+    assert stats.binomtest(accepted_first, n_rounds, expected_accept).pvalue > 1e-3
+    # and the test can fail: the first token is not distributed as q[0]
+    assert chi_square_p_value(torch.bincount(torch.tensor(first), minlength=6), q[0]) < 1e-6
+
+
+def test_bonus_token_when_everything_is_accepted():
+    """p == q: every draft token is accepted and the bonus token is drawn from p[gamma]."""
+    g = torch.Generator().manual_seed(0)
+    p = random_distributions(3, seed=3)
+    bonus = []
+    for _ in range(6000):
+        draft_tokens = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(2)]
+        n, token = modified_rejection_sampling(p, p[:2], draft_tokens, g)
+        assert n == 2
+        bonus.append(token)
+    assert chi_square_p_value(torch.bincount(torch.tensor(bonus), minlength=6), p[2]) > 1e-3
+
+
+def test_residual_distribution():
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    q = torch.tensor([0.2, 0.5, 0.1, 0.2])
+    torch.testing.assert_close(residual_distribution(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
+    # p == q: max(0, p - q) is all zero; fall back to p
+    torch.testing.assert_close(residual_distribution(p, p), p)
