@@ -1,0 +1,159 @@
+"""The notebooks run end to end, offline, on small random-weight checkpoints.
+
+Each notebook is executed in a fresh "python3" Jupyter kernel (this interpreter) with nbclient, with
+GPT2_TARGET / GPT2_DRAFT pointing at a small agreeing pair made here; any failing cell (including
+the notebooks' own asserts) fails the test. The committed notebooks must carry no outputs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+from gpt2 import GPT2Config  # noqa: E402  (conftest puts the repo root on sys.path)
+from gpt2.random_weights import save_agreeing_pair  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS_DIR = ROOT / "notebooks"
+NOTEBOOKS = [
+    "01_gpt2_and_kv_cache.ipynb",
+    "02_parallel_verification.ipynb",
+    "03_rejection_sampling.ipynb",
+    "04_speedup_theory.ipynb",
+]
+CELL_TIMEOUT = 120  # seconds per cell
+KERNEL = "python3"
+
+# GPT-2's real vocabulary (the notebooks decode text with tiktoken), tiny widths. embedding_std
+# 0.3 gives spread-out next-token distributions (the default 1.0 makes them almost one-hot), so
+# notebook 3's histograms and its distribution check have something to show.
+PAIR_CONFIG = GPT2Config(n_layer=4, n_head=2, n_embd=64, n_positions=128, vocab_size=50257)
+
+
+@pytest.fixture(scope="session")
+def notebook_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("notebook-pair")
+    return save_agreeing_pair(root / "target", root / "draft", PAIR_CONFIG, draft_n_layer=2,
+                              damping=0.05, seed=3, embedding_std=0.3)
+
+
+@pytest.fixture(scope="session")
+def python3_kernel(tmp_path_factory):
+    """Make sure a "python3" kernel spec exists. jupyter_client provides one whenever ipykernel is
+    importable (and runs it with this interpreter); if not, install one into a temporary prefix."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        prefix = tmp_path_factory.mktemp("jupyter-prefix")
+        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--prefix", str(prefix),
+                        "--name", KERNEL], check=True, capture_output=True)
+        data_dir = str(prefix / "share" / "jupyter")
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(
+            p for p in (data_dir, os.environ.get("JUPYTER_PATH")) if p)
+        KernelSpecManager().get_kernel_spec(KERNEL)  # raises if that did not work either
+    return KERNEL
+
+
+@pytest.fixture
+def notebook_env(monkeypatch, notebook_pair, python3_kernel, tmp_path):
+    """The kernel inherits this process's environment when it starts."""
+    target_dir, draft_dir = notebook_pair
+    monkeypatch.setenv("GPT2_TARGET", str(target_dir))
+    monkeypatch.setenv("GPT2_DRAFT", str(draft_dir))
+    monkeypatch.setenv("DEVICE", "cpu")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    shared_bpe = ROOT.parent / "shared" / "tiktoken_cache"
+    if "TIKTOKEN_CACHE_DIR" not in os.environ and shared_bpe.is_dir():
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(shared_bpe))
+    # Notebook 4 measures inline unless told where benchmark results are: point it at a missing
+    # file so the run does not depend on whether a benchmark has been run in this checkout.
+    monkeypatch.setenv("BENCHMARK_RESULTS", str(tmp_path / "no-such-results.json"))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    return monkeypatch
+
+
+def execute(name: str) -> tuple[nbformat.NotebookNode, float]:
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL,
+                                     resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError (with the traceback) if any cell fails
+    return nb, time.perf_counter() - start
+
+
+def outputs(nb):
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+
+
+def text_of(nb) -> str:
+    parts = []
+    for out in outputs(nb):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif "data" in out and "text/plain" in out.data:
+            parts.append(out.data["text/plain"])
+    return "\n".join(parts)
+
+
+def count_images(nb) -> int:
+    return sum("image/png" in out.get("data", {}) for out in outputs(nb))
+
+
+def test_the_four_notebooks_are_there():
+    assert sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb")) == NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_without_outputs(name):
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == KERNEL
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{name}: cell {i} has outputs; clear them before committing"
+            assert cell.execution_count is None, f"{name}: cell {i} has an execution count"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs(name, notebook_env):
+    nb, seconds = execute(name)
+    print(f"{name}: {seconds:.1f} s")
+    errors = [out for out in outputs(nb) if out.output_type == "error"]
+    assert not errors, errors
+    assert count_images(nb) >= 1, f"{name} drew no figure"
+    text = text_of(nb)
+    if name.startswith("04"):
+        assert "Measuring a small result inline" in text
+    if name.startswith("02"):
+        assert "all checks passed" in text
+
+
+def test_speedup_notebook_reads_benchmark_results(notebook_env, tmp_path):
+    """With a results.json, notebook 4 plots its cells instead of measuring."""
+    results = {
+        "cells": [
+            {"gamma": g, "max_gen": 64, "temperature": t, "speedup_median": s, "acceptance_rate": a,
+             "predicted_speedup": ps}
+            for g, t, s, a, ps in [(1, 0.0, 1.3, 0.8, 1.5), (2, 0.0, 1.6, 0.78, 1.9),
+                                   (4, 0.0, 1.8, 0.75, 2.1), (4, 1.0, 1.4, 0.6, 1.6)]
+        ],
+        "costs": {"c": 0.18},
+    }
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    notebook_env.setenv("BENCHMARK_RESULTS", str(path))
+    nb, _ = execute("04_speedup_theory.ipynb")
+    text = text_of(nb)
+    assert f"Read 4 cells from {path}" in text
+    assert "Measuring a small result inline" not in text
+    assert count_images(nb) >= 2
