@@ -30,11 +30,11 @@ def make_plots(results: dict, out_dir) -> list[Path]:
     paths = [out_dir / "benchmark_heatmap.png", out_dir / "benchmark_speedup_vs_gamma.png",
              out_dir / "benchmark_acceptance.png"]
     for path, draw in zip(paths, (heatmap, speedup_vs_gamma, acceptance_by_position)):
-        fig, axes = plt.subplots(1, len(temperatures), figsize=(5.2 * len(temperatures) + 0.6, 4.3),
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(temperatures), squeeze=False,
+                                 figsize=(max(6.8, 5.2 * len(temperatures) + 0.6), 4.8))
         for ax, t in zip(axes[0], temperatures):
             draw(ax, [c for c in cells if c["temperature"] == t], t)
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=DPI)
         plt.close(fig)
@@ -43,9 +43,11 @@ def make_plots(results: dict, out_dir) -> list[Path]:
 
 def pair_title(env: dict) -> str:
     names = f"draft {short_name(env['draft'])} -> target {short_name(env['target'])}"
+    threads = f"{env['threads']} thread" + ("s" if env["threads"] != 1 else "")
+    lines = [f"Speculative decoding, {names}", f"{env['device']} {env['dtype']}, {threads}"]
     if env.get("standins"):
-        names += " (random-weight stand-ins: real speed, not real text)"
-    return f"Speculative decoding, {names}\n{env['device']} {env['dtype']}, {env['threads']} threads"
+        lines.insert(1, "random-weight stand-ins of the real shapes: real speed, not real text")
+    return "\n".join(lines)
 
 
 def short_name(name_or_path: str) -> str:

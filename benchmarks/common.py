@@ -1,0 +1,114 @@
+"""Helpers the benchmark scripts share: stand-in checkpoints, timing, memory bandwidth, tables.
+
+The Hugging Face hub is out of reach here, so every checkpoint is a random-weight stand-in of the
+official shape, written in the hub's exact layout by gpt2.random_weights. How long a forward pass
+takes does not depend on the weight values, so the timings are those of the real models.
+"""
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from gpt2 import OFFICIAL_CONFIGS
+from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+
+DEFAULT_CHECKPOINTS = Path("checkpoints/standins")
+BYTES_PER_GB = 1e9
+
+
+def has_checkpoint(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+
+
+def standin_checkpoint(name: str, root: Path = DEFAULT_CHECKPOINTS, seed: int = 0) -> Path:
+    """checkpoints/standins/<name>: a random checkpoint of the official shape, made once."""
+    folder = Path(root) / name
+    if not has_checkpoint(folder):
+        print(f"  writing a random {name} checkpoint to {folder} (once; reused next time) ...", flush=True)
+        save_random_checkpoint(folder, OFFICIAL_CONFIGS[name], seed=seed)
+    return folder
+
+
+def standin_pair(root: Path, target_name: str, draft_n_layer: int, damping: float,
+                 embedding_std: float, seed: int = 0) -> tuple[Path, Path]:
+    """A target of an official shape and a draft made of its first draft_n_layer blocks
+    (gpt2.random_weights.save_agreeing_pair), under a folder named after the settings."""
+    folder = Path(root) / f"pair-{target_name}-K{draft_n_layer}-d{damping:g}-e{embedding_std:g}-s{seed}"
+    target_dir, draft_dir = folder / "target", folder / "draft"
+    if not (has_checkpoint(target_dir) and has_checkpoint(draft_dir)):
+        print(f"  writing the agreeing pair to {folder} (once; reused next time) ...", flush=True)
+        save_agreeing_pair(target_dir, draft_dir, OFFICIAL_CONFIGS[target_name], draft_n_layer,
+                           damping=damping, seed=seed, embedding_std=embedding_std)
+    return target_dir, draft_dir
+
+
+def random_prompt(length: int, seed: int, vocab_size: int = 50257) -> list[int]:
+    """Random token ids (avoiding <|endoftext|>, 50256, which would end HF's generation)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, min(vocab_size, 50256), (length,), generator=g).tolist()
+
+
+def timed(fn, *args, **kwargs):
+    """(result, seconds) of one call."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - start
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a batch-1 decoding step must read: every parameter once (wte twice in
+    principle, as embedding row and as the output head, but the row is tiny), except the position
+    embedding, of which one row is read."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    wpe = model.wpe.weight
+    return total - wpe.numel() * wpe.element_size() + wpe.shape[1] * wpe.element_size()
+
+
+def measure_read_bandwidth(gib: float = 1.0, repeats: int = 7) -> dict:
+    """The machine's memory read bandwidth as PyTorch sees it: time x.sum() over a large fp32
+    tensor (far larger than any cache), with torch's default threads. Median of several runs."""
+    x = torch.ones(int(gib * 2**30) // 4)
+    x.sum()  # touch every page once
+    times = [timed(x.sum)[1] for _ in range(repeats)]
+    nbytes = x.numel() * 4
+    return {"bytes": nbytes, "seconds_median": median(times), "seconds_best": min(times),
+            "gb_per_s_median": nbytes / median(times) / BYTES_PER_GB,
+            "gb_per_s_best": nbytes / min(times) / BYTES_PER_GB, "threads": torch.get_num_threads()}
+
+
+def markdown_table(headers, rows) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(out_dir: Path, results: dict, markdown: str) -> None:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "results.md").write_text(markdown)
+    print(f"\nWrote {out_dir / 'results.json'} and {out_dir / 'results.md'}")
+
+
+def machine_info() -> dict:
+    import os
+    import platform
+
+    import transformers
+
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "load_average": os.getloadavg()}
