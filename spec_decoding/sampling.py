@@ -30,9 +30,16 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int |
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """probs [..., V] -> token ids [...], one draw per row."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    """probs [..., V] -> token ids [...], one draw per row.
+
+    Inverse-CDF sampling: draw u uniformly below the total probability and take the first token
+    whose cumulative probability exceeds u. Tokens of probability 0 are never picked. (The same
+    law as torch.multinomial, which takes ~10 ms per draw over GPT-2's 50257 tokens on a CPU.)
+    """
+    cdf = probs.cumsum(dim=-1)
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)
+    token = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)
+    return token.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,

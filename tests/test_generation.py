@@ -121,29 +121,32 @@ def check_cache(model, cache, sequence):
 
 
 @pytest.mark.parametrize("module, run", [
-    (spec_decoding.greedy, lambda t, d, cb: speculative_sampling_greedy(t, d, PROMPT, 30, 3, on_tokens=cb)),
-    (spec_decoding.speculative, lambda t, d, cb: speculative_sampling(
-        t, d, PROMPT, 30, 3, generator=torch.Generator().manual_seed(3), on_tokens=cb)),
+    (spec_decoding.greedy, lambda t, d, seed, cb: speculative_sampling_greedy(t, d, PROMPT, 30, 3, on_tokens=cb)),
+    (spec_decoding.speculative, lambda t, d, seed, cb: speculative_sampling(
+        t, d, PROMPT, 30, 3, generator=torch.Generator().manual_seed(seed), on_tokens=cb)),
 ])
 def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, target, draft, module, run):
-    sequence = list(PROMPT)
-    rounds = []
+    lags = []  # how far each cache is behind the sequence after each round
     real_roll_back = module.roll_back
+    for seed in range(3):
+        sequence = list(PROMPT)
+        run_lags = []
 
-    def roll_back_and_check(target_cache, draft_cache, seq_len):
-        real_roll_back(target_cache, draft_cache, seq_len)
-        assert seq_len == len(sequence)
-        assert target_cache.length == seq_len - 1  # all but the last token, which is fed next
-        assert draft_cache.length <= seq_len - 1
-        check_cache(target, target_cache, sequence)
-        check_cache(draft, draft_cache, sequence)
-        rounds.append(seq_len - draft_cache.length)
+        def roll_back_and_check(target_cache, draft_cache, seq_len):
+            real_roll_back(target_cache, draft_cache, seq_len)
+            assert seq_len == len(sequence)
+            assert target_cache.length == seq_len - 1  # all but the last token, which is fed next
+            assert draft_cache.length <= seq_len - 1
+            check_cache(target, target_cache, sequence)
+            check_cache(draft, draft_cache, sequence)
+            run_lags.append(seq_len - draft_cache.length)
 
-    monkeypatch.setattr(module, "roll_back", roll_back_and_check)
-    run(target, draft, lambda tokens, sources: sequence.extend(tokens))
+        monkeypatch.setattr(module, "roll_back", roll_back_and_check)
+        run(target, draft, seed, lambda tokens, sources: sequence.extend(tokens))
+        lags += run_lags[:-1]  # only the last round may skip the draft (g = 0)
     # The draft is one token behind the target after a fully accepted round (it never fed its own
-    # last proposal), level with it otherwise. Only the last round may skip the draft (g = 0).
-    assert set(rounds[:-1]) == {1, 2}  # both kinds of round happened
+    # last proposal), level with it otherwise: both kinds of round happened.
+    assert set(lags) == {1, 2}
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 5])
