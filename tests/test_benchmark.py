@@ -161,3 +161,16 @@ def test_offline_error_says_how_to_pass_local_paths(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert "--draft DIR --target DIR" in proc.stderr and "--make-standins" in proc.stderr
+
+
+def test_compare_hf_without_transformers_says_so(tmp_path, capsys, monkeypatch):
+    sys.path.insert(0, str(ROOT))
+    import benchmark
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # "import transformers" now fails
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--compare-hf", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--compare-hf needs Hugging Face transformers, which is not installed" in err
+    assert "pip install transformers" in err
