@@ -379,7 +379,7 @@ def summary_markdown(results: dict) -> str:
     cells, costs, env = results["cells"], results["costs"], results["environment"]
     lines = [f"Draft {env['draft']} -> target {env['target']}"
              + (" (random-weight stand-ins)" if env["standins"] else "")
-             + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} threads", ""]
+             + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} thread{'s' * (env['threads'] != 1)}", ""]
     for t in sorted({c["temperature"] for c in cells}):
         rows = [c for c in cells if c["temperature"] == t]
         max_gens = sorted({c["max_gen"] for c in rows})
