@@ -313,8 +313,9 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
 
     accepted, drafted, rejected = total("tokens_accepted"), total("tokens_drafted"), total("rejections")
     alpha = accepted / (accepted + rejected) if accepted + rejected else None
-    by_position = [sum(r["accepted_by_position"][i] for r in runs) / d if d else None
-                   for i, d in enumerate(sum(r["drafted_by_position"][i] for r in runs) for i in range(gamma))]
+    drafted_at = [sum(r["drafted_by_position"][i] for r in runs) for i in range(gamma)]
+    accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(gamma)]
+    by_position = [a / d if d else None for a, d in zip(accepted_at, drafted_at)]
     verify = costs["verify_cost_by_gamma"][gamma]
     return {
         "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
