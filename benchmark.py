@@ -98,9 +98,12 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2)")
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
-    p.add_argument("--gammas", type=positive_int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--max-gens", type=positive_int, nargs="+", default=[50, 100, 200, 500])
-    p.add_argument("--temperatures", type=temperature_value, nargs="+", default=[0.0])
+    p.add_argument("--gammas", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="G",
+                   help="draft tokens per round (default 1 2 4 8)")
+    p.add_argument("--max-gens", type=positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
+                   help="new tokens per generation (default 50 100 200 500)")
+    p.add_argument("--temperatures", type=temperature_value, nargs="+", default=[0.0], metavar="T",
+                   help="0 = greedy (default), > 0 = speculative sampling")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="text file, one prompt per line")
     p.add_argument("--repeats", type=positive_int, default=1, help="timed runs per prompt and cell")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed warm-up rounds first")
@@ -108,7 +111,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
-    p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder")
+    p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
     p.add_argument("--make-standins", type=Path, metavar="DIR",
                    help="write a random-weight gpt2-large-shaped target and a draft made of its "
