@@ -124,24 +124,28 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
     path = Path(path)
     device = torch.device(device or "cpu")
     try:
-        with safe_open(path, framework="pt", device="cpu") as f:
+        with safe_open(path, framework="pt", device="cpu") as f:  # reads only the header
             file_keys = list(f.keys())
             prefix = "transformer." if any(k.startswith("transformer.") for k in file_keys) else ""
             # name in our model -> shape in the file
-            shapes = {k[len(prefix):] if k.startswith(prefix) else k: tuple(f.get_slice(k).get_shape()) for k in file_keys}
-            if config is None:
-                config = infer_config(shapes, path)
-            with torch.device("meta"), no_weight_init():
-                model = GPT2(config)
-            expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
-            check_tensor_names_and_shapes(shapes, expected, path)
-            state = {}
-            for name in expected:
+            shapes = {k.removeprefix(prefix): tuple(f.get_slice(k).get_shape()) for k in file_keys}
+        if config is None:
+            config = infer_config(shapes, path)
+        with torch.device("meta"), no_weight_init():
+            model = GPT2(config)  # shapes only, no memory
+        expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+        check_tensor_names_and_shapes(shapes, expected, path)
+        state = {}
+        for name in expected:
+            # The file is memory-mapped, and every page read stays in this process's memory
+            # until the file is closed. Reopening it per tensor releases each tensor's pages
+            # right after its copy is made, so the peak stays near the size of the weights.
+            with safe_open(path, framework="pt", device="cpu") as f:
                 tensor = f.get_tensor(prefix + name)
-                if name.endswith(CONV1D_SUFFIXES):
-                    tensor = tensor.t()  # [in, out] -> [out, in]
-                state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
-                del tensor
+            if name.endswith(CONV1D_SUFFIXES):
+                tensor = tensor.t()  # [in, out] -> [out, in]
+            state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
+            del tensor
     except SafetensorError as e:
         raise CheckpointError(
             f"{path} is not a readable safetensors file ({e}). It may be truncated or corrupt: "
