@@ -2,6 +2,7 @@
 
     python -m benchmarks.model_speed --models gpt2 gpt2-large --out runs/model_speed
     python -m benchmarks.model_speed --quick          # a fast smoke run (gpt2 only, few tokens)
+    python -m benchmarks.model_speed --models --out runs/model_memory   # load time / memory only
 
 For each model (a random-weight stand-in of the official shape, hub layout, under
 checkpoints/standins/<name>; timings do not depend on the weight values) it measures:
@@ -324,7 +325,7 @@ def report(results) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["gpt2", "gpt2-large"], choices=list(OFFICIAL_CONFIGS))
+    p.add_argument("--models", nargs="*", default=["gpt2", "gpt2-large"], choices=list(OFFICIAL_CONFIGS))
     p.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS,
                    help="where the stand-in checkpoints live (<dir>/<model>), made if missing")
     p.add_argument("--prompt-len", type=int, default=32)
