@@ -50,7 +50,6 @@ from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.result import FROM_CORRECTION
 from spec_decoding.theory import predicted_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -295,7 +294,7 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                             "baseline_tokens": len(base.tokens), "generated_tokens": s.tokens_generated,
                             "target_calls": s.target_calls, "draft_calls": s.draft_calls,
                             "tokens_drafted": s.tokens_drafted, "tokens_accepted": s.tokens_accepted,
-                            "rejections": s.token_sources.count(FROM_CORRECTION),
+                            "rejections": s.tokens_rejected,
                             "drafted_by_position": s.drafted_by_position,
                             "accepted_by_position": s.accepted_by_position,
                             "tokens_match_baseline": spec.tokens == base.tokens if temperature == 0 else None,

@@ -169,7 +169,9 @@ def summarize(runs, costs, gammas, kinds=("greedy", "T=1")):
             target_calls = sum(s.target_calls for s in st)
             draft_calls = sum(s.draft_calls for s in st)
             drafted, accepted = sum(s.tokens_drafted for s in st), sum(s.tokens_accepted for s in st)
-            alpha = accepted / drafted if drafted else 0.0
+            rejected = sum(s.tokens_rejected for s in st)
+            acceptance = accepted / drafted if drafted else 0.0
+            alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0  # theory's alpha
             tpc = tokens / target_calls
             t_spec = median([r["seconds"] for r in rs])
             # Ideal time per run: the measured counts at the measured per-call costs, nothing else.
@@ -181,7 +183,7 @@ def summarize(runs, costs, gammas, kinds=("greedy", "T=1")):
             rows.append({
                 "kind": kind, "gamma": g, "runs": len(rs), "tokens": tokens,
                 "baseline_seconds_median": t_base, "spec_seconds_median": t_spec,
-                "measured_speedup": measured, "acceptance_rate": alpha,
+                "measured_speedup": measured, "acceptance_rate": acceptance, "alpha": alpha,
                 "tokens_per_target_call": tpc, "target_calls": target_calls, "draft_calls": draft_calls,
                 "target_calls_per_token": target_calls / tokens, "inverse_tokens_per_target_call": 1 / tpc,
                 "forward_counts_match_stats": forwards_ok,

@@ -117,6 +117,7 @@ def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int) -> Non
         stats.rounds += 1
         stats.tokens_drafted += n_drafted
         stats.tokens_accepted += n_accepted
+        stats.tokens_rejected += n_accepted < n_drafted
         for i in range(n_drafted):
             stats.drafted_by_position[i] += 1
             stats.accepted_by_position[i] += i < n_accepted

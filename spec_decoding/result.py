@@ -20,6 +20,7 @@ class GenerationStats:
     rounds: int = 0  # draft-then-verify rounds
     tokens_drafted: int = 0
     tokens_accepted: int = 0
+    tokens_rejected: int = 0  # rounds that ended in a rejection (at most one per round)
     drafted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that drafted position i
     accepted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that accepted it
     token_sources: list[str] = field(default_factory=list)  # one FROM_* per output token
@@ -36,6 +37,14 @@ class GenerationStats:
         return self.tokens_accepted / self.tokens_drafted if self.tokens_drafted else None
 
     @property
+    def alpha(self) -> float | None:
+        """Accepted / judged draft tokens: the per-token acceptance chance of Leviathan's theory.
+        Tokens drafted after a round's first rejection are never judged, so for gamma > 1 this is
+        higher than acceptance_rate, and it is what spec_decoding.theory expects."""
+        judged = self.tokens_accepted + self.tokens_rejected
+        return self.tokens_accepted / judged if judged else None
+
+    @property
     def tokens_per_target_call(self) -> float:
         return self.tokens_generated / self.target_calls if self.target_calls else 0.0
 
@@ -49,7 +58,7 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for name in ("tokens_generated", "acceptance_rate", "tokens_per_target_call",
+        for name in ("tokens_generated", "acceptance_rate", "alpha", "tokens_per_target_call",
                      "acceptance_by_position", "tokens_per_second"):
             d[name] = getattr(self, name)
         return d

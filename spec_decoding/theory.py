@@ -1,6 +1,7 @@
 """The speed-up theory of Leviathan et al. (2023), section 3.
 
-alpha: the chance that the target accepts a draft token (measured: the acceptance rate).
+alpha: the chance that the target accepts a draft token it judges (measured: GenerationStats.alpha,
+accepted / (accepted + rejected); tokens drafted after a rejection are never judged).
 gamma: draft tokens per round.
 c: the cost of one draft step relative to one target step.
 verify_cost: the target's cost of scoring gamma + 1 tokens in one forward, relative to one target

@@ -77,6 +77,10 @@ def test_greedy_equals_target_greedy(target, draft, baseline, gamma):
     assert s.token_sources.count(FROM_CORRECTION) > 0 and s.token_sources.count(FROM_BONUS) > 0
     assert s.tokens_per_target_call == pytest.approx(40 / s.target_calls)
     assert sum(s.accepted_by_position) == s.tokens_accepted
+    # a round ends in a rejection exactly when the target corrects the draft
+    assert s.tokens_rejected == s.token_sources.count(FROM_CORRECTION)
+    assert s.alpha == s.tokens_accepted / (s.tokens_accepted + s.tokens_rejected)
+    assert s.alpha >= s.acceptance_rate
     assert s.stop_reason == "max_gen"
 
 
