@@ -75,13 +75,17 @@ def save_random_checkpoint(directory, config: GPT2Config, seed: int = 0, std: fl
 
 
 def save_agreeing_pair(target_dir, draft_dir, target_config: GPT2Config, draft_n_layer: int,
-                       damping: float = 0.02, seed: int = 0, std: float = 0.02,
-                       embedding_std: float = 1.0) -> tuple[Path, Path]:
+                       damping: float = 0.35, seed: int = 0, std: float = 0.02,
+                       embedding_std: float = 0.3) -> tuple[Path, Path]:
     """A target and a draft that often pick the same next token.
 
     The draft is the target's embeddings, first draft_n_layer blocks and final LayerNorm. The
     target's later blocks have their output projections scaled by `damping`, so they nudge the
-    residual stream a little: the two usually agree, but not always.
+    residual stream a little. With the defaults, at the gpt2-large shape with a 4-block draft,
+    the two agree on about 75% of next tokens of real text (teacher-forced). On text they generate
+    themselves random models soon fall into loops that both predict, so acceptance there is near
+    1: such a pair shows what the costs allow, not GPT-2's real acceptance. A larger embedding_std
+    makes both models near-deterministic copiers (they then agree always).
     """
     sd = random_hub_state_dict(target_config, seed, std, embedding_std)
     for i in range(draft_n_layer, target_config.n_layer):

@@ -51,7 +51,7 @@ def text_pair_dirs(tmp_path_factory):
     """(target_dir, draft_dir): an agreeing pair with GPT-2's real vocabulary, small widths."""
     root = tmp_path_factory.mktemp("text-pair")
     return save_agreeing_pair(root / "target", root / "draft", TINY_TEXT, draft_n_layer=2,
-                              damping=0.05, seed=3)
+                              damping=0.05, seed=3, embedding_std=1.0)
 
 
 @pytest.fixture(scope="session")
