@@ -603,7 +603,7 @@ NB04 = [
 
 Leviathan et al. (2023), section 3, with
 
-* **alpha**: the probability that the target accepts a draft token (the acceptance rate),
+* **alpha**: the probability that the target accepts a draft token it judges (`stats.alpha`),
 * **gamma**: draft tokens per round,
 * **c**: the cost of one draft forward relative to one target forward.
 
@@ -695,18 +695,22 @@ def measure_inline(max_gen=32, repeats=3):
     cells = []
     for gamma in (1, 2, 4):
         runs = [speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma) for _ in range(repeats)]
-        alpha = runs[0].stats.acceptance_rate
+        alpha = runs[0].stats.alpha  # accepted / judged draft tokens: the theory's alpha
         print(f"gamma {gamma}: same tokens as the target alone: {runs[0].tokens == baseline[0].tokens}")
         cells.append(dict(gamma=gamma, max_gen=max_gen, temperature=0.0,
                           speedup_median=t_base / statistics.median(r.stats.seconds for r in runs),
-                          acceptance_rate=alpha, predicted_speedup=predicted_speedup(alpha, gamma, c)))
+                          alpha=alpha, predicted_speedup=predicted_speedup(alpha, gamma, c)))
     return {"cells": cells, "costs": {"c": c}, "source": "measured inline"}
 
 
 def usable_cells(results):
-    # Cells with a measured speed-up and acceptance rate (a cell without drafting has no alpha).
-    return [cell for cell in results.get("cells", [])
-            if cell.get("speedup_median") is not None and cell.get("acceptance_rate") is not None]
+    # Cells with a measured speed-up and alpha (a cell without drafting has none). alpha is
+    # accepted / judged draft tokens; older results only had the acceptance rate (accepted /
+    # drafted), which is lower for gamma > 1 because tokens after a rejection are never judged.
+    cells = results.get("cells", [])
+    for cell in cells:
+        cell.setdefault("alpha", cell.get("acceptance_rate"))
+    return [cell for cell in cells if cell.get("speedup_median") is not None and cell["alpha"] is not None]
 
 
 results = None
@@ -730,14 +734,14 @@ verify_costs = {int(g): v for g, v in (costs.get("verify_cost_by_gamma") or {}).
 cells = usable_cells(results)
 for cell in cells:
     if cell.get("predicted_speedup") is None and c is not None:
-        cell["predicted_speedup"] = predicted_speedup(cell["acceptance_rate"], cell["gamma"], c,
+        cell["predicted_speedup"] = predicted_speedup(cell["alpha"], cell["gamma"], c,
                                                       verify_costs.get(cell["gamma"], 1.0))
 print(f"\ncost ratio c = {c if c is None else round(c, 3)}")
 print(f"{'gamma':>5} {'max_gen':>7} {'temp':>5} {'alpha':>6} {'measured':>9} {'predicted':>9}")
 for cell in sorted(cells, key=lambda d: (d.get("temperature", 0), d.get("max_gen", 0), d["gamma"])):
     pred = cell.get("predicted_speedup")
     print(f"{cell['gamma']:>5} {cell.get('max_gen', '-'):>7} {cell.get('temperature', '-'):>5} "
-          f"{cell['acceptance_rate']:>6.3f} {cell['speedup_median']:>8.2f}x "
+          f"{cell['alpha']:>6.3f} {cell['speedup_median']:>8.2f}x "
           f"{'-' if pred is None else f'{pred:.2f}x':>9}")
 """),
     ("md", r"""
@@ -780,7 +784,7 @@ for g in all_gammas:
     ax2.plot(alphas, [predicted_speedup(a, g, c_plot, v) for a in alphas], color=colors[g], lw=1,
              label=f"theory, gamma = {g}" + (f", verify cost {v:.2f}" if g in verify_costs else ""))
     pts = [d for d in cells if d["gamma"] == g]
-    ax2.scatter([d["acceptance_rate"] for d in pts], [d["speedup_median"] for d in pts],
+    ax2.scatter([d["alpha"] for d in pts], [d["speedup_median"] for d in pts],
                 color=colors[g], edgecolor="k", zorder=3)
 ax2.axhline(1, color="grey", lw=0.8)
 ax2.set_xlabel("alpha (acceptance rate)")
