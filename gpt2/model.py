@@ -15,8 +15,8 @@ from .kv_cache import KVCache
 # On x86 CPUs PyTorch sends fp32 matmuls to MKL, whose kernels for one or a few rows (batch 1,
 # a handful of tokens) are slow on AMD processors. oneDNN (also inside PyTorch) does these shapes
 # near the speed of reading the weights. Measured on gpt2-large here (python -m
-# benchmarks.speculative_speed): one token 216 ms with MKL vs 134 ms with oneDNN, verifying 5
-# tokens 362 ms vs 184 ms. Same math, same fp32; set GPT2_ONEDNN=0 to compare.
+# benchmarks.speculative_speed): one token 234 ms with MKL vs 147 ms with oneDNN, verifying 5
+# tokens 449 ms vs 204 ms. Same math, same fp32; set GPT2_ONEDNN=0 to compare.
 USE_ONEDNN = os.environ.get("GPT2_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
 # oneDNN sets up each call (~50 us); below this many weights plain F.linear is quicker. Every
 # linear layer of the real GPT-2 sizes is above it; only toy test models are below.
