@@ -192,15 +192,25 @@ def load_model(role: str, name_or_path: str, device, dtype):
                  f"shapes with --make-standins DIR.")
 
 
-def read_prompts(path: Path, vocab_size: int) -> list[list[int]]:
-    texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def read_prompts(path: Path) -> list[list[int]]:
+    """The prompts of a text file, one per line, as token ids (before any model is loaded, so a
+    missing file or tokenizer fails fast)."""
+    try:
+        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as e:
+        sys.exit(f"error: cannot read the prompts file: {e}")
     if not texts:
         sys.exit(f"error: {path} holds no prompts (one per line)")
-    prompts = [encode(t) for t in texts]
+    try:
+        return [encode(t) for t in texts]
+    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+        sys.exit(f"error: {e}")
+
+
+def check_prompts_fit(prompts: list[list[int]], vocab_size: int) -> None:
     if any(max(ids) >= vocab_size for ids in prompts):
         sys.exit(f"error: the models' vocabulary has {vocab_size} tokens, too few for GPT-2's "
                  f"tokenizer, which the text prompts are encoded with")
-    return prompts
 
 
 # ---------------------------------------------------------------- measuring
@@ -447,13 +457,14 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     dtype = getattr(torch, args.dtype)
+    prompts = read_prompts(args.prompts)
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
     standins = is_standin(args.target) and is_standin(args.draft)
     print(f"Loading draft {args.draft} and target {args.target} on {device} ({args.dtype}) ...", flush=True)
     draft = load_model("draft", str(args.draft), device, dtype)
     target = load_model("target", str(args.target), device, dtype)
-    prompts = read_prompts(args.prompts, min(target.config.vocab_size, draft.config.vocab_size))
+    check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size))
 
     print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
     warm_up(target, draft, prompts, args, device)

@@ -174,3 +174,20 @@ def test_compare_hf_without_transformers_says_so(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "--compare-hf needs Hugging Face transformers, which is not installed" in err
     assert "pip install transformers" in err
+
+
+def test_missing_tokenizer_files_are_a_clear_error_not_a_traceback(monkeypatch, tmp_path, capsys):
+    import benchmark
+
+    def offline_encode(text):
+        raise RuntimeError("Could not load tiktoken's 'gpt2' encoding (offline); point "
+                           "TIKTOKEN_CACHE_DIR at a folder that holds them")
+
+    monkeypatch.setattr(benchmark, "encode", offline_encode)
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(["--draft", "x", "--target", "y", "--out", str(tmp_path / "out")])
+    assert "error: Could not load tiktoken's 'gpt2' encoding" in str(exit_info.value)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.read_prompts(tmp_path / "no-such-prompts.txt")
+    assert "cannot read the prompts file" in str(exit_info.value)
