@@ -207,7 +207,10 @@ def read_prompts(path: Path) -> list[list[int]]:
         sys.exit(f"error: {e}")
 
 
-def check_prompts_fit(prompts: list[list[int]], vocab_size: int) -> None:
+def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: int) -> None:
+    if longest := max((len(p) for p in prompts if len(p) >= n_positions), default=0):
+        sys.exit(f"error: a prompt has {longest} tokens; the models' context window holds "
+                 f"{n_positions}, so prompts must be shorter. Shorten it in the prompts file.")
     if any(max(ids) >= vocab_size for ids in prompts):
         sys.exit(f"error: the models' vocabulary has {vocab_size} tokens, too few for GPT-2's "
                  f"tokenizer, which the text prompts are encoded with")
@@ -464,7 +467,8 @@ def main(argv=None) -> None:
     print(f"Loading draft {args.draft} and target {args.target} on {device} ({args.dtype}) ...", flush=True)
     draft = load_model("draft", str(args.draft), device, dtype)
     target = load_model("target", str(args.target), device, dtype)
-    check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size))
+    check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),
+                      min(target.config.n_positions, draft.config.n_positions))
 
     print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
     warm_up(target, draft, prompts, args, device)

@@ -191,3 +191,11 @@ def test_missing_tokenizer_files_are_a_clear_error_not_a_traceback(monkeypatch, 
     with pytest.raises(SystemExit) as exit_info:
         benchmark.read_prompts(tmp_path / "no-such-prompts.txt")
     assert "cannot read the prompts file" in str(exit_info.value)
+
+
+def test_prompt_longer_than_the_context_window_is_a_clear_error():
+    import benchmark
+
+    with pytest.raises(SystemExit, match="a prompt has 130 tokens; the models' context window holds 128"):
+        benchmark.check_prompts_fit([[1] * 5, [1] * 130], vocab_size=50257, n_positions=128)
+    benchmark.check_prompts_fit([[1] * 127], vocab_size=50257, n_positions=128)  # fits
