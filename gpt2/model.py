@@ -166,7 +166,3 @@ class GPT2(nn.Module):
             raise ValueError(
                 f"Token id {bad} is outside the vocabulary [0, {self.config.vocab_size}) of this model"
             )
-
-
-
-__all__ = ["GPT2", "GPT2Config", "KVCache", "linear"]

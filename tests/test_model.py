@@ -158,3 +158,18 @@ def test_official_configs():
         assert (c.n_positions, c.vocab_size, c.layer_norm_epsilon) == (1024, 50257, 1e-5)
     with pytest.raises(ValueError, match="divisible"):
         GPT2Config(n_embd=100, n_head=3)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.1)])
+def test_fast_linear_path_equals_f_linear(dtype, tol):
+    """linear() sends real-size layers through oneDNN at inference; same math as F.linear."""
+    from gpt2 import model as gpt2_model
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1024, 512, generator=g).to(dtype)  # above ONEDNN_MIN_WEIGHTS
+    b = torch.randn(1024, generator=g).to(dtype)
+    for rows in (1, 5):
+        x = torch.randn(1, rows, 512, generator=g).to(dtype)
+        with torch.inference_mode():
+            fast = gpt2_model.linear(x, w, b)
+        torch.testing.assert_close(fast.float(), torch.nn.functional.linear(x, w, b).float(), atol=tol, rtol=0.02)
