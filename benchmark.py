@@ -49,6 +49,7 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
+from gpt2.device import resolve_device, synchronize
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.theory import predicted_speedup
 
@@ -135,25 +136,6 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------- setup
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            name = "mps"
-        else:
-            name = "cpu"
-    return torch.device(name)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a timer measures the work and not just its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
 
 def make_standins(directory: Path, seed: int) -> tuple[Path, Path]:
     """A gpt2-large-shaped target and a draft of its first 4 blocks (save_agreeing_pair). Damping
@@ -458,7 +440,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     dtype = getattr(torch, args.dtype)
     prompts = read_prompts(args.prompts)
     if args.make_standins:

@@ -26,6 +26,7 @@ import time
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
+from gpt2.device import resolve_device
 from spec_decoding import autoregressive_generate, speculative_sampling
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
@@ -50,7 +51,7 @@ STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|
 
 
 class UsageError(Exception):
-    """A problem the user can fix: a device this machine lacks, tokenizer files missing offline."""
+    """A problem the user can fix: tokenizer files missing offline."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,32 +112,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.temperature == 0 and (args.top_k or args.top_p):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
     return args
-
-
-def resolve_device(name: str) -> torch.device:
-    """"auto" -> cuda, then mps, then cpu. A named device must exist on this machine."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {name}: CUDA is not available here (no NVIDIA GPU, or a "
-                             f"CPU-only PyTorch build). Use --device cpu or auto.")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise UsageError(f"--device {name}: Apple's MPS is not available here. Use --device cpu or auto.")
-    elif device.type != "cpu":
-        raise UsageError(f"--device {name}: only cpu, cuda and mps are supported")
-    return device
 
 
 def encode_prompt(prompt: str) -> list[int]:

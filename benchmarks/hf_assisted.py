@@ -14,6 +14,8 @@ import time
 import numpy as np
 import torch
 
+from gpt2.device import synchronize
+
 
 def transformers_missing_message() -> str | None:
     """None when transformers can be imported, else what to do about it."""
@@ -41,21 +43,14 @@ def load_hf_model(name_or_path: str, device, dtype):
     return model.to(device).eval()
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 @torch.inference_mode()
 def _generate_seconds(target, ids, max_gen, device, assistant=None):
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_gen,
                           min_new_tokens=max_gen, do_sample=False, assistant_model=assistant,
                           pad_token_id=target.config.eos_token_id)
-    _sync(device)
+    synchronize(device)
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 

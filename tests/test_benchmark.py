@@ -199,3 +199,14 @@ def test_prompt_longer_than_the_context_window_is_a_clear_error():
     with pytest.raises(SystemExit, match="a prompt has 130 tokens; the models' context window holds 128"):
         benchmark.check_prompts_fit([[1] * 5, [1] * 130], vocab_size=50257, n_positions=128)
     benchmark.check_prompts_fit([[1] * 127], vocab_size=50257, n_positions=128)  # fits
+
+
+def test_unavailable_device_is_a_clear_error(tmp_path):
+    import torch
+
+    import benchmark
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA exists here")
+    with pytest.raises(SystemExit, match="error: --device cuda: CUDA is not available here"):
+        benchmark.main(["--draft", "x", "--target", "y", "--device", "cuda", "--out", str(tmp_path / "o")])
