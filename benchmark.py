@@ -49,7 +49,8 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
-from gpt2.device import resolve_device, synchronize
+from benchmarks.common import timed
+from gpt2.device import resolve_device
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.theory import predicted_speedup
 
@@ -199,15 +200,6 @@ def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: in
 
 
 # ---------------------------------------------------------------- measuring
-
-def timed(device, fn, *args, **kwargs):
-    """(fn's result, wall seconds), with the GPU synchronized on both sides."""
-    synchronize(device)
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    synchronize(device)
-    return result, time.perf_counter() - start
-
 
 @torch.inference_mode()
 def measure_costs(target, draft, gammas, context_len, device, budget_s=3.0) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import OFFICIAL_CONFIGS
+from gpt2.device import synchronize
 from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
 
 DEFAULT_CHECKPOINTS = Path("checkpoints/standins")
@@ -51,10 +52,15 @@ def random_prompt(length: int, seed: int, vocab_size: int = 50257) -> list[int]:
     return torch.randint(0, min(vocab_size, 50256), (length,), generator=g).tolist()
 
 
-def timed(fn, *args, **kwargs):
-    """(result, seconds) of one call."""
+def timed(device, fn, *args, **kwargs):
+    """(fn's result, wall seconds) of one call, with a GPU device synchronized on both sides
+    (device None or cpu: nothing to wait for)."""
+    if device is not None:
+        synchronize(device)
     start = time.perf_counter()
     result = fn(*args, **kwargs)
+    if device is not None:
+        synchronize(device)
     return result, time.perf_counter() - start
 
 
@@ -76,7 +82,7 @@ def measure_read_bandwidth(gib: float = 1.0, repeats: int = 7) -> dict:
     tensor (far larger than any cache), with torch's default threads. Median of several runs."""
     x = torch.ones(int(gib * 2**30) // 4)
     x.sum()  # touch every page once
-    times = [timed(x.sum)[1] for _ in range(repeats)]
+    times = [timed(None, x.sum)[1] for _ in range(repeats)]
     nbytes = x.numel() * 4
     return {"bytes": nbytes, "seconds_median": median(times), "seconds_best": min(times),
             "gb_per_s_median": nbytes / median(times) / BYTES_PER_GB,

@@ -79,7 +79,7 @@ def decode_step_seconds(model, prompt, context_len, steps):
         for i in range(steps + 2):
             for mode in times:
                 gpt2.model.USE_ONEDNN = mode == "onednn"
-                _, seconds = timed(model, one, cache)
+                _, seconds = timed(None, model, one, cache)
                 cache.truncate(context_len)
                 if i >= 2:  # the first two rounds are warm-up
                     times[mode].append(seconds)
@@ -114,7 +114,7 @@ def bench_decoding(name, folder, args, bandwidth):
     bar = tqdm(total=args.repeats * len(keys), desc=f"  {name} decoding", leave=False)
     for r in range(args.repeats):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:  # rotate the order each repeat
-            tokens[k], seconds = timed(runners[k])
+            tokens[k], seconds = timed(None, runners[k])
             times[k].append(seconds)
             bar.update()
     bar.close()

@@ -78,7 +78,7 @@ def per_call_costs(target, draft, context_len, gammas, repeats, modes=("onednn",
                 set_onednn(mode == "onednn")
                 for key, model, cache_name, n in calls:
                     x = torch.tensor([ids[:n]])
-                    _, seconds = timed(model, x, caches[cache_name], num_last_logits=n)
+                    _, seconds = timed(None, model, x, caches[cache_name], num_last_logits=n)
                     caches[cache_name].truncate(context_len)
                     if i > 0:  # round 0 is warm-up
                         times[(mode, key)].append(seconds)
@@ -142,7 +142,7 @@ def run_interleaved(jobs, prompts, counters, desc):
         for name in names[r % len(names):] + names[:r % len(names)]:
             for c in counters.values():
                 c.count = 0
-            (tokens, stats), seconds = timed(jobs[name], prompt, 1000 + r)
+            (tokens, stats), seconds = timed(None, jobs[name], prompt, 1000 + r)
             runs[name].append({"seconds": seconds, "tokens": tokens, "stats": stats,
                                "forwards": {k: c.count for k, c in counters.items()}})
             bar.update()
