@@ -113,6 +113,7 @@ def round_gamma(gamma: int, out_len: int, max_gen: int, seq_len: int, target: GP
 def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int) -> None:
     stats.target_calls += 1
     stats.draft_calls += n_drafted
+    stats.gamma_by_round.append(n_drafted)
     if n_drafted:
         stats.rounds += 1
         stats.tokens_drafted += n_drafted

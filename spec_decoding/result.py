@@ -24,6 +24,7 @@ class GenerationStats:
     drafted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that drafted position i
     accepted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that accepted it
     token_sources: list[str] = field(default_factory=list)  # one FROM_* per output token
+    gamma_by_round: list[int] = field(default_factory=list)  # draft tokens of each round (0: plain step)
     stop_reason: str = ""  # STOP_MAX_GEN, STOP_EOS or STOP_CONTEXT_FULL
     seconds: float = 0.0  # wall time of the whole generation, prompt included
 

@@ -13,6 +13,7 @@ from gpt2 import GPT2
 from .decoding import (check_pair, check_positive_int, check_sampling_args, forward_new_tokens,
                        last_token_source, new_cache, prompt_to_list, record_round, roll_back,
                        round_gamma, take_tokens)
+from .gamma import make_policy
 from .greedy import speculative_sampling_greedy
 from .result import FROM_DRAFT, GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
@@ -47,30 +48,35 @@ def modified_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.T
 
 
 @torch.inference_mode()
-def speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: int, gamma: int,
+def speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: int, gamma,
                          temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, generator: torch.Generator | None = None,
-                         eos_id: int | None = None, on_tokens=None) -> GenerationResult:
+                         eos_id: int | None = None, on_tokens=None, gamma_max: int | None = None,
+                         cost_model=None) -> GenerationResult:
     """Sample up to max_gen tokens that follow the target's distribution exactly, with the draft
     proposing gamma tokens per round. temperature 0 is greedy (speculative_sampling_greedy).
 
     prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window. on_tokens(tokens, sources) is called after each round.
+    gamma: an int, "auto", "heuristic" or a GammaPolicy, as in speculative_sampling_greedy. The
+    policy sees only past rounds, so the output stays distributed exactly as the target's.
     """
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
-        return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id, on_tokens)
+        return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id, on_tokens,
+                                           gamma_max, cost_model)
     check_pair(target, draft)
     check_positive_int("max_gen", max_gen)
-    check_positive_int("gamma", gamma)
+    policy = make_policy(gamma, gamma_max, cost_model, target, draft)
     tokens = prompt_to_list(prompt_ids, target)  # the whole sequence, prompt first
     target_cache = new_cache(target, len(tokens), max_gen)
     draft_cache = new_cache(draft, len(tokens), max_gen)
-    out, stats = [], GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
+    out, stats = [], GenerationStats(drafted_by_position=[0] * policy.gamma_max,
+                                 accepted_by_position=[0] * policy.gamma_max)
     start = time.perf_counter()
     stop = None
     while not stop:
-        g = round_gamma(gamma, len(out), max_gen, len(tokens), target, draft)
+        g = round_gamma(policy.next_gamma(), len(out), max_gen, len(tokens), target, draft)
 
         # 1. The draft samples g tokens, one forward each, keeping each q it sampled from.
         draft_tokens, draft_probs = [], []
@@ -90,6 +96,7 @@ def speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: int, ga
         new_tokens = draft_tokens[:n] + [next_token]
         sources = [FROM_DRAFT] * n + [last_token_source(n, g)]
         record_round(stats, g, n)
+        policy.update(g, n)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
                            target.config.n_positions, on_tokens)
 

@@ -187,3 +187,70 @@ def test_break_even_alpha():
     assert best == pytest.approx(1.0, abs=1e-3) and below < 1.0
     assert break_even_alpha(0.0) == pytest.approx(0.0, abs=1e-3)  # free draft, free verification
     assert break_even_alpha(1.0) is None
+
+
+# ---------------------------------------------------------------- in the generators
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A target and a draft that agree on some tokens, not all (as in test_generation.py)."""
+    from gpt2 import load_gpt2
+    from gpt2.random_weights import save_agreeing_pair
+    root = tmp_path_factory.mktemp("gamma-pair")
+    dirs = save_agreeing_pair(root / "target", root / "draft", TINY.with_(n_layer=4), draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+    return load_gpt2(dirs[0]), load_gpt2(dirs[1])
+
+
+PROMPT = [5, 17, 42, 8, 99, 3]
+
+
+def pair_costs(target, draft, c):
+    return cost_model(c, target=describe_model(target), draft=describe_model(draft))
+
+
+@pytest.mark.parametrize("c", [0.02, 0.3, 1.0])
+@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
+def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
+    from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+    target, draft = pair
+    baseline = autoregressive_generate(target, PROMPT, 40).tokens
+    result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma, gamma_max=6,
+                                         cost_model=pair_costs(target, draft, c))
+    assert result.tokens == baseline
+    s = result.stats
+    assert len(s.gamma_by_round) == s.target_calls and sum(s.gamma_by_round) == s.draft_calls
+    assert max(s.gamma_by_round) <= 6 and len(s.drafted_by_position) == 6
+    if gamma == "auto" and c == 1.0:  # a draft as slow as the target: never run
+        assert s.gamma_by_round == [0] * 40 and s.draft_calls == 0
+    if gamma == "auto" and c == 0.02 or gamma == "heuristic":
+        assert len(set(s.gamma_by_round)) > 1  # the draft length changes during the run
+    # temperature 0 in speculative_sampling is the same greedy path
+    assert speculative_sampling(target, draft, PROMPT, 40, gamma, temperature=0, gamma_max=6,
+                                cost_model=pair_costs(target, draft, c)).tokens == baseline
+
+
+def test_auto_without_a_cost_model_calibrates_once(pair, monkeypatch):
+    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+    import spec_decoding.gamma as gamma_module
+    target, draft = pair
+    calls = []
+    real = CostModel.calibrate
+    monkeypatch.setattr(gamma_module, "_CALIBRATED", {})
+    monkeypatch.setattr(CostModel, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
+    baseline = autoregressive_generate(target, PROMPT, 20).tokens
+    for _ in range(2):
+        assert speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3).tokens == baseline
+    assert len(calls) == 1
+
+
+def test_generators_reject_bad_gamma_and_cost_models(pair):
+    from spec_decoding import speculative_sampling, speculative_sampling_greedy
+    target, draft = pair
+    for generate in (speculative_sampling_greedy, speculative_sampling):
+        with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+            generate(target, draft, PROMPT, 5, "fastest")
+        with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
+            generate(target, draft, PROMPT, 5, "auto", gamma_max=0, cost_model=pair_costs(target, draft, 0.1))
+        with pytest.raises(ValueError, match="measured with the draft"):
+            generate(target, draft, PROMPT, 5, "auto", cost_model=pair_costs(target, target, 0.1))

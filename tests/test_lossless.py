@@ -13,8 +13,9 @@ from scipy import stats
 
 import spec_decoding.speculative
 from gpt2 import load_gpt2
-from spec_decoding import (autoregressive_generate, logits_to_probs, modified_rejection_sampling,
-                           residual_distribution, speculative_sampling)
+from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
+                           modified_rejection_sampling, residual_distribution, speculative_sampling)
+from spec_decoding.costs import describe_model
 
 V = TINY_VOCAB.vocab_size
 PROMPT = [1, 2, 3]
@@ -153,3 +154,45 @@ def test_residual_distribution():
     torch.testing.assert_close(residual_distribution(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
     # p == q: max(0, p - q) is all zero; fall back to p
     torch.testing.assert_close(residual_distribution(p, p), p)
+
+
+class PastDependentGamma(GammaPolicy):
+    """Chooses g in 0..3 from the outcomes of earlier rounds (plain steps included), so the
+    draft length changes from round to round and from sample to sample."""
+    gamma_max = 3
+
+    def __init__(self):
+        self.rounds, self.accepted, self.chosen = 0, 0, []
+
+    def next_gamma(self):
+        self.chosen.append((self.rounds + self.accepted) % 4)
+        return self.chosen[-1]
+
+    def update(self, drafted, accepted):
+        self.rounds += 1
+        self.accepted += accepted
+
+
+def marginal_auto_gamma(target, draft):
+    """AutoGamma with costs at which drafting barely pays for this pair: it switches on and off."""
+    return AutoGamma(CostModel(target=describe_model(target), draft=describe_model(draft),
+                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]))
+
+
+@pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2, 3}),
+                                                 (marginal_auto_gamma, {0, 1})])
+def test_a_gamma_policy_keeps_sampling_lossless(pair, make_policy, lengths):
+    """The policy's state carries over from sample to sample, so g varies within and between
+    samples; g depends only on the past, so the output still follows the target exactly."""
+    target, draft = pair
+    settings, n = SETTINGS["temperature 1"][0], 4000
+    policy = make_policy(target, draft)
+    g = torch.Generator().manual_seed(5)
+    samples, gammas = [], []
+    for _ in range(n):
+        result = speculative_sampling(target, draft, PROMPT, N_TOKENS, policy, generator=g, **settings)
+        samples.append(result.tokens)
+        gammas += result.stats.gamma_by_round
+    assert lengths <= set(gammas)  # plain steps and several draft lengths
+    p_value = chi_square_p_value(counts_of(samples), exact_distribution(target, settings))
+    assert p_value > 1e-3, f"speculative samples with a gamma policy differ from the target (p = {p_value:.2g})"
