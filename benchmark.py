@@ -4,6 +4,10 @@
     python benchmark.py --draft DIR --target DIR --gammas 1 2 4 --max-gens 50 100
     python benchmark.py --make-standins checkpoints/standins-pair --max-gens 50 100 200 --repeats 1
 
+A gamma is a number of draft tokens per round, or a policy that chooses it before every round
+(--gammas 2 3 auto heuristic; spec_decoding/gamma.py): auto from the measured costs and the
+acceptance so far, heuristic as transformers does it; --gamma-max bounds both.
+
 For each cell of the grid gamma x max_gen x temperature, every prompt (one per line of --prompts)
 is generated --repeats times by the target alone (spec_decoding.autoregressive_generate, the
 baseline) and speculatively (speculative_sampling_greedy at temperature 0, speculative_sampling
@@ -34,6 +38,7 @@ models' speed; their text and acceptance are not).
 
 import argparse
 import csv
+from dataclasses import asdict
 import datetime
 import json
 import math
@@ -49,9 +54,11 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
-from benchmarks.common import timed
+from benchmarks.common import gamma_order, timed
 from gpt2.device import resolve_device
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding import (CostModel, autoregressive_generate, speculative_sampling,
+                           speculative_sampling_greedy)
+from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
 from spec_decoding.theory import predicted_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -78,6 +85,21 @@ def positive_int(text):
     return value
 
 
+def gamma_value(text):
+    """A fixed gamma (int >= 1) or a policy name (auto, heuristic)."""
+    if text in POLICY_NAMES:
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (nor one of "
+                                         f"{', '.join(POLICY_NAMES)})") from None
+
+
+def fixed_gammas(gammas) -> list[int]:
+    return [g for g in gammas if isinstance(g, int)]
+
+
 def non_negative_int(text):
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
@@ -99,8 +121,11 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2)")
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
-    p.add_argument("--gammas", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="G",
-                   help="draft tokens per round (default 1 2 4 8)")
+    p.add_argument("--gammas", type=gamma_value, nargs="+", default=[1, 2, 4, 8], metavar="G",
+                   help="draft tokens per round (default 1 2 4 8), or a policy choosing them each "
+                        "round: auto (from the measured costs and acceptance), heuristic (transformers')")
+    p.add_argument("--gamma-max", type=positive_int, default=DEFAULT_GAMMA_MAX,
+                   help=f"the most tokens auto and heuristic draft per round (default {DEFAULT_GAMMA_MAX})")
     p.add_argument("--max-gens", type=positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
                    help="new tokens per generation (default 50 100 200 500)")
     p.add_argument("--temperatures", type=temperature_value, nargs="+", default=[0.0], metavar="T",
@@ -120,7 +145,7 @@ def parse_args(argv=None):
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers' assisted generation (temperature 0) on the same pair")
     args = p.parse_args(argv)
-    args.gammas = sorted(set(args.gammas))
+    args.gammas = sorted(set(args.gammas), key=gamma_order)
     args.max_gens = sorted(set(args.max_gens))
     args.temperatures = sorted(set(args.temperatures))
     if not args.prompts.is_file():
@@ -201,58 +226,45 @@ def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: in
 
 # ---------------------------------------------------------------- measuring
 
-@torch.inference_mode()
-def measure_costs(target, draft, gammas, context_len, device, budget_s=3.0) -> dict:
-    """Time one forward on a warm KV cache holding context_len tokens (rolled back after each, so
-    every timing sees the same context): the target and the draft on 1 new token, the target on
-    gamma + 1 tokens (verification). The shapes take turns, round after round, so a busy machine
-    slows them alike; each cost is a median over the rounds."""
-    g = torch.Generator().manual_seed(0)
-    context = torch.randint(target.config.vocab_size, (1, context_len), generator=g).to(device)
-    caches = {}
-    for name, model in (("target", target), ("draft", draft)):
-        caches[name] = model.new_kv_cache(max_len=context_len + max(gammas) + 1)
-        model(context, caches[name], num_last_logits=1)
-    models = {"target": target, "draft": draft}
-    shapes = [("target", 1), ("draft", 1)] + [("target", gamma + 1) for gamma in gammas]
-    times = {shape: [] for shape in shapes}
-    start, rounds = time.perf_counter(), 0
-    while rounds < 5 or (time.perf_counter() - start < budget_s and rounds < 30):
-        for name, n_new in shapes:
-            new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
-            caches[name].truncate(context_len)
-            _, seconds = timed(device, models[name], new, caches[name], num_last_logits=n_new)
-            times[(name, n_new)].append(seconds)
-        rounds += 1
-    median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
-    step = median[("target", 1)]
-    return {"c": median[("draft", 1)] / step,
-            "verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
-            "context_len": context_len, "rounds": rounds,
-            "target_step_ms": 1000 * step, "draft_step_ms": 1000 * median[("draft", 1)]}
+def measure_costs(target, draft, gammas, gamma_max, context_len, budget_s=3.0) -> tuple[CostModel, dict]:
+    """The CostModel (spec_decoding/costs.py: a draft step and the target scoring k tokens, timed
+    in turns on warm KV caches holding context_len tokens, medians over the rounds), and what the
+    theory needs from it for the fixed gammas: c = draft step / target step, and the cost of
+    verifying gamma + 1 tokens relative to one target step."""
+    cost_model = CostModel.calibrate(target, draft, max(fixed_gammas(gammas) + [gamma_max]), context_len,
+                                     budget_s=budget_s, min_rounds=4)
+    return cost_model, {
+        "c": cost_model.c,
+        "verify_cost_by_gamma": {g: cost_model.verify_cost(g) for g in fixed_gammas(gammas)},
+        "context_len": cost_model.context_len, "rounds": cost_model.rounds,
+        "target_step_ms": 1000 * cost_model.target_step_s, "draft_step_ms": 1000 * cost_model.draft_step_s,
+        "break_even_alpha": cost_model.break_even_alpha(), "cost_model": asdict(cost_model)}
 
 
-def speculate(target, draft, prompt, max_gen, gamma, temperature, generator):
+def speculate(target, draft, prompt, max_gen, gamma, temperature, generator, args, cost_model=None):
+    policy = dict(gamma_max=args.gamma_max, cost_model=cost_model) if gamma == "auto" else (
+        dict(gamma_max=args.gamma_max) if gamma == "heuristic" else {})
     if temperature == 0:
-        return speculative_sampling_greedy(target, draft, prompt, max_gen, gamma)
-    return speculative_sampling(target, draft, prompt, max_gen, gamma, temperature, generator=generator)
+        return speculative_sampling_greedy(target, draft, prompt, max_gen, gamma, **policy)
+    return speculative_sampling(target, draft, prompt, max_gen, gamma, temperature, generator=generator,
+                                **policy)
 
 
 def seeded(seed: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def warm_up(target, draft, prompts, args, device) -> None:
+def warm_up(target, draft, prompts, args, device, cost_model) -> None:
     """Untimed runs of every shape the grid uses (first calls allocate and pick kernels)."""
     n = min(16, args.max_gens[0])
     for i in range(args.warmup):
         for t in args.temperatures:
             autoregressive_generate(target, prompts[0], n, temperature=t, generator=seeded(i, device))
             for gamma in args.gammas:
-                speculate(target, draft, prompts[0], n, gamma, t, seeded(i, device))
+                speculate(target, draft, prompts[0], n, gamma, t, seeded(i, device), args, cost_model)
 
 
-def run_grid(target, draft, prompts, args, device) -> list[dict]:
+def run_grid(target, draft, prompts, args, device, cost_model) -> list[dict]:
     """One record per speculative run; each (temperature, max_gen, repeat, prompt) times the
     target alone first, then speculative decoding with every gamma."""
     records = []
@@ -271,7 +283,7 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                     for gamma in args.gammas:
                         bar.set_description(f"{where}: gamma={gamma}")
                         spec, spec_s = timed(device, speculate, target, draft, prompt, max_gen, gamma,
-                                             temperature, seeded(seed, device))
+                                             temperature, seeded(seed, device), args, cost_model)
                         bar.update(max_gen)
                         s = spec.stats
                         records.append({
@@ -284,6 +296,7 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                             "rejections": s.tokens_rejected,
                             "drafted_by_position": s.drafted_by_position,
                             "accepted_by_position": s.accepted_by_position,
+                            "gamma_by_round": s.gamma_by_round,
                             "tokens_match_baseline": spec.tokens == base.tokens if temperature == 0 else None,
                         })
     bar.close()
@@ -302,16 +315,22 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
 
     accepted, drafted, rejected = total("tokens_accepted"), total("tokens_drafted"), total("rejections")
     alpha = accepted / (accepted + rejected) if accepted + rejected else None
-    drafted_at = [sum(r["drafted_by_position"][i] for r in runs) for i in range(gamma)]
-    accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(gamma)]
+    positions = len(first["drafted_by_position"])  # gamma, or gamma_max for a policy
+    drafted_at = [sum(r["drafted_by_position"][i] for r in runs) for i in range(positions)]
+    accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(positions)]
     by_position = [a / d if d else None for a, d in zip(accepted_at, drafted_at)]
-    verify = costs["verify_cost_by_gamma"][gamma]
+    # A policy's gamma changes from round to round: no single-gamma prediction.
+    predicted = (predicted_speedup(alpha, gamma, costs["c"], costs["verify_cost_by_gamma"][gamma])
+                 if alpha is not None and isinstance(gamma, int) else None)
+    rounds = [g for r in runs for g in r["gamma_by_round"]]
     return {
         "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
         "speedup_median": float(np.median(speedups)),
         "speedup_q1": float(np.percentile(speedups, 25)), "speedup_q3": float(np.percentile(speedups, 75)),
         "speedup_min": float(speedups.min()), "speedup_max": float(speedups.max()),
-        "predicted_speedup": predicted_speedup(alpha, gamma, costs["c"], verify) if alpha is not None else None,
+        "predicted_speedup": predicted,
+        "mean_gamma": float(np.mean(rounds)) if rounds else None,  # draft tokens per round
+        "plain_rounds": sum(g == 0 for g in rounds),  # rounds that did not draft
         "target_tokens_per_s": total("baseline_tokens") / total("baseline_seconds"),
         "spec_tokens_per_s": total("generated_tokens") / total("spec_seconds"),
         "acceptance_rate": accepted / drafted if drafted else None,
@@ -326,11 +345,11 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
 
 
 def best_gammas(cells: list[dict]) -> tuple[int, int | None]:
-    """The gamma with the best mean (over the cells) measured and predicted speed-up."""
+    """The fixed gamma with the best mean (over the cells) measured and predicted speed-up."""
     def best(key):
         by_gamma = {}
         for cell in cells:
-            if cell[key] is not None:
+            if cell[key] is not None and isinstance(cell["gamma"], int):
                 by_gamma.setdefault(cell["gamma"], []).append(cell[key])
         return max(by_gamma, key=lambda g: np.mean(by_gamma[g])) if by_gamma else None
     return best("speedup_median"), best("predicted_speedup")
@@ -378,9 +397,9 @@ def summary_markdown(results: dict) -> str:
                   f"max_gen {', '.join(map(str, max_gens))}; target alone: "
                   f"{np.mean([c['target_tokens_per_s'] for c in rows]):.1f} tokens/s", "",
                   "| Gamma | Avg Speedup | Predicted | Avg Tokens/s | Acceptance | alpha | Tokens/target call "
-                  "| Tests | Same tokens |" + (" HF assisted speedup |" if hf else ""),
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if hf else "")]
-        for g in sorted({c["gamma"] for c in rows}):
+                  "| Mean g (plain rounds) | Tests | Same tokens |" + (" HF assisted speedup |" if hf else ""),
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if hf else "")]
+        for g in sorted({c["gamma"] for c in rows}, key=gamma_order):
             gc = [c for c in rows if c["gamma"] == g]
 
             def avg(key):
@@ -391,11 +410,12 @@ def summary_markdown(results: dict) -> str:
                 f"| {g} | {avg('speedup_median'):.2f}x ({min(c['speedup_min'] for c in gc):.2f}-"
                 f"{max(c['speedup_max'] for c in gc):.2f}) | {fmt(avg('predicted_speedup'))}x | "
                 f"{avg('spec_tokens_per_s'):.1f} | {fmt(avg('acceptance_rate'))} | {fmt(avg('alpha'))} | "
-                f"{avg('tokens_per_target_call'):.2f} | {sum(c['runs'] for c in gc)} | {same} |"
+                f"{avg('tokens_per_target_call'):.2f} | {fmt(avg('mean_gamma'))} "
+                f"({sum(c.get('plain_rounds', 0) for c in gc)}) | {sum(c['runs'] for c in gc)} | {same} |"
                 + (f" {fmt(avg('hf_speedup_median'))}x |" if hf else ""))
         lines += ["", "Median speed-up by gamma (rows) and max_gen (columns):", "",
                   "| gamma | " + " | ".join(map(str, max_gens)) + " |", "|---:|" + "---:|" * len(max_gens)]
-        for g in sorted({c["gamma"] for c in rows}):
+        for g in sorted({c["gamma"] for c in rows}, key=gamma_order):
             by_mg = {c["max_gen"]: c["speedup_median"] for c in rows if c["gamma"] == g}
             lines.append(f"| {g} | " + " | ".join(f"{by_mg[m]:.2f}" for m in max_gens) + " |")
         lines.append("")
@@ -403,6 +423,9 @@ def summary_markdown(results: dict) -> str:
     lines += [f"Measured costs (warm KV cache, {costs['context_len']} tokens of context): target step "
               f"{costs['target_step_ms']:.1f} ms, draft step {costs['draft_step_ms']:.1f} ms, "
               f"c = {costs['c']:.3f}; verifying, relative to one target step: {verify}.",
+              "Speculation pays (for the best gamma, by Leviathan's formula with these costs) from alpha = "
+              + (f"{costs['break_even_alpha']:.2f}." if costs.get("break_even_alpha") is not None
+                 else "never: the draft costs too much."),
               f"Best gamma: measured {results['best_gamma_measured']}, predicted {results['best_gamma_predicted']}."]
     if bad := [c for c in cells if c["tokens_match_baseline"] is False]:
         lines.append("WARNING: greedy speculative tokens differ from the baseline's in cells "
@@ -447,23 +470,24 @@ def main(argv=None) -> None:
     check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),
                       min(target.config.n_positions, draft.config.n_positions))
 
-    print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
-    warm_up(target, draft, prompts, args, device)
     n_positions = min(target.config.n_positions, draft.config.n_positions)
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
-                      n_positions - max(args.gammas) - 1)
-    costs = measure_costs(target, draft, args.gammas, context_len, device)
-    print(f"c = {costs['c']:.3f} (draft step / target step); verify cost by gamma: "
-          + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items()), flush=True)
+                      n_positions - max(fixed_gammas(args.gammas) + [args.gamma_max]) - 1)
+    print("Measuring the per-call costs ...", flush=True)
+    cost_model, costs = measure_costs(target, draft, args.gammas, args.gamma_max, context_len)
+    print(cost_model, flush=True)
+    print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
+    warm_up(target, draft, prompts, args, device, cost_model)
 
-    records = run_grid(target, draft, prompts, args, device)
+    records = run_grid(target, draft, prompts, args, device, cost_model)
+    keys = {(r["temperature"], r["max_gen"], r["gamma"]) for r in records}
     cells = [summarize_cell([r for r in records if (r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
-             for key in sorted({(r["temperature"], r["max_gen"], r["gamma"]) for r in records})]
+             for key in sorted(keys, key=lambda k: (k[0], k[1], gamma_order(k[2])))]
     hf = None
     if args.compare_hf:
         from benchmarks.hf_assisted import compare_assisted_generation
         del target, draft  # make room for transformers' copies
-        hf = compare_assisted_generation(str(args.target), str(args.draft), prompts, args.gammas,
+        hf = compare_assisted_generation(str(args.target), str(args.draft), prompts, fixed_gammas(args.gammas),
                                          args.max_gens, device, dtype, args.repeats, args.warmup)
         for cell in cells:
             match = [h for h in hf["cells"] if cell["temperature"] == 0

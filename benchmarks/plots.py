@@ -4,7 +4,8 @@ make_plots(results, out_dir) writes
   benchmark_heatmap.png           median speed-up over gamma x max_gen (one panel per temperature),
   benchmark_speedup_vs_gamma.png  measured speed-up (median, IQR bars) per max_gen, and the
                                   speed-up Leviathan's formula predicts from the measured alpha, c
-                                  and verification cost,
+                                  and verification cost; gamma policies (auto, heuristic) as
+                                  horizontal lines,
   benchmark_acceptance.png        acceptance by draft position, beside alpha^i: under the theory's
                                   assumption (each token accepted independently with chance alpha)
                                   position i is reached and accepted with chance alpha^i.
@@ -18,6 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+from .common import gamma_order  # noqa: E402
 
 DPI = 100
 
@@ -61,7 +64,7 @@ def temperature_label(t: float) -> str:
 
 
 def heatmap(ax, cells, t):
-    gammas = sorted({c["gamma"] for c in cells})
+    gammas = sorted({c["gamma"] for c in cells}, key=gamma_order)
     max_gens = sorted({c["max_gen"] for c in cells})
     grid = np.full((len(gammas), len(max_gens)), np.nan)
     for c in cells:
@@ -81,6 +84,11 @@ def heatmap(ax, cells, t):
 
 
 def speedup_vs_gamma(ax, cells, t):
+    policies = sorted({c["gamma"] for c in cells if not isinstance(c["gamma"], int)})
+    for style, policy in zip(("-.", ":", "--"), policies):
+        ax.axhline(np.mean([c["speedup_median"] for c in cells if c["gamma"] == policy]), ls=style,
+                   color="tab:purple", label=f"gamma={policy} (mean over max_gen)")
+    cells = [c for c in cells if isinstance(c["gamma"], int)]
     gammas = sorted({c["gamma"] for c in cells})
     for m in sorted({c["max_gen"] for c in cells}):
         row = sorted((c for c in cells if c["max_gen"] == m), key=lambda c: c["gamma"])
@@ -102,12 +110,13 @@ def speedup_vs_gamma(ax, cells, t):
 
 
 def acceptance_by_position(ax, cells, t):
-    for i, g in enumerate(sorted({c["gamma"] for c in cells})):
+    for i, g in enumerate(sorted({c["gamma"] for c in cells}, key=gamma_order)):
         row = [c for c in cells if c["gamma"] == g]
-        drafted = [sum(r["drafted_by_position"][k] for c in row for r in c["run_records"]) for k in range(g)]
-        accepted = [sum(r["accepted_by_position"][k] for c in row for r in c["run_records"]) for k in range(g)]
+        n = len(row[0]["run_records"][0]["drafted_by_position"])  # gamma, or gamma_max for a policy
+        drafted = [sum(r["drafted_by_position"][k] for c in row for r in c["run_records"]) for k in range(n)]
+        accepted = [sum(r["accepted_by_position"][k] for c in row for r in c["run_records"]) for k in range(n)]
         rate = [a / d if d else np.nan for a, d in zip(accepted, drafted)]
-        positions = np.arange(1, g + 1)
+        positions = np.arange(1, n + 1)
         line, = ax.plot(positions, rate, marker="o", label=f"gamma {g}")
         alphas = [c["alpha"] for c in row if c["alpha"] is not None]
         if alphas:

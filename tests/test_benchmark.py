@@ -210,3 +210,27 @@ def test_unavailable_device_is_a_clear_error(tmp_path):
         pytest.skip("CUDA exists here")
     with pytest.raises(SystemExit, match="error: --device cuda: CUDA is not available here"):
         benchmark.main(["--draft", "x", "--target", "y", "--device", "cuda", "--out", str(tmp_path / "o")])
+
+
+def test_gamma_policies_beside_fixed_gammas(text_pair_dirs, tmp_path):
+    """--gammas auto heuristic: rows beside the fixed gammas, with the same tokens as the target,
+    the g of every round recorded, and the CostModel they used in results.json."""
+    target_dir, draft_dir = text_pair_dirs
+    out = tmp_path / "out"
+    proc = run_benchmark("--draft", draft_dir, "--target", target_dir, "--gammas", "heuristic", 2, "auto",
+                         "--gamma-max", 3, "--max-gens", 12, "--prompts", ROOT / "prompts" / "short.txt",
+                         "--threads", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [c["gamma"] for c in results["cells"]] == [2, "auto", "heuristic"]
+    assert results["costs"]["cost_model"]["target_score_s"].__len__() == 4  # k = 1 .. gamma_max + 1
+    assert results["best_gamma_measured"] == 2  # the best *fixed* gamma
+    for cell in results["cells"]:
+        assert cell["tokens_match_baseline"] is True
+        for r in cell["run_records"]:
+            assert sum(r["gamma_by_round"]) == r["draft_calls"] and len(r["gamma_by_round"]) == r["target_calls"]
+            assert max(r["gamma_by_round"]) <= (2 if cell["gamma"] == 2 else 3)
+        if cell["gamma"] != 2:
+            assert cell["predicted_speedup"] is None and len(cell["acceptance_by_position"]) == 3
+    assert "| auto |" in proc.stdout and "| heuristic |" in proc.stdout
+    assert "Speculation pays" in proc.stdout
