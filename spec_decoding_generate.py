@@ -5,11 +5,14 @@
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
+    python spec_decoding_generate.py --gamma auto --cost-model costs.json   # gamma chosen each round
 
 Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
 each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
-it follows the target's distribution exactly. Only the speed changes.
+it follows the target's distribution exactly. Only the speed changes. --gamma auto chooses each
+round's draft length from the measured costs and the acceptance so far (0: no drafting while it
+does not pay); --gamma heuristic uses transformers' schedule (spec_decoding/gamma.py).
 
 On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
 piped, it is plain text. --json prints one JSON object instead.
@@ -27,7 +30,8 @@ import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import resolve_device
-from spec_decoding import autoregressive_generate, speculative_sampling
+from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
+from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
@@ -65,6 +69,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def gamma_value(text: str):
+    """--gamma: draft tokens per round (an int >= 1), or a policy name (auto, heuristic)."""
+    if text in POLICY_NAMES:
+        return text
+    try:
+        return positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1, auto or heuristic, got {text}") from None
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):
@@ -88,8 +103,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
     parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2)")
     parser.add_argument("--target", default="gpt2-large", help="the large model (default: gpt2-large)")
-    parser.add_argument("--gamma", type=positive_int, default=4,
-                        help="draft tokens proposed per round (default: 4)")
+    parser.add_argument("--gamma", type=gamma_value, default=4,
+                        help="draft tokens proposed per round (default: 4), or auto (chosen each "
+                             "round from the measured costs and the acceptance so far) or heuristic")
+    parser.add_argument("--gamma-max", type=positive_int, default=DEFAULT_GAMMA_MAX,
+                        help=f"the most draft tokens per round for auto/heuristic (default: {DEFAULT_GAMMA_MAX})")
+    parser.add_argument("--cost-model", metavar="FILE",
+                        help="--gamma auto: the per-call costs, a JSON file (read if it exists, "
+                             "else measured now and written there, for reproducible runs)")
     parser.add_argument("--max-gen", type=positive_int, default=100,
                         help="maximum number of new tokens (default: 100)")
     parser.add_argument("--temperature", type=non_negative_float, default=0.0,
@@ -109,6 +130,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.prompt:
         parser.error("--prompt is empty: give some text to continue")
+    if args.cost_model and args.gamma != "auto":
+        parser.error("--cost-model is for --gamma auto")
     if args.temperature == 0 and (args.top_k or args.top_p):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
     return args
@@ -206,16 +229,40 @@ def start_printing(prompt: str) -> TokenPrinter:
     return printer
 
 
-def print_stats(stats, gamma: int, baseline=None) -> None:
+def get_cost_model(args, target, draft) -> CostModel | None:
+    """--gamma auto: the CostModel from --cost-model FILE if it exists, else measured now (and
+    written to FILE if one was named)."""
+    if args.gamma != "auto":
+        return None
+    if args.cost_model and os.path.exists(args.cost_model):
+        cost_model = CostModel.load(args.cost_model)
+        cost_model.check_models(target, draft)
+        if cost_model.gamma_max < args.gamma_max:
+            raise UsageError(f"--cost-model {args.cost_model} was measured up to gamma {cost_model.gamma_max}, "
+                             f"less than --gamma-max {args.gamma_max}: pass --gamma-max "
+                             f"{cost_model.gamma_max}, or delete the file to measure again")
+    else:
+        print("Measuring the per-call costs for --gamma auto (a few seconds) ...", file=sys.stderr, flush=True)
+        cost_model = CostModel.calibrate(target, draft, args.gamma_max)
+        if args.cost_model:
+            cost_model.save(args.cost_model)
+    print(cost_model, file=sys.stderr, flush=True)
+    return cost_model
+
+
+def print_stats(stats, gamma, baseline=None) -> None:
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
+    most = gamma if isinstance(gamma, int) else max(stats.gamma_by_round, default=0)
     lines = [
         "",
         "--- speculative decoding ---",
         f"tokens generated:       {stats.tokens_generated} (stopped: {STOP_REASONS.get(stats.stop_reason, stats.stop_reason)})",
         f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} draft tokens"
         f" (by position: {by_position})",
-        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most gamma + 1 = {gamma + 1})",
+        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most gamma + 1 = {most + 1})",
+        f"gamma of each round:    {' '.join(map(str, stats.gamma_by_round))}"
+        + ("" if isinstance(gamma, int) else f" (--gamma {gamma}; 0: a plain target step)"),
         f"target / draft calls:   {stats.target_calls} / {stats.draft_calls}",
         f"speed:                  {stats.tokens_per_second:.1f} tokens/s ({stats.seconds:.2f} s)",
     ]
@@ -252,7 +299,7 @@ def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=
         "prompt_tokens": prompt_ids,
         "draft": args.draft,
         "target": args.target,
-        "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
+        "settings": {"gamma": args.gamma, "gamma_max": args.gamma_max, "max_gen": args.max_gen, "temperature": args.temperature,
                      "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
                      "device": str(device), "dtype": args.dtype},
         "tokens": result.tokens,
@@ -284,9 +331,12 @@ def generate(args) -> None:
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
 
+    cost_model = get_cost_model(args, target, draft)
+
     printer = None if args.json else start_printing(args.prompt)
     result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                  generator=generator, on_tokens=printer, **settings)
+                                  generator=generator, on_tokens=printer, gamma_max=args.gamma_max,
+                                  cost_model=cost_model, **settings)
     if printer:
         printer.finish()
 

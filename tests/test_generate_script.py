@@ -284,3 +284,58 @@ def test_colours_follow_token_sources():
     assert script.COLOURS["correction"] + " two" in text
     assert script.COLOURS["bonus"] + " three" in text
     assert ANSI.sub("", text) == " one two three\n"
+
+
+def test_gamma_auto_measures_saves_and_reuses_the_cost_model(text_pair_dirs, text_pair, tmp_path, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    argv = ["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", MAX_GEN,
+            "--gamma", "auto", "--gamma-max", 5, "--cost-model", costs]
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert "Measuring the per-call costs" in err and "c = " in err and costs.is_file()
+    assert re.search(r"gamma of each round: +[0-5]( [0-5])* \(--gamma auto; 0: a plain target step\)", out)
+    written = costs.read_text()
+    code, out, err = run_main(argv + ["--json"], capsys)  # now read, not measured again
+    assert code == 0, err
+    assert "Measuring" not in err and costs.read_text() == written
+    report = json.loads(out)
+    assert report["settings"]["gamma"] == "auto" and report["settings"]["gamma_max"] == 5
+    rounds = report["stats"]["gamma_by_round"]
+    assert len(rounds) == report["stats"]["target_calls"] and max(rounds) <= 5
+    expected = autoregressive_generate(text_pair[0], encode(PROMPT), MAX_GEN, eos_id=EOT_ID)
+    assert report["tokens"] == expected.tokens
+
+
+def test_gamma_heuristic_runs(text_pair_dirs, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 12, "--gamma", "heuristic", "--gamma-max", 3], capsys)
+    assert code == 0, err
+    assert "gamma of each round:" in out and "(--gamma heuristic" in out
+
+
+def test_a_cost_model_for_other_models_is_a_clear_error(text_pair_dirs, tmp_path, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    # measured with the draft as the target: the wrong models for the real pair
+    assert run_main(["--target", draft_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", 4,
+                     "--gamma", "auto", "--gamma-max", 2, "--cost-model", costs], capsys)[0] == 0
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 4, "--gamma", "auto", "--cost-model", costs], capsys)
+    assert code == 2 and "error: This CostModel was measured with the target" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gamma", "fast"], ["--gamma", "auto or heuristic"]),
+    (["--gamma", "3", "--cost-model", "x.json"], ["--cost-model is for --gamma auto"]),
+    (["--gamma-max", "0"], ["--gamma-max", ">= 1"]),
+])
+def test_bad_gamma_arguments_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
