@@ -145,6 +145,11 @@ class CostModel:
         if isinstance(draft, GPT2):
             vocab = min(vocab, draft.config.vocab_size)
             context_len = min(context_len, draft.config.n_positions - 2)
+        else:
+            from .decoding import check_drafter
+            check_drafter(target, draft)  # a mismatched pair: the generators' clear error, not torch's
+            vocab = min(vocab, draft.vocab_size or vocab)
+            context_len = min(context_len, (draft.n_positions or context_len + 2) - 2)
         context = torch.randint(vocab, (context_len,), generator=g).tolist()
 
         target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1)
