@@ -6,10 +6,12 @@ bad input is a clear error."""
 import random
 
 import pytest
+import torch
 from conftest import TINY
 
 from gpt2 import GPT2
 from spec_decoding.costs import CostModel, describe_model
+from spec_decoding.drafters import Drafter
 from spec_decoding.gamma import AutoGamma, FixedGamma, HeuristicGamma, make_policy
 from spec_decoding.theory import (break_even_alpha, expected_tokens_by_position,
                                   expected_tokens_per_round, predicted_speedup)
@@ -254,3 +256,28 @@ def test_generators_reject_bad_gamma_and_cost_models(pair):
             generate(target, draft, PROMPT, 5, "auto", gamma_max=0, cost_model=pair_costs(target, draft, 0.1))
         with pytest.raises(ValueError, match="measured with the draft"):
             generate(target, draft, PROMPT, 5, "auto", cost_model=pair_costs(target, target, 0.1))
+
+
+class Echo(Drafter):
+    """A model-free drafter (costs next to nothing) that proposes fewer tokens than asked: the
+    last token, at most twice."""
+
+    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
+        return [tokens[-1]] * min(num_tokens, 2), None
+
+
+def test_auto_with_a_model_free_drafter_that_proposes_fewer_tokens(pair):
+    from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+    target, _ = pair
+    costs = CostModel.calibrate(target, Echo(), gamma_max=4, budget_s=0.1)
+    assert costs.draft == "Echo()" and costs.c < 0.5  # no forward pass: far cheaper than the target
+    baseline = autoregressive_generate(target, PROMPT, 30).tokens
+    result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, "auto", cost_model=costs)
+    assert result.tokens == baseline
+    assert max(result.stats.gamma_by_round) <= 2 and result.stats.draft_calls == 0
+    sampled = speculative_sampling(target, Echo(), PROMPT, 30, "auto", cost_model=costs,
+                                   generator=torch.Generator().manual_seed(0))
+    assert len(sampled.tokens) == 30
+    with pytest.raises(ValueError, match=r"measured with the draft GPT2.*the draft given is Echo\(\)"):
+        speculative_sampling_greedy(target, Echo(), PROMPT, 5, "auto",
+                                    cost_model=pair_costs(target, target, 0.1))
