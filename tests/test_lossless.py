@@ -179,7 +179,7 @@ def marginal_auto_gamma(target, draft):
                                draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]))
 
 
-@pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2, 3}),
+@pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2}),
                                                  (marginal_auto_gamma, {0, 1})])
 def test_a_gamma_policy_keeps_sampling_lossless(pair, make_policy, lengths):
     """The policy's state carries over from sample to sample, so g varies within and between
@@ -193,6 +193,6 @@ def test_a_gamma_policy_keeps_sampling_lossless(pair, make_policy, lengths):
         result = speculative_sampling(target, draft, PROMPT, N_TOKENS, policy, generator=g, **settings)
         samples.append(result.tokens)
         gammas += result.stats.gamma_by_round
-    assert lengths <= set(gammas)  # plain steps and several draft lengths
+    assert lengths <= set(gammas)  # plain steps and several draft lengths (3 tokens: g <= 2)
     p_value = chi_square_p_value(counts_of(samples), exact_distribution(target, settings))
     assert p_value > 1e-3, f"speculative samples with a gamma policy differ from the target (p = {p_value:.2g})"
