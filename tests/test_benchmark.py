@@ -232,5 +232,11 @@ def test_gamma_policies_beside_fixed_gammas(text_pair_dirs, tmp_path):
             assert max(r["gamma_by_round"]) <= (2 if cell["gamma"] == 2 else 3)
         if cell["gamma"] != 2:
             assert cell["predicted_speedup"] is None and len(cell["acceptance_by_position"]) == 3
+        # the speed-up the CostModel gives these rounds: target steps over the rounds' seconds
+        costs = results["costs"]["cost_model"]
+        t = costs["target_score_s"]
+        rounds = [g for r in cell["run_records"] for g in r["gamma_by_round"]]
+        expected = 3 * 12 * t[0] / sum(g * costs["draft_step_s"] + t[g] for g in rounds)
+        assert cell["cost_model_speedup"] == pytest.approx(expected)
     assert "| auto |" in proc.stdout and "| heuristic |" in proc.stdout
     assert "Speculation pays" in proc.stdout
