@@ -9,9 +9,10 @@ from .greedy import speculative_sampling_greedy
 from .result import GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
 from .speculative import modified_rejection_sampling, residual_distribution, speculative_sampling
+from .tree import tree_speculative_sampling
 
 __all__ = [
     "autoregressive_generate", "speculative_sampling_greedy", "speculative_sampling",
-    "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
+    "tree_speculative_sampling", "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
     "GenerationResult", "GenerationStats",
 ]

@@ -62,9 +62,11 @@ def check_pair(target: GPT2, draft: GPT2) -> None:
         )
 
 
-def new_cache(model: GPT2, prompt_len: int, max_gen: int):
-    """A KV cache with room for the longest sequence this generation can feed."""
-    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen))
+def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0):
+    """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
+    for a token tree's nodes, which share positions)."""
+    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
+                              extra_slots=extra_slots)
 
 
 def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
@@ -110,10 +112,14 @@ def round_gamma(gamma: int, out_len: int, max_gen: int, seq_len: int, target: GP
     return max(0, min(gamma, tokens_left - 1))
 
 
-def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int) -> None:
+def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int, n_nodes: int | None = None) -> None:
+    """n_drafted: draft positions (a chain's g, a tree's depth); n_nodes: draft tokens the target
+    scored (default n_drafted; a tree's node count)."""
     stats.target_calls += 1
     stats.draft_calls += n_drafted
+    stats.nodes_verified += n_drafted if n_nodes is None else n_nodes
     if n_drafted:
+        stats.accepted_depths.append(n_accepted)
         stats.rounds += 1
         stats.tokens_drafted += n_drafted
         stats.tokens_accepted += n_accepted
