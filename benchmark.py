@@ -3,6 +3,7 @@
     python benchmark.py                       # draft gpt2, target gpt2-large (from the hub)
     python benchmark.py --draft DIR --target DIR --gammas 1 2 4 --max-gens 50 100
     python benchmark.py --make-standins checkpoints/standins-pair --max-gens 50 100 200 --repeats 1
+    python benchmark.py --gammas 3 9 --trees 3,1,1 2,2,1   # token trees beside chains
 
 For each cell of the grid gamma x max_gen x temperature, every prompt (one per line of --prompts)
 is generated --repeats times by the target alone (spec_decoding.autoregressive_generate, the
@@ -22,6 +23,12 @@ Acceptance, two ways: acceptance_rate is GenerationStats' accepted / drafted dra
 drafted position counts, also those after the first rejection, which the target never judged).
 alpha is accepted / (accepted + rejected): the chance that a draft token the target judged was
 accepted, the alpha of the theory. For gamma = 1 they are equal; the prediction uses alpha.
+
+--trees B1,B2,... adds token trees (spec_decoding.tree) to the grid beside the gammas: each is
+timed like a gamma, its cost of verifying all its nodes in one target forward is measured, and
+its cells go to a table of their own ("tree_cells" in results.json, rows with a tree in the CSV).
+A tree's prediction is Leviathan's speed-up with the measured tokens per round:
+tokens per target call / (depth * c + verify cost of its nodes).
 
 Output in --out (default runs/benchmark): results.csv (one row per cell), results.json (cells
 with their runs, costs, environment), summary.md (the table printed at the end) and PNG plots.
@@ -51,7 +58,9 @@ from tqdm import tqdm
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import timed
 from gpt2.device import resolve_device
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+                           tree_speculative_sampling)
+from spec_decoding.tree import TokenTree, branching_label, parse_branching, score_tree, tree_size
 from spec_decoding.theory import predicted_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -63,6 +72,7 @@ CSV_COLUMNS = [
     "speedup_min", "speedup_max", "predicted_speedup", "target_tokens_per_s", "spec_tokens_per_s",
     "acceptance_rate", "alpha", "tokens_per_target_call", "generated_tokens", "target_calls",
     "draft_calls", "acceptance_by_position", "tokens_match_baseline", "hf_speedup_median",
+    "tree", "nodes_per_target_call",
 ]
 
 
@@ -84,6 +94,13 @@ def non_negative_int(text):
     return int(text)
 
 
+def tree_value(text):
+    try:
+        return parse_branching(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def temperature_value(text):
     try:
         value = float(text)
@@ -101,6 +118,8 @@ def parse_args(argv=None):
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
     p.add_argument("--gammas", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="G",
                    help="draft tokens per round (default 1 2 4 8)")
+    p.add_argument("--trees", type=tree_value, nargs="+", default=[], metavar="B1,B2,...",
+                   help="token trees to time beside the gammas, e.g. 2,2,1 3,1,1 (children per depth)")
     p.add_argument("--max-gens", type=positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
                    help="new tokens per generation (default 50 100 200 500)")
     p.add_argument("--temperatures", type=temperature_value, nargs="+", default=[0.0], metavar="T",
@@ -121,6 +140,7 @@ def parse_args(argv=None):
                    help="also time transformers' assisted generation (temperature 0) on the same pair")
     args = p.parse_args(argv)
     args.gammas = sorted(set(args.gammas))
+    args.trees = sorted(set(args.trees), key=lambda b: (tree_size(b), b))
     args.max_gens = sorted(set(args.max_gens))
     args.temperatures = sorted(set(args.temperatures))
     if not args.prompts.is_file():
@@ -202,37 +222,58 @@ def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: in
 # ---------------------------------------------------------------- measuring
 
 @torch.inference_mode()
-def measure_costs(target, draft, gammas, context_len, device, budget_s=3.0) -> dict:
+def measure_costs(target, draft, gammas, context_len, device, budget_s=3.0, trees=()) -> dict:
     """Time one forward on a warm KV cache holding context_len tokens (rolled back after each, so
     every timing sees the same context): the target and the draft on 1 new token, the target on
-    gamma + 1 tokens (verification). The shapes take turns, round after round, so a busy machine
-    slows them alike; each cost is a median over the rounds."""
+    gamma + 1 tokens (verification), and on each tree's root and nodes under its tree mask. The
+    shapes take turns, round after round, so a busy machine slows them alike; each cost is a
+    median over the rounds."""
     g = torch.Generator().manual_seed(0)
     context = torch.randint(target.config.vocab_size, (1, context_len), generator=g).to(device)
     caches = {}
     for name, model in (("target", target), ("draft", draft)):
-        caches[name] = model.new_kv_cache(max_len=context_len + max(gammas) + 1)
+        caches[name] = model.new_kv_cache(max_len=context_len + max(gammas) + 1,
+                                          extra_slots=max([tree_size(b) for b in trees], default=0))
         model(context, caches[name], num_last_logits=1)
     models = {"target": target, "draft": draft}
     shapes = [("target", 1), ("draft", 1)] + [("target", gamma + 1) for gamma in gammas]
+    shapes += [("tree", branching) for branching in trees]
     times = {shape: [] for shape in shapes}
     start, rounds = time.perf_counter(), 0
     while rounds < 5 or (time.perf_counter() - start < budget_s and rounds < 30):
         for name, n_new in shapes:
-            new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
-            caches[name].truncate(context_len)
-            _, seconds = timed(device, models[name], new, caches[name], num_last_logits=n_new)
+            if name == "tree":  # n_new is a branching: the root and the nodes, under the tree mask
+                caches["target"].truncate(context_len - 1)
+                _, seconds = timed(device, score_tree, target, caches["target"],
+                                   random_tree(n_new, target.config.vocab_size, g), context[0].tolist())
+            else:
+                new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
+                caches[name].truncate(context_len)
+                _, seconds = timed(device, models[name], new, caches[name], num_last_logits=n_new)
             times[(name, n_new)].append(seconds)
         rounds += 1
     median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
     step = median[("target", 1)]
     return {"c": median[("draft", 1)] / step,
             "verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
+            "verify_cost_by_tree": {branching_label(b): median[("tree", b)] / step for b in trees},
             "context_len": context_len, "rounds": rounds,
             "target_step_ms": 1000 * step, "draft_step_ms": 1000 * median[("draft", 1)]}
 
 
+def random_tree(branching, vocab_size, generator) -> TokenTree:
+    """A tree of the given shape with random tokens (the verification cost does not depend on them)."""
+    tree, parents = TokenTree(root=0), [-1]
+    for b in branching:
+        parents = [tree.add(int(torch.randint(vocab_size, (), generator=generator)), parent)
+                   for parent in parents for _ in range(b)]
+    return tree
+
+
 def speculate(target, draft, prompt, max_gen, gamma, temperature, generator):
+    """gamma: draft tokens per round (a chain), or a branching tuple (a token tree)."""
+    if isinstance(gamma, tuple):
+        return tree_speculative_sampling(target, draft, prompt, max_gen, gamma, temperature, generator=generator)
     if temperature == 0:
         return speculative_sampling_greedy(target, draft, prompt, max_gen, gamma)
     return speculative_sampling(target, draft, prompt, max_gen, gamma, temperature, generator=generator)
@@ -248,7 +289,7 @@ def warm_up(target, draft, prompts, args, device) -> None:
     for i in range(args.warmup):
         for t in args.temperatures:
             autoregressive_generate(target, prompts[0], n, temperature=t, generator=seeded(i, device))
-            for gamma in args.gammas:
+            for gamma in args.gammas + args.trees:
                 speculate(target, draft, prompts[0], n, gamma, t, seeded(i, device))
 
 
@@ -256,7 +297,7 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
     """One record per speculative run; each (temperature, max_gen, repeat, prompt) times the
     target alone first, then speculative decoding with every gamma."""
     records = []
-    total = len(args.temperatures) * args.repeats * len(prompts) * (1 + len(args.gammas)) * sum(args.max_gens)
+    total = len(args.temperatures) * args.repeats * len(prompts) * (1 + len(args.gammas) + len(args.trees)) * sum(args.max_gens)
     bar = tqdm(total=total, unit="tok", desc="benchmark", dynamic_ncols=True)
     for temperature in args.temperatures:
         for max_gen in args.max_gens:
@@ -268,14 +309,18 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                     base, base_s = timed(device, autoregressive_generate, target, prompt, max_gen,
                                          temperature=temperature, generator=seeded(seed, device))
                     bar.update(max_gen)
-                    for gamma in args.gammas:
-                        bar.set_description(f"{where}: gamma={gamma}")
+                    for gamma in args.gammas + args.trees:  # a tree is a branching tuple
+                        bar.set_description(f"{where}: " + (f"tree={branching_label(gamma)}"
+                                                           if isinstance(gamma, tuple) else f"gamma={gamma}"))
                         spec, spec_s = timed(device, speculate, target, draft, prompt, max_gen, gamma,
                                              temperature, seeded(seed, device))
                         bar.update(max_gen)
                         s = spec.stats
                         records.append({
-                            "temperature": temperature, "max_gen": max_gen, "gamma": gamma,
+                            "temperature": temperature, "max_gen": max_gen,
+                            "gamma": len(gamma) if isinstance(gamma, tuple) else gamma,
+                            "tree": branching_label(gamma) if isinstance(gamma, tuple) else None,
+                            "nodes_verified": s.nodes_verified,
                             "repeat": repeat, "prompt_index": p, "prompt_tokens": len(prompt),
                             "baseline_seconds": base_s, "spec_seconds": spec_s, "speedup": base_s / spec_s,
                             "baseline_tokens": len(base.tokens), "generated_tokens": s.tokens_generated,
@@ -305,18 +350,27 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
     drafted_at = [sum(r["drafted_by_position"][i] for r in runs) for i in range(gamma)]
     accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(gamma)]
     by_position = [a / d if d else None for a, d in zip(accepted_at, drafted_at)]
-    verify = costs["verify_cost_by_gamma"][gamma]
+    tree = first.get("tree")
+    tokens_per_call = total("generated_tokens") / total("target_calls")
+    if tree is None:
+        verify = costs["verify_cost_by_gamma"][gamma]
+        predicted = predicted_speedup(alpha, gamma, costs["c"], verify) if alpha is not None else None
+    else:  # Leviathan's tokens per round over the round's cost, with the measured tokens per round
+        verify = costs["verify_cost_by_tree"][tree]
+        predicted = tokens_per_call / (gamma * costs["c"] + verify)
     return {
+        "tree": tree, "nodes_per_target_call": total("nodes_verified") / total("target_calls"),
+        "verify_cost": verify,
         "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
         "speedup_median": float(np.median(speedups)),
         "speedup_q1": float(np.percentile(speedups, 25)), "speedup_q3": float(np.percentile(speedups, 75)),
         "speedup_min": float(speedups.min()), "speedup_max": float(speedups.max()),
-        "predicted_speedup": predicted_speedup(alpha, gamma, costs["c"], verify) if alpha is not None else None,
+        "predicted_speedup": predicted,
         "target_tokens_per_s": total("baseline_tokens") / total("baseline_seconds"),
         "spec_tokens_per_s": total("generated_tokens") / total("spec_seconds"),
         "acceptance_rate": accepted / drafted if drafted else None,
         "alpha": alpha,
-        "tokens_per_target_call": total("generated_tokens") / total("target_calls"),
+        "tokens_per_target_call": tokens_per_call,
         "generated_tokens": total("generated_tokens"),
         "target_calls": total("target_calls"), "draft_calls": total("draft_calls"),
         "acceptance_by_position": by_position,
@@ -364,6 +418,30 @@ def fmt(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list[str]:
+    """The token trees' table, with the chain of as many draft tokens as the tree has nodes (when
+    that gamma was run): equal verification width."""
+    lines = ["Token trees (averages over max_gen; chain = the gamma with as many draft tokens as the "
+             "tree has nodes, same temperature):", "",
+             "| Tree | T | Nodes | Avg Speedup | Predicted | Tokens/target call | Nodes/target call "
+             "| Verify cost | Chain speedup | Chain tokens/call | Same tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for t, tree in sorted({(c["temperature"], c["tree"]) for c in tree_cells}, key=lambda k: (k[0], tree_size(parse_branching(k[1])))):
+        tc = [c for c in tree_cells if (c["temperature"], c["tree"]) == (t, tree)]
+        n = tree_size(parse_branching(tree))
+        chain = [c for c in cells if c["temperature"] == t and c["gamma"] == n]
+
+        def avg(rows, key):
+            values = [c[key] for c in rows if c.get(key) is not None]
+            return float(np.mean(values)) if values else None
+        same = "n/a" if t else ("yes" if all(c["tokens_match_baseline"] for c in tc) else "**NO**")
+        lines.append(f"| {tree} | {t:g} | {n} | {avg(tc, 'speedup_median'):.2f}x | {fmt(avg(tc, 'predicted_speedup'))}x "
+                     f"| {avg(tc, 'tokens_per_target_call'):.2f} | {avg(tc, 'nodes_per_target_call'):.1f} "
+                     f"| {costs['verify_cost_by_tree'][tree]:.2f} | {fmt(avg(chain, 'speedup_median'))}x "
+                     f"| {fmt(avg(chain, 'tokens_per_target_call'))} | {same} |")
+    return lines + [""]
+
+
 def summary_markdown(results: dict) -> str:
     """The terminal summary (markdown tables): one row per gamma, averaged over max_gen."""
     cells, costs, env = results["cells"], results["costs"], results["environment"]
@@ -399,14 +477,19 @@ def summary_markdown(results: dict) -> str:
             by_mg = {c["max_gen"]: c["speedup_median"] for c in rows if c["gamma"] == g}
             lines.append(f"| {g} | " + " | ".join(f"{by_mg[m]:.2f}" for m in max_gens) + " |")
         lines.append("")
+    if tree_cells := results.get("tree_cells"):
+        lines += tree_summary(tree_cells, cells, costs)
     verify = ", ".join(f"{g + 1} tokens {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
+    verify += "".join(f", tree {b} ({tree_size(parse_branching(b)) + 1} tokens) {v:.2f}"
+                      for b, v in costs.get("verify_cost_by_tree", {}).items())
     lines += [f"Measured costs (warm KV cache, {costs['context_len']} tokens of context): target step "
               f"{costs['target_step_ms']:.1f} ms, draft step {costs['draft_step_ms']:.1f} ms, "
               f"c = {costs['c']:.3f}; verifying, relative to one target step: {verify}.",
               f"Best gamma: measured {results['best_gamma_measured']}, predicted {results['best_gamma_predicted']}."]
-    if bad := [c for c in cells if c["tokens_match_baseline"] is False]:
+    if bad := [c for c in cells + results.get("tree_cells", []) if c["tokens_match_baseline"] is False]:
         lines.append("WARNING: greedy speculative tokens differ from the baseline's in cells "
-                     + ", ".join(f"(gamma {c['gamma']}, max_gen {c['max_gen']})" for c in bad))
+                     + ", ".join(f"({'tree ' + c['tree'] if c.get('tree') else 'gamma ' + str(c['gamma'])}, "
+                                 f"max_gen {c['max_gen']})" for c in bad))
     return "\n".join(lines) + "\n"
 
 
@@ -419,7 +502,7 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        for cell in results["cells"]:
+        for cell in results["cells"] + results.get("tree_cells", []):
             row = dict(cell, acceptance_by_position=json.dumps(
                 [None if a is None else round(a, 4) for a in cell["acceptance_by_position"]]))
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
@@ -452,13 +535,17 @@ def main(argv=None) -> None:
     n_positions = min(target.config.n_positions, draft.config.n_positions)
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
                       n_positions - max(args.gammas) - 1)
-    costs = measure_costs(target, draft, args.gammas, context_len, device)
+    costs = measure_costs(target, draft, args.gammas, context_len, device, trees=args.trees)
     print(f"c = {costs['c']:.3f} (draft step / target step); verify cost by gamma: "
           + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items()), flush=True)
 
     records = run_grid(target, draft, prompts, args, device)
-    cells = [summarize_cell([r for r in records if (r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
-             for key in sorted({(r["temperature"], r["max_gen"], r["gamma"]) for r in records})]
+    chain_records = [r for r in records if r["tree"] is None]
+    cells = [summarize_cell([r for r in chain_records if (r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
+             for key in sorted({(r["temperature"], r["max_gen"], r["gamma"]) for r in chain_records})]
+    tree_records = [r for r in records if r["tree"] is not None]
+    tree_cells = [summarize_cell([r for r in tree_records if (r["temperature"], r["max_gen"], r["tree"]) == key], costs)
+                  for key in sorted({(r["temperature"], r["max_gen"], r["tree"]) for r in tree_records})]
     hf = None
     if args.compare_hf:
         from benchmarks.hf_assisted import compare_assisted_generation
@@ -470,7 +557,7 @@ def main(argv=None) -> None:
                      and (h["gamma"], h["max_gen"]) == (cell["gamma"], cell["max_gen"])]
             cell["hf_speedup_median"] = match[0]["speedup_median"] if match else None
     measured, predicted = best_gammas(cells)
-    results = {"cells": cells, "costs": costs, "environment": environment(args, device, dtype, standins),
+    results = {"cells": cells, "tree_cells": tree_cells, "costs": costs, "environment": environment(args, device, dtype, standins),
                "best_gamma_measured": measured, "best_gamma_predicted": predicted, "hf_assisted": hf,
                "by_temperature": {str(t): dict(zip(("best_gamma_measured", "best_gamma_predicted"),
                                                    best_gammas([c for c in cells if c["temperature"] == t])))

@@ -5,6 +5,7 @@
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
+    python spec_decoding_generate.py --tree 2,2,1   # a token tree instead of a chain of --gamma
 
 Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
 each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
@@ -27,8 +28,9 @@ import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import resolve_device
-from spec_decoding import autoregressive_generate, speculative_sampling
-from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
+from spec_decoding import autoregressive_generate, speculative_sampling, tree_speculative_sampling
+from spec_decoding.tree import parse_branching
+from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
@@ -42,10 +44,12 @@ COLOURS = {
     FROM_CORRECTION: "\033[33m",  # yellow: the target's token in place of a rejected draft token
     FROM_BONUS: "\033[36m",  # cyan: the target's extra token after all gamma drafts were accepted
     FROM_TARGET: "",  # plain: a target step with nothing drafted (the last token, near the end)
+    FROM_DRAFT_BRANCH: "\033[35m",  # magenta (--tree): accepted from a side branch, not the draft's first choice
 }
 LEGEND = (f"{COLOURS[FROM_DRAFT]}draft token accepted{RESET}  "
           f"{COLOURS[FROM_CORRECTION]}target's correction{RESET}  "
           f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target alone")
+TREE_LEGEND = f"{COLOURS[FROM_DRAFT_BRANCH]}accepted from a side branch of the tree{RESET}"
 STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|endoftext|>",
                 STOP_CONTEXT_FULL: "the context window is full"}
 
@@ -72,6 +76,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def branching(text: str) -> tuple[int, ...]:
+    """--tree 2,2,1 -> (2, 2, 1): children per node at each depth."""
+    try:
+        return parse_branching(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def probability(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
@@ -90,6 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--target", default="gpt2-large", help="the large model (default: gpt2-large)")
     parser.add_argument("--gamma", type=positive_int, default=4,
                         help="draft tokens proposed per round (default: 4)")
+    parser.add_argument("--tree", type=branching, metavar="B1,B2,...",
+                        help="draft a token tree instead of a chain: children per node at each depth, "
+                             "e.g. 2,2,1 (10 nodes, verified in one target forward); replaces --gamma")
     parser.add_argument("--max-gen", type=positive_int, default=100,
                         help="maximum number of new tokens (default: 100)")
     parser.add_argument("--temperature", type=non_negative_float, default=0.0,
@@ -196,17 +211,18 @@ def use_colour() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
-def start_printing(prompt: str) -> TokenPrinter:
+def start_printing(prompt: str, tree: bool = False) -> TokenPrinter:
     """Print the legend (in colour mode) and the prompt; return the printer for the new tokens."""
     colour = use_colour()
     if colour:
-        print(LEGEND + "\n")
+        print(LEGEND + ("  " + TREE_LEGEND if tree else "") + "\n")
     printer = TokenPrinter(sys.stdout, colour)
     printer.write(prompt, BOLD)
     return printer
 
 
-def print_stats(stats, gamma: int, baseline=None) -> None:
+def print_stats(stats, gamma: int, baseline=None, tree=None) -> None:
+    """gamma: draft tokens per round (with a tree: its depth)."""
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
     lines = [
@@ -215,8 +231,10 @@ def print_stats(stats, gamma: int, baseline=None) -> None:
         f"tokens generated:       {stats.tokens_generated} (stopped: {STOP_REASONS.get(stats.stop_reason, stats.stop_reason)})",
         f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} draft tokens"
         f" (by position: {by_position})",
-        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most gamma + 1 = {gamma + 1})",
+        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most {'depth' if tree else 'gamma'} + 1 = {gamma + 1})",
         f"target / draft calls:   {stats.target_calls} / {stats.draft_calls}",
+        *([f"tree nodes per call:    {stats.nodes_per_target_call:.1f} (tree {','.join(map(str, tree))}; "
+           f"{stats.token_sources.count(FROM_DRAFT_BRANCH)} tokens from side branches)"] if tree else []),
         f"speed:                  {stats.tokens_per_second:.1f} tokens/s ({stats.seconds:.2f} s)",
     ]
     if baseline is not None:
@@ -252,7 +270,7 @@ def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=
         "prompt_tokens": prompt_ids,
         "draft": args.draft,
         "target": args.target,
-        "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
+        "settings": {"gamma": args.gamma, "tree": args.tree, "max_gen": args.max_gen, "temperature": args.temperature,
                      "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
                      "device": str(device), "dtype": args.dtype},
         "tokens": result.tokens,
@@ -284,9 +302,13 @@ def generate(args) -> None:
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
 
-    printer = None if args.json else start_printing(args.prompt)
-    result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                  generator=generator, on_tokens=printer, **settings)
+    printer = None if args.json else start_printing(args.prompt, tree=bool(args.tree))
+    if args.tree:
+        result = tree_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.tree,
+                                           generator=generator, on_tokens=printer, **settings)
+    else:
+        result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
+                                      generator=generator, on_tokens=printer, **settings)
     if printer:
         printer.finish()
 
@@ -302,7 +324,7 @@ def generate(args) -> None:
     if args.json:
         print(to_json(args, device, seed, prompt_ids, result, baseline))
     else:
-        print_stats(result.stats, args.gamma, baseline)
+        print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, args.tree)
         if baseline is not None:
             print(describe_baseline_match(result, baseline, args.temperature))
 

@@ -98,6 +98,22 @@ def check_branching(branching, vocab_size: int) -> tuple[int, ...]:
     return tuple(branching)
 
 
+def parse_branching(text: str) -> tuple[int, ...]:
+    """"2,2,1" -> (2, 2, 1), for command lines. ValueError with what is expected otherwise."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"a tree is its children per depth, whole numbers >= 1 separated by "
+                         f"commas (like 2,2,1); got {text!r}")
+    return values
+
+
+def branching_label(branching) -> str:
+    return ",".join(map(str, branching))
+
+
 def tree_attention_mask(parents: list[int]) -> torch.Tensor:
     """[N + 1, N + 1] bool over the tree's slots (slot 0: the root, slot 1 + i: node i): True
     where the row's token may attend to the column's, i.e. the column is the row itself or one
