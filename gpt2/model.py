@@ -99,7 +99,8 @@ class GPT2(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
-        positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+        exit_layer: int | None = None, positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab_size].
 
@@ -107,6 +108,9 @@ class GPT2(nn.Module):
         written into the cache and cache.length grows by T. num_last_logits=n computes the
         output head for the last n positions only (logits [B, n, vocab_size]): generation needs
         only those, and on a long prompt the head is a large share of the work.
+        exit_layer=k runs only the first k blocks, then ln_f and the head ("early exit": the
+        self-speculative drafter, spec_decoding.drafters.LayerSkipDrafter); the cache then needs
+        only k layers.
 
         Token trees (spec_decoding/tree.py) score several continuations at once, so two new
         tokens can sit at the same position and must not see each other. For them:
@@ -125,7 +129,7 @@ class GPT2(nn.Module):
             key_slots = torch.arange(start + T, device=idx.device)
             attn_mask = key_slots[None, :] <= slots[:, None]
         x = self.wte(idx) + self.wpe(positions)
-        for layer, block in enumerate(self.h):
+        for layer, block in enumerate(self.h[:exit_layer]):
             x = block(x, attn_mask, cache, layer)
         if cache is not None:
             cache.advance(T)

@@ -36,10 +36,11 @@ import torch
 
 from gpt2 import GPT2
 from . import speculative
-from .decoding import (check_pair, check_positive_int, check_sampling_args, forward_new_tokens,
-                       last_token_source, new_cache, prompt_to_list, record_round, round_gamma,
-                       take_tokens)
-from .result import FROM_DRAFT, FROM_DRAFT_BRANCH, GenerationResult, GenerationStats
+from .decoding import (check_drafter, check_positive_int, check_sampling_args, forward_new_tokens,
+                       new_cache, prompt_to_list, record_round, round_gamma, take_tokens)
+from .drafters import ModelDrafter
+from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
+                     GenerationResult, GenerationStats)
 from .sampling import logits_to_probs, sample
 
 ROOT = -1  # the parent of the depth-1 nodes: the last token of the sequence
@@ -276,11 +277,24 @@ def output_sources(tree: TokenTree, path: list[int], depth: int) -> list[str]:
     drafted), FROM_DRAFT_BRANCH for one from a side branch (where a chain would have stopped);
     then the source of the target's own token."""
     sources = [FROM_DRAFT if tree.children(tree.parents[i])[0] == i else FROM_DRAFT_BRANCH for i in path]
-    return sources + [last_token_source(len(path), depth)]
+    if depth == 0:
+        return sources + [FROM_TARGET]  # nothing drafted: a plain target step
+    return sources + [FROM_BONUS if len(path) == depth else FROM_CORRECTION]
+
+
+def draft_model(draft) -> GPT2:
+    """Token trees need a draft model to score a tree level by level: a GPT2, or the model of a
+    ModelDrafter (other Drafters propose chains only)."""
+    if isinstance(draft, ModelDrafter):
+        return draft.model
+    if isinstance(draft, GPT2):
+        return draft
+    raise TypeError(f"tree_speculative_sampling needs the draft as a GPT2 model (or a ModelDrafter), "
+                    f"got {type(draft).__name__}: other drafters cannot score a tree")
 
 
 @torch.inference_mode()
-def tree_speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: int, branching,
+def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_ids, max_gen: int, branching,
                               temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None, generator: torch.Generator | None = None,
                               eos_id: int | None = None, on_tokens=None) -> GenerationResult:
@@ -300,7 +314,9 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: in
     Stats: as the chains, counting depths as positions (tokens_drafted: depths drafted,
     acceptance_by_position: per depth), plus nodes_verified and accepted_depths per round.
     """
-    check_pair(target, draft)
+    draft = draft_model(draft)
+    drafter = ModelDrafter(draft)  # its checks and limits only: the tree drives the model itself
+    check_drafter(target, drafter)  # same vocabulary, same device
     check_positive_int("max_gen", max_gen)
     check_sampling_args(temperature, top_k, top_p)
     branching = check_branching(branching, target.config.vocab_size)
@@ -314,7 +330,7 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: in
     stop = None
     while not stop:
         seq_len = len(tokens)
-        depth = round_gamma(len(branching), len(out), max_gen, seq_len, target, draft)
+        depth = round_gamma(len(branching), len(out), max_gen, seq_len, target, drafter)
 
         # 1. The draft builds the tree, one forward per depth (none: a plain target step).
         tree = TokenTree(root=tokens[-1])
@@ -331,7 +347,7 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: in
         else:
             target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
             path, next_token = verify_tree_sampling(tree, target_probs, generator)
-        record_round(stats, depth, len(path), n_nodes=len(tree))
+        record_round(stats, depth, len(path), stats.draft_calls + depth, n_nodes=len(tree))
         stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [next_token],
                            output_sources(tree, path, depth), eos_id, max_gen,
                            target.config.n_positions, on_tokens)

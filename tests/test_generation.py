@@ -136,14 +136,14 @@ def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, target, dra
         sequence = list(PROMPT)
         run_lags = []
 
-        def roll_back_and_check(target_cache, draft_cache, seq_len):
-            real_roll_back(target_cache, draft_cache, seq_len)
+        def roll_back_and_check(target_cache, drafter, seq_len):
+            real_roll_back(target_cache, drafter, seq_len)
             assert seq_len == len(sequence)
             assert target_cache.length == seq_len - 1  # all but the last token, which is fed next
-            assert draft_cache.length <= seq_len - 1
+            assert drafter.cache.length <= seq_len - 1
             check_cache(target, target_cache, sequence)
-            check_cache(draft, draft_cache, sequence)
-            run_lags.append(seq_len - draft_cache.length)
+            check_cache(draft, drafter.cache, sequence)
+            run_lags.append(seq_len - drafter.cache.length)
 
         monkeypatch.setattr(module, "roll_back", roll_back_and_check)
         run(target, draft, seed, lambda tokens, sources: sequence.extend(tokens))
