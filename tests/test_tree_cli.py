@@ -70,10 +70,12 @@ def test_bad_tree_exits_2(value, capsys):
 def test_benchmark_trees_beside_gammas(text_pair_dirs, tmp_path):
     target_dir, draft_dir = text_pair_dirs
     out = tmp_path / "out"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text((ROOT / "prompts" / "short.txt").read_text().splitlines()[0] + "\n")
     proc = run_benchmark("--draft", draft_dir, "--target", target_dir, "--gammas", 1, 3,
                          "--trees", "3", "2,1", "--max-gens", 8, "--temperatures", 0, 1,
-                         "--prompts", ROOT / "prompts" / "short.txt", "--repeats", 1, "--threads", 1,
-                         "--out", out)
+                         "--prompts", prompts, "--repeats", 1, "--warmup", 0, "--threads", 1,
+                         "--out", out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert {c["gamma"] for c in results["cells"]} == {1, 3}  # chain cells are as before
