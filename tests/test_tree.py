@@ -422,3 +422,12 @@ def test_other_bad_inputs(target, draft, tmp_path):
     other = load_gpt2(save_random_checkpoint(tmp_path, TINY.with_(vocab_size=50)))
     with pytest.raises(ValueError, match="vocabulary .* differs"):
         tree_speculative_sampling(target, other, PROMPT, 5, (2,))
+
+
+def test_draft_as_a_model_drafter(target, draft, baseline):
+    from spec_decoding.drafters import Drafter, ModelDrafter
+
+    result = tree_speculative_sampling(target, ModelDrafter(draft), PROMPT, 40, (2, 2, 1), temperature=0)
+    assert result.tokens == baseline
+    with pytest.raises(TypeError, match="needs the draft as a GPT2 model"):
+        tree_speculative_sampling(target, Drafter(), PROMPT, 10, (2,))
