@@ -537,7 +537,8 @@ def main(argv=None) -> None:
                       n_positions - max(args.gammas) - 1)
     costs = measure_costs(target, draft, args.gammas, context_len, device, trees=args.trees)
     print(f"c = {costs['c']:.3f} (draft step / target step); verify cost by gamma: "
-          + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items()), flush=True)
+          + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
+          + "".join(f"; tree {b}: {v:.2f}" for b, v in costs["verify_cost_by_tree"].items()), flush=True)
 
     records = run_grid(target, draft, prompts, args, device)
     chain_records = [r for r in records if r["tree"] is None]
