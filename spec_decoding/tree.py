@@ -211,8 +211,8 @@ def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[li
 
 def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
                                    draft_tokens: list[int], generator=None) -> tuple[int | None, int | None]:
-    """SpecInfer's multi-draft rejection sampling at one node (Miao et al. 2023, Algorithm 2 for
-    children drawn independently from q).
+    """SpecInfer's multi-draft rejection sampling at one node (Miao et al. 2023, "multi-step
+    speculative sampling", for children drawn independently from q).
 
     target_probs p [V] and draft_probs q [V] at the node; draft_tokens x_1..x_b were drawn
     independently from q. Children are tried one after the other: x_i is accepted with probability
