@@ -28,3 +28,21 @@ def best_gamma(alpha: float, c: float, gammas=range(1, 17), verify_cost=None) ->
     def cost(g):
         return 1.0 if verify_cost is None else verify_cost(g)
     return max(gammas, key=lambda g: predicted_speedup(alpha, g, c, cost(g)))
+
+
+def expected_tokens_per_tree_round(branching, hit_rate) -> float:
+    """A greedy token tree's expected tokens per round, under the simple model that the target's
+    token is among the draft's top-b children with probability hit_rate(b), independently at each
+    depth: 1 + sum over depths d of prod_{i <= d} hit_rate(branching[i]). With branching (1,) * gamma
+    and hit_rate(1) = alpha this is the chain's (1 - alpha^(gamma+1)) / (1 - alpha)."""
+    expected, reach = 1.0, 1.0
+    for b in branching:
+        reach *= hit_rate(b)
+        expected += reach
+    return expected
+
+
+def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify_cost: float) -> float:
+    """Leviathan's speed-up for any round shape: tokens per round over the round's cost, a draft
+    forward per depth (depth * c) plus one target forward over all nodes (verify_cost)."""
+    return tokens_per_round / (depth * c + verify_cost)

@@ -431,3 +431,16 @@ def test_draft_as_a_model_drafter(target, draft, baseline):
     assert result.tokens == baseline
     with pytest.raises(TypeError, match="needs the draft as a GPT2 model"):
         tree_speculative_sampling(target, Drafter(), PROMPT, 10, (2,))
+
+
+def test_tree_theory_reduces_to_the_chain():
+    from spec_decoding.theory import (expected_tokens_per_round, expected_tokens_per_tree_round,
+                                      predicted_speedup, predicted_tree_speedup)
+
+    for alpha in (0.3, 0.75, 0.95):
+        for gamma in (1, 3, 8):
+            chain = expected_tokens_per_tree_round((1,) * gamma, lambda b: alpha)
+            assert chain == pytest.approx(expected_tokens_per_round(alpha, gamma))
+            assert predicted_tree_speedup(chain, gamma, 0.2, 1.3) == pytest.approx(predicted_speedup(alpha, gamma, 0.2, 1.3))
+    # a wider first level helps exactly by its hit rate: (3, 1) = 1 + h3 + h3 * h1
+    assert expected_tokens_per_tree_round((3, 1), {1: 0.5, 3: 0.8}.get) == pytest.approx(1 + 0.8 + 0.4)
