@@ -34,10 +34,11 @@ def pair(make_checkpoint):
     return target, draft
 
 
-def exact_distribution(model, settings) -> torch.Tensor:
-    """[V, V, V]: P(t1, t2, t3) = p(t1) p(t2 | t1) p(t3 | t1, t2), from one batched forward."""
+def exact_distribution(model, settings, prompt=PROMPT) -> torch.Tensor:
+    """[V, V, V]: P(t1, t2, t3) = p(t1) p(t2 | t1) p(t3 | t1, t2) after prompt, from one batched
+    forward."""
     t1, t2 = torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij")
-    idx = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), t1.reshape(-1, 1), t2.reshape(-1, 1)], 1)
+    idx = torch.cat([torch.tensor(prompt).expand(V * V, -1), t1.reshape(-1, 1), t2.reshape(-1, 1)], 1)
     with torch.inference_mode():
         probs = logits_to_probs(model(idx)[:, -3:].double(), **settings)  # [V*V, 3, V]
     p1 = probs[0, 0]  # the same for every row
