@@ -6,8 +6,7 @@ clear error for every bad input."""
 import pytest
 import torch
 from conftest import TINY, TINY_VOCAB
-from test_lossless import (SETTINGS, chi_square_p_value, counts_of, exact_distribution,
-                           total_variation)
+from test_lossless import SETTINGS, chi_square_p_value, counts_of, exact_distribution
 from transformers import GPT2LMHeadModel
 
 import spec_decoding.greedy
@@ -187,10 +186,9 @@ def sample_counts(target, make_drafter, settings, gamma, n, seed=0):
     return counts_of([r.tokens for r in runs]), sum(r.stats.tokens_drafted for r in runs)
 
 
-LOSSLESS_DRAFTERS = {
+LOSSLESS_DRAFTERS = {  # ModelDrafter: test_lossless.py (a GPT2 draft is wrapped in one)
     "ngram": lambda target, draft: NGramDrafter(max_ngram=2),
     "layerskip": lambda target, draft: LayerSkipDrafter(target, 1),
-    "model": lambda target, draft: ModelDrafter(draft),
 }
 
 
@@ -210,11 +208,8 @@ def test_every_drafter_is_lossless(lossless_pair, name, setting):
 def test_a_drafter_that_lies_about_q_is_caught(lossless_pair):
     target, draft = lossless_pair
     settings, gamma, n = SETTINGS["temperature 0.7, top-k 6, top-p 0.9"]
-    exact = exact_distribution(target, settings, LOSSLESS_PROMPT)
-    honest, _ = sample_counts(target, lambda: ModelDrafter(draft), settings, gamma, n)
     lying, _ = sample_counts(target, lambda: LyingDrafter(draft), settings, gamma, n)
-    assert chi_square_p_value(lying, exact) < 1e-6
-    assert total_variation(lying, exact) > total_variation(honest, exact)
+    assert chi_square_p_value(lying, exact_distribution(target, settings, LOSSLESS_PROMPT)) < 1e-6
 
 
 def test_always_accepting_a_point_mass_proposal_is_caught(lossless_pair, monkeypatch):
