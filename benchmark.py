@@ -276,10 +276,12 @@ def measure_costs(target, drafters: dict, gammas, context_len, device, budget_s=
         rounds += 1
     median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
     step = median[("target", 1)]
+    by_drafter = {name: {"c": median[(name, 1)] / step, "draft_step_ms": 1000 * median[(name, 1)]}
+                  for name in drafters}
+    first = by_drafter[next(iter(drafters))]  # top-level c: the first drafter's (notebook 4 reads it)
     return {"verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
             "context_len": context_len, "rounds": rounds, "target_step_ms": 1000 * step,
-            "drafters": {name: {"c": median[(name, 1)] / step, "draft_step_ms": 1000 * median[(name, 1)]}
-                         for name in drafters}}
+            "drafters": by_drafter, "c": first["c"], "draft_step_ms": first["draft_step_ms"]}
 
 
 def speculate(target, drafter, prompt, max_gen, gamma, temperature, generator):

@@ -3,10 +3,12 @@ sampled output distributed as the target's (the chi-square test of test_lossless
 catch a drafter that lies about its q), caches equal to a fresh forward after every round, and a
 clear error for every bad input."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import TINY, TINY_VOCAB
-from test_lossless import SETTINGS, chi_square_p_value, counts_of, exact_distribution
+from test_lossless import SETTINGS
 from transformers import GPT2LMHeadModel
 
 import spec_decoding.greedy
@@ -15,6 +17,8 @@ from gpt2 import load_gpt2
 from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
+from spec_decoding.checks import (check_caches_after_every_round, check_lossless,
+                                  chi_square_p_value)
 from spec_decoding.drafters import (Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter,
                                     as_drafter)
 from spec_decoding.result import FROM_DRAFT
@@ -178,12 +182,17 @@ class LyingDrafter(ModelDrafter):
         return draft_tokens, torch.stack(reported) if reported else None
 
 
-def sample_counts(target, make_drafter, settings, gamma, n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    drafter = make_drafter()
-    runs = [speculative_sampling(target, drafter, LOSSLESS_PROMPT, 3, gamma, generator=g, **settings)
-            for _ in range(n)]
-    return counts_of([r.tokens for r in runs]), sum(r.stats.tokens_drafted for r in runs)
+def lossless_check(target, drafter, settings, gamma, n, seed=0):
+    """check_lossless on the first 3 tokens after LOSSLESS_PROMPT; also returns how many tokens
+    the drafter proposed in all."""
+    drafted = []
+
+    def generate(prompt, max_gen, **kwargs):
+        result = speculative_sampling(target, drafter, prompt, max_gen, gamma, **kwargs)
+        drafted.append(result.stats.tokens_drafted)
+        return result
+
+    return check_lossless(generate, target, LOSSLESS_PROMPT, 3, settings, samples=n, seed=seed), sum(drafted)
 
 
 LOSSLESS_DRAFTERS = {  # ModelDrafter: test_lossless.py (a GPT2 draft is wrapped in one)
@@ -197,19 +206,16 @@ LOSSLESS_DRAFTERS = {  # ModelDrafter: test_lossless.py (a GPT2 draft is wrapped
 def test_every_drafter_is_lossless(lossless_pair, name, setting):
     target, draft = lossless_pair
     settings, gamma, n = SETTINGS[setting]
-    exact = exact_distribution(target, settings, LOSSLESS_PROMPT)
-    counts, drafted = sample_counts(target, lambda: LOSSLESS_DRAFTERS[name](target, draft), settings,
-                                    gamma, n)
+    result, drafted = lossless_check(target, LOSSLESS_DRAFTERS[name](target, draft), settings, gamma, n)
     assert drafted > n // 2  # the drafter really drafted
-    p_value = chi_square_p_value(counts, exact)
-    assert p_value > 1e-3, f"{name}: samples differ from the target's distribution (p = {p_value:.2g})"
+    assert result.passed and result.p_value > 1e-3, f"{name}: {result.message}"
 
 
 def test_a_drafter_that_lies_about_q_is_caught(lossless_pair):
     target, draft = lossless_pair
     settings, gamma, n = SETTINGS["temperature 0.7, top-k 6, top-p 0.9"]
-    lying, _ = sample_counts(target, lambda: LyingDrafter(draft), settings, gamma, n)
-    assert chi_square_p_value(lying, exact_distribution(target, settings, LOSSLESS_PROMPT)) < 1e-6
+    result, _ = lossless_check(target, LyingDrafter(draft), settings, gamma, n)
+    assert not result.passed and result.p_value < 1e-6, result.message
 
 
 def test_always_accepting_a_point_mass_proposal_is_caught(lossless_pair, monkeypatch):
@@ -218,8 +224,8 @@ def test_always_accepting_a_point_mass_proposal_is_caught(lossless_pair, monkeyp
     settings, gamma, n = SETTINGS["temperature 1"]
     monkeypatch.setattr(spec_decoding.speculative, "point_masses",
                         lambda tokens, vocab, device=None: torch.zeros(len(tokens), vocab))  # r * 0 < p
-    counts, _ = sample_counts(target, lambda: NGramDrafter(2), settings, gamma, n)
-    assert chi_square_p_value(counts, exact_distribution(target, settings, LOSSLESS_PROMPT)) < 1e-6
+    result, _ = lossless_check(target, NGramDrafter(2), settings, gamma, n)
+    assert not result.passed and result.p_value < 1e-6, result.message
 
 
 def test_point_mass_round_accepts_with_probability_p_and_resamples_p_without_x():
@@ -283,6 +289,20 @@ def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, pair, modul
         monkeypatch.setattr(module, "roll_back", roll_back_and_check)
         run(target, drafter, seed, lambda tokens, sources: sequence.extend(tokens))
     assert rounds > 4
+
+
+@pytest.mark.parametrize("name", ["ngram", "layerskip"])
+def test_check_caches_after_every_round_handles_model_free_and_layer_skip_drafters(pair, name):
+    """spec_decoding.checks watches the target's forward; a layer-skip drafter calls that same
+    model with exit_layer and its own, shorter cache, which is checked layer by layer too."""
+    target, draft = pair
+    drafter = DRAFTERS[name](target, draft)
+    result = check_caches_after_every_round(partial(speculative_sampling, target, drafter, gamma=3),
+                                            target, None, PROMPT, 30, dict(temperature=1.0))
+    assert result.passed, result.message
+    assert max(s.round for s in result.snapshots) > 4
+    # each cache seen is checked once more at the end: the target's, and the layer-skip drafter's
+    assert len([s for s in result.snapshots if s.at_end]) == (2 if name == "layerskip" else 1)
 
 
 # ------------------------------------------------------------------------------ bad input
