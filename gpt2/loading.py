@@ -69,6 +69,18 @@ def load_gpt2(name_or_path, device=None, dtype="auto") -> GPT2:
     return load_safetensors(weights_path, config, device=device, dtype=dtype)
 
 
+def peek_config(name_or_path) -> GPT2Config | None:
+    """The config of a model without reading or downloading its weights, where that is cheap: an
+    official name, or a local folder with config.json. None otherwise (other hub repos, files)."""
+    text = str(name_or_path)
+    folder = Path(text).expanduser()
+    if (folder / CONFIG_NAME).is_file() and (folder / WEIGHTS_NAME).is_file():
+        return read_config(folder / CONFIG_NAME)
+    if text in OFFICIAL_REPOS:
+        return GPT2Config.from_name(text)
+    return None
+
+
 def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
     """Find (and if needed download) the weights. Returns (config or None to infer, weights path)."""
     text = str(name_or_path)

@@ -331,3 +331,11 @@ def test_hub_offline_error_names_the_folder_it_looked_for(tmp_path):
     assert "HF_HUB_OFFLINE is set" in result.stdout
     assert "there is no folder checkpoints/tagret here" in result.stdout
     assert "the folder checkpoints/target here has no model.safetensors" in result.stdout
+
+
+def test_peek_config_reads_no_weights(folder, tmp_path):
+    from gpt2 import OFFICIAL_CONFIGS
+    from gpt2.loading import peek_config
+    assert peek_config(folder) == TINY
+    assert peek_config("gpt2-xl") == OFFICIAL_CONFIGS["gpt2-xl"]
+    assert peek_config("someone/unknown") is None and peek_config(tmp_path) is None
