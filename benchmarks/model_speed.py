@@ -173,7 +173,7 @@ def bench_dtypes(name, folder, dtypes, context_len=64, verify_tokens=5, rounds=1
     context = torch.tensor([random_prompt(context_len, seed=0)])
     for dtype in dtypes:
         print(f"  loading {name} in {dtype} ...", flush=True)
-        models[dtype] = load_gpt2(folder, dtype=getattr(torch, dtype))
+        models[dtype] = load_gpt2(folder, dtype=dtype)  # a name: load_gpt2 takes "bfloat16" etc.
         caches[dtype] = models[dtype].new_kv_cache(max_len=context_len + verify_tokens)
         models[dtype](context, caches[dtype], num_last_logits=1)
     shapes = [(dtype, n) for dtype in dtypes for n in (1, verify_tokens)]
