@@ -53,7 +53,8 @@ from benchmarks.common import timed
 from gpt2.device import dtype_note, resolve_device, resolve_dtype
 from gpt2.loading import peek_config
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.decoding import check_pair
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import as_drafter
 from spec_decoding.theory import predicted_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -468,7 +469,7 @@ def main(argv=None) -> None:
     draft = load_model("draft", str(args.draft), device, dtype)
     target = load_model("target", str(args.target), device, dtype)
     try:
-        check_pair(target, draft)
+        check_drafter(target, as_drafter(draft))
     except ValueError as e:
         sys.exit(f"error: {e}")
     check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),

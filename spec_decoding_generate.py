@@ -28,7 +28,8 @@ import torch
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
 from spec_decoding import autoregressive_generate, speculative_sampling
-from spec_decoding.decoding import check_pair
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import as_drafter
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
@@ -287,7 +288,7 @@ def generate(args) -> None:
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, dtype)
     draft = load_model("draft", args.draft, device, dtype)
-    check_pair(target, draft)  # before anything runs: a wrong pair fails with the reason
+    check_drafter(target, as_drafter(draft))  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
     warm_up(draft)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
