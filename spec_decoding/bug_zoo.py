@@ -19,13 +19,12 @@ from unittest.mock import patch
 
 import torch
 
-from . import decoding, greedy, speculative
+from . import decoding, drafters, greedy, speculative
 from .greedy import speculative_sampling_greedy
 from .result import STOP_EOS
 from .sampling import logits_to_probs, sample
 from .speculative import speculative_sampling
 
-GENERATOR_MODULES = (greedy, speculative)  # each imports the shared steps by name
 
 
 # ------------------------------------------------------------------------------------------------
@@ -54,44 +53,40 @@ def target_filters_before_temperature():
         yield
 
 
-try:
-    from . import drafters
-except ImportError:  # before the Drafter interface landed
-    drafters = None
+class GreedyDraftReportingSoftmax(drafters.ModelDrafter):
+    """Takes the draft's argmax (a cheap ~20% speed-up: more agreement) but reports the
+    softmax q as if it had sampled from it."""
 
-if drafters is not None:
-    class GreedyDraftReportingSoftmax(drafters.ModelDrafter):
-        """Takes the draft's argmax (a cheap ~20% speed-up: more agreement) but reports the
-        softmax q as if it had sampled from it."""
+    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
+        if temperature == 0:
+            return super().propose(tokens, num_tokens)
+        draft_tokens, draft_probs = [], []
+        for _ in range(num_tokens):
+            logits = self.next_logits(tokens + draft_tokens)
+            draft_tokens.append(int(logits.argmax()))  # the bug: argmax, not a draw from q
+            draft_probs.append(logits_to_probs(logits, temperature, top_k, top_p))
+        return draft_tokens, torch.stack(draft_probs) if draft_probs else None
 
-        def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
-            if temperature == 0:
-                return super().propose(tokens, num_tokens)
-            draft_tokens, draft_probs = [], []
-            for _ in range(num_tokens):
-                logits = self.next_logits(tokens + draft_tokens)
-                draft_tokens.append(int(logits.argmax()))  # the bug: argmax, not a draw from q
-                draft_probs.append(logits_to_probs(logits, temperature, top_k, top_p))
-            return draft_tokens, torch.stack(draft_probs) if draft_probs else None
 
-    class DrafterReportingUnfilteredQ(drafters.ModelDrafter):
-        """Samples after temperature, top-k and top-p but reports q before top-k/top-p."""
+class DrafterReportingUnfilteredQ(drafters.ModelDrafter):
+    """Samples after temperature, top-k and top-p but reports q before top-k/top-p."""
 
-        def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
-            if temperature == 0:
-                return super().propose(tokens, num_tokens)
-            draft_tokens, draft_probs = [], []
-            for _ in range(num_tokens):
-                logits = self.next_logits(tokens + draft_tokens)
-                draft_tokens.append(int(sample(logits_to_probs(logits, temperature, top_k, top_p), generator)))
-                draft_probs.append(logits_to_probs(logits, temperature))  # the bug: q unfiltered
-            return draft_tokens, torch.stack(draft_probs) if draft_probs else None
+    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
+        if temperature == 0:
+            return super().propose(tokens, num_tokens)
+        draft_tokens, draft_probs = [], []
+        for _ in range(num_tokens):
+            logits = self.next_logits(tokens + draft_tokens)
+            draft_tokens.append(int(sample(logits_to_probs(logits, temperature, top_k, top_p), generator)))
+            draft_probs.append(logits_to_probs(logits, temperature))  # the bug: q unfiltered
+        return draft_tokens, torch.stack(draft_probs) if draft_probs else None
 
-    class DrafterNeverRollingBack(drafters.ModelDrafter):
-        """Forgets to roll its KV cache back: rejected draft tokens stay in it."""
 
-        def roll_back(self, length):
-            pass  # the bug
+class DrafterNeverRollingBack(drafters.ModelDrafter):
+    """Forgets to roll its KV cache back: rejected draft tokens stay in it."""
+
+    def roll_back(self, length):
+        pass  # the bug
 
 
 def drafter_swapped_for(subclass):
@@ -164,15 +159,14 @@ def _add(*args):
 T1 = dict(temperature=1.0)
 FILTERED = dict(temperature=1.5, top_k=6, top_p=0.7)  # strong filters: the bugs show
 
-if drafters is not None:
-    _add("greedy draft", "the draft takes its argmax while the target samples, and reports the "
-         "softmax q it did not sample from",
-         "argmax drafts agree with the target more often: a ~20% speed-up, for free it seems",
-         "lossless", drafter_swapped_for(GreedyDraftReportingSoftmax), T1)
-    _add("q before top-k/top-p", "the drafter samples after temperature, top-k and top-p but "
-         "reports q before top-k/top-p",
-         "q is computed once, early, and the filters are added later where the sampling happens",
-         "lossless", drafter_swapped_for(DrafterReportingUnfilteredQ), FILTERED)
+_add("greedy draft", "the draft takes its argmax while the target samples, and reports the "
+     "softmax q it did not sample from",
+     "argmax drafts agree with the target more often: a ~20% speed-up, for free it seems",
+     "lossless", drafter_swapped_for(GreedyDraftReportingSoftmax), T1)
+_add("q before top-k/top-p", "the drafter samples after temperature, top-k and top-p but "
+     "reports q before top-k/top-p",
+     "q is computed once, early, and the filters are added later where the sampling happens",
+     "lossless", drafter_swapped_for(DrafterReportingUnfilteredQ), FILTERED)
 _add("resample from p", "after a rejection the replacement is drawn from p instead of "
      "norm(max(0, p - q))",
      "'the target decides' sounds right, and the output still looks like the target's",
@@ -181,10 +175,9 @@ _add("filters before temperature", "the target applies top-k/top-p before the te
      "draft after it",
      "two code paths build the two distributions; each looks fine on its own",
      "lossless", target_filters_before_temperature, FILTERED)
-if drafters is not None:
-    _add("cache not rolled back", "the drafter's KV cache keeps the rejected draft tokens",
-         "rollback is one line that is easy to forget, and the text stays fluent",
-         "caches", drafter_swapped_for(DrafterNeverRollingBack), T1)
+_add("cache not rolled back", "the drafter's KV cache keeps the rejected draft tokens",
+     "rollback is one line that is easy to forget, and the text stays fluent",
+     "caches", drafter_swapped_for(DrafterNeverRollingBack), T1)
 _add("bonus token past max_gen", "the last round may output one token more than max_gen",
      "the bonus token is free, so why not keep it?", "stopping", bonus_token_past_max_gen, T1)
 _add("tokens after eos", "a round is taken whole even when eos is among its tokens",
@@ -193,7 +186,7 @@ _add("tokens after eos", "a round is taken whole even when eos is among its toke
 
 
 def run_check(check: str, target, draft, settings: dict, samples: int = 1000, seed: int = 0,
-              prompt=(1, 2, 3)):
+          prompt=(1, 2, 3)):
     """Run the check named `check` ("lossless", "caches" or "stopping") on speculative_sampling
     (temperature 0: speculative_sampling_greedy) with this target and draft. Returns the check's
     result (.passed, .message). Lossless needs a tiny vocabulary (exact enumeration)."""
@@ -205,10 +198,10 @@ def run_check(check: str, target, draft, settings: dict, samples: int = 1000, se
     generate = speculative_sampling_greedy if settings.get("temperature", 0) == 0 else speculative_sampling
     if check == "lossless":
         return check_lossless(partial(generate, target, draft, gamma=2), target, prompt, 3, settings,
-                              samples, seed)
+                          samples, seed)
     if check == "caches":
         return check_caches_after_every_round(partial(generate, target, draft, gamma=3), target, draft,
-                                              prompt, 20, settings, seed)
+                                          prompt, 20, settings, seed)
     if check == "stopping":
         return check_stopping(partial(generate, target, draft, gamma=3), prompt, settings=settings)
     raise ValueError(f"unknown check {check!r}: lossless, caches or stopping")

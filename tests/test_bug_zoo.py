@@ -57,7 +57,8 @@ def test_each_bug_is_caught(pair, name):
 CORRECT_RUNS = {(bug.check, tuple(sorted(bug.settings.items()))) for bug in BUGS.values()}
 
 
-@pytest.mark.parametrize("check, settings", sorted(CORRECT_RUNS))
+@pytest.mark.parametrize("check, settings", sorted(CORRECT_RUNS),
+                         ids=[f"{c} {dict(s)}" for c, s in sorted(CORRECT_RUNS)])
 def test_the_correct_code_passes_the_same_checks(pair, check, settings):
     target, draft = pair
     result = run_check(check, target, draft, dict(settings), SAMPLES)
