@@ -50,8 +50,11 @@ from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import timed
-from gpt2.device import resolve_device
+from gpt2.device import dtype_note, resolve_device, resolve_dtype
+from gpt2.loading import peek_config
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import as_drafter
 from spec_decoding.theory import predicted_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -110,7 +113,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed warm-up rounds first")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): float32 on CPU, where half precision is not faster; "
+                        "bfloat16/float16 on a GPU")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
@@ -188,6 +193,18 @@ def read_prompts(path: Path) -> list[list[int]]:
         return [encode(t) for t in texts]
     except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
         sys.exit(f"error: {e}")
+
+
+def clamp_max_gens(max_gens: list[int], prompts: list[list[int]], n_positions: int) -> list[int]:
+    """max_gens with every value cut to what the context window leaves after the longest prompt, so
+    that every run makes max_gen tokens; says so when it cuts."""
+    room = n_positions - max(len(p) for p in prompts)
+    if room < 1 or max(max_gens) <= room:
+        return max_gens  # room < 1: check_prompts_fit says what is wrong
+    print(f"note: --max-gens {' '.join(str(m) for m in max_gens if m > room)}: the models' context "
+          f"window of {n_positions} tokens leaves room for {room} new tokens after the longest "
+          f"prompt ({n_positions - room} tokens); clamped to {room}.", flush=True)
+    return sorted({min(m, room) for m in max_gens})
 
 
 def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: int) -> None:
@@ -436,16 +453,29 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    dtype = getattr(torch, args.dtype)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.dtype != "auto" and (note := dtype_note(dtype, device)):
+        print(note, flush=True)
     prompts = read_prompts(args.prompts)
+    # Before any model is loaded (or stand-in written), where the configs are known cheaply.
+    configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
+               [c for c in (peek_config(args.target), peek_config(args.draft)) if c is not None])
+    if configs:
+        args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
     standins = is_standin(args.target) and is_standin(args.draft)
     print(f"Loading draft {args.draft} and target {args.target} on {device} ({args.dtype}) ...", flush=True)
     draft = load_model("draft", str(args.draft), device, dtype)
     target = load_model("target", str(args.target), device, dtype)
+    try:
+        check_drafter(target, as_drafter(draft))
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),
                       min(target.config.n_positions, draft.config.n_positions))
+    args.max_gens = clamp_max_gens(args.max_gens, prompts,  # for configs not known before loading
+                                   min(target.config.n_positions, draft.config.n_positions))
 
     print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
     warm_up(target, draft, prompts, args, device)

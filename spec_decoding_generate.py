@@ -26,14 +26,15 @@ import time
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
-from gpt2.device import resolve_device
+from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
 from spec_decoding import autoregressive_generate, speculative_sampling
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import as_drafter
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
                   "remote, previously unexplored valley in the Andes Mountains.")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # ANSI escape codes: the colour of a token says where it came from.
 RESET, BOLD = "\033[0m", "\033[1m"
@@ -45,7 +46,7 @@ COLOURS = {
 }
 LEGEND = (f"{COLOURS[FROM_DRAFT]}draft token accepted{RESET}  "
           f"{COLOURS[FROM_CORRECTION]}target's correction{RESET}  "
-          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target alone")
+          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target's own token (nothing drafted)")
 STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|endoftext|>",
                 STOP_CONTEXT_FULL: "the context window is full"}
 
@@ -100,8 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="random seed, for reproducible sampling")
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="float32 (default), or float16/bfloat16 to halve the memory")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="auto (default: float32 on CPU, where half precision is not faster; "
+                             "bfloat16/float16 on a GPU), float32, bfloat16 or float16")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
@@ -213,14 +215,17 @@ def print_stats(stats, gamma: int, baseline=None) -> None:
         "",
         "--- speculative decoding ---",
         f"tokens generated:       {stats.tokens_generated} (stopped: {STOP_REASONS.get(stats.stop_reason, stats.stop_reason)})",
-        f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} draft tokens"
-        f" (by position: {by_position})",
+        f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} drafted "
+        f"tokens were accepted (by position: {by_position})",
+        f"alpha (theory):         {'-' if stats.alpha is None else f'{stats.alpha:.1%}'} of "
+        f"{stats.tokens_accepted + stats.tokens_rejected} judged tokens were accepted (drafts after a "
+        f"round's first rejection are never judged)",
         f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most gamma + 1 = {gamma + 1})",
         f"target / draft calls:   {stats.target_calls} / {stats.draft_calls}",
         f"speed:                  {stats.tokens_per_second:.1f} tokens/s ({stats.seconds:.2f} s)",
     ]
     if baseline is not None:
-        lines.append(f"baseline, target alone: {baseline.stats.tokens_per_second:.1f} tokens/s "
+        lines.append(f"baseline (target alone): {baseline.stats.tokens_per_second:.1f} tokens/s "
                      f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
         lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
     print("\n".join(lines))
@@ -246,7 +251,8 @@ def describe_baseline_match(result, baseline, temperature: float) -> str:
             f"(more likely in float16/bfloat16).")
 
 
-def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=None) -> str:
+def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_ids, result,
+            baseline=None) -> str:
     report = {
         "prompt": args.prompt,
         "prompt_tokens": prompt_ids,
@@ -254,7 +260,8 @@ def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=
         "target": args.target,
         "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
                      "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
-                     "device": str(device), "dtype": args.dtype},
+                     "device": str(device),
+                     "dtype": str(dtype).removeprefix("torch.")},
         "tokens": result.tokens,
         "text": get_tokenizer().decode(result.tokens),
         "stats": result.stats.to_dict(),
@@ -274,10 +281,14 @@ def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=
 
 def generate(args) -> None:
     device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.dtype != "auto" and (note := dtype_note(dtype, device)):
+        print(note, file=sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
-    target = load_model("target", args.target, device, DTYPES[args.dtype])
-    draft = load_model("draft", args.draft, device, DTYPES[args.dtype])
+    target = load_model("target", args.target, device, dtype)
+    draft = load_model("draft", args.draft, device, dtype)
+    check_drafter(target, as_drafter(draft))  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
     warm_up(draft)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
@@ -300,7 +311,7 @@ def generate(args) -> None:
                                            generator=make_generator(seed, device), **settings)
 
     if args.json:
-        print(to_json(args, device, seed, prompt_ids, result, baseline))
+        print(to_json(args, device, dtype, seed, prompt_ids, result, baseline))
     else:
         print_stats(result.stats, args.gamma, baseline)
         if baseline is not None:

@@ -208,5 +208,52 @@ def test_unavailable_device_is_a_clear_error(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("CUDA exists here")
-    with pytest.raises(SystemExit, match="error: --device cuda: CUDA is not available here"):
+    with pytest.raises(SystemExit, match="error: device .cuda.: CUDA is not available here"):
         benchmark.main(["--draft", "x", "--target", "y", "--device", "cuda", "--out", str(tmp_path / "o")])
+
+
+class Loaded(Exception):
+    """Raised by a stand-in for benchmark.load_model: the run got as far as loading."""
+
+
+def test_max_gens_past_the_window_are_clamped_before_any_model_is_loaded(text_pair_dirs, tmp_path,
+                                                                         capsys, monkeypatch):
+    import benchmark
+    def stop(*args, **kwargs):
+        raise Loaded
+    monkeypatch.setattr(benchmark, "load_model", stop)
+    monkeypatch.setattr(benchmark, "make_standins", stop)
+    longest = max(len(p) for p in benchmark.read_prompts(benchmark.DEFAULT_PROMPTS))
+    target_dir, draft_dir = text_pair_dirs  # n_positions 128
+    for extra, n_positions in ([["--draft", draft_dir, "--target", target_dir], 128],
+                               [["--make-standins", tmp_path / "standins"], 1024]):
+        with pytest.raises(Loaded):
+            benchmark.main([*map(str, extra), "--max-gens", "8", "2000", "--dtype", "bfloat16",
+                            "--out", str(tmp_path / "out")])
+        out = capsys.readouterr().out
+        assert (f"note: --max-gens 2000: the models' context window of {n_positions} tokens leaves "
+                f"room for {n_positions - longest} new tokens") in out
+        assert f"clamped to {n_positions - longest}" in out
+        assert "note: bfloat16 is not faster than float32" in out  # --dtype bfloat16 on a CPU
+
+
+def test_clamp_max_gens(capsys):
+    import benchmark
+    prompts = [[1] * 20, [1] * 30]
+    assert benchmark.clamp_max_gens([8, 100, 2000], prompts, 128) == [8, 98]
+    assert "clamped to 98" in capsys.readouterr().out
+    assert benchmark.clamp_max_gens([8, 98], prompts, 128) == [8, 98]  # fits: nothing to say
+    assert capsys.readouterr().out == ""
+
+
+def test_dtype_defaults_to_auto(tmp_path):
+    import benchmark
+    assert benchmark.parse_args(["--out", str(tmp_path / "out")]).dtype == "auto"
+
+
+def test_mismatched_pair_is_named_before_anything_runs(text_pair_dirs, make_checkpoint, tmp_path):
+    import benchmark
+    from conftest import TINY
+    with pytest.raises(SystemExit, match="share one tokenizer"):
+        benchmark.main(["--target", str(text_pair_dirs[0]), "--draft", str(make_checkpoint(TINY)),
+                        "--max-gens", "4", "--out", str(tmp_path / "out")])
