@@ -399,6 +399,6 @@ def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settin
         if stopped != expected:
             extra = (f": {len(stopped) - len(expected)} tokens after eos were kept"
                      if stopped[:len(expected)] == expected else "")
-            problems.append(f"with eos_id={eos} the output should end at the first eos (token "
-                            f"{len(expected) - 1}), got {len(stopped)} tokens{extra}")
+            problems.append(f"with eos_id={eos} the output should stop after {len(expected)} tokens "
+                            f"(at the first eos, kept), got {len(stopped)} tokens{extra}")
     return StoppingCheck(not problems, problems)
