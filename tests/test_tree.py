@@ -6,8 +6,6 @@ the context-window edge, and the chain as the special case branching (1, ..., 1)
 import pytest
 import torch
 from conftest import TINY, TINY_VOCAB
-from scipy import stats
-from test_generation import check_cache
 
 import spec_decoding.tree as tree_module
 from gpt2 import GPT2, load_gpt2
@@ -15,6 +13,7 @@ from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
                            speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
+from spec_decoding.checks import cache_difference, chi_square_p_value, counts_of, exact_distribution
 from spec_decoding.sampling import sample
 from spec_decoding.tree import (TokenTree, multi_draft_rejection_sampling, tree_attention_mask, tree_size,
                                 verify_tree_sampling)
@@ -216,8 +215,9 @@ def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, target, dra
             real_keep(target_cache, draft_cache, seq_len, path)
             assert target_cache.length == len(sequence) - 1  # all but the last token, fed next
             assert draft_cache.length <= len(sequence) - 1
-            check_cache(target, target_cache, sequence)
-            check_cache(draft, draft_cache, sequence)
+            with torch.inference_mode():
+                assert cache_difference(target, target_cache, sequence) <= 1e-5
+                assert cache_difference(draft, draft_cache, sequence) <= 1e-5
             lags.append(len(sequence) - draft_cache.length)
 
         monkeypatch.setattr(tree_module, "keep_accepted_path", keep_and_check)
@@ -256,19 +256,6 @@ def test_chain_branching_is_the_chain(target, draft, gamma):
 def random_distributions(rows, seed, vocab=6, sharpness=2.0):
     g = torch.Generator().manual_seed(seed)
     return torch.softmax(sharpness * torch.randn(rows, vocab, generator=g, dtype=torch.float64), -1).float()
-
-
-def chi_square_p_value(counts, probs) -> float:
-    """Pearson's chi-square; cells expecting fewer than 5 samples are pooled into one."""
-    counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
-    assert counts[probs == 0].sum() == 0, "a sample fell where the target has probability 0"
-    counts, probs = counts[probs > 0], probs[probs > 0]  # (top-k/top-p zero out many cells)
-    expected = probs / probs.sum() * counts.sum()
-    small = expected < 5
-    if small.any():
-        counts = torch.cat([counts[~small], counts[small].sum().view(1)])
-        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
-    return stats.chisquare(counts.numpy(), expected.numpy()).pvalue
 
 
 def naive_multi_draft(target_probs, draft_probs, draft_tokens, generator=None):
@@ -354,42 +341,26 @@ def unrelated_pair(make_checkpoint):
     return target, draft
 
 
-def exact_distribution(model, settings, n_tokens) -> torch.Tensor:
-    """[V] * n_tokens: P(t1, ..., tn) = prod_i p(t_i | prompt, t_<i), from one batched forward
-    over every possible prefix t_1..t_{n-1}."""
-    V = TINY_VOCAB.vocab_size
-    prefixes = torch.cartesian_prod(*[torch.arange(V)] * (n_tokens - 1)).reshape(V ** (n_tokens - 1), -1)
-    idx = torch.cat([torch.tensor(LOSSLESS_PROMPT).expand(len(prefixes), -1), prefixes], 1)
-    with torch.inference_mode():
-        probs = logits_to_probs(model(idx)[:, -n_tokens:].double(), **settings)  # [V^(n-1), n, V]
-    joint = torch.ones(len(prefixes), dtype=torch.float64)
-    for i in range(n_tokens - 1):  # p(t_{i+1} | t_<=i), read off each prefix's row i
-        joint = joint * probs[torch.arange(len(prefixes)), i, prefixes[:, i]]
-    return (joint[:, None] * probs[:, -1]).reshape([V] * n_tokens)
-
-
 def tree_counts(target, draft, settings, branching, n_tokens, n, seed):
-    V = TINY_VOCAB.vocab_size
     g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(V ** n_tokens, dtype=torch.float64)
-    for _ in range(n):
-        tokens = tree_speculative_sampling(target, draft, LOSSLESS_PROMPT, n_tokens, branching,
-                                           generator=g, **settings).tokens
-        index = 0
-        for t in tokens:
-            index = index * V + t
-        counts[index] += 1
-    return counts
+    samples = [tree_speculative_sampling(target, draft, LOSSLESS_PROMPT, n_tokens, branching,
+                                         generator=g, **settings).tokens for _ in range(n)]
+    return counts_of(samples, TINY_VOCAB.vocab_size, n_tokens)
+
+
+def exact(target, settings, n_tokens):
+    with torch.inference_mode():
+        return exact_distribution(target, LOSSLESS_PROMPT, n_tokens, settings)
 
 
 @pytest.mark.parametrize("name", list(LOSSLESS_CASES))
 def test_tree_samples_follow_the_target_distribution(unrelated_pair, name):
     target, draft = unrelated_pair
     settings, branching, n_tokens, n = LOSSLESS_CASES[name]
-    exact = exact_distribution(target, settings, n_tokens)
-    assert exact.sum().item() == pytest.approx(1.0)
+    probs = exact(target, settings, n_tokens)
+    assert probs.sum().item() == pytest.approx(1.0)
     counts = tree_counts(target, draft, settings, branching, n_tokens, n, seed=0)
-    p_value = chi_square_p_value(counts, exact)
+    p_value = chi_square_p_value(counts, probs)
     assert p_value > 1e-3, f"tree samples differ from the target (p = {p_value:.2g})"
 
 
@@ -400,7 +371,7 @@ def test_the_naive_multi_draft_variant_is_caught(unrelated_pair, monkeypatch, na
     settings, branching, n_tokens, n = LOSSLESS_CASES[name]
     monkeypatch.setattr(tree_module, "multi_draft_rejection_sampling", naive_multi_draft)
     counts = tree_counts(target, draft, settings, branching, n_tokens, n, seed=0)
-    assert chi_square_p_value(counts, exact_distribution(target, settings, n_tokens)) < 1e-6
+    assert chi_square_p_value(counts, exact(target, settings, n_tokens)) < 1e-6
 
 
 # ---------------------------------------------------------------- bad input
