@@ -5,7 +5,7 @@ p is the target's next-token distribution (the big model whose output we want), 
 """
 
 from .autoregressive import autoregressive_generate
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from .greedy import speculative_sampling_greedy
 from .result import GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
@@ -13,7 +13,7 @@ from .speculative import modified_rejection_sampling, residual_distribution, spe
 
 __all__ = [
     "autoregressive_generate", "speculative_sampling_greedy", "speculative_sampling",
-    "Drafter", "ModelDrafter",
+    "Drafter", "ModelDrafter", "NGramDrafter", "LayerSkipDrafter",
     "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
     "GenerationResult", "GenerationStats",
 ]

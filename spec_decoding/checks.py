@@ -227,7 +227,7 @@ def cache_difference(model, cache, sequence: list[int]) -> float:
     model(torch.tensor([sequence[:cache.length]], device=model.wte.weight.device), fresh)
     n = cache.length
     return max((got[:, :, :n].float() - want[:, :, :n].float()).abs().max().item()
-               for layer in range(model.config.n_layer)
+               for layer in range(len(cache.keys))  # an early-exit (layer-skip) cache has fewer
                for got, want in ((cache.keys[layer], fresh.keys[layer]),
                                  (cache.values[layer], fresh.values[layer])))
 
@@ -308,7 +308,7 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
     def watch(model, role):
         real_forward = model.forward
 
-        def forward(idx, cache=None, num_last_logits=None):
+        def forward(idx, cache=None, num_last_logits=None, **kwargs):
             if cache is not None and not checking[0]:
                 entry = watched.setdefault(id(cache), [role, model, cache, [], -1])
                 if entry[4] < rounds[0]:  # first use of this cache since the last round ended
@@ -316,7 +316,7 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
                 written = entry[3]
                 del written[cache.length:]
                 written.extend(idx[0].tolist())
-            return real_forward(idx, cache, num_last_logits)
+            return real_forward(idx, cache, num_last_logits, **kwargs)  # kwargs: exit_layer
 
         model.forward = forward  # an instance attribute: nn.Module.__call__ finds it first
 
