@@ -3,17 +3,21 @@
     python benchmark.py                       # draft gpt2, target gpt2-large (from the hub)
     python benchmark.py --draft DIR --target DIR --gammas 1 2 4 --max-gens 50 100
     python benchmark.py --make-standins checkpoints/standins-pair --max-gens 50 100 200 --repeats 1
+    python benchmark.py --drafters model ngram layerskip:6 --gammas 2 4   # drafters side by side
 
 For each cell of the grid gamma x max_gen x temperature, every prompt (one per line of --prompts)
 is generated --repeats times by the target alone (spec_decoding.autoregressive_generate, the
 baseline) and speculatively (speculative_sampling_greedy at temperature 0, speculative_sampling
 with a seeded generator otherwise). The baseline of a (temperature, max_gen, prompt, repeat) is
 timed right before the speculative runs of every gamma, so both see the same machine state.
-Generation never stops early at <|endoftext|>: every run makes max_gen tokens.
+Generation never stops early at <|endoftext|>: every run makes max_gen tokens. --drafters makes
+the drafter a grid axis too (spec_decoding/drafters.py): model (--draft), ngram[:N] (prompt
+lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks); every
+drafter runs right after the same baseline.
 
 A run's speed-up is baseline seconds / speculative seconds; a cell reports the median over its
 runs (prompts x repeats) with the quartiles and min/max. Before the grid, the script measures on
-warm KV caches what the theory needs: c = draft step / target step, and the target's cost of
+warm KV caches what the theory needs: c = draft step / target step (per drafter), and the target's cost of
 verifying gamma + 1 tokens relative to one step. spec_decoding.theory.predicted_speedup then
 gives Leviathan et al.'s predicted speed-up from the measured acceptance, shown beside the
 measured one.
@@ -35,6 +39,7 @@ models' speed; their text and acceptance are not).
 import argparse
 import csv
 import datetime
+import itertools
 import json
 import math
 import platform
@@ -53,7 +58,8 @@ from benchmarks.common import timed
 from gpt2.device import dtype_note, resolve_device, resolve_dtype
 from gpt2.loading import peek_config
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.decoding import check_pair
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
 from spec_decoding.theory import predicted_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -61,7 +67,7 @@ DEFAULT_PROMPTS = ROOT / "prompts" / "default.txt"
 RESULT_FILES = ("results.json", "results.csv", "summary.md")
 STANDIN_MARKER = "standins.json"  # written beside DIR/target and DIR/draft by --make-standins
 CSV_COLUMNS = [
-    "gamma", "max_gen", "temperature", "runs", "speedup_median", "speedup_q1", "speedup_q3",
+    "drafter", "gamma", "max_gen", "temperature", "runs", "speedup_median", "speedup_q1", "speedup_q3",
     "speedup_min", "speedup_max", "predicted_speedup", "target_tokens_per_s", "spec_tokens_per_s",
     "acceptance_rate", "alpha", "tokens_per_target_call", "generated_tokens", "target_calls",
     "draft_calls", "acceptance_by_position", "tokens_match_baseline", "hf_speedup_median",
@@ -86,6 +92,18 @@ def non_negative_int(text):
     return int(text)
 
 
+def drafter_spec(text):
+    """model, ngram, ngram:N or layerskip:K -> the canonical name (ngram is ngram:3)."""
+    kind, _, number = text.partition(":")
+    if kind == "model" and not number:
+        return "model"
+    if kind in ("ngram", "layerskip") and (number.isdigit() and int(number) >= 1 or kind == "ngram" and not number):
+        return f"{kind}:{number or 3}"
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens) or "
+        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1")
+
+
 def temperature_value(text):
     try:
         value = float(text)
@@ -99,7 +117,10 @@ def temperature_value(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2)")
+    p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2), for the model drafter")
+    p.add_argument("--drafters", type=drafter_spec, nargs="+", default=["model"], metavar="D",
+                   help="what drafts: model (--draft), ngram[:N] (prompt lookup), layerskip:K (the "
+                        "target's first K blocks); several make a grid axis (default model)")
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
     p.add_argument("--gammas", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="G",
                    help="draft tokens per round (default 1 2 4 8)")
@@ -124,6 +145,7 @@ def parse_args(argv=None):
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers' assisted generation (temperature 0) on the same pair")
     args = p.parse_args(argv)
+    args.drafters = list(dict.fromkeys(args.drafters))  # keep the order given, drop repeats
     args.gammas = sorted(set(args.gammas))
     args.max_gens = sorted(set(args.max_gens))
     args.temperatures = sorted(set(args.temperatures))
@@ -217,62 +239,94 @@ def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: in
 
 # ---------------------------------------------------------------- measuring
 
+def make_drafters(names, target, draft) -> dict:
+    """name -> Drafter for the --drafters given (draft: the loaded --draft model, or None)."""
+    drafters = {}
+    for name in names:
+        kind, _, number = name.partition(":")
+        try:
+            if kind == "model":
+                drafters[name] = ModelDrafter(draft)
+            elif kind == "ngram":
+                drafters[name] = NGramDrafter(max_ngram=int(number))
+            else:
+                drafters[name] = LayerSkipDrafter(target, int(number))
+        except ValueError as e:
+            sys.exit(f"error: --drafters {name}: {e}")
+    return drafters
+
+
 @torch.inference_mode()
-def measure_costs(target, draft, gammas, context_len, device, budget_s=3.0) -> dict:
-    """Time one forward on a warm KV cache holding context_len tokens (rolled back after each, so
-    every timing sees the same context): the target and the draft on 1 new token, the target on
-    gamma + 1 tokens (verification). The shapes take turns, round after round, so a busy machine
-    slows them alike; each cost is a median over the rounds."""
+def measure_costs(target, drafters: dict, gammas, context_len, device, budget_s=3.0) -> dict:
+    """Time one step on a warm KV cache holding context_len tokens (rolled back after each, so
+    every timing sees the same context): the target on 1 new token, each drafter proposing 1 token
+    (a draft model's forward on 1 new token; the n-gram drafter's lookup over the context), the
+    target on gamma + 1 tokens (verification). The shapes take turns, round after round, so a busy
+    machine slows them alike; each cost is a median over the rounds."""
     g = torch.Generator().manual_seed(0)
     context = torch.randint(target.config.vocab_size, (1, context_len), generator=g).to(device)
-    caches = {}
-    for name, model in (("target", target), ("draft", draft)):
-        caches[name] = model.new_kv_cache(max_len=context_len + max(gammas) + 1)
-        model(context, caches[name], num_last_logits=1)
-    models = {"target": target, "draft": draft}
-    shapes = [("target", 1), ("draft", 1)] + [("target", gamma + 1) for gamma in gammas]
-    times = {shape: [] for shape in shapes}
+    context_list = context[0].tolist()
+    target_cache = target.new_kv_cache(max_len=context_len + max(gammas) + 1)
+    target(context, target_cache, num_last_logits=1)
+    for drafter in drafters.values():
+        drafter.start(context_list, max(gammas) + 1)
+        drafter.propose(context_list, 1)  # feeds it the context
+
+    def target_step(n_new):
+        new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
+        target_cache.truncate(context_len)
+        return timed(device, target, new, target_cache, num_last_logits=n_new)[1]
+
+    def draft_step(drafter):
+        drafter.roll_back(context_len - 1)  # so that it feeds the context's last token again
+        return timed(device, drafter.propose, context_list, 1)[1]
+
+    steps = {("target", 1): lambda: target_step(1)}
+    steps.update({(name, 1): (lambda d=drafter: draft_step(d)) for name, drafter in drafters.items()})
+    steps.update({("target", gamma + 1): (lambda n=gamma + 1: target_step(n)) for gamma in gammas})
+    times = {shape: [] for shape in steps}
     start, rounds = time.perf_counter(), 0
     while rounds < 5 or (time.perf_counter() - start < budget_s and rounds < 30):
-        for name, n_new in shapes:
-            new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
-            caches[name].truncate(context_len)
-            _, seconds = timed(device, models[name], new, caches[name], num_last_logits=n_new)
-            times[(name, n_new)].append(seconds)
+        for shape, step in steps.items():
+            times[shape].append(step())
         rounds += 1
     median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
     step = median[("target", 1)]
-    return {"c": median[("draft", 1)] / step,
-            "verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
-            "context_len": context_len, "rounds": rounds,
-            "target_step_ms": 1000 * step, "draft_step_ms": 1000 * median[("draft", 1)]}
+    by_drafter = {name: {"c": median[(name, 1)] / step, "draft_step_ms": 1000 * median[(name, 1)]}
+                  for name in drafters}
+    first = by_drafter[next(iter(drafters))]  # top-level c: the first drafter's (notebook 4 reads it)
+    return {"verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
+            "context_len": context_len, "rounds": rounds, "target_step_ms": 1000 * step,
+            "drafters": by_drafter, "c": first["c"], "draft_step_ms": first["draft_step_ms"]}
 
 
-def speculate(target, draft, prompt, max_gen, gamma, temperature, generator):
+def speculate(target, drafter, prompt, max_gen, gamma, temperature, generator):
     if temperature == 0:
-        return speculative_sampling_greedy(target, draft, prompt, max_gen, gamma)
-    return speculative_sampling(target, draft, prompt, max_gen, gamma, temperature, generator=generator)
+        return speculative_sampling_greedy(target, drafter, prompt, max_gen, gamma)
+    return speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator)
 
 
 def seeded(seed: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def warm_up(target, draft, prompts, args, device) -> None:
+def warm_up(target, drafters, prompts, args, device) -> None:
     """Untimed runs of every shape the grid uses (first calls allocate and pick kernels)."""
     n = min(16, args.max_gens[0])
     for i in range(args.warmup):
         for t in args.temperatures:
             autoregressive_generate(target, prompts[0], n, temperature=t, generator=seeded(i, device))
-            for gamma in args.gammas:
-                speculate(target, draft, prompts[0], n, gamma, t, seeded(i, device))
+            for drafter in drafters.values():
+                for gamma in args.gammas:
+                    speculate(target, drafter, prompts[0], n, gamma, t, seeded(i, device))
 
 
-def run_grid(target, draft, prompts, args, device) -> list[dict]:
+def run_grid(target, drafters, prompts, args, device) -> list[dict]:
     """One record per speculative run; each (temperature, max_gen, repeat, prompt) times the
-    target alone first, then speculative decoding with every gamma."""
+    target alone first, then speculative decoding with every drafter and gamma."""
     records = []
-    total = len(args.temperatures) * args.repeats * len(prompts) * (1 + len(args.gammas)) * sum(args.max_gens)
+    runs_per_baseline = 1 + len(drafters) * len(args.gammas)
+    total = len(args.temperatures) * args.repeats * len(prompts) * runs_per_baseline * sum(args.max_gens)
     bar = tqdm(total=total, unit="tok", desc="benchmark", dynamic_ncols=True)
     for temperature in args.temperatures:
         for max_gen in args.max_gens:
@@ -284,14 +338,14 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                     base, base_s = timed(device, autoregressive_generate, target, prompt, max_gen,
                                          temperature=temperature, generator=seeded(seed, device))
                     bar.update(max_gen)
-                    for gamma in args.gammas:
-                        bar.set_description(f"{where}: gamma={gamma}")
-                        spec, spec_s = timed(device, speculate, target, draft, prompt, max_gen, gamma,
+                    for (name, drafter), gamma in itertools.product(drafters.items(), args.gammas):
+                        bar.set_description(f"{where}: {name} gamma={gamma}")
+                        spec, spec_s = timed(device, speculate, target, drafter, prompt, max_gen, gamma,
                                              temperature, seeded(seed, device))
                         bar.update(max_gen)
                         s = spec.stats
                         records.append({
-                            "temperature": temperature, "max_gen": max_gen, "gamma": gamma,
+                            "drafter": name, "temperature": temperature, "max_gen": max_gen, "gamma": gamma,
                             "repeat": repeat, "prompt_index": p, "prompt_tokens": len(prompt),
                             "baseline_seconds": base_s, "spec_seconds": spec_s, "speedup": base_s / spec_s,
                             "baseline_tokens": len(base.tokens), "generated_tokens": s.tokens_generated,
@@ -322,12 +376,13 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
     accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(gamma)]
     by_position = [a / d if d else None for a, d in zip(accepted_at, drafted_at)]
     verify = costs["verify_cost_by_gamma"][gamma]
+    c = costs["drafters"][first["drafter"]]["c"]
     return {
-        "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
+        "drafter": first["drafter"], "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
         "speedup_median": float(np.median(speedups)),
         "speedup_q1": float(np.percentile(speedups, 25)), "speedup_q3": float(np.percentile(speedups, 75)),
         "speedup_min": float(speedups.min()), "speedup_max": float(speedups.max()),
-        "predicted_speedup": predicted_speedup(alpha, gamma, costs["c"], verify) if alpha is not None else None,
+        "predicted_speedup": predicted_speedup(alpha, gamma, c, verify) if alpha is not None else None,
         "target_tokens_per_s": total("baseline_tokens") / total("baseline_seconds"),
         "spec_tokens_per_s": total("generated_tokens") / total("spec_seconds"),
         "acceptance_rate": accepted / drafted if drafted else None,
@@ -369,6 +424,7 @@ def environment(args, device, dtype, standins: bool) -> dict:
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "device": str(device), "device_name": device_name, "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "draft": str(args.draft), "target": str(args.target),
+        "drafters": args.drafters,
         "standins": standins, "prompts_file": str(args.prompts), "repeats": args.repeats,
         "warmup": args.warmup, "seed": args.seed, "git_commit": commit,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -380,14 +436,49 @@ def fmt(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def drafter_label(name: str, env: dict) -> str:
+    """model -> "model gpt2"; ngram:3 -> "ngram:3 (prompt lookup)"; layerskip:6 -> "layerskip:6 (...)"."""
+    kind, _, number = name.partition(":")
+    if kind == "model":
+        return f"model {env['draft']}"
+    if kind == "ngram":
+        return f"{name} (prompt lookup, n-grams of up to {number} tokens)"
+    return f"{name} (the target's first {number} blocks)"
+
+
+def drafters_side_by_side(results: dict) -> list[str]:
+    """One row per drafter and temperature, at the drafter's best gamma there (averaged over max_gen)."""
+    cells, costs = results["cells"], results["costs"]
+    lines = ["Drafters side by side, each at its best gamma (averages over max_gen):", "",
+             "| Drafter | Temperature | Draft step / target step (c) | Best gamma | Speedup | alpha "
+             "| Tokens/target call |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in dict.fromkeys(c["drafter"] for c in cells):
+        for t in sorted({c["temperature"] for c in cells}):
+            rows = [c for c in cells if c["drafter"] == name and c["temperature"] == t]
+            by_gamma = {g: [c for c in rows if c["gamma"] == g] for g in sorted({c["gamma"] for c in rows})}
+            mean = lambda gc, key: float(np.mean([c[key] for c in gc])) if all(c[key] is not None for c in gc) else None
+            best = max(by_gamma, key=lambda g: mean(by_gamma[g], "speedup_median"))
+            gc = by_gamma[best]
+            lines.append(f"| {name} | {t:g} | {costs['drafters'][name]['c']:.3f} | {best} | "
+                         f"{mean(gc, 'speedup_median'):.2f}x | {fmt(mean(gc, 'alpha'))} | "
+                         f"{mean(gc, 'tokens_per_target_call'):.2f} |")
+    return lines
+
+
 def summary_markdown(results: dict) -> str:
-    """The terminal summary (markdown tables): one row per gamma, averaged over max_gen."""
+    """The terminal summary (markdown tables): per drafter, one row per gamma, averaged over max_gen."""
     cells, costs, env = results["cells"], results["costs"], results["environment"]
-    lines = [f"Draft {env['draft']} -> target {env['target']}"
+    drafters = list(dict.fromkeys(c["drafter"] for c in cells))
+    drafted_by = "drafter " + drafter_label(drafters[0], env) if len(drafters) == 1 else f"{len(drafters)} drafters"
+    lines = [f"Target {env['target']}, {drafted_by}"
              + (" (random-weight stand-ins)" if env["standins"] else "")
              + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} thread{'s' * (env['threads'] != 1)}", ""]
-    for t in sorted({c["temperature"] for c in cells}):
-        rows = [c for c in cells if c["temperature"] == t]
+    if len(drafters) > 1:
+        lines += drafters_side_by_side(results) + [""]
+    for name, t in itertools.product(drafters, sorted({c["temperature"] for c in cells})):
+        rows = [c for c in cells if c["temperature"] == t and c["drafter"] == name]
+        if len(drafters) > 1 and t == min(c["temperature"] for c in cells):
+            lines += [f"### Drafter {drafter_label(name, env)}", ""]
         max_gens = sorted({c["max_gen"] for c in rows})
         hf = any(c.get("hf_speedup_median") is not None for c in rows)
         lines += [f"Temperature {t:g} ({'greedy' if t == 0 else 'sampling'}); averages over "
@@ -416,13 +507,15 @@ def summary_markdown(results: dict) -> str:
             lines.append(f"| {g} | " + " | ".join(f"{by_mg[m]:.2f}" for m in max_gens) + " |")
         lines.append("")
     verify = ", ".join(f"{g + 1} tokens {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
+    steps = "; ".join(f"{name} {d['draft_step_ms']:.1f} ms, c = {d['c']:.3f}" for name, d in costs["drafters"].items())
     lines += [f"Measured costs (warm KV cache, {costs['context_len']} tokens of context): target step "
-              f"{costs['target_step_ms']:.1f} ms, draft step {costs['draft_step_ms']:.1f} ms, "
-              f"c = {costs['c']:.3f}; verifying, relative to one target step: {verify}.",
-              f"Best gamma: measured {results['best_gamma_measured']}, predicted {results['best_gamma_predicted']}."]
+              f"{costs['target_step_ms']:.1f} ms; draft step (c = draft step / target step): {steps}; "
+              f"verifying, relative to one target step: {verify}."]
+    lines += [f"Best gamma{'' if len(drafters) == 1 else ' for ' + name}: measured {best['best_gamma_measured']}, "
+              f"predicted {best['best_gamma_predicted']}." for name, best in results["by_drafter"].items()]
     if bad := [c for c in cells if c["tokens_match_baseline"] is False]:
         lines.append("WARNING: greedy speculative tokens differ from the baseline's in cells "
-                     + ", ".join(f"(gamma {c['gamma']}, max_gen {c['max_gen']})" for c in bad))
+                     + ", ".join(f"({c['drafter']}, gamma {c['gamma']}, max_gen {c['max_gen']})" for c in bad))
     return "\n".join(lines) + "\n"
 
 
@@ -458,36 +551,45 @@ def main(argv=None) -> None:
     prompts = read_prompts(args.prompts)
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
     configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
-               [c for c in (peek_config(args.target), peek_config(args.draft)) if c is not None])
+               [c for c in (peek_config(args.target), peek_config(args.draft) if "model" in args.drafters else None)
+                if c is not None])
     if configs:
         args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
-    standins = is_standin(args.target) and is_standin(args.draft)
-    print(f"Loading draft {args.draft} and target {args.target} on {device} ({args.dtype}) ...", flush=True)
-    draft = load_model("draft", str(args.draft), device, dtype)
+    uses_draft = "model" in args.drafters
+    standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
+    print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
+          + f" on {device} ({args.dtype}) ...", flush=True)
+    draft = load_model("draft", str(args.draft), device, dtype) if uses_draft else None
     target = load_model("target", str(args.target), device, dtype)
+    models = [target] + ([draft] if draft is not None else [])
+    drafters = make_drafters(args.drafters, target, draft)
     try:
-        check_pair(target, draft)
+        for drafter in drafters.values():
+            check_drafter(target, drafter)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),
-                      min(target.config.n_positions, draft.config.n_positions))
+    check_prompts_fit(prompts, min(m.config.vocab_size for m in models),
+                      min(m.config.n_positions for m in models))
     args.max_gens = clamp_max_gens(args.max_gens, prompts,  # for configs not known before loading
-                                   min(target.config.n_positions, draft.config.n_positions))
+                                   min(m.config.n_positions for m in models))
 
     print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
-    warm_up(target, draft, prompts, args, device)
-    n_positions = min(target.config.n_positions, draft.config.n_positions)
+    warm_up(target, drafters, prompts, args, device)
+    n_positions = min(m.config.n_positions for m in models)
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
                       n_positions - max(args.gammas) - 1)
-    costs = measure_costs(target, draft, args.gammas, context_len, device)
-    print(f"c = {costs['c']:.3f} (draft step / target step); verify cost by gamma: "
+    costs = measure_costs(target, drafters, args.gammas, context_len, device)
+    print("c = draft step / target step: " + ", ".join(f"{name} {d['c']:.3f}" for name, d in costs["drafters"].items())
+          + "; verify cost by gamma: "
           + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items()), flush=True)
 
-    records = run_grid(target, draft, prompts, args, device)
-    cells = [summarize_cell([r for r in records if (r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
-             for key in sorted({(r["temperature"], r["max_gen"], r["gamma"]) for r in records})]
+    records = run_grid(target, drafters, prompts, args, device)
+    keys = sorted({(r["drafter"], r["temperature"], r["max_gen"], r["gamma"]) for r in records},
+                  key=lambda k: (args.drafters.index(k[0]), *k[1:]))
+    cells = [summarize_cell([r for r in records if (r["drafter"], r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
+             for key in keys]
     hf = None
     if args.compare_hf:
         from benchmarks.hf_assisted import compare_assisted_generation
@@ -495,14 +597,19 @@ def main(argv=None) -> None:
         hf = compare_assisted_generation(str(args.target), str(args.draft), prompts, args.gammas,
                                          args.max_gens, device, dtype, args.repeats, args.warmup)
         for cell in cells:
-            match = [h for h in hf["cells"] if cell["temperature"] == 0
+            match = [h for h in hf["cells"] if cell["temperature"] == 0 and cell["drafter"] == "model"
                      and (h["gamma"], h["max_gen"]) == (cell["gamma"], cell["max_gen"])]
             cell["hf_speedup_median"] = match[0]["speedup_median"] if match else None
-    measured, predicted = best_gammas(cells)
+    by_drafter = {name: dict(zip(("best_gamma_measured", "best_gamma_predicted"),
+                                 best_gammas([c for c in cells if c["drafter"] == name])))
+                  for name in args.drafters}
+    measured, predicted = by_drafter[args.drafters[0]].values()  # the first drafter's
     results = {"cells": cells, "costs": costs, "environment": environment(args, device, dtype, standins),
                "best_gamma_measured": measured, "best_gamma_predicted": predicted, "hf_assisted": hf,
+               "by_drafter": by_drafter,
                "by_temperature": {str(t): dict(zip(("best_gamma_measured", "best_gamma_predicted"),
-                                                   best_gammas([c for c in cells if c["temperature"] == t])))
+                                                   best_gammas([c for c in cells if c["temperature"] == t
+                                                                and c["drafter"] == args.drafters[0]])))
                                   for t in args.temperatures}}
     files = write_outputs(results, args.out)
     print("\n" + summary_markdown(results))

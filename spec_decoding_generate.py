@@ -2,6 +2,8 @@
 """Generate text with speculative decoding: a small GPT-2 drafts, a large GPT-2 verifies.
 
     python spec_decoding_generate.py --prompt "The meaning of life is" --max-gen 60
+    python spec_decoding_generate.py --drafter ngram --ngram 3       # prompt lookup, no draft model
+    python spec_decoding_generate.py --drafter layerskip --draft-layers 6   # the target's first 6 blocks
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
@@ -9,7 +11,10 @@
 Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
 each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
-it follows the target's distribution exactly. Only the speed changes.
+it follows the target's distribution exactly. Only the speed changes. --drafter picks what proposes
+the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
+copy what followed the last n tokens earlier in the text) or the target's own first blocks
+(layerskip).
 
 On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
 piped, it is plain text. --json prints one JSON object instead.
@@ -28,12 +33,14 @@ import torch
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
 from spec_decoding import autoregressive_generate, speculative_sampling
-from spec_decoding.decoding import check_pair
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
                   "remote, previously unexplored valley in the Andes Mountains.")
+DRAFTERS = ("model", "ngram", "layerskip")
 
 # ANSI escape codes: the colour of a token says where it came from.
 RESET, BOLD = "\033[0m", "\033[1m"
@@ -86,7 +93,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
                "folder with config.json + model.safetensors, or a .safetensors file.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
-    parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2)")
+    parser.add_argument("--drafter", choices=DRAFTERS, default="model",
+                        help="what proposes the draft tokens: model (--draft, the default), ngram "
+                             "(prompt lookup, no second model) or layerskip (the target's first "
+                             "--draft-layers blocks)")
+    parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2; --drafter model)")
+    parser.add_argument("--ngram", type=positive_int, metavar="N",
+                        help="--drafter ngram: the longest n-gram looked up (default: 3)")
+    parser.add_argument("--draft-layers", type=positive_int, metavar="K",
+                        help="--drafter layerskip: how many of the target's blocks draft "
+                             "(default: a quarter of them)")
     parser.add_argument("--target", default="gpt2-large", help="the large model (default: gpt2-large)")
     parser.add_argument("--gamma", type=positive_int, default=4,
                         help="draft tokens proposed per round (default: 4)")
@@ -112,6 +128,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--prompt is empty: give some text to continue")
     if args.temperature == 0 and (args.top_k or args.top_p):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
+    if args.drafter != "ngram" and args.ngram is not None:
+        print("note: --ngram only applies with --drafter ngram", file=sys.stderr)
+    if args.drafter != "layerskip" and args.draft_layers is not None:
+        print("note: --draft-layers only applies with --drafter layerskip", file=sys.stderr)
     return args
 
 
@@ -137,6 +157,24 @@ def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype):
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     return model
+
+
+def make_drafter(args, target, device: torch.device, dtype: torch.dtype):
+    """(drafter, a line saying what it is) for --drafter; only --drafter model loads --draft."""
+    if args.drafter == "ngram":
+        n = args.ngram if args.ngram is not None else 3
+        return NGramDrafter(max_ngram=n), f"ngram (prompt lookup, n-grams of up to {n} tokens)"
+    if args.drafter == "layerskip":
+        n_layer = target.config.n_layer
+        k = args.draft_layers if args.draft_layers is not None else max(1, n_layer // 4)
+        try:
+            drafter = LayerSkipDrafter(target, k)
+        except ValueError as e:
+            raise ValueError(f"--draft-layers {k}: {e}") from None
+        return drafter, f"layerskip (the target's first {k} of {n_layer} blocks)"
+    draft = load_model("draft", args.draft, device, dtype)
+    warm_up(draft)
+    return ModelDrafter(draft), f"model {args.draft}"
 
 
 @torch.inference_mode()
@@ -207,12 +245,13 @@ def start_printing(prompt: str) -> TokenPrinter:
     return printer
 
 
-def print_stats(stats, gamma: int, baseline=None) -> None:
+def print_stats(stats, gamma: int, baseline=None, drafter: str = "model") -> None:
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
     lines = [
         "",
         "--- speculative decoding ---",
+        f"drafter:                {drafter}",
         f"tokens generated:       {stats.tokens_generated} (stopped: {STOP_REASONS.get(stats.stop_reason, stats.stop_reason)})",
         f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} drafted "
         f"tokens were accepted (by position: {by_position})",
@@ -251,11 +290,12 @@ def describe_baseline_match(result, baseline, temperature: float) -> str:
 
 
 def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_ids, result,
-            baseline=None) -> str:
+            baseline=None, drafter: str = "model") -> str:
     report = {
         "prompt": args.prompt,
         "prompt_tokens": prompt_ids,
-        "draft": args.draft,
+        "drafter": drafter,
+        "draft": args.draft if args.drafter == "model" else None,
         "target": args.target,
         "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
                      "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
@@ -286,16 +326,15 @@ def generate(args) -> None:
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, dtype)
-    draft = load_model("draft", args.draft, device, dtype)
-    check_pair(target, draft)  # before anything runs: a wrong pair fails with the reason
+    drafter, drafter_line = make_drafter(args, target, device, dtype)
+    check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
-    warm_up(draft)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
 
     printer = None if args.json else start_printing(args.prompt)
-    result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
+    result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma,
                                   generator=generator, on_tokens=printer, **settings)
     if printer:
         printer.finish()
@@ -310,9 +349,9 @@ def generate(args) -> None:
                                            generator=make_generator(seed, device), **settings)
 
     if args.json:
-        print(to_json(args, device, dtype, seed, prompt_ids, result, baseline))
+        print(to_json(args, device, dtype, seed, prompt_ids, result, baseline, drafter_line))
     else:
-        print_stats(result.stats, args.gamma, baseline)
+        print_stats(result.stats, args.gamma, baseline, drafter_line)
         if baseline is not None:
             print(describe_baseline_match(result, baseline, args.temperature))
 

@@ -320,3 +320,60 @@ def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys):
     notes = [line for line in err.splitlines() if line.startswith("note: bfloat16")]
     expected = dtype_note(torch.bfloat16, torch.device("cpu"))  # None if measured faster
     assert notes == ([expected] if expected else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# --drafter: prompt lookup and the target's own first blocks
+
+
+@pytest.mark.parametrize("drafter_args, described", [
+    (["--drafter", "ngram", "--ngram", 2], "ngram (prompt lookup, n-grams of up to 2 tokens)"),
+    (["--drafter", "layerskip", "--draft-layers", 2], "layerskip (the target's first 2 of 4 blocks)"),
+])
+def test_other_drafters_give_the_targets_greedy_output(text_pair_dirs, text_pair, capsys,
+                                                       drafter_args, described):
+    target_dir, _ = text_pair_dirs
+    # --draft is not loaded for these drafters: a missing folder does not matter
+    argv = ["--target", target_dir, "--draft", "/nonexistent/folder", "--prompt", PROMPT,
+            "--max-gen", MAX_GEN, "--gamma", 3, *drafter_args]
+    code, out, err = run_main([*argv, "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    expected = autoregressive_generate(text_pair[0], encode(PROMPT), MAX_GEN, eos_id=EOT_ID)
+    assert report["tokens"] == expected.tokens
+    assert report["drafter"] == described and report["draft"] is None
+    stats = report["stats"]
+    assert stats["tokens_drafted"] > 0
+    assert stats["draft_calls"] == (0 if "ngram" in drafter_args else stats["tokens_drafted"])
+    assert "Loading draft" not in err
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert f"drafter:                {described}" in out
+
+
+def test_the_stats_name_the_model_drafter(runs):
+    code, out, err = runs["plain"].result()
+    assert re.search(r"drafter: +model .*draft", out)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--drafter", "bogus"], ["--drafter", "invalid choice", "'bogus'"]),
+    (["--drafter", "ngram", "--ngram", "0"], ["--ngram", ">= 1"]),
+    (["--drafter", "layerskip", "--draft-layers", "0"], ["--draft-layers", ">= 1"]),
+])
+def test_bad_drafter_arguments_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+
+
+def test_draft_layers_beyond_the_target_is_a_clear_error(text_pair_dirs, capsys):
+    target_dir, _ = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--drafter", "layerskip", "--draft-layers", 4,
+                               "--max-gen", 2], capsys)
+    assert code == 2
+    assert "error: --draft-layers 4: n_layers must be an int between 1 and n_layer - 1 = 3" in err
+    assert "Traceback" not in err

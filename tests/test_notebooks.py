@@ -1,6 +1,7 @@
 """The notebooks run end to end, offline, on small random-weight checkpoints.
 
-Each notebook is executed in a fresh "python3" Jupyter kernel (this interpreter) with nbclient, with
+Each notebook's source is the jupytext percent-format notebooks/NN_name.py; the .ipynb beside it is
+generated from it by notebooks/sync.py and must be in sync. Each notebook is executed in a fresh "python3" Jupyter kernel (this interpreter) with nbclient, with
 GPT2_TARGET / GPT2_DRAFT pointing at a small agreeing pair made here; any failing cell (including
 the notebooks' own asserts) fails the test. The committed notebooks must carry no outputs.
 """
@@ -17,18 +18,18 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
+pytest.importorskip("jupytext")
 
 from gpt2 import GPT2Config  # noqa: E402  (conftest puts the repo root on sys.path)
 from gpt2.random_weights import save_agreeing_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
-NOTEBOOKS = [
-    "01_gpt2_and_kv_cache.ipynb",
-    "02_parallel_verification.ipynb",
-    "03_rejection_sampling.ipynb",
-    "04_speedup_theory.ipynb",
-]
+sys.path.insert(0, str(NOTEBOOKS_DIR))
+import sync  # noqa: E402  (notebooks/sync.py: .py source -> .ipynb)
+
+SOURCES = sync.notebook_sources()
+NOTEBOOKS = [source.with_suffix(".ipynb").name for source in SOURCES]
 CELL_TIMEOUT = 120  # seconds per cell
 KERNEL = "python3"
 
@@ -110,8 +111,17 @@ def count_images(nb) -> int:
     return sum("image/png" in out.get("data", {}) for out in outputs(nb))
 
 
-def test_the_four_notebooks_are_there():
-    assert sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb")) == NOTEBOOKS
+def test_every_notebook_has_its_source():
+    assert len(NOTEBOOKS) >= 4
+    assert sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb")) == NOTEBOOKS, (
+        "each notebooks/NN_name.ipynb needs its source notebooks/NN_name.py (and vice versa)")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_ipynb_in_sync_with_its_source(source):
+    committed = source.with_suffix(".ipynb").read_text()
+    assert committed == sync.to_ipynb(source), (
+        f"{source.with_suffix('.ipynb').name} differs from {source.name}: run python notebooks/sync.py")
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -1,0 +1,239 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 4. How much faster? Theory and measurement
+#
+# Leviathan et al. (2023), section 3, with
+#
+# * **alpha**: the probability that the target accepts a draft token it judges (`stats.alpha`),
+# * **gamma**: draft tokens per round,
+# * **c**: the cost of one draft forward relative to one target forward.
+#
+# A round accepts a run of draft tokens, then adds one token of the target's, so it yields on
+# average `(1 - alpha^(gamma+1)) / (1 - alpha)` tokens. It costs gamma draft forwards and one target
+# forward, `gamma c + 1` target-forward units. The speed-up over the target alone is their ratio
+# (`spec_decoding.theory`).
+
+# %% [markdown]
+# ## Which models? One switch
+#
+# The first code cell reads a few environment variables. Set them before starting Jupyter, e.g.
+# `GPT2_TARGET=gpt2-xl GPT2_DRAFT=gpt2 jupyter lab`:
+#
+# | variable | default | meaning |
+# |---|---|---|
+# | `GPT2_TARGET` | `gpt2-large` | the **target**: the big model whose output we want |
+# | `GPT2_DRAFT` | `gpt2` | the **draft**: the small model that proposes tokens |
+# | `DEVICE` | `cuda` if available, else `cpu` | where the models run |
+#
+# Each model can be an official name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`), a Hugging Face
+# hub id `owner/name`, a local folder holding `config.json` + `model.safetensors`, or a single
+# `.safetensors` file. The hub downloads go to the Hugging Face cache (gpt2-large is about 3 GB).
+#
+# Offline, point both at local files. The project's tests run these notebooks on tiny
+# random-weight checkpoints (`gpt2.random_weights.save_agreeing_pair`), so the text they print is
+# gibberish; the shapes, the checks and the logic are the same as with the real GPT-2.
+#
+# Notation, used throughout: **p is the target's next-token distribution, q is the draft's.**
+#
+# This notebook also reads `BENCHMARK_RESULTS`: the `results.json` written by the project's
+# benchmark (default `../runs/benchmark/results.json`). If there is none, it measures a small
+# result itself on the pair above.
+
+# %%
+# Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
+from notebook_setup import DEVICE, DRAFT, ROOT, TARGET
+
+import torch
+import matplotlib.pyplot as plt
+# %matplotlib inline
+
+torch.manual_seed(0)
+print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
+
+import os
+from pathlib import Path
+
+BENCHMARK_RESULTS = Path(os.environ.get("BENCHMARK_RESULTS", ROOT / "runs" / "benchmark" / "results.json"))
+print("benchmark results:", BENCHMARK_RESULTS)
+
+# %%
+from spec_decoding.theory import best_gamma, expected_tokens_per_round, predicted_speedup
+
+C_EXAMPLE = 0.15  # about gpt2 (124M) vs gpt2-large (774M) by parameter count
+alphas = [i / 100 for i in range(0, 100)]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+for g in (1, 2, 4, 8):
+    ax1.plot(alphas, [expected_tokens_per_round(a, g) for a in alphas], label=f"gamma = {g}")
+ax1.set_xlabel("alpha (acceptance rate)")
+ax1.set_ylabel("expected tokens per round")
+ax1.legend()
+gammas = range(1, 13)
+for a in (0.5, 0.7, 0.8, 0.9):
+    ax2.plot(gammas, [predicted_speedup(a, g, C_EXAMPLE) for g in gammas], marker=".", label=f"alpha = {a}")
+ax2.axhline(1, color="grey", lw=0.8)
+ax2.set_xlabel("gamma")
+ax2.set_ylabel("predicted speed-up")
+ax2.set_title(f"c = {C_EXAMPLE}")
+ax2.legend()
+plt.tight_layout()
+plt.show()
+for a in (0.5, 0.7, 0.8, 0.9):
+    g = best_gamma(a, C_EXAMPLE)
+    print(f"alpha = {a}: best gamma = {g}, predicted speed-up {predicted_speedup(a, g, C_EXAMPLE):.2f}x")
+
+# %% [markdown]
+# ## Measured results
+#
+# The benchmark's `results.json` holds a list of `cells` (one per gamma, max_gen and temperature:
+# the median measured speed-up, the acceptance rate, and the speed-up the theory predicts from them)
+# and the measured cost ratio `costs.c`. Without that file, the cell below measures a few points
+# itself: greedy speculative decoding at gamma = 1, 2, 4 against the target alone, on a short
+# generation (noisy, but honest; with the real gpt2-large on a CPU it takes a minute or two).
+
+# %%
+import json
+import statistics
+import time
+
+
+def measure_inline(max_gen=32, repeats=3):
+    # A small benchmark on the loaded pair: greedy, gamma in (1, 2, 4).
+    from gpt2 import encode, load_gpt2
+    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+
+    target = load_gpt2(TARGET, device=DEVICE)
+    draft = load_gpt2(DRAFT, device=DEVICE)
+    if target.config.vocab_size == 50257:
+        prompt_ids = encode("In a shocking finding, scientists discovered a herd of unicorns living in")
+    else:
+        prompt_ids = list(range(1, 12))
+    max_gen = min(max_gen, target.config.n_positions - len(prompt_ids), draft.config.n_positions - len(prompt_ids))
+
+    def step_seconds(model, reps=10):
+        # Median time of one single-token forward on a cache holding the prompt.
+        cache = model.new_kv_cache(max_len=len(prompt_ids) + 1)
+        times = []
+        with torch.inference_mode():
+            model(torch.tensor([prompt_ids[:-1]], device=DEVICE), cache)
+            for _ in range(reps + 1):
+                t0 = time.perf_counter()
+                model(torch.tensor([prompt_ids[-1:]], device=DEVICE), cache)
+                times.append(time.perf_counter() - t0)
+                cache.truncate(len(prompt_ids) - 1)
+        return statistics.median(times[1:])  # the first is a warm-up
+
+    c = step_seconds(draft) / step_seconds(target)
+    autoregressive_generate(target, prompt_ids, 4)  # warm-ups
+    speculative_sampling_greedy(target, draft, prompt_ids, 4, 2)
+    baseline = [autoregressive_generate(target, prompt_ids, max_gen) for _ in range(repeats)]
+    t_base = statistics.median(r.stats.seconds for r in baseline)
+    cells = []
+    for gamma in (1, 2, 4):
+        runs = [speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma) for _ in range(repeats)]
+        alpha = runs[0].stats.alpha  # accepted / judged draft tokens: the theory's alpha
+        print(f"gamma {gamma}: same tokens as the target alone: {runs[0].tokens == baseline[0].tokens}")
+        cells.append(dict(gamma=gamma, max_gen=max_gen, temperature=0.0,
+                          speedup_median=t_base / statistics.median(r.stats.seconds for r in runs),
+                          alpha=alpha, predicted_speedup=predicted_speedup(alpha, gamma, c)))
+    return {"cells": cells, "costs": {"c": c}, "source": "measured inline"}
+
+
+def usable_cells(results):
+    # Cells with a measured speed-up and alpha (a cell without drafting has none). alpha is
+    # accepted / judged draft tokens; older results only had the acceptance rate (accepted /
+    # drafted), which is lower for gamma > 1 because tokens after a rejection are never judged.
+    cells = results.get("cells", [])
+    for cell in cells:
+        cell.setdefault("alpha", cell.get("acceptance_rate"))
+    return [cell for cell in cells if cell.get("speedup_median") is not None and cell["alpha"] is not None]
+
+
+results = None
+if BENCHMARK_RESULTS.is_file():
+    results = json.loads(BENCHMARK_RESULTS.read_text())
+    results["source"] = str(BENCHMARK_RESULTS)
+    print(f"Read {len(usable_cells(results))} cells from {BENCHMARK_RESULTS}")
+    if not usable_cells(results):
+        results = None
+else:
+    print(f"No benchmark results at {BENCHMARK_RESULTS} (run the benchmark, or set BENCHMARK_RESULTS).")
+if results is None:
+    print("Measuring a small result inline instead (greedy, gamma = 1, 2, 4)...")
+    results = measure_inline()
+
+costs = results.get("costs") or {}
+c = costs.get("c")
+# The benchmark also measures what verifying gamma + 1 tokens costs relative to one target step
+# (JSON keys are strings); the idealised theory takes 1.
+verify_costs = {int(g): v for g, v in (costs.get("verify_cost_by_gamma") or {}).items()}
+cells = usable_cells(results)
+for cell in cells:
+    if cell.get("predicted_speedup") is None and c is not None:
+        cell["predicted_speedup"] = predicted_speedup(cell["alpha"], cell["gamma"], c,
+                                                      verify_costs.get(cell["gamma"], 1.0))
+print(f"\ncost ratio c = {c if c is None else round(c, 3)}")
+print(f"{'gamma':>5} {'max_gen':>7} {'temp':>5} {'alpha':>6} {'measured':>9} {'predicted':>9}")
+for cell in sorted(cells, key=lambda d: (d.get("temperature", 0), d.get("max_gen", 0), d["gamma"])):
+    pred = cell.get("predicted_speedup")
+    print(f"{cell['gamma']:>5} {cell.get('max_gen', '-'):>7} {cell.get('temperature', '-'):>5} "
+          f"{cell['alpha']:>6.3f} {cell['speedup_median']:>8.2f}x "
+          f"{'-' if pred is None else f'{pred:.2f}x':>9}")
+
+# %% [markdown]
+# ## Measured beside predicted
+#
+# Left: speed-up per gamma, measured (solid) and predicted from the measured alpha and c (dashed),
+# one line per (temperature, max_gen); the benchmark's prediction also counts its measured cost of
+# verifying gamma + 1 tokens. Right: the measured points on the theory curves over alpha.
+# Measurements usually fall below the prediction: verifying gamma + 1 tokens costs a bit more than
+# one token, and each round has Python overhead the theory ignores. With tiny random test checkpoints
+# c is close to 1 (both models are mostly overhead), so expect no speed-up there.
+
+# %%
+from collections import defaultdict
+
+groups = defaultdict(list)
+for cell in cells:
+    groups[(cell.get("temperature"), cell.get("max_gen"))].append(cell)
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+for (temp, max_gen), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    group = sorted(group, key=lambda d: d["gamma"])
+    g_values = [d["gamma"] for d in group]
+    line, = ax1.plot(g_values, [d["speedup_median"] for d in group], marker="o",
+                     label=f"measured, T={temp}, max_gen={max_gen}")
+    if all(d.get("predicted_speedup") is not None for d in group):
+        ax1.plot(g_values, [d["predicted_speedup"] for d in group], ls="--", color=line.get_color(),
+                 label="predicted")
+ax1.axhline(1, color="grey", lw=0.8)
+ax1.set_xlabel("gamma")
+ax1.set_xticks(sorted({d["gamma"] for d in cells}))
+ax1.set_ylabel("speed-up over the target alone")
+ax1.legend(fontsize=8)
+
+c_plot = c if c is not None else C_EXAMPLE
+all_gammas = sorted({d["gamma"] for d in cells})
+colors = {g: f"C{i}" for i, g in enumerate(all_gammas)}
+for g in all_gammas:
+    v = verify_costs.get(g, 1.0)
+    ax2.plot(alphas, [predicted_speedup(a, g, c_plot, v) for a in alphas], color=colors[g], lw=1,
+             label=f"theory, gamma = {g}" + (f", verify cost {v:.2f}" if g in verify_costs else ""))
+    pts = [d for d in cells if d["gamma"] == g]
+    ax2.scatter([d["alpha"] for d in pts], [d["speedup_median"] for d in pts],
+                color=colors[g], edgecolor="k", zorder=3)
+ax2.axhline(1, color="grey", lw=0.8)
+ax2.set_xlabel("alpha (acceptance rate)")
+ax2.set_ylabel("speed-up")
+ax2.set_title(f"c = {c_plot:.3f}; dots: measured ({results['source']})", fontsize=8)
+ax2.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
