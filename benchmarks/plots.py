@@ -11,6 +11,7 @@ make_plots(results, out_dir) writes
                                   position i is reached and accepted with chance alpha^i.
 """
 
+import itertools
 from pathlib import Path
 
 import matplotlib
@@ -26,17 +27,22 @@ DPI = 100
 
 
 def make_plots(results: dict, out_dir) -> list[Path]:
+    """One panel per temperature (columns) and drafter (rows, when benchmark.py ran several)."""
     out_dir = Path(out_dir)
     cells = results["cells"]
     temperatures = sorted({c["temperature"] for c in cells})
+    drafters = list(dict.fromkeys(c.get("drafter", "model") for c in cells))
     title = pair_title(results["environment"])
     paths = [out_dir / "benchmark_heatmap.png", out_dir / "benchmark_speedup_vs_gamma.png",
              out_dir / "benchmark_acceptance.png"]
     for path, draw in zip(paths, (heatmap, speedup_vs_gamma, acceptance_by_position)):
-        fig, axes = plt.subplots(1, len(temperatures), squeeze=False,
-                                 figsize=(max(6.8, 5.2 * len(temperatures) + 0.6), 4.8))
-        for ax, t in zip(axes[0], temperatures):
-            draw(ax, [c for c in cells if c["temperature"] == t], t)
+        fig, axes = plt.subplots(len(drafters), len(temperatures), squeeze=False,
+                                 figsize=(max(6.8, 5.2 * len(temperatures) + 0.6), 4.8 * len(drafters)))
+        for (i, drafter), (j, t) in itertools.product(enumerate(drafters), enumerate(temperatures)):
+            ax = axes[i][j]
+            draw(ax, [c for c in cells if c["temperature"] == t and c.get("drafter", "model") == drafter], t)
+            if len(drafters) > 1:
+                ax.set_title(f"drafter {drafter}: " + ax.get_title(), fontsize=10)
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=DPI)
@@ -45,7 +51,13 @@ def make_plots(results: dict, out_dir) -> list[Path]:
 
 
 def pair_title(env: dict) -> str:
-    names = f"draft {short_name(env['draft'])} -> target {short_name(env['target'])}"
+    drafters = env.get("drafters", ["model"])
+    if drafters == ["model"]:
+        names = f"draft {short_name(env['draft'])} -> target {short_name(env['target'])}"
+    else:
+        names = f"target {short_name(env['target'])}, drafters {', '.join(drafters)}"
+        if "model" in drafters:
+            names += f" (model = {short_name(env['draft'])})"
     threads = f"{env['threads']} thread" + ("s" if env["threads"] != 1 else "")
     lines = [f"Speculative decoding, {names}", f"{env['device']} {env['dtype']}, {threads}"]
     if env.get("standins"):

@@ -259,8 +259,8 @@ plt.show()
 from spec_decoding import AutoGamma, HeuristicGamma
 from spec_decoding.theory import expected_tokens_by_position
 
-if costs.get("cost_model"):
-    cost_model = CostModel(**costs["cost_model"])
+if costs.get("cost_model") or costs.get("cost_models"):  # measured inline, or by benchmark.py (per drafter)
+    cost_model = CostModel(**(costs.get("cost_model") or next(iter(costs["cost_models"].values()))))
 else:  # an example: c = 0.15, verifying k tokens costs 1 + 0.1 (k - 1) target steps
     cost_model = CostModel("example target", "example draft", draft_step_s=0.15,
                            target_score_s=[1 + 0.1 * k for k in range(9)])

@@ -58,3 +58,21 @@ def break_even_alpha(c: float, verify_cost=None, gamma_max: int = 16, tol: float
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if pays(mid) else (mid, hi)
     return hi
+
+
+def expected_tokens_per_tree_round(branching, hit_rate) -> float:
+    """A greedy token tree's expected tokens per round, under the simple model that the target's
+    token is among the draft's top-b children with probability hit_rate(b), independently at each
+    depth: 1 + sum over depths d of prod_{i <= d} hit_rate(branching[i]). With branching (1,) * gamma
+    and hit_rate(1) = alpha this is the chain's (1 - alpha^(gamma+1)) / (1 - alpha)."""
+    expected, reach = 1.0, 1.0
+    for b in branching:
+        reach *= hit_rate(b)
+        expected += reach
+    return expected
+
+
+def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify_cost: float) -> float:
+    """Leviathan's speed-up for any round shape: tokens per round over the round's cost, a draft
+    forward per depth (depth * c) plus one target forward over all nodes (verify_cost)."""
+    return tokens_per_round / (depth * c + verify_cost)
