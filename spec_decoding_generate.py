@@ -173,7 +173,6 @@ def make_drafter(args, target, device: torch.device, dtype: torch.dtype):
             raise ValueError(f"--draft-layers {k}: {e}") from None
         return drafter, f"layerskip (the target's first {k} of {n_layer} blocks)"
     draft = load_model("draft", args.draft, device, dtype)
-    warm_up(draft)
     return ModelDrafter(draft), f"model {args.draft}"
 
 
@@ -329,6 +328,8 @@ def generate(args) -> None:
     drafter, drafter_line = make_drafter(args, target, device, dtype)
     check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
+    if isinstance(drafter, ModelDrafter):
+        warm_up(drafter.model)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
