@@ -395,7 +395,7 @@ def generate(args) -> None:
     drafter, drafter_line = make_drafter(args, target, device, dtype)
     check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
-    if args.drafter == "model":
+    if isinstance(drafter, ModelDrafter):
         warm_up(drafter.model)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
