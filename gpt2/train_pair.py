@@ -50,8 +50,8 @@ from .tokenizer import EOT_ID, decode, encode, get_tokenizer
 
 GPT2_VOCAB_SIZE = 50257
 # The default sizes: trained for 10 minutes on 2 CPU cores (see README.md for what they reach).
-TARGET_CONFIG = GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=256)
-DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=2, n_embd=128, n_positions=256)
+TARGET_CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=128, n_positions=256)
+DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=64, n_positions=256)
 KEPT_VOCAB = 8192  # the corpus's most frequent tokens get their own row; the rest share one
 DRAFT_SHARE = 0.3  # of the time budget
 HELD_OUT_EVERY = 25  # every 25th file of the corpus is held out for evaluation
@@ -66,7 +66,7 @@ class TrainPairError(Exception):
 class TrainSettings:
     minutes: float = 10.0
     steps: int | None = None  # per model; overrides the time budget (reproducible runs, tests)
-    batch_size: int = 8
+    batch_size: int = 4
     learning_rate: float = 3e-3
     warmup_steps: int = 30
     seed: int = 0
@@ -238,7 +238,7 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
     bar = tqdm(total=settings.steps if by_steps else round(seconds), desc=f"training the {name}",
                unit="step" if by_steps else "s", leave=True, dynamic_ncols=True,
                disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     step, smoothed, shown = 0, None, 0
     while True:
         elapsed = time.perf_counter() - start
@@ -264,6 +264,7 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
     bar.close()
     model.eval()
     return model, {"steps": step, "seconds": round(time.perf_counter() - start, 1),
+                   "cpu_seconds": round(time.process_time() - cpu_start, 1),
                    "tokens_seen": step * B * T, "final_train_loss": round(smoothed, 4)}
 
 
@@ -350,10 +351,13 @@ def sample_text(model: GPT2, prompt: str, n_tokens: int, seed: int) -> str:
     """n_tokens sampled at temperature 1 after the prompt (plain sampling, no KV cache needed)."""
     generator = torch.Generator().manual_seed(seed)
     ids = encode(prompt)
+    n_tokens = min(n_tokens, model.config.n_positions - len(ids))
+    cache = model.new_kv_cache(max_len=len(ids) + n_tokens)
     with torch.no_grad():
+        logits = model(torch.tensor([ids]), cache, num_last_logits=1)[0, -1]
         for _ in range(n_tokens):
-            logits = model(torch.tensor([ids[-model.config.n_positions:]]), num_last_logits=1)[0, -1]
             ids.append(int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator)))
+            logits = model(torch.tensor([ids[-1:]]), cache)[0, -1]
     return decode(ids)
 
 
@@ -406,10 +410,15 @@ def write_readme(folder: Path, info: dict) -> None:
 # ------------------------------------------------------------------------------------------------
 
 def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | None = None,
-               target_config: GPT2Config = TARGET_CONFIG, draft_config: GPT2Config = DRAFT_CONFIG,
+               target_config: GPT2Config | None = None, draft_config: GPT2Config | None = None,
                overwrite: bool = False, command: str = "", log=print) -> dict:
-    """Train the pair and save it to out/target and out/draft. Returns what README.md reports."""
+    """Train the pair and save it to out/target and out/draft. Returns what README.md reports.
+    The configs default to TARGET_CONFIG and DRAFT_CONFIG (their vocab_size is ignored)."""
     settings = settings or TrainSettings()
+    target_config = target_config or TARGET_CONFIG
+    draft_config = draft_config or DRAFT_CONFIG
+    if target_config.n_positions != draft_config.n_positions:
+        raise TrainPairError("the target and the draft must have the same n_positions")
     out = Path(out).expanduser().resolve()
     check_output_folder(out, overwrite)
     random.seed(settings.seed)
