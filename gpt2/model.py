@@ -98,7 +98,8 @@ class GPT2(nn.Module):
         # The output head is wte.weight itself (weight tying): logits = x @ wte.weight.T
 
     def forward(
-        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None
+        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
+        exit_layer: int | None = None,
     ) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab_size].
 
@@ -106,6 +107,9 @@ class GPT2(nn.Module):
         written into the cache and cache.length grows by T. num_last_logits=n computes the
         output head for the last n positions only (logits [B, n, vocab_size]): generation needs
         only those, and on a long prompt the head is a large share of the work.
+        exit_layer=k runs only the first k blocks, then ln_f and the head ("early exit": the
+        self-speculative drafter, spec_decoding.drafters.LayerSkipDrafter); the cache then needs
+        only k layers.
         """
         start = cache.length if cache is not None else 0
         self._check_input(idx, start, cache)
@@ -117,7 +121,7 @@ class GPT2(nn.Module):
         if T > 1:
             key_positions = torch.arange(start + T, device=idx.device)
             attn_mask = key_positions[None, :] <= positions[:, None]
-        for layer, block in enumerate(self.h):
+        for layer, block in enumerate(self.h[:exit_layer]):
             x = block(x, attn_mask, cache, layer)
         if cache is not None:
             cache.advance(T)

@@ -1,10 +1,11 @@
 """Speculative decoding on top of the hand-written GPT-2.
 
 p is the target's next-token distribution (the big model whose output we want), q the draft's
-(the small model that proposes tokens).
+(whatever proposes tokens: a small model, or another Drafter from spec_decoding.drafters).
 """
 
 from .autoregressive import autoregressive_generate
+from .drafters import Drafter, ModelDrafter
 from .greedy import speculative_sampling_greedy
 from .result import GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
@@ -12,6 +13,7 @@ from .speculative import modified_rejection_sampling, residual_distribution, spe
 
 __all__ = [
     "autoregressive_generate", "speculative_sampling_greedy", "speculative_sampling",
+    "Drafter", "ModelDrafter",
     "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
     "GenerationResult", "GenerationStats",
 ]

@@ -10,11 +10,11 @@ import time
 import torch
 
 from gpt2 import GPT2
-from .decoding import (check_pair, check_positive_int, check_sampling_args, forward_new_tokens,
-                       last_token_source, new_cache, prompt_to_list, record_round, roll_back,
-                       round_gamma, take_tokens)
+from .decoding import (check_sampling_args, record_round, roll_back, round_gamma, round_output,
+                       start_generation, take_tokens, target_forward)
+from .drafters import Drafter, as_drafter
 from .greedy import speculative_sampling_greedy
-from .result import FROM_DRAFT, GenerationResult, GenerationStats
+from .result import GenerationResult
 from .sampling import logits_to_probs, sample
 
 
@@ -46,55 +46,58 @@ def modified_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.T
     return g, int(sample(target_probs[g], generator))
 
 
+def point_masses(draft_tokens: list[int], vocab_size: int, device=None) -> torch.Tensor:
+    """q for a deterministic proposal, [len(draft_tokens), V]: row i is one-hot on draft_tokens[i].
+
+    With q(x) = 1, modified rejection sampling accepts x with probability min(1, p(x) / 1) = p(x),
+    and after a rejection draws from norm(max(0, p - q)): p with x removed, renormalised. That is
+    exactly lossless, and it is not the same as pretending q = p (which would accept everything)."""
+    q = torch.zeros(len(draft_tokens), vocab_size, device=device)
+    return q.scatter_(1, torch.tensor(draft_tokens, dtype=torch.long, device=device).view(-1, 1), 1.0)
+
+
 @torch.inference_mode()
-def speculative_sampling(target: GPT2, draft: GPT2, prompt_ids, max_gen: int, gamma: int,
+def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_gen: int, gamma: int,
                          temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, generator: torch.Generator | None = None,
                          eos_id: int | None = None, on_tokens=None) -> GenerationResult:
-    """Sample up to max_gen tokens that follow the target's distribution exactly, with the draft
-    proposing gamma tokens per round. temperature 0 is greedy (speculative_sampling_greedy).
+    """Sample up to max_gen tokens that follow the target's distribution exactly, with the drafter
+    proposing up to gamma tokens per round. temperature 0 is greedy (speculative_sampling_greedy).
 
+    draft: a GPT2 (the usual smaller model) or any Drafter (spec_decoding.drafters).
     prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window. on_tokens(tokens, sources) is called after each round.
     """
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
         return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id, on_tokens)
-    check_pair(target, draft)
-    check_positive_int("max_gen", max_gen)
-    check_positive_int("gamma", gamma)
-    tokens = prompt_to_list(prompt_ids, target)  # the whole sequence, prompt first
-    target_cache = new_cache(target, len(tokens), max_gen)
-    draft_cache = new_cache(draft, len(tokens), max_gen)
-    out, stats = [], GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
+    drafter = as_drafter(draft)
+    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, gamma)
+    out = []
     start = time.perf_counter()
     stop = None
     while not stop:
-        g = round_gamma(gamma, len(out), max_gen, len(tokens), target, draft)
+        g = round_gamma(gamma, len(out), max_gen, len(tokens), target, drafter)
 
-        # 1. The draft samples g tokens, one forward each, keeping each q it sampled from.
-        draft_tokens, draft_probs = [], []
-        for _ in range(g):
-            draft_logits = forward_new_tokens(draft, draft_cache, tokens + draft_tokens)[-1]
-            q = logits_to_probs(draft_logits, temperature, top_k, top_p)
-            draft_tokens.append(int(sample(q, generator)))
-            draft_probs.append(q)
+        # 1. The drafter proposes up to g tokens with the q each was drawn from (a draft model
+        #    samples them, one forward each). None means point masses: a deterministic proposal.
+        draft_tokens, draft_probs = drafter.propose(tokens, g, temperature, top_k, top_p, generator)
+        if draft_probs is None:
+            draft_probs = point_masses(draft_tokens, target.config.vocab_size, target.wte.weight.device)
 
-        # 2. The target gives p after every prefix in one forward: [g + 1, V].
-        target_logits = forward_new_tokens(target, target_cache, tokens + draft_tokens, g + 1)
-        target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
+        # 2. The target gives p after every prefix in one forward: [len(draft_tokens) + 1, V].
+        target_probs = logits_to_probs(target_forward(target, target_cache, tokens, draft_tokens),
+                                       temperature, top_k, top_p)
 
         # 3. Accept or resample.
-        q_all = torch.stack(draft_probs) if draft_probs else target_probs[:0]
-        n, next_token = modified_rejection_sampling(target_probs, q_all, draft_tokens, generator)
-        new_tokens = draft_tokens[:n] + [next_token]
-        sources = [FROM_DRAFT] * n + [last_token_source(n, g)]
-        record_round(stats, g, n)
+        n, next_token = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
+        new_tokens, sources = round_output(draft_tokens, n, next_token)
+        record_round(stats, len(draft_tokens), n, drafter.forward_calls)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
                            target.config.n_positions, on_tokens)
 
-        # 4. Roll both caches back to the accepted sequence (O(1): only their lengths move).
-        roll_back(target_cache, draft_cache, len(tokens))
+        # 4. Roll the target's cache and the drafter back to the accepted sequence.
+        roll_back(target_cache, drafter, len(tokens))
     stats.stop_reason = stop
     stats.seconds = time.perf_counter() - start
     return GenerationResult(out, stats)
