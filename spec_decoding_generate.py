@@ -22,12 +22,14 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import resolve_device
 from spec_decoding import autoregressive_generate, speculative_sampling
+from spec_decoding.trace import write_html
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
@@ -106,7 +108,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (tokens, text, stats) and nothing else")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write every round (drafts, p, q, draws, verdicts) as a web page")
+    parser.add_argument("--force", action="store_true", help="let --html replace an existing file")
     args = parser.parse_args(argv)
+    if args.html:
+        html_path = Path(args.html).expanduser()
+        if html_path.exists() and not args.force:
+            parser.error(f"--html {html_path} already exists; pass --force to replace it, or give another name")
+        if not html_path.parent.is_dir():
+            parser.error(f"--html {html_path}: the folder {html_path.parent} does not exist")
     if not args.prompt:
         parser.error("--prompt is empty: give some text to continue")
     if args.temperature == 0 and (args.top_k or args.top_p):
@@ -286,9 +297,14 @@ def generate(args) -> None:
 
     printer = None if args.json else start_printing(args.prompt)
     result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                  generator=generator, on_tokens=printer, **settings)
+                                  generator=generator, on_tokens=printer, trace=bool(args.html),
+                                  **settings)
     if printer:
         printer.finish()
+    if args.html:
+        write_html(result.trace, Path(args.html).expanduser(),
+                   pair=f"target: {args.target}; draft: {args.draft}; seed {seed}")
+        print(f"Wrote the round-by-round trace to {args.html}", file=sys.stderr)
 
     baseline = None
     if args.compare_baseline:

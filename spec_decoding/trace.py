@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT
+from .result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET
 
 ACCEPTED, REJECTED, UNJUDGED = "accepted", "rejected", "not judged"
 TOP = 5  # tokens kept of the residual / of p for the target's token
@@ -43,7 +43,7 @@ class Round:
     drafted: list[DraftedToken]
     n_accepted: int
     next_token: int  # the target's token: a correction (after a rejection) or a bonus
-    next_source: str  # FROM_CORRECTION or FROM_BONUS
+    next_source: str  # FROM_CORRECTION, FROM_BONUS, or FROM_TARGET (nothing drafted: a plain step)
     next_p: float  # p of next_token in its row (before taking the residual)
     candidates: list[tuple[int, float]]  # what next_token was drawn from: its TOP tokens
     emitted: int  # tokens of this round that reached the output (eos / max_gen may cut some)
@@ -94,7 +94,7 @@ class Trace:
     def _add_round(self, drafted, n, next_token, next_p, dist, n_out):
         top = dist.float().topk(min(TOP, dist.shape[-1]))
         candidates = [(int(t), round(float(v), 6)) for t, v in zip(top.indices, top.values) if v > 0]
-        source = FROM_BONUS if n == len(drafted) else FROM_CORRECTION
+        source = (FROM_TARGET if not drafted else FROM_BONUS if n == len(drafted) else FROM_CORRECTION)
         self.rounds.append(Round(drafted, n, next_token, source, next_p, candidates,
                                  n_out - self.tokens_out))
         self.tokens_out = n_out
@@ -108,14 +108,14 @@ class Trace:
     @property
     def alpha(self) -> float | None:
         """Accepted / judged draft tokens (as GenerationStats.alpha)."""
-        judged = sum(r.n_accepted + (r.next_source == FROM_CORRECTION and len(r.drafted) > 0)
-                     for r in self.rounds)
+        judged = sum(r.n_accepted + (r.next_source == FROM_CORRECTION) for r in self.rounds)
         return self.tokens_accepted / judged if judged else None
 
     def acceptance_by_position(self) -> list[tuple[int, int]]:
         """[(accepted, drafted)] for draft positions 1..gamma: how often the i-th draft token of a
         round was accepted, among rounds that drafted at least i tokens."""
-        counts = [[0, 0] for _ in range(self.gamma)]
+        longest = max([self.gamma] + [len(r.drafted) for r in self.rounds])
+        counts = [[0, 0] for _ in range(longest)]
         for r in self.rounds:
             for i, d in enumerate(r.drafted):
                 counts[i][1] += 1
@@ -164,7 +164,7 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
         return decode(t)
 
     def num(x):
-        return None if x is None else round(x, 4)
+        return None if x is None else f"{x:.4g}"  # 4 significant digits, as text
 
     # Every token on the page gets an entry in INFO; spans refer to it by index.
     info = []
@@ -183,10 +183,13 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
                 "verdict": d.verdict}
 
     def next_info(k, r: Round) -> dict:
-        what = ("correction: drawn from the residual norm(max(0, p - q))" if trace.temperature > 0
-                else "correction: the target's argmax") if r.next_source == FROM_CORRECTION else (
-            "bonus: drawn from p after all drafts were accepted" if trace.temperature > 0
-            else "bonus: the target's argmax after all drafts were accepted")
+        if r.next_source == FROM_TARGET:
+            what = "a plain target step: nothing was drafted this round (end of the context window)"
+        else:
+            what = ("correction: drawn from the residual norm(max(0, p - q))" if trace.temperature > 0
+                    else "correction: the target's argmax") if r.next_source == FROM_CORRECTION else (
+                "bonus: drawn from p after all drafts were accepted" if trace.temperature > 0
+                else "bonus: the target's argmax after all drafts were accepted")
         return {"kind": f"target token of round {k + 1}", "token": label(r.next_token), "id": r.next_token,
                 "p": num(r.next_p), "verdict": what,
                 "from": [[label(t), num(v)] for t, v in r.candidates]}
@@ -285,7 +288,7 @@ h1 {{ font-size: 22px; margin: 0 0 4px; }} h2 {{ font-size: 17px; margin: 26px 0
 .prompt {{ color: #777; }}
 .tok {{ cursor: pointer; border-radius: 3px; white-space: pre-wrap; }}
 .tok:hover, .tok.pinned {{ outline: 2px solid #333; }}
-.draft {{ background: #c8f0c8; }} .correction {{ background: #ffe49a; }} .bonus {{ background: #b8ecf2; }}
+.draft {{ background: #c8f0c8; }} .target {{ background: #e0d4f5; }} .correction {{ background: #ffe49a; }} .bonus {{ background: #b8ecf2; }}
 .v-accepted {{ background: #c8f0c8; }} .v-rejected {{ background: #f6b8b8; text-decoration: line-through; }}
 .v-not-judged {{ background: #e4e4e4; color: #888; }}
 table {{ border-collapse: collapse; font: 13px/1.5 ui-monospace, monospace; }}
