@@ -370,3 +370,11 @@ a rejection the rest of the round's drafts are discarded), then &rarr; the targe
 </script>
 </body></html>
 """
+
+
+def iframe_html(trace: Trace, height: int = 700, **page_options) -> str:
+    """The page inside an <iframe srcdoc=...>, for a notebook cell (IPython.display.HTML): its
+    styles and script stay inside the frame instead of restyling the notebook."""
+    page = render_html(trace, **page_options)
+    return (f'<iframe srcdoc="{html.escape(page, quote=True)}" style="width: 100%; height: {height}px; '
+            f'border: 1px solid #ccc; border-radius: 6px;"></iframe>')
