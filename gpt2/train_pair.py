@@ -463,6 +463,7 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
         "train_tokens": len(train_ids), "held_out_tokens": len(held_ids),
         "kept_vocabulary": len(vocab.kept), "unigram_loss": round(unigram, 4),
         "settings": asdict(settings), "sample": sample, "torch": torch.__version__,
+        "texts": list(texts) if texts else None,
     })
 
     def write(folder: Path):
@@ -485,6 +486,28 @@ def full_model(model: GPT2, vocab: Vocabulary) -> GPT2:
     return full.eval()
 
 
+def evaluate_pair(folder, texts: list[str], log=print) -> dict:
+    """Losses (nats per token) of a saved pair, and of the unigram model of its training text, on
+    other text: e.g. this project's own modules, which are in no training corpus."""
+    from .loading import load_gpt2
+
+    folder = Path(folder).expanduser()
+    if not (folder / MARKER).is_file():
+        raise TrainPairError(f"{folder} holds no pair made by gpt2.train_pair ({MARKER} is missing).")
+    info = json.loads((folder / MARKER).read_text())
+    trained_on = info.get("texts") or None
+    train_ids, _ = split_documents(tokenize_files(corpus_files(trained_on)))
+    ids = [t for doc in tokenize_files(corpus_files(texts)) for t in doc]
+    if len(ids) < 2:
+        raise TrainPairError("the evaluation text is empty")
+    result = {"tokens": len(ids), "unigram": unigram_loss(train_ids, ids)}
+    for name in ("target", "draft"):
+        result[name] = held_out_loss(load_gpt2(folder / name), torch.tensor(ids), max_windows=10**6)
+    log(f"{len(ids):,} tokens of {', '.join(texts)}: target {result['target']:.3f}, "
+        f"draft {result['draft']:.3f}, unigram {result['unigram']:.3f} nats/token")
+    return result
+
+
 def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
@@ -494,7 +517,9 @@ def main(argv=None) -> int:
         prog="python -m gpt2.train_pair",
         description="Train a small target and draft GPT-2 (GPT-2's tokenizer) on text every machine "
                     "has, for real speculative decoding offline.")
-    parser.add_argument("--out", required=True, help="folder to create (holds target/ and draft/)")
+    parser.add_argument("--out", help="folder to create (holds target/ and draft/)")
+    parser.add_argument("--evaluate", metavar="DIR",
+                        help="instead of training: score the pair in DIR on the --text files")
     parser.add_argument("--minutes", type=float, default=10.0,
                         help="time budget for both models together (default 10)")
     parser.add_argument("--steps", type=int,
@@ -505,6 +530,17 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a pair already in --out (anything else there is never replaced)")
     args = parser.parse_args(argv)
+    if args.evaluate:
+        if not args.text:
+            parser.error("--evaluate needs --text PATH ... (the text to score the pair on)")
+        try:
+            evaluate_pair(args.evaluate, args.text)
+        except TrainPairError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.out:
+        parser.error("--out DIR is required (the folder to create)")
     if args.minutes <= 0 or (args.steps is not None and args.steps < 1):
         parser.error("--minutes must be > 0 and --steps >= 1")
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed)
