@@ -7,6 +7,7 @@ vocabulary, the checkpoints load and decode speculatively, writing is atomic, ba
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -157,3 +158,14 @@ def test_bad_input_is_a_clear_error(tmp_path, tiny_sizes, capsys, make, args, me
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err, err
     assert not (tmp_path / "pair").exists()
+
+
+def test_evaluate_scores_a_saved_pair_on_other_text(trained_pair_dirs, tmp_path, capsys):
+    folder = trained_pair_dirs[0].parent
+    other = [str(p) for p in sorted((tp.Path(tp.__file__).parent).glob("*.py"))[:3]]  # gpt2/*.py
+    assert tp.main(["--evaluate", str(folder), "--text", *other]) == 0
+    line = capsys.readouterr().out
+    numbers = [float(x) for x in re.findall(r"(?:target|draft|unigram) (\d+\.\d+)", line)]
+    assert len(numbers) == 3 and all(0 < x < 12 for x in numbers), line
+    assert tp.main(["--evaluate", str(tmp_path), "--text", *other]) == 2
+    assert "holds no pair made by gpt2.train_pair" in capsys.readouterr().err
