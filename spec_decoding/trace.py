@@ -184,7 +184,7 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
 
     def next_info(k, r: Round) -> dict:
         if r.next_source == FROM_TARGET:
-            what = "a plain target step: nothing was drafted this round (end of the context window)"
+            what = "a plain target step: nothing was drafted (only one token left to make, or no room)"
         else:
             what = ("correction: drawn from the residual norm(max(0, p - q))" if trace.temperature > 0
                     else "correction: the target's argmax") if r.next_source == FROM_CORRECTION else (
