@@ -38,9 +38,11 @@ Output in --out (default runs/benchmark): results.csv (one row per cell), result
 with their runs, costs, environment), summary.md (the table printed at the end) and PNG plots.
 On a CPU that other programs keep busy, --threads 1 times more steadily than one thread per core
 (threads that wait for each other slow every step down when a core is taken).
-Offline? Pass local folders (config.json + model.safetensors) with --draft/--target, or make
+Offline? Pass local folders (config.json + model.safetensors) with --draft/--target: for real
+acceptance, the small pair trained here by `python -m gpt2.train_pair --out runs/trained_pair`
+(--target runs/trained_pair/target --draft runs/trained_pair/draft); for the real models' costs,
 random-weight stand-ins of the real shapes with --make-standins DIR (their speed is the real
-models' speed; their text and acceptance are not).
+models' speed; their text and acceptance are not: they accept almost everything).
 """
 
 import argparse

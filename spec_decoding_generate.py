@@ -32,6 +32,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -41,6 +42,7 @@ from spec_decoding import CostModel, autoregressive_generate, speculative_sampli
 from spec_decoding.decoding import check_drafter
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
+from spec_decoding.trace import write_html
 from spec_decoding.tree import parse_branching
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
@@ -160,9 +162,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (tokens, text, stats) and nothing else")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write every round (drafts, p, q, draws, verdicts) as a web page")
+    parser.add_argument("--force", action="store_true", help="let --html replace an existing file")
     args = parser.parse_args(argv)
+    if args.html:
+        html_path = Path(args.html).expanduser()
+        if html_path.exists() and not args.force:
+            parser.error(f"--html {html_path} already exists; pass --force to replace it, or give another name")
+        if not html_path.parent.is_dir():
+            parser.error(f"--html {html_path}: the folder {html_path.parent} does not exist")
     if not args.prompt:
         parser.error("--prompt is empty: give some text to continue")
+    if args.html and args.tree:
+        parser.error("--html records chain rounds; token trees (--tree) have no trace yet")
     if args.cost_model and args.gamma != "auto":
         parser.error("--cost-model is for --gamma auto")
     if args.temperature == 0 and (args.top_k or args.top_p):
@@ -410,9 +423,13 @@ def generate(args) -> None:
     else:
         result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma,
                                       generator=generator, on_tokens=printer, gamma_max=args.gamma_max,
-                                      cost_model=cost_model, **settings)
+                                      cost_model=cost_model, trace=bool(args.html), **settings)
     if printer:
         printer.finish()
+    if args.html:
+        write_html(result.trace, Path(args.html).expanduser(),
+                   pair=f"target: {args.target}; drafter: {drafter_line}; seed {seed}")
+        print(f"Wrote the round-by-round trace to {args.html}", file=sys.stderr)
 
     baseline = None
     if args.compare_baseline:

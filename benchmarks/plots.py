@@ -92,7 +92,9 @@ def heatmap(ax, cells, t):
     ax.set_xlabel("max_gen (new tokens)")
     ax.set_ylabel("gamma (draft tokens per round)")
     ax.set_title(f"Median speed-up, {temperature_label(t)}", fontsize=10)
-    ax.figure.colorbar(image, ax=ax, label="speed-up over the target alone")
+    bar = ax.figure.colorbar(image, ax=ax, label="speed-up over the target alone")
+    # TwoSlopeNorm gives the part below 1.0 its own ticks only if asked: label both sides.
+    bar.set_ticks(sorted(set(np.round(np.r_[np.linspace(norm.vmin, 1.0, 3), np.linspace(1.0, norm.vmax, 4)], 2))))
 
 
 def speedup_vs_gamma(ax, cells, t):
@@ -107,7 +109,7 @@ def speedup_vs_gamma(ax, cells, t):
         median = np.array([c["speedup_median"] for c in row])
         spread = [median - [c["speedup_q1"] for c in row], [c["speedup_q3"] for c in row] - median]
         ax.errorbar([c["gamma"] for c in row], median, yerr=spread, marker="o", capsize=3,
-                    label=f"measured, max_gen {m}")
+                    label=f"measured median, max_gen {m}")
     predicted = [np.mean([c["predicted_speedup"] for c in cells
                           if c["gamma"] == g and c["predicted_speedup"] is not None] or [np.nan])
                  for g in gammas]
@@ -118,7 +120,7 @@ def speedup_vs_gamma(ax, cells, t):
     ax.set_xlabel("gamma (draft tokens per round)")
     ax.set_ylabel("speed-up over the target alone")
     ax.set_title(f"Speed-up vs gamma, {temperature_label(t)}", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, title="error bars: quartiles over the repeats", title_fontsize=7)
 
 
 def acceptance_by_position(ax, cells, t):
@@ -132,9 +134,11 @@ def acceptance_by_position(ax, cells, t):
         line, = ax.plot(positions, rate, marker="o", label=f"gamma {g}")
         alphas = [c["alpha"] for c in row if c["alpha"] is not None]
         if alphas:
-            ax.plot(positions, np.mean(alphas) ** positions, ls=":", color=line.get_color())
-    ax.plot([], [], "k:", label="alpha^i (theory)")
-    ax.set_ylim(0, 1.02)
+            # Drawn on top, dashed with crosses: with alpha near 1 it lies on the measured line.
+            ax.plot(positions, np.mean(alphas) ** positions, ls="--", marker="x", ms=7,
+                    color=line.get_color(), zorder=3)
+    ax.plot([], [], "k--", marker="x", label="alpha^i (i.i.d. theory, same colour)")
+    ax.set_ylim(0, 1.05)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position i")
     ax.set_ylabel("share of rounds accepting position i")

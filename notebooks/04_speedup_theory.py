@@ -30,17 +30,20 @@
 #
 # | variable | default | meaning |
 # |---|---|---|
-# | `GPT2_TARGET` | `gpt2-large` | the **target**: the big model whose output we want |
-# | `GPT2_DRAFT` | `gpt2` | the **draft**: the small model that proposes tokens |
+# | `GPT2_TARGET` | `gpt2-large` (offline: the trained pair's `target`) | the **target**: the big model whose output we want |
+# | `GPT2_DRAFT` | `gpt2` (offline: the trained pair's `draft`) | the **draft**: the small model that proposes tokens |
 # | `DEVICE` | `cuda` if available, else `cpu` | where the models run |
 #
 # Each model can be an official name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`), a Hugging Face
 # hub id `owner/name`, a local folder holding `config.json` + `model.safetensors`, or a single
 # `.safetensors` file. The hub downloads go to the Hugging Face cache (gpt2-large is about 3 GB).
 #
-# Offline, point both at local files. The project's tests run these notebooks on tiny
-# random-weight checkpoints (`gpt2.random_weights.save_agreeing_pair`), so the text they print is
-# gibberish; the shapes, the checks and the logic are the same as with the real GPT-2.
+# **Offline** (no hub), the default is a small pair of real language models trained on this
+# machine from the Python standard library's sources: make it once with
+# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# Python-like code, and their draft and target really disagree: you will see rejections and real
+# residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
+# rejection.) The project's tests run these notebooks on such a pair trained for only seconds.
 #
 # Notation, used throughout: **p is the target's next-token distribution, q is the draft's.**
 #
@@ -50,7 +53,7 @@
 
 # %%
 # Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
-from notebook_setup import DEVICE, DRAFT, ROOT, TARGET
+from notebook_setup import DEVICE, DRAFT, PROMPT, ROOT, TARGET
 
 import torch
 import matplotlib.pyplot as plt
@@ -115,7 +118,7 @@ def measure_inline(max_gen=32, repeats=3):
     target = load_gpt2(TARGET, device=DEVICE)
     draft = load_gpt2(DRAFT, device=DEVICE)
     if target.config.vocab_size == 50257:
-        prompt_ids = encode("In a shocking finding, scientists discovered a herd of unicorns living in")
+        prompt_ids = encode(PROMPT)
     else:
         prompt_ids = list(range(1, 12))
     max_gen = min(max_gen, target.config.n_positions - len(prompt_ids), draft.config.n_positions - len(prompt_ids))
@@ -208,8 +211,8 @@ for (temp, max_gen), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
     line, = ax1.plot(g_values, [d["speedup_median"] for d in group], marker="o",
                      label=f"measured, T={temp}, max_gen={max_gen}")
     if all(d.get("predicted_speedup") is not None for d in group):
-        ax1.plot(g_values, [d["predicted_speedup"] for d in group], ls="--", color=line.get_color(),
-                 label="predicted")
+        ax1.plot(g_values, [d["predicted_speedup"] for d in group], ls="--", color=line.get_color())
+ax1.plot([], [], "k--", label="predicted (dashed, same colour)")  # one legend entry for all
 ax1.axhline(1, color="grey", lw=0.8)
 ax1.set_xlabel("gamma")
 ax1.set_xticks(sorted({d["gamma"] for d in cells}))
@@ -319,3 +322,41 @@ plt.show()
 for name, gs in chosen.items():
     rate = sum(speedup_of(g, a) for g, a in zip(gs, phases)) / len(gs)
     print(f'{name:>9}: mean predicted speed-up over the rounds {rate:.2f}x; rounds without drafting: {gs.count(0)}')
+
+# %% [markdown]
+# ## Acceptance by position: measured against alpha^i
+#
+# The theory above assumes every draft token is accepted independently with the same chance
+# alpha, so the i-th token of a round is accepted (with all before it) with probability alpha^i.
+# Measure it: sample with `trace=True` and count, for each position i, how often the i-th draft
+# token of a round was accepted. Real text is not i.i.d.: easy stretches (indentation, a closing
+# bracket, a common word) are accepted in long runs and hard ones fail early, so the measured
+# curve usually decays more slowly than alpha^i after the first position.
+
+# %%
+from gpt2 import encode, load_gpt2
+from spec_decoding import speculative_sampling
+
+target = load_gpt2(TARGET, device=DEVICE)
+draft = load_gpt2(DRAFT, device=DEVICE)
+GAMMA_TRACE = 6
+prompt_ids = encode(PROMPT) if target.config.vocab_size == 50257 else list(range(1, 12))
+traced = speculative_sampling(target, draft, prompt_ids, max_gen=min(120, target.config.n_positions - len(prompt_ids)),
+                              gamma=GAMMA_TRACE, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0), trace=True).trace
+counts = traced.acceptance_by_position()  # [(accepted, drafted)] per position
+positions = list(range(1, len(counts) + 1))
+measured = [a / d if d else float("nan") for a, d in counts]
+alpha_run = traced.alpha
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.bar(positions, measured, color="tab:blue", alpha=0.7, label="measured: P(i-th draft token accepted)")
+for i, (a, d) in zip(positions, counts):
+    ax.annotate(f"{a}/{d}", (i, measured[i - 1]), ha="center", va="bottom", fontsize=8)
+ax.plot(positions, [alpha_run ** i for i in positions], "r--", marker="x", zorder=3,
+        label=f"alpha^i, alpha = {alpha_run:.3f} (i.i.d. theory)")
+ax.set_ylim(0, 1.05)
+ax.set_xlabel("position i of the draft token in its round")
+ax.set_ylabel("share of rounds")
+ax.set_title(f"{len(traced.rounds)} rounds at temperature 1, gamma = {GAMMA_TRACE}", fontsize=10)
+ax.legend(fontsize=8)
+plt.show()

@@ -77,3 +77,4 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[int]  # the new tokens only (the prompt is not repeated)
     stats: GenerationStats
+    trace: "Trace | None" = None  # per-round record (spec_decoding.trace), when asked for with trace=True
