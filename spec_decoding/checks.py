@@ -91,6 +91,10 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     fewer than 5 samples are pooled into one, as the test requires."""
     counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
     expected = probs / probs.sum() * counts.sum()
+    impossible = expected == 0  # outcomes of probability 0 (top-k, top-p)
+    if (counts[impossible] > 0).any():
+        return 0.0  # the sampler made an outcome the target never makes
+    counts, expected = counts[~impossible], expected[~impossible]  # else 0/0 in a pooled cell
     small = expected < 5
     if small.any():
         counts = torch.cat([counts[~small], counts[small].sum().view(1)])
