@@ -95,6 +95,10 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
         return 0.0
     counts, probs = counts[~impossible], probs[~impossible]
     expected = probs / probs.sum() * counts.sum()
+    impossible = expected == 0  # outcomes of probability 0 (top-k, top-p)
+    if (counts[impossible] > 0).any():
+        return 0.0  # the sampler made an outcome the target never makes
+    counts, expected = counts[~impossible], expected[~impossible]  # else 0/0 in a pooled cell
     small = expected < 5
     if small.any():
         counts = torch.cat([counts[~small], counts[small].sum().view(1)])
