@@ -33,6 +33,7 @@ def main(argv=None) -> int:
             print(f"Grade it with: python -m assignments grade {args.out}")
             return 0
         from .grade import grade, print_report
+        print(f"Grading {args.dir} (small checkpoints made on the fly; about 15 s) ...", file=sys.stderr)
         report = grade(args.dir, timeout=args.timeout)
         print_report(report)
         return 0 if report.passed else 1

@@ -71,7 +71,8 @@ SAMPLES = 1000  # per check: enough to catch every sampling bug here at p < 1e-6
 
 exact = exact_distribution(target, PROMPT, 3, dict(temperature=1.0))
 print("exact distribution:", tuple(exact.shape), "outcomes, sums to", round(exact.sum().item(), 6))
-print("most likely first tokens:", exact.sum((1, 2)).topk(3))
+first = exact.sum((1, 2))  # P(t1)
+print("most likely first tokens:", {int(t): round(first[t].item(), 3) for t in first.topk(3).indices})
 
 # %% [markdown]
 # ## The checks, on the correct code
@@ -109,7 +110,7 @@ caught = {}
 
 def show(name):
     bug = BUGS[name]
-    print(f"THE MISTAKE: {bug.mistake}.\nWHY TEMPTING: {bug.why_tempting}.\n")
+    print(f"THE MISTAKE: {bug.mistake}.\nWHY TEMPTING: {bug.why_tempting}\n")
     print(inspect.getsource(bug.code))
     with bug.planted():
         result = run_check(bug.check, target, draft, bug.settings, SAMPLES)

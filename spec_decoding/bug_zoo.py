@@ -162,32 +162,32 @@ FILTERED = dict(temperature=1.5, top_k=6, top_p=0.7)  # strong filters: the bugs
 
 _add("greedy draft", "the draft takes its argmax while the target samples, and reports the "
      "softmax q it did not sample from",
-     "argmax drafts agree with the target more often: a ~20% speed-up, for free it seems",
+     "argmax drafts agree with the target more often: a ~20% speed-up, for free it seems.",
      "lossless", drafter_swapped_for(GreedyDraftReportingSoftmax), T1,
      GreedyDraftReportingSoftmax)
 _add("q before top-k/top-p", "the drafter samples after temperature, top-k and top-p but "
      "reports q before top-k/top-p",
-     "q is computed once, early, and the filters are added later where the sampling happens",
+     "q is computed once, early, and the filters are added later where the sampling happens.",
      "lossless", drafter_swapped_for(DrafterReportingUnfilteredQ), FILTERED,
      DrafterReportingUnfilteredQ)
 _add("resample from p", "after a rejection the replacement is drawn from p instead of "
      "norm(max(0, p - q))",
-     "'the target decides' sounds right, and the output still looks like the target's",
+     "'the target decides' sounds right, and the output still looks like the target's.",
      "lossless", resample_from_p, T1, resample_from_p)
 _add("filters before temperature", "the target applies top-k/top-p before the temperature, the "
      "draft after it",
-     "two code paths build the two distributions; each looks fine on its own",
+     "two code paths build the two distributions; each looks fine on its own.",
      "lossless", target_filters_before_temperature, FILTERED,
      top_p_before_temperature)
 _add("cache not rolled back", "the drafter's KV cache keeps the rejected draft tokens",
-     "rollback is one line that is easy to forget, and the text stays fluent",
+     "rollback is one line that is easy to forget, and the text stays fluent.",
      "caches", drafter_swapped_for(DrafterNeverRollingBack), T1,
      DrafterNeverRollingBack)
 _add("bonus token past max_gen", "the last round may output one token more than max_gen",
      "the bonus token is free, so why not keep it?", "stopping", bonus_token_past_max_gen, T1,
      bonus_token_past_max_gen)
 _add("tokens after eos", "a round is taken whole even when eos is among its tokens",
-     "rounds add several tokens at once; checking eos per token is easy to skip",
+     "rounds add several tokens at once; checking eos per token is easy to skip.",
      "stopping", tokens_kept_after_eos, T1, tokens_kept_after_eos)
 
 

@@ -397,7 +397,7 @@ def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settin
         expected = free[:free.index(eos) + 1]
         stopped = _tokens_of(run(eos_position + 8, seed, eos_id=eos))
         if stopped != expected:
-            extra = (f": {len(stopped) - len(expected)} tokens after eos were kept"
+            extra = (f": {len(stopped) - len(expected)} token(s) after eos were kept"
                      if stopped[:len(expected)] == expected else "")
             problems.append(f"with eos_id={eos} the output should stop after {len(expected)} tokens "
                             f"(at the first eos, kept), got {len(stopped)} tokens{extra}")

@@ -154,6 +154,7 @@ def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int, draft_
     stats.target_calls += 1
     stats.draft_calls = draft_calls
     stats.nodes_verified += n_drafted if n_nodes is None else n_nodes
+    stats.gamma_by_round.append(n_drafted)
     if n_drafted:
         stats.accepted_depths.append(n_accepted)
         stats.rounds += 1

@@ -27,6 +27,7 @@ class GenerationStats:
     nodes_verified: int = 0  # draft tokens the target scored (a chain: tokens_drafted; a tree: its nodes)
     accepted_depths: list[int] = field(default_factory=list)  # per round: draft tokens accepted
     token_sources: list[str] = field(default_factory=list)  # one FROM_* per output token
+    gamma_by_round: list[int] = field(default_factory=list)  # draft tokens of each round (0: plain step)
     stop_reason: str = ""  # STOP_MAX_GEN, STOP_EOS or STOP_CONTEXT_FULL
     seconds: float = 0.0  # wall time of the whole generation, prompt included
 
@@ -76,3 +77,4 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[int]  # the new tokens only (the prompt is not repeated)
     stats: GenerationStats
+    trace: "Trace | None" = None  # per-round record (spec_decoding.trace), when asked for with trace=True

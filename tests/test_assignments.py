@@ -56,15 +56,36 @@ def restore(student: Path, assignment: str, plant=None):
 
 
 @pytest.mark.parametrize("assignment", list(ASSIGNMENTS))
-def test_stripped_copy_fails_and_reference_solution_passes(tmp_path, assignment, capsys):
+def test_make_each_ready_made_assignment(tmp_path, assignment, capsys):
     student = tmp_path / assignment
     assert cli.main(["make", "--assignment", assignment, "--out", str(student)]) == 0
+    out = capsys.readouterr().out
+    for name in ASSIGNMENTS[assignment]:
+        assert name in out
+        t = resolve(name)
+        assert f"raise NotImplementedError('{t.qualname}: your code here" in (student / t.file).read_text()
+    assert (ROOT / "assignments" / assignment / "README.md").is_file()
+
+
+def test_stripped_copies_fail_and_the_reference_solutions_pass(tmp_path, capsys):
+    """All three ready-made assignments in one student copy (one grading run each way, to keep
+    the suite fast): every function scores 0 with "not implemented yet", then the reference
+    solution (the original files) passes every check."""
+    student = tmp_path / "all"
+    functions = [name for names in ASSIGNMENTS.values() for name in names]
+    make(functions, student)
     report = grade(student)
     assert not report.passed
+    assert [score.function for score in report.functions] == functions
+    checks = set()
     for score in report.functions:
         assert score.score.startswith("0/")
         assert all("not implemented yet" in r.message for r in score.results), score.results
-    restore(student, assignment)
+        checks |= {r.check for r in score.results}
+    assert {"cache_truncate", "greedy_equals_target", "greedy_stopping", "residual", "one_round",
+            "lossless"} <= checks
+    for assignment in ASSIGNMENTS:
+        restore(student, assignment)
     assert cli.main(["grade", str(student)]) == 0
     out = capsys.readouterr().out
     assert "ALL PASS" in out and "FAIL" not in out.split("Checks:")[1]
