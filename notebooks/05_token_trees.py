@@ -249,7 +249,7 @@ for name, result in runs.items():
 # outputs exactly r (Leviathan et al.'s theorem) as long as what follows a rejection outputs
 # norm(max(0, r - q)), and by the same argument the remaining tries do. So the node outputs
 # exactly p. Testing every child against the unchanged p instead gives a token the draft likes b
-# chances: too many acceptances. Below, both rules on one small p and q, 20000 times each.
+# chances: too many acceptances. Below, both rules on one small p and q, 6000 times each.
 
 # %%
 from spec_decoding.sampling import sample
@@ -271,11 +271,11 @@ def naive(p, q, children, generator):  # the bug: every child against the unchan
 counts = {}
 for name, rule in (("SpecInfer", multi_draft_rejection_sampling), ("naive", naive)):
     out = []
-    for _ in range(20000):
+    for _ in range(6000):
         children = sample(q.expand(3, -1), g).tolist()
         i, token = rule(p, q, children, g)
         out.append(children[i] if i is not None else token)
-    counts[name] = torch.bincount(torch.tensor(out), minlength=5) / 20000
+    counts[name] = torch.bincount(torch.tensor(out), minlength=5) / 6000
 
 fig, ax = plt.subplots(figsize=(7, 3.5))
 x = torch.arange(5)
