@@ -26,7 +26,8 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
 
 4. With --dtypes: one decoding step and one 5-token verification (the target's work per round of
    speculative decoding at gamma 4) on a warm cache, per dtype, of --dtype-model (gpt2-large by
-   default); the dtypes take turns round after round, so a busy machine slows them alike.
+   default); one model, cast from dtype to dtype, the dtypes taking turns round after round, so
+   a busy machine slows them alike.
    This is what gpt2.device.auto_dtype's choice and its "slower here" note rest on.
 
 Writes <out>/results.json and <out>/results.md and prints the table.
@@ -164,27 +165,37 @@ def bench_decoding(name, folder, args, bandwidth):
 # 4. Step and verification time per dtype
 # ---------------------------------------------------------------------------------------------
 
+def cast_parameters_(model, dtype):
+    """Cast every parameter in place, one at a time: peak memory stays at one model plus one tensor
+    (three copies of gpt2-large side by side would need 6 GB). Timing does not depend on the values."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+
+
 @torch.inference_mode()
 def bench_dtypes(name, folder, dtypes, context_len=64, verify_tokens=5, rounds=15):
     """Median seconds of one decoding step (1 new token) and one verification (verify_tokens new
-    tokens) with context_len tokens in the KV cache (rolled back after each call), per dtype. The
-    dtypes and the two shapes take turns every round; round 1 is warm-up."""
-    models, caches = {}, {}
+    tokens) with context_len tokens in the KV cache (rolled back after each call), per dtype.
+
+    One model is loaded and cast from dtype to dtype; every round visits each dtype (in a rotating
+    order) and there fills a fresh cache, runs one untimed step and verification (kernel set-up),
+    then the timed ones. So the dtypes take turns and a busy machine slows them alike."""
+    print(f"  loading {name} ...", flush=True)
+    model = load_gpt2(folder, dtype=dtypes[0])
     context = torch.tensor([random_prompt(context_len, seed=0)])
-    for dtype in dtypes:
-        print(f"  loading {name} in {dtype} ...", flush=True)
-        models[dtype] = load_gpt2(folder, dtype=dtype)  # a name: load_gpt2 takes "bfloat16" etc.
-        caches[dtype] = models[dtype].new_kv_cache(max_len=context_len + verify_tokens)
-        models[dtype](context, caches[dtype], num_last_logits=1)
-    shapes = [(dtype, n) for dtype in dtypes for n in (1, verify_tokens)]
-    times = {shape: [] for shape in shapes}
     new = {n: torch.tensor([random_prompt(n, seed=n)]) for n in (1, verify_tokens)}
-    for r in tqdm(range(rounds + 1), desc=f"  {name} step/verify per dtype", leave=False):
-        for dtype, n in shapes[r % len(shapes):] + shapes[:r % len(shapes)]:  # rotate the order
-            _, seconds = timed(None, models[dtype], new[n], caches[dtype], num_last_logits=n)
-            caches[dtype].truncate(context_len)
-            if r:
-                times[(dtype, n)].append(seconds)
+    times = {(dtype, n): [] for dtype in dtypes for n in (1, verify_tokens)}
+    for r in tqdm(range(rounds), desc=f"  {name} step/verify per dtype", leave=False):
+        for dtype in dtypes[r % len(dtypes):] + dtypes[:r % len(dtypes)]:
+            cast_parameters_(model, getattr(torch, dtype))
+            cache = model.new_kv_cache(max_len=context_len + verify_tokens)
+            model(context, cache, num_last_logits=1)
+            for timed_run in (False, True):
+                for n in (1, verify_tokens):
+                    _, seconds = timed(None, model, new[n], cache, num_last_logits=n)
+                    cache.truncate(context_len)
+                    if timed_run:
+                        times[(dtype, n)].append(seconds)
     base = median(times[(dtypes[0], 1)])
     rows = {}
     for dtype in dtypes:
@@ -357,7 +368,7 @@ def report(results) -> str:
         ref = d["reference"]
         md.append(f"\n## Step and {d['verify_tokens']}-token verification per dtype ({d['model']})\n")
         md.append(f"Warm KV cache of {d['context_len']} tokens, {d['threads']} threads, medians of "
-                  f"{d['rounds']} interleaved rounds.\n")
+                  f"{d['rounds']} interleaved rounds (one model, cast from dtype to dtype).\n")
         rows = [[dtype, f"{1000 * r['step_s']:.1f}", f"{r['step_vs_first_step']:.2f}",
                  f"{1000 * r['verify_s']:.1f}", f"{r['verify_vs_first_step']:.2f}",
                  f"{r['verify_vs_own_step']:.2f}"] for dtype, r in d["dtypes"].items()]

@@ -27,23 +27,26 @@
 #
 # | variable | default | meaning |
 # |---|---|---|
-# | `GPT2_TARGET` | `gpt2-large` | the **target**: the big model whose output we want |
-# | `GPT2_DRAFT` | `gpt2` | the **draft**: the small model that proposes tokens |
+# | `GPT2_TARGET` | `gpt2-large` (offline: the trained pair's `target`) | the **target**: the big model whose output we want |
+# | `GPT2_DRAFT` | `gpt2` (offline: the trained pair's `draft`) | the **draft**: the small model that proposes tokens |
 # | `DEVICE` | `cuda` if available, else `cpu` | where the models run |
 #
 # Each model can be an official name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`), a Hugging Face
 # hub id `owner/name`, a local folder holding `config.json` + `model.safetensors`, or a single
 # `.safetensors` file. The hub downloads go to the Hugging Face cache (gpt2-large is about 3 GB).
 #
-# Offline, point both at local files. The project's tests run these notebooks on tiny
-# random-weight checkpoints (`gpt2.random_weights.save_agreeing_pair`), so the text they print is
-# gibberish; the shapes, the checks and the logic are the same as with the real GPT-2.
+# **Offline** (no hub), the default is a small pair of real language models trained on this
+# machine from the Python standard library's sources: make it once with
+# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# Python-like code, and their draft and target really disagree: you will see rejections and real
+# residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
+# rejection.) The project's tests run these notebooks on such a pair trained for only seconds.
 #
 # Notation, used throughout: **p is the target's next-token distribution, q is the draft's.**
 
 # %%
 # Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
-from notebook_setup import DEVICE, DRAFT, ROOT, TARGET
+from notebook_setup import DEVICE, DRAFT, PROMPT, ROOT, TARGET
 
 import torch
 import matplotlib.pyplot as plt

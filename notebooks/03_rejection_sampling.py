@@ -30,23 +30,26 @@
 #
 # | variable | default | meaning |
 # |---|---|---|
-# | `GPT2_TARGET` | `gpt2-large` | the **target**: the big model whose output we want |
-# | `GPT2_DRAFT` | `gpt2` | the **draft**: the small model that proposes tokens |
+# | `GPT2_TARGET` | `gpt2-large` (offline: the trained pair's `target`) | the **target**: the big model whose output we want |
+# | `GPT2_DRAFT` | `gpt2` (offline: the trained pair's `draft`) | the **draft**: the small model that proposes tokens |
 # | `DEVICE` | `cuda` if available, else `cpu` | where the models run |
 #
 # Each model can be an official name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`), a Hugging Face
 # hub id `owner/name`, a local folder holding `config.json` + `model.safetensors`, or a single
 # `.safetensors` file. The hub downloads go to the Hugging Face cache (gpt2-large is about 3 GB).
 #
-# Offline, point both at local files. The project's tests run these notebooks on tiny
-# random-weight checkpoints (`gpt2.random_weights.save_agreeing_pair`), so the text they print is
-# gibberish; the shapes, the checks and the logic are the same as with the real GPT-2.
+# **Offline** (no hub), the default is a small pair of real language models trained on this
+# machine from the Python standard library's sources: make it once with
+# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# Python-like code, and their draft and target really disagree: you will see rejections and real
+# residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
+# rejection.) The project's tests run these notebooks on such a pair trained for only seconds.
 #
 # Notation, used throughout: **p is the target's next-token distribution, q is the draft's.**
 
 # %%
 # Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
-from notebook_setup import DEVICE, DRAFT, ROOT, TARGET
+from notebook_setup import DEVICE, DRAFT, PROMPT, ROOT, TARGET
 
 import torch
 import matplotlib.pyplot as plt
@@ -86,7 +89,7 @@ def prompt_ids_for(text: str) -> list[int]:
 from spec_decoding import logits_to_probs, modified_rejection_sampling, residual_distribution
 
 TEMPERATURE, TOP_K = 1.0, 50
-prompt_ids = prompt_ids_for("In a shocking finding, scientists discovered a herd of unicorns living in")
+prompt_ids = prompt_ids_for(PROMPT)
 with torch.inference_mode():
     x = torch.tensor([prompt_ids], device=DEVICE)
     p = logits_to_probs(target(x, num_last_logits=1)[0, -1], TEMPERATURE, TOP_K).cpu()  # [V]
@@ -190,3 +193,26 @@ plt.show()
 # The histogram follows p, not q, whatever the draft is: a poor draft only lowers alpha, the
 # fraction of draft tokens accepted, and with it the speed-up. Notebook 4 turns alpha into a
 # predicted speed-up.
+
+# %% [markdown]
+# ## A whole generation, round by round
+#
+# `trace=True` records every round: the drafted tokens with p(x), q(x), the acceptance probability
+# min(1, p/q) and the uniform draw r it was tested with, the verdict, and the token the target
+# added (from the residual after a rejection, from p as a bonus). The same page as
+# `python spec_decoding_generate.py --html trace.html`: hover (or click) a token for its numbers.
+# With a real pair (GPT-2, or the trained pair offline) you see rejections and residual draws; with
+# random-weight stand-ins nearly everything would be accepted.
+
+# %%
+from IPython.display import HTML, display
+
+from spec_decoding import speculative_sampling
+from spec_decoding.trace import iframe_html
+
+result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0), trace=True)
+trace = result.trace
+print(f"{len(trace.rounds)} rounds; alpha = {trace.alpha:.3f}; "
+      f"{sum(r.next_source == 'correction' for r in trace.rounds)} rounds ended in a rejection")
+display(HTML(iframe_html(trace, height=650, pair=f"target {TARGET}, draft {DRAFT}")))

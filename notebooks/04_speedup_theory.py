@@ -30,17 +30,20 @@
 #
 # | variable | default | meaning |
 # |---|---|---|
-# | `GPT2_TARGET` | `gpt2-large` | the **target**: the big model whose output we want |
-# | `GPT2_DRAFT` | `gpt2` | the **draft**: the small model that proposes tokens |
+# | `GPT2_TARGET` | `gpt2-large` (offline: the trained pair's `target`) | the **target**: the big model whose output we want |
+# | `GPT2_DRAFT` | `gpt2` (offline: the trained pair's `draft`) | the **draft**: the small model that proposes tokens |
 # | `DEVICE` | `cuda` if available, else `cpu` | where the models run |
 #
 # Each model can be an official name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`), a Hugging Face
 # hub id `owner/name`, a local folder holding `config.json` + `model.safetensors`, or a single
 # `.safetensors` file. The hub downloads go to the Hugging Face cache (gpt2-large is about 3 GB).
 #
-# Offline, point both at local files. The project's tests run these notebooks on tiny
-# random-weight checkpoints (`gpt2.random_weights.save_agreeing_pair`), so the text they print is
-# gibberish; the shapes, the checks and the logic are the same as with the real GPT-2.
+# **Offline** (no hub), the default is a small pair of real language models trained on this
+# machine from the Python standard library's sources: make it once with
+# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# Python-like code, and their draft and target really disagree: you will see rejections and real
+# residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
+# rejection.) The project's tests run these notebooks on such a pair trained for only seconds.
 #
 # Notation, used throughout: **p is the target's next-token distribution, q is the draft's.**
 #
@@ -50,7 +53,7 @@
 
 # %%
 # Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
-from notebook_setup import DEVICE, DRAFT, ROOT, TARGET
+from notebook_setup import DEVICE, DRAFT, PROMPT, ROOT, TARGET
 
 import torch
 import matplotlib.pyplot as plt
@@ -102,7 +105,9 @@ for a in (0.5, 0.7, 0.8, 0.9):
 # %%
 import json
 import statistics
-import time
+from dataclasses import asdict
+
+from spec_decoding import CostModel
 
 
 def measure_inline(max_gen=32, repeats=3):
@@ -113,25 +118,15 @@ def measure_inline(max_gen=32, repeats=3):
     target = load_gpt2(TARGET, device=DEVICE)
     draft = load_gpt2(DRAFT, device=DEVICE)
     if target.config.vocab_size == 50257:
-        prompt_ids = encode("In a shocking finding, scientists discovered a herd of unicorns living in")
+        prompt_ids = encode(PROMPT)
     else:
         prompt_ids = list(range(1, 12))
     max_gen = min(max_gen, target.config.n_positions - len(prompt_ids), draft.config.n_positions - len(prompt_ids))
 
-    def step_seconds(model, reps=10):
-        # Median time of one single-token forward on a cache holding the prompt.
-        cache = model.new_kv_cache(max_len=len(prompt_ids) + 1)
-        times = []
-        with torch.inference_mode():
-            model(torch.tensor([prompt_ids[:-1]], device=DEVICE), cache)
-            for _ in range(reps + 1):
-                t0 = time.perf_counter()
-                model(torch.tensor([prompt_ids[-1:]], device=DEVICE), cache)
-                times.append(time.perf_counter() - t0)
-                cache.truncate(len(prompt_ids) - 1)
-        return statistics.median(times[1:])  # the first is a warm-up
-
-    c = step_seconds(draft) / step_seconds(target)
+    # The per-call costs, timed on warm KV caches (spec_decoding/costs.py): a draft step and
+    # the target scoring k = 1 .. 5 tokens in one forward.
+    cost_model = CostModel.calibrate(target, draft, gamma_max=4, context_len=len(prompt_ids), budget_s=2.0)
+    c = cost_model.c
     autoregressive_generate(target, prompt_ids, 4)  # warm-ups
     speculative_sampling_greedy(target, draft, prompt_ids, 4, 2)
     baseline = [autoregressive_generate(target, prompt_ids, max_gen) for _ in range(repeats)]
@@ -143,15 +138,19 @@ def measure_inline(max_gen=32, repeats=3):
         print(f"gamma {gamma}: same tokens as the target alone: {runs[0].tokens == baseline[0].tokens}")
         cells.append(dict(gamma=gamma, max_gen=max_gen, temperature=0.0,
                           speedup_median=t_base / statistics.median(r.stats.seconds for r in runs),
-                          alpha=alpha, predicted_speedup=predicted_speedup(alpha, gamma, c)))
-    return {"cells": cells, "costs": {"c": c}, "source": "measured inline"}
+                          alpha=alpha, predicted_speedup=predicted_speedup(
+                              alpha, gamma, c, cost_model.verify_cost(gamma))))
+    return {"cells": cells, "source": "measured inline",
+            "costs": {"c": c, "verify_cost_by_gamma": {g: cost_model.verify_cost(g) for g in (1, 2, 4)},
+                      "cost_model": asdict(cost_model)}}
 
 
 def usable_cells(results):
-    # Cells with a measured speed-up and alpha (a cell without drafting has none). alpha is
+    # Cells of a fixed gamma with a measured speed-up and alpha (a cell without drafting has none;
+    # cells of a gamma policy, "auto" or "heuristic", have no single gamma to plot). alpha is
     # accepted / judged draft tokens; older results only had the acceptance rate (accepted /
     # drafted), which is lower for gamma > 1 because tokens after a rejection are never judged.
-    cells = results.get("cells", [])
+    cells = [cell for cell in results.get("cells", []) if isinstance(cell.get("gamma"), int)]
     for cell in cells:
         cell.setdefault("alpha", cell.get("acceptance_rate"))
     return [cell for cell in cells if cell.get("speedup_median") is not None and cell["alpha"] is not None]
@@ -212,8 +211,8 @@ for (temp, max_gen), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
     line, = ax1.plot(g_values, [d["speedup_median"] for d in group], marker="o",
                      label=f"measured, T={temp}, max_gen={max_gen}")
     if all(d.get("predicted_speedup") is not None for d in group):
-        ax1.plot(g_values, [d["predicted_speedup"] for d in group], ls="--", color=line.get_color(),
-                 label="predicted")
+        ax1.plot(g_values, [d["predicted_speedup"] for d in group], ls="--", color=line.get_color())
+ax1.plot([], [], "k--", label="predicted (dashed, same colour)")  # one legend entry for all
 ax1.axhline(1, color="grey", lw=0.8)
 ax1.set_xlabel("gamma")
 ax1.set_xticks(sorted({d["gamma"] for d in cells}))
@@ -236,4 +235,128 @@ ax2.set_ylabel("speed-up")
 ax2.set_title(f"c = {c_plot:.3f}; dots: measured ({results['source']})", fontsize=8)
 ax2.legend(fontsize=8)
 plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Choosing gamma while generating: `gamma="auto"`
+#
+# Everything the formula needs can be measured while generating: the costs once, before the run
+# (a `CostModel`: seconds of a draft step, t_draft, and of the target scoring k tokens in one
+# forward, t_target(k)), and the acceptance as the rounds go by. `spec_decoding/gamma.py` does
+# exactly that. Before each round, with a_i its current estimate of the chance that draft token i
+# is accepted when those before it were, it drafts
+#
+# $$g^* = \arg\max_{0 \le g \le \gamma_{max}} \frac{1 + a_1 + a_1 a_2 + \dots + a_1 \cdots a_g}{g\, t_{draft} + t_{target}(g + 1)}$$
+#
+# tokens: expected tokens per round over the round's seconds. Divided by one target step this is
+# the speed-up formula above, with a_i in place of one alpha and the measured verification cost
+# in place of 1. **g = 0 is a plain target step**: where speculation does not pay, it is switched
+# off (with a one-token probe now and then, so that it can switch back on). The estimates come
+# from earlier rounds only, so sampling stays exactly lossless.
+#
+# Below, with the measured costs (or an example when there are none): the expected speed-up of
+# each g over alpha, and the g the policy picks. Left of the break-even alpha no g beats the
+# target alone.
+
+# %%
+from spec_decoding import AutoGamma, HeuristicGamma
+from spec_decoding.theory import expected_tokens_by_position
+
+if costs.get("cost_model") or costs.get("cost_models"):  # measured inline, or by benchmark.py (per drafter)
+    cost_model = CostModel(**(costs.get("cost_model") or next(iter(costs["cost_models"].values()))))
+else:  # an example: c = 0.15, verifying k tokens costs 1 + 0.1 (k - 1) target steps
+    cost_model = CostModel("example target", "example draft", draft_step_s=0.15,
+                           target_score_s=[1 + 0.1 * k for k in range(9)])
+print(cost_model)
+
+
+def speedup_of(g, alpha):
+    return expected_tokens_by_position([alpha] * g) / cost_model.round_seconds(g) * cost_model.target_step_s
+
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+for g in range(0, cost_model.gamma_max + 1, 2):
+    ax1.plot(alphas, [speedup_of(g, a) for a in alphas], label=f"g = {g}" + (" (target alone)" if g == 0 else ""))
+ax1.set_xlabel("alpha")
+ax1.set_ylabel("predicted speed-up")
+ax1.legend(fontsize=8)
+best = [max(range(cost_model.gamma_max + 1), key=lambda g: speedup_of(g, a)) for a in alphas]
+ax2.step(alphas, best, where="post")
+if (alpha0 := cost_model.break_even_alpha()) is not None:
+    ax2.axvline(alpha0, color="grey", ls=":", label=f"speculation pays from alpha = {alpha0:.2f}")
+    ax2.legend(fontsize=8)
+ax2.set_xlabel("alpha")
+ax2.set_ylabel("g*: draft tokens per round")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The policy does not know alpha: it learns it round by round. Here it is fed simulated rounds in
+# which the acceptance changes halfway and back (each token accepted with chance 0.9, then 0.1,
+# then 0.8), beside transformers' "heuristic" schedule (+2 after a fully accepted round, -1
+# otherwise, never below 1, blind to the costs).
+
+# %%
+import random
+
+rng = random.Random(0)
+phases = [0.9] * 60 + [0.1] * 60 + [0.8] * 60
+chosen = {"auto": [], "heuristic": []}
+for name, policy in (("auto", AutoGamma(cost_model)), ("heuristic", HeuristicGamma(cost_model.gamma_max))):
+    for alpha in phases:
+        g = policy.next_gamma()
+        n = 0
+        while n < g and rng.random() < alpha:
+            n += 1
+        policy.update(g, n)
+        chosen[name].append(g)
+
+fig, ax = plt.subplots(figsize=(11, 3))
+for name, gs in chosen.items():
+    ax.step(range(len(gs)), gs, where="post", label=f'gamma="{name}"')
+ax.set_xlabel("round")
+ax.set_ylabel("g (draft tokens)")
+ax.set_title("alpha 0.9, then 0.1, then 0.8", fontsize=9)
+ax.legend(fontsize=8)
+plt.show()
+for name, gs in chosen.items():
+    rate = sum(speedup_of(g, a) for g, a in zip(gs, phases)) / len(gs)
+    print(f'{name:>9}: mean predicted speed-up over the rounds {rate:.2f}x; rounds without drafting: {gs.count(0)}')
+
+# %% [markdown]
+# ## Acceptance by position: measured against alpha^i
+#
+# The theory above assumes every draft token is accepted independently with the same chance
+# alpha, so the i-th token of a round is accepted (with all before it) with probability alpha^i.
+# Measure it: sample with `trace=True` and count, for each position i, how often the i-th draft
+# token of a round was accepted. Real text is not i.i.d.: easy stretches (indentation, a closing
+# bracket, a common word) are accepted in long runs and hard ones fail early, so the measured
+# curve usually decays more slowly than alpha^i after the first position.
+
+# %%
+from gpt2 import encode, load_gpt2
+from spec_decoding import speculative_sampling
+
+target = load_gpt2(TARGET, device=DEVICE)
+draft = load_gpt2(DRAFT, device=DEVICE)
+GAMMA_TRACE = 6
+prompt_ids = encode(PROMPT) if target.config.vocab_size == 50257 else list(range(1, 12))
+traced = speculative_sampling(target, draft, prompt_ids, max_gen=min(120, target.config.n_positions - len(prompt_ids)),
+                              gamma=GAMMA_TRACE, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0), trace=True).trace
+counts = traced.acceptance_by_position()  # [(accepted, drafted)] per position
+positions = list(range(1, len(counts) + 1))
+measured = [a / d if d else float("nan") for a, d in counts]
+alpha_run = traced.alpha
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.bar(positions, measured, color="tab:blue", alpha=0.7, label="measured: P(i-th draft token accepted)")
+for i, (a, d) in zip(positions, counts):
+    ax.annotate(f"{a}/{d}", (i, measured[i - 1]), ha="center", va="bottom", fontsize=8)
+ax.plot(positions, [alpha_run ** i for i in positions], "r--", marker="x", zorder=3,
+        label=f"alpha^i, alpha = {alpha_run:.3f} (i.i.d. theory)")
+ax.set_ylim(0, 1.05)
+ax.set_xlabel("position i of the draft token in its round")
+ax.set_ylabel("share of rounds")
+ax.set_title(f"{len(traced.rounds)} rounds at temperature 1, gamma = {GAMMA_TRACE}", fontsize=10)
+ax.legend(fontsize=8)
 plt.show()

@@ -289,6 +289,61 @@ def test_colours_follow_token_sources():
     assert ANSI.sub("", text) == " one two three\n"
 
 
+def test_gamma_auto_measures_saves_and_reuses_the_cost_model(text_pair_dirs, text_pair, tmp_path, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    argv = ["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", MAX_GEN,
+            "--gamma", "auto", "--gamma-max", 5, "--cost-model", costs]
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert "Measuring the per-call costs" in err and "c = " in err and costs.is_file()
+    assert re.search(r"gamma of each round: +[0-5]( [0-5])* \(--gamma auto; 0: a plain target step\)", out)
+    written = costs.read_text()
+    code, out, err = run_main(argv + ["--json"], capsys)  # now read, not measured again
+    assert code == 0, err
+    assert "Measuring" not in err and costs.read_text() == written
+    report = json.loads(out)
+    assert report["settings"]["gamma"] == "auto" and report["settings"]["gamma_max"] == 5
+    rounds = report["stats"]["gamma_by_round"]
+    assert len(rounds) == report["stats"]["target_calls"] and max(rounds) <= 5
+    expected = autoregressive_generate(text_pair[0], encode(PROMPT), MAX_GEN, eos_id=EOT_ID)
+    assert report["tokens"] == expected.tokens
+
+
+def test_gamma_heuristic_runs(text_pair_dirs, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 12, "--gamma", "heuristic", "--gamma-max", 3], capsys)
+    assert code == 0, err
+    assert "gamma of each round:" in out and "(--gamma heuristic" in out
+
+
+def test_a_cost_model_for_other_models_is_a_clear_error(text_pair_dirs, tmp_path, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    # measured with the draft as the target: the wrong models for the real pair
+    assert run_main(["--target", draft_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", 4,
+                     "--gamma", "auto", "--gamma-max", 2, "--cost-model", costs], capsys)[0] == 0
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 4, "--gamma", "auto", "--cost-model", costs], capsys)
+    assert code == 2 and "error: This CostModel was measured with the target" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gamma", "fast"], ["--gamma", "auto or heuristic"]),
+    (["--gamma", "3", "--cost-model", "x.json"], ["--cost-model is for --gamma auto"]),
+    (["--gamma-max", "0"], ["--gamma-max", ">= 1"]),
+])
+def test_bad_gamma_arguments_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+
+
 def test_stats_show_acceptance_rate_and_alpha_as_in_the_json(runs, json_report):
     code, out, err = runs["plain"].result()
     stats = json_report["stats"]
@@ -307,6 +362,8 @@ def test_top_k_and_top_p_at_temperature_0_are_said_to_be_ignored(capsys):
 
 
 def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys):
+    import torch
+    from gpt2.device import dtype_note
     target, draft = text_pair_dirs
     argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 3, "--json"]
     code, out, err = run_main(argv, capsys)  # --dtype auto, the default: float32 on a CPU
@@ -316,7 +373,8 @@ def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys):
     assert code == 0, err
     assert json.loads(out)["settings"]["dtype"] == "bfloat16"
     notes = [line for line in err.splitlines() if line.startswith("note: bfloat16")]
-    assert len(notes) == 1 and "float32" in notes[0] and "x" in notes[0]
+    expected = dtype_note(torch.bfloat16, torch.device("cpu"))  # None if measured faster
+    assert notes == ([expected] if expected else [])
 
 
 # ---------------------------------------------------------------------------------------------

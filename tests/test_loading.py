@@ -218,15 +218,20 @@ def test_auto_dtype_per_device(monkeypatch):
     assert auto_dtype(torch.device("cuda")) == torch.float16
 
 
-def test_slower_dtype_note_only_for_half_precision_on_cpu():
-    from gpt2.device import CPU_MEASURED, dtype_note
+def test_slower_dtype_note_only_for_half_precision_on_cpu(monkeypatch):
+    import gpt2.device as device
     cpu = torch.device("cpu")
-    assert dtype_note(torch.float32, cpu) is None
-    assert dtype_note(torch.bfloat16, torch.device("cuda")) is None
-    for dtype, (step, verify) in CPU_MEASURED.items():
-        note = dtype_note(dtype, cpu)
+    assert device.dtype_note(torch.float32, cpu) is None
+    assert device.dtype_note(torch.bfloat16, torch.device("cuda")) is None
+    monkeypatch.setattr(device, "CPU_FLOAT32_VERIFY5", 1.40)
+    monkeypatch.setattr(device, "CPU_MEASURED", {torch.bfloat16: (1.00, 1.30), torch.float16: (0.60, 2.70)})
+    for dtype, step, verify in [(torch.bfloat16, "1.00x", "1.30x"), (torch.float16, "0.60x", "2.70x")]:
+        note = device.dtype_note(dtype, cpu)  # no faster at one of the two: say so, with the factors
         assert "\n" not in note and note.startswith("note: " + str(dtype).removeprefix("torch."))
-        assert f"{step:.2f}x" in note and f"{verify:.2f}x" in note
+        assert f"step {step} float32's time" in note and f"verifying 5 tokens {verify}" in note
+        assert "(float32: 1.40x)" in note
+    monkeypatch.setattr(device, "CPU_MEASURED", {torch.float16: (0.60, 1.10)})
+    assert device.dtype_note(torch.float16, cpu) is None  # faster at both: nothing to say
 
 
 @pytest.mark.parametrize("kwargs, words", [
