@@ -88,7 +88,7 @@ def counts_of(samples, vocab_size: int, n_tokens: int) -> torch.Tensor:
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's chi-square test of counts against probs (same number of cells). An outcome of
     probability 0 that occurs gives p = 0. Cells expecting fewer than 5 samples are pooled into
-    one, as the test requires (and that one into the smallest other cell if it is still small)."""
+    one, as the test requires."""
     counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
     impossible = probs == 0
     if counts[impossible].sum() > 0:
@@ -103,11 +103,6 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     if small.any():
         counts = torch.cat([counts[~small], counts[small].sum().view(1)])
         expected = torch.cat([expected[~small], expected[small].sum().view(1)])
-        if expected[-1] < 5 and len(expected) > 2:
-            i = int(expected[:-1].argmin())
-            counts[i] += counts[-1]
-            expected[i] += expected[-1]
-            counts, expected = counts[:-1], expected[:-1]
     if len(expected) < 2:
         return 1.0  # too few samples to tell anything
     statistic = ((counts - expected) ** 2 / expected).sum()
