@@ -105,7 +105,9 @@ for a in (0.5, 0.7, 0.8, 0.9):
 # %%
 import json
 import statistics
-import time
+from dataclasses import asdict
+
+from spec_decoding import CostModel
 
 
 def measure_inline(max_gen=32, repeats=3):
@@ -121,20 +123,10 @@ def measure_inline(max_gen=32, repeats=3):
         prompt_ids = list(range(1, 12))
     max_gen = min(max_gen, target.config.n_positions - len(prompt_ids), draft.config.n_positions - len(prompt_ids))
 
-    def step_seconds(model, reps=10):
-        # Median time of one single-token forward on a cache holding the prompt.
-        cache = model.new_kv_cache(max_len=len(prompt_ids) + 1)
-        times = []
-        with torch.inference_mode():
-            model(torch.tensor([prompt_ids[:-1]], device=DEVICE), cache)
-            for _ in range(reps + 1):
-                t0 = time.perf_counter()
-                model(torch.tensor([prompt_ids[-1:]], device=DEVICE), cache)
-                times.append(time.perf_counter() - t0)
-                cache.truncate(len(prompt_ids) - 1)
-        return statistics.median(times[1:])  # the first is a warm-up
-
-    c = step_seconds(draft) / step_seconds(target)
+    # The per-call costs, timed on warm KV caches (spec_decoding/costs.py): a draft step and
+    # the target scoring k = 1 .. 5 tokens in one forward.
+    cost_model = CostModel.calibrate(target, draft, gamma_max=4, context_len=len(prompt_ids), budget_s=2.0)
+    c = cost_model.c
     autoregressive_generate(target, prompt_ids, 4)  # warm-ups
     speculative_sampling_greedy(target, draft, prompt_ids, 4, 2)
     baseline = [autoregressive_generate(target, prompt_ids, max_gen) for _ in range(repeats)]
@@ -146,15 +138,19 @@ def measure_inline(max_gen=32, repeats=3):
         print(f"gamma {gamma}: same tokens as the target alone: {runs[0].tokens == baseline[0].tokens}")
         cells.append(dict(gamma=gamma, max_gen=max_gen, temperature=0.0,
                           speedup_median=t_base / statistics.median(r.stats.seconds for r in runs),
-                          alpha=alpha, predicted_speedup=predicted_speedup(alpha, gamma, c)))
-    return {"cells": cells, "costs": {"c": c}, "source": "measured inline"}
+                          alpha=alpha, predicted_speedup=predicted_speedup(
+                              alpha, gamma, c, cost_model.verify_cost(gamma))))
+    return {"cells": cells, "source": "measured inline",
+            "costs": {"c": c, "verify_cost_by_gamma": {g: cost_model.verify_cost(g) for g in (1, 2, 4)},
+                      "cost_model": asdict(cost_model)}}
 
 
 def usable_cells(results):
-    # Cells with a measured speed-up and alpha (a cell without drafting has none). alpha is
+    # Cells of a fixed gamma with a measured speed-up and alpha (a cell without drafting has none;
+    # cells of a gamma policy, "auto" or "heuristic", have no single gamma to plot). alpha is
     # accepted / judged draft tokens; older results only had the acceptance rate (accepted /
     # drafted), which is lower for gamma > 1 because tokens after a rejection are never judged.
-    cells = results.get("cells", [])
+    cells = [cell for cell in results.get("cells", []) if isinstance(cell.get("gamma"), int)]
     for cell in cells:
         cell.setdefault("alpha", cell.get("acceptance_rate"))
     return [cell for cell in cells if cell.get("speedup_median") is not None and cell["alpha"] is not None]
@@ -240,6 +236,92 @@ ax2.set_title(f"c = {c_plot:.3f}; dots: measured ({results['source']})", fontsiz
 ax2.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
+
+# %% [markdown]
+# ## Choosing gamma while generating: `gamma="auto"`
+#
+# Everything the formula needs can be measured while generating: the costs once, before the run
+# (a `CostModel`: seconds of a draft step, t_draft, and of the target scoring k tokens in one
+# forward, t_target(k)), and the acceptance as the rounds go by. `spec_decoding/gamma.py` does
+# exactly that. Before each round, with a_i its current estimate of the chance that draft token i
+# is accepted when those before it were, it drafts
+#
+# $$g^* = \arg\max_{0 \le g \le \gamma_{max}} \frac{1 + a_1 + a_1 a_2 + \dots + a_1 \cdots a_g}{g\, t_{draft} + t_{target}(g + 1)}$$
+#
+# tokens: expected tokens per round over the round's seconds. Divided by one target step this is
+# the speed-up formula above, with a_i in place of one alpha and the measured verification cost
+# in place of 1. **g = 0 is a plain target step**: where speculation does not pay, it is switched
+# off (with a one-token probe now and then, so that it can switch back on). The estimates come
+# from earlier rounds only, so sampling stays exactly lossless.
+#
+# Below, with the measured costs (or an example when there are none): the expected speed-up of
+# each g over alpha, and the g the policy picks. Left of the break-even alpha no g beats the
+# target alone.
+
+# %%
+from spec_decoding import AutoGamma, HeuristicGamma
+from spec_decoding.theory import expected_tokens_by_position
+
+if costs.get("cost_model") or costs.get("cost_models"):  # measured inline, or by benchmark.py (per drafter)
+    cost_model = CostModel(**(costs.get("cost_model") or next(iter(costs["cost_models"].values()))))
+else:  # an example: c = 0.15, verifying k tokens costs 1 + 0.1 (k - 1) target steps
+    cost_model = CostModel("example target", "example draft", draft_step_s=0.15,
+                           target_score_s=[1 + 0.1 * k for k in range(9)])
+print(cost_model)
+
+
+def speedup_of(g, alpha):
+    return expected_tokens_by_position([alpha] * g) / cost_model.round_seconds(g) * cost_model.target_step_s
+
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+for g in range(0, cost_model.gamma_max + 1, 2):
+    ax1.plot(alphas, [speedup_of(g, a) for a in alphas], label=f"g = {g}" + (" (target alone)" if g == 0 else ""))
+ax1.set_xlabel("alpha")
+ax1.set_ylabel("predicted speed-up")
+ax1.legend(fontsize=8)
+best = [max(range(cost_model.gamma_max + 1), key=lambda g: speedup_of(g, a)) for a in alphas]
+ax2.step(alphas, best, where="post")
+if (alpha0 := cost_model.break_even_alpha()) is not None:
+    ax2.axvline(alpha0, color="grey", ls=":", label=f"speculation pays from alpha = {alpha0:.2f}")
+    ax2.legend(fontsize=8)
+ax2.set_xlabel("alpha")
+ax2.set_ylabel("g*: draft tokens per round")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The policy does not know alpha: it learns it round by round. Here it is fed simulated rounds in
+# which the acceptance changes halfway and back (each token accepted with chance 0.9, then 0.1,
+# then 0.8), beside transformers' "heuristic" schedule (+2 after a fully accepted round, -1
+# otherwise, never below 1, blind to the costs).
+
+# %%
+import random
+
+rng = random.Random(0)
+phases = [0.9] * 60 + [0.1] * 60 + [0.8] * 60
+chosen = {"auto": [], "heuristic": []}
+for name, policy in (("auto", AutoGamma(cost_model)), ("heuristic", HeuristicGamma(cost_model.gamma_max))):
+    for alpha in phases:
+        g = policy.next_gamma()
+        n = 0
+        while n < g and rng.random() < alpha:
+            n += 1
+        policy.update(g, n)
+        chosen[name].append(g)
+
+fig, ax = plt.subplots(figsize=(11, 3))
+for name, gs in chosen.items():
+    ax.step(range(len(gs)), gs, where="post", label=f'gamma="{name}"')
+ax.set_xlabel("round")
+ax.set_ylabel("g (draft tokens)")
+ax.set_title("alpha 0.9, then 0.1, then 0.8", fontsize=9)
+ax.legend(fontsize=8)
+plt.show()
+for name, gs in chosen.items():
+    rate = sum(speedup_of(g, a) for g, a in zip(gs, phases)) / len(gs)
+    print(f'{name:>9}: mean predicted speed-up over the rounds {rate:.2f}x; rounds without drafting: {gs.count(0)}')
 
 # %% [markdown]
 # ## Acceptance by position: measured against alpha^i

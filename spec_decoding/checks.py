@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import itertools
 
 import torch
-from scipy import stats
 
 from .autoregressive import autoregressive_generate
 from .sampling import logits_to_probs
@@ -87,15 +86,29 @@ def counts_of(samples, vocab_size: int, n_tokens: int) -> torch.Tensor:
 
 
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's chi-square test of counts against probs (same number of cells). Cells expecting
-    fewer than 5 samples are pooled into one, as the test requires."""
+    """Pearson's chi-square test of counts against probs (same number of cells). An outcome of
+    probability 0 that occurs gives p = 0. Cells expecting fewer than 5 samples are pooled into
+    one, as the test requires (and that one into the smallest other cell if it is still small)."""
     counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
+    impossible = probs == 0
+    if counts[impossible].sum() > 0:
+        return 0.0
+    counts, probs = counts[~impossible], probs[~impossible]
     expected = probs / probs.sum() * counts.sum()
     small = expected < 5
     if small.any():
         counts = torch.cat([counts[~small], counts[small].sum().view(1)])
         expected = torch.cat([expected[~small], expected[small].sum().view(1)])
-    return float(stats.chisquare(counts.numpy(), expected.numpy()).pvalue)
+        if expected[-1] < 5 and len(expected) > 2:
+            i = int(expected[:-1].argmin())
+            counts[i] += counts[-1]
+            expected[i] += expected[-1]
+            counts, expected = counts[:-1], expected[:-1]
+    if len(expected) < 2:
+        return 1.0  # too few samples to tell anything
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    df = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(df, statistic / 2))  # P(chi-square(df) > statistic)
 
 
 def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -214,7 +227,7 @@ def cache_difference(model, cache, sequence: list[int]) -> float:
     model(torch.tensor([sequence[:cache.length]], device=model.wte.weight.device), fresh)
     n = cache.length
     return max((got[:, :, :n].float() - want[:, :, :n].float()).abs().max().item()
-               for layer in range(model.config.n_layer)
+               for layer in range(len(cache.keys))  # an early-exit (layer-skip) cache has fewer
                for got, want in ((cache.keys[layer], fresh.keys[layer]),
                                  (cache.values[layer], fresh.values[layer])))
 
@@ -295,7 +308,7 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
     def watch(model, role):
         real_forward = model.forward
 
-        def forward(idx, cache=None, num_last_logits=None):
+        def forward(idx, cache=None, num_last_logits=None, **kwargs):
             if cache is not None and not checking[0]:
                 entry = watched.setdefault(id(cache), [role, model, cache, [], -1])
                 if entry[4] < rounds[0]:  # first use of this cache since the last round ended
@@ -303,7 +316,7 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
                 written = entry[3]
                 del written[cache.length:]
                 written.extend(idx[0].tolist())
-            return real_forward(idx, cache, num_last_logits)
+            return real_forward(idx, cache, num_last_logits, **kwargs)  # kwargs: exit_layer
 
         model.forward = forward  # an instance attribute: nn.Module.__call__ finds it first
 
@@ -330,3 +343,62 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
         for model, _ in models:
             del model.forward
     return CacheCheck(all(s.problem is None for s in snapshots), snapshots)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stopping: exactly max_gen tokens, nothing after eos
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class StoppingCheck:
+    passed: bool
+    problems: list[str]
+
+    @property
+    def message(self) -> str:
+        if self.passed:
+            return "stops right: exactly max_gen tokens, and eos is the last token when it comes"
+        return self.problems[0]
+
+    def __str__(self):
+        return ("PASS: " if self.passed else "FAIL: ") + self.message
+
+
+def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settings: dict | None = None,
+                   seeds=range(3), eos_position: int = 4) -> StoppingCheck:
+    """generate_fn(prompt, max_gen, [generator=g, **settings], [eos_id=...]) must (1) return
+    exactly max_gen tokens for every max_gen in max_gens (the context window must not be reached),
+    with nothing made and thrown away when it returns stats (every accepted draft token and every
+    target call's own token is in the output); (2) with eos_id set to the token a free run made
+    at eos_position, return that run's tokens up to the first eos, eos kept, nothing after."""
+    settings = dict(settings or {})
+    sampling = settings.get("temperature", 0) != 0
+
+    def run(max_gen, seed, **kwargs):
+        if sampling:
+            kwargs.update(generator=torch.Generator().manual_seed(seed), **settings)
+        return generate_fn(list(prompt), max_gen, **kwargs)
+
+    problems = []
+    for max_gen in max_gens:
+        result = run(max_gen, max_gen)
+        tokens = _tokens_of(result)
+        if len(tokens) != max_gen:
+            problems.append(f"asked for max_gen={max_gen} tokens, got {len(tokens)}"
+                            + (": a token past max_gen (a bonus token?)" if len(tokens) > max_gen else ""))
+        elif hasattr(result, "stats") and result.stats.tokens_accepted + result.stats.target_calls != max_gen:
+            s = result.stats
+            problems.append(f"max_gen={max_gen}: {s.tokens_accepted} accepted draft tokens + "
+                            f"{s.target_calls} target calls != {max_gen} tokens: something was made "
+                            f"past max_gen and thrown away")
+    for seed in seeds:
+        free = _tokens_of(run(eos_position + 8, seed))
+        eos = free[eos_position]
+        expected = free[:free.index(eos) + 1]
+        stopped = _tokens_of(run(eos_position + 8, seed, eos_id=eos))
+        if stopped != expected:
+            extra = (f": {len(stopped) - len(expected)} token(s) after eos were kept"
+                     if stopped[:len(expected)] == expected else "")
+            problems.append(f"with eos_id={eos} the output should stop after {len(expected)} tokens "
+                            f"(at the first eos, kept), got {len(stopped)} tokens{extra}")
+    return StoppingCheck(not problems, problems)

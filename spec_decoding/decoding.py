@@ -78,9 +78,11 @@ def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int
     return tokens, target_cache, stats
 
 
-def new_cache(model: GPT2, prompt_len: int, max_gen: int):
-    """A KV cache with room for the longest sequence this generation can feed."""
-    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen))
+def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0):
+    """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
+    for a token tree's nodes, which share positions)."""
+    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
+                              extra_slots=extra_slots)
 
 
 def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
@@ -144,11 +146,17 @@ def round_output(draft_tokens: list[int], n_accepted: int, next_token: int) -> t
     return draft_tokens[:n_accepted] + [next_token], [FROM_DRAFT] * n_accepted + [last]
 
 
-def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int, draft_calls: int) -> None:
-    """Count one round. draft_calls: the drafter's forward passes so far (its forward_calls)."""
+def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int, draft_calls: int,
+                 n_nodes: int | None = None) -> None:
+    """Count one round. draft_calls: the drafter's forward passes so far (its forward_calls).
+    n_drafted: draft positions (a token tree's depth); n_nodes: draft tokens the target scored
+    (default n_drafted; a token tree's node count)."""
     stats.target_calls += 1
     stats.draft_calls = draft_calls
+    stats.nodes_verified += n_drafted if n_nodes is None else n_nodes
+    stats.gamma_by_round.append(n_drafted)
     if n_drafted:
+        stats.accepted_depths.append(n_accepted)
         stats.rounds += 1
         stats.tokens_drafted += n_drafted
         stats.tokens_accepted += n_accepted

@@ -6,11 +6,13 @@ propose, roll_back); both generators accept one as `draft` (a plain GPT2 is wrap
 ModelDrafter). To try a new idea, subclass Drafter in this file; the generators do not change.
 
     ModelDrafter(model)            a second, smaller GPT-2 on its own KV cache (Leviathan et al.)
+    NGramDrafter(max_ngram)        prompt lookup: copy what followed the last n tokens earlier on
+    LayerSkipDrafter(target, k)    the target's own first k blocks (self-speculative decoding)
 """
 
 import torch
 
-from gpt2 import GPT2
+from gpt2 import GPT2, KVCache
 from .decoding import forward_new_tokens, new_cache
 from .sampling import logits_to_probs, sample
 
@@ -114,6 +116,87 @@ class ModelDrafter(Drafter):
 
     def roll_back(self, length: int) -> None:
         self.cache.truncate(min(self.cache.length, length))
+
+
+class NGramDrafter(Drafter):
+    """Prompt lookup: no model at all. Find the most recent earlier place where the sequence's
+    last n tokens occurred (n = max_ngram, then smaller, down to 1) and propose the tokens that
+    followed them there. It pays when the output repeats the prompt (editing code, summarising,
+    answering from a document) and costs nothing but a target step when no n-gram matches.
+    (transformers' PromptLookupCandidateGenerator, vLLM's "ngram" method.)
+
+    q is a point mass. The proposal is a deterministic function of the sequence: nothing is
+    sampled, so each token x was "drawn" from q with q(x) = 1, and propose() returns None for q.
+    The generator then accepts x with probability min(1, p(x)/q(x)) = p(x), and after a rejection
+    draws from the residual norm(max(0, p - q)) = p with x set to 0, renormalised. The usual
+    mistake is to pass q = p for such a token (accepting it always) or to resample from p itself
+    after a rejection (x then comes out too often): both bias the output towards the copied text.
+
+    max_ngram: the longest n-gram looked up (>= 1). num_tokens: propose at most this many per
+    round (None: as many as the round allows).
+    """
+
+    def __init__(self, max_ngram: int = 3, num_tokens: int | None = None):
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be an int >= 1 (the longest n-gram to look up), got {max_ngram!r}")
+        if num_tokens is not None and (isinstance(num_tokens, bool) or not isinstance(num_tokens, int)
+                                       or num_tokens < 1):
+            raise ValueError(f"num_tokens must be an int >= 1 or None, got {num_tokens!r}")
+        self.max_ngram = max_ngram
+        self.num_tokens = num_tokens
+
+    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
+        if self.num_tokens is not None:
+            num_tokens = min(num_tokens, self.num_tokens)
+        if num_tokens == 0:
+            return [], None
+        for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+            suffix = tokens[-n:]
+            # the most recent earlier occurrence: start at len - n - 1 and go back
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start:start + n] == suffix:
+                    follow = start + n
+                    return tokens[follow:follow + num_tokens], None
+        return [], None
+
+
+class LayerSkipDrafter(ModelDrafter):
+    """Self-speculative decoding (Draft & Verify, Zhang et al. 2023; LayerSkip, Elhoushi et al.
+    2024): the target drafts for itself with only its first n_layers blocks, then its own final
+    LayerNorm and output head. No second model: the blocks are the target's own modules (shared
+    weights, nothing copied); only a KV cache for those n_layers blocks is extra.
+
+    A draft step costs about n_layers / n_layer of a target step, plus the output head's share
+    (the head is the same size in both). How well it drafts depends on how close the target's
+    early layers already are to its final answer; models trained with early-exit losses (LayerSkip)
+    do much better than plain GPT-2.
+
+    Its own cache holds the same keys/values as the target's first n_layers layers (same weights,
+    same inputs, up to rounding): see the README's drafter section for how they could be shared.
+    """
+
+    def __init__(self, target: GPT2, n_layers: int):
+        super().__init__(target)
+        n_layer = target.config.n_layer
+        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= n_layer - 1:
+            raise ValueError(
+                f"n_layers must be an int between 1 and n_layer - 1 = {n_layer - 1} (the target has "
+                f"{n_layer} blocks; drafting with all of them is just the target), got {n_layers!r}"
+            )
+        self.n_layers = n_layers
+
+    def start(self, prompt: list[int], max_gen: int) -> None:
+        c = self.model.config
+        w = self.model.wte.weight
+        max_len = min(c.n_positions, len(prompt) + max_gen)
+        self.cache = KVCache(self.n_layers, 1, c.n_head, max_len, c.head_dim, w.device, w.dtype)
+        self.forward_calls = 0
+
+    def next_logits(self, tokens: list[int]) -> torch.Tensor:
+        """One draft forward through the first n_layers blocks: the logits [V] after `tokens`."""
+        self.forward_calls += 1
+        new = torch.tensor([tokens[self.cache.length:]], device=self.device)
+        return self.model(new, self.cache, num_last_logits=1, exit_layer=self.n_layers)[0, -1]
 
 
 def as_drafter(draft) -> Drafter:

@@ -8,13 +8,15 @@ from gpt2 import GPT2
 from .decoding import (record_round, roll_back, round_gamma, round_output, start_generation,
                        take_tokens, target_forward)
 from .drafters import Drafter, as_drafter
+from .gamma import make_policy
 from .result import GenerationResult
 from .trace import Trace
 
 
 @torch.inference_mode()
 def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_gen: int,
-                                gamma: int, eos_id: int | None = None, on_tokens=None,
+                                gamma, eos_id: int | None = None, on_tokens=None,
+                                gamma_max: int | None = None, cost_model=None,
                                 trace: bool = False) -> GenerationResult:
     """Each round the drafter proposes up to gamma tokens (a draft model: its argmax, one forward
     each), the target scores them all in one forward, and draft tokens are kept while they equal
@@ -24,16 +26,20 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
     draft: a GPT2 (the usual smaller model) or any Drafter (spec_decoding.drafters).
     prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window. on_tokens(tokens, sources) is called after each round.
+    gamma: an int, or a policy that chooses each round's draft length from the rounds before it
+    (spec_decoding/gamma.py): "auto" (from the measured costs, cost_model, and the acceptance so
+    far), "heuristic" (transformers' schedule) or a GammaPolicy; gamma_max bounds them.
     trace=True records every round in result.trace (spec_decoding.trace).
     """
     drafter = as_drafter(draft)
-    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, gamma)
-    round_trace = Trace(list(tokens), gamma, temperature=0.0) if trace else None
+    policy = make_policy(gamma, gamma_max, cost_model, target, drafter)
+    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, policy.gamma_max)
+    round_trace = Trace(list(tokens), policy.gamma_max, temperature=0.0) if trace else None
     out = []
     start = time.perf_counter()
     stop = None
     while not stop:
-        g = round_gamma(gamma, len(out), max_gen, len(tokens), target, drafter)
+        g = round_gamma(policy.next_gamma(), len(out), max_gen, len(tokens), target, drafter)
 
         # 1. The drafter proposes up to g tokens (temperature 0: greedy; q is not needed).
         draft_tokens, _ = drafter.propose(tokens, g)
@@ -48,6 +54,7 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
             n += 1
         new_tokens, sources = round_output(draft_tokens, n, target_choice[n])
         record_round(stats, len(draft_tokens), n, drafter.forward_calls)
+        policy.update(len(draft_tokens), n)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
                            target.config.n_positions, on_tokens)
         if round_trace is not None:

@@ -14,6 +14,7 @@ from gpt2 import GPT2
 from .decoding import (check_sampling_args, record_round, roll_back, round_gamma, round_output,
                        start_generation, take_tokens, target_forward)
 from .drafters import Drafter, as_drafter
+from .gamma import make_policy
 from .greedy import speculative_sampling_greedy
 from .result import GenerationResult
 from .sampling import logits_to_probs, sample
@@ -79,30 +80,34 @@ def point_masses(draft_tokens: list[int], vocab_size: int, device=None) -> torch
 
 
 @torch.inference_mode()
-def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_gen: int, gamma: int,
+def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_gen: int, gamma,
                          temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, generator: torch.Generator | None = None,
-                         eos_id: int | None = None, on_tokens=None, trace: bool = False) -> GenerationResult:
+                         eos_id: int | None = None, on_tokens=None, gamma_max: int | None = None,
+                         cost_model=None, trace: bool = False) -> GenerationResult:
     """Sample up to max_gen tokens that follow the target's distribution exactly, with the drafter
     proposing up to gamma tokens per round. temperature 0 is greedy (speculative_sampling_greedy).
 
     draft: a GPT2 (the usual smaller model) or any Drafter (spec_decoding.drafters).
     prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window. on_tokens(tokens, sources) is called after each round.
+    gamma: an int, "auto", "heuristic" or a GammaPolicy, as in speculative_sampling_greedy. The
+    policy sees only earlier rounds, so the output still follows the target's distribution exactly.
     trace=True records every round in result.trace (spec_decoding.trace: p, q, the draws, ...).
     """
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
-        return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id,
-                                           on_tokens, trace)
+        return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id, on_tokens,
+                                           gamma_max, cost_model, trace)
     drafter = as_drafter(draft)
-    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, gamma)
-    round_trace = Trace(list(tokens), gamma, temperature, top_k, top_p) if trace else None
+    policy = make_policy(gamma, gamma_max, cost_model, target, drafter)
+    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, policy.gamma_max)
+    round_trace = Trace(list(tokens), policy.gamma_max, temperature, top_k, top_p) if trace else None
     out = []
     start = time.perf_counter()
     stop = None
     while not stop:
-        g = round_gamma(gamma, len(out), max_gen, len(tokens), target, drafter)
+        g = round_gamma(policy.next_gamma(), len(out), max_gen, len(tokens), target, drafter)
 
         # 1. The drafter proposes up to g tokens with the q each was drawn from (a draft model
         #    samples them, one forward each). None means point masses: a deterministic proposal.
@@ -118,6 +123,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
         verdict = accept_or_resample(target_probs, draft_probs, draft_tokens, generator)
         new_tokens, sources = round_output(draft_tokens, verdict.n_accepted, verdict.next_token)
         record_round(stats, len(draft_tokens), verdict.n_accepted, drafter.forward_calls)
+        policy.update(len(draft_tokens), verdict.n_accepted)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
                            target.config.n_positions, on_tokens)
         if round_trace is not None:

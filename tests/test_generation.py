@@ -142,7 +142,7 @@ def test_caches_equal_a_fresh_forward_after_every_round(target, draft, generate,
 def test_the_cache_check_catches_a_cache_not_rolled_back(monkeypatch, target, draft):
     """Its power: forgetting to roll the draft's cache back after a rejection is caught."""
     monkeypatch.setattr(spec_decoding.greedy, "roll_back",
-                        lambda target_cache, draft_cache, seq_len: target_cache.truncate(seq_len - 1))
+                        lambda target_cache, drafter, seq_len: target_cache.truncate(seq_len - 1))
     result = check_caches_after_every_round(partial(speculative_sampling_greedy, target, draft, gamma=3),
                                             target, draft, PROMPT, 30)
     assert not result.passed

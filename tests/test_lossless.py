@@ -3,7 +3,8 @@
 With a 16-token vocabulary the exact distribution of the first three generated tokens (4,096
 outcomes) can be enumerated from the target's own probabilities. Thousands of speculative samples
 are compared with it by a chi-square test. The same test must reject the draft's samples, and
-the classic bug of resampling from p instead of norm(max(0, p - q)): so it has the power to fail.
+the classic bug of resampling from p instead of norm(max(0, p - q)) (tests/test_bug_zoo.py, with
+the other bugs of the zoo): so it has the power to fail.
 """
 
 from functools import partial
@@ -13,10 +14,10 @@ import torch
 from conftest import TINY_VOCAB
 from scipy import stats
 
-import spec_decoding.speculative
 from gpt2 import load_gpt2
-from spec_decoding import (autoregressive_generate, logits_to_probs, modified_rejection_sampling,
-                           residual_distribution, speculative_sampling)
+from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
+                           modified_rejection_sampling, residual_distribution, speculative_sampling)
+from spec_decoding.costs import describe_model
 from spec_decoding.checks import check_lossless, chi_square_p_value, exact_distribution
 
 V = TINY_VOCAB.vocab_size
@@ -70,18 +71,6 @@ def test_exact_distribution_by_hand(pair):
             torch.testing.assert_close(exact[t1], (p1[t1] * p2).double(), atol=1e-6, rtol=1e-4)
 
 
-def test_resampling_from_p_instead_of_the_residual_is_caught(pair, monkeypatch):
-    """The classic bug: after a rejection, sample from p, not norm(max(0, p - q)). The output is
-    then biased towards tokens the draft likes; the test must notice."""
-    target, draft = pair
-    settings, gamma, n = SETTINGS["temperature 1"]
-    monkeypatch.setattr(spec_decoding.speculative, "residual_distribution", lambda p, q: p)
-    result = check_lossless(speculative(target, draft, gamma), target, PROMPT, N_TOKENS, settings,
-                            samples=n, seed=0)
-    assert result.p_value < 1e-6 and not result.passed
-    assert "differs from the target's distribution" in result.message
-
-
 def random_distributions(rows, seed, sharpness=2.0):
     g = torch.Generator().manual_seed(seed)
     return torch.softmax(sharpness * torch.randn(rows, 6, generator=g, dtype=torch.float64), -1).float()
@@ -130,3 +119,45 @@ def test_residual_distribution():
     torch.testing.assert_close(residual_distribution(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
     # p == q: max(0, p - q) is all zero; fall back to p
     torch.testing.assert_close(residual_distribution(p, p), p)
+
+
+class PastDependentGamma(GammaPolicy):
+    """Chooses g in 0..3 from the outcomes of earlier rounds (plain steps included), so the
+    draft length changes from round to round and from sample to sample."""
+    gamma_max = 3
+
+    def __init__(self):
+        self.rounds, self.accepted, self.chosen = 0, 0, []
+
+    def next_gamma(self):
+        self.chosen.append((self.rounds + self.accepted) % 4)
+        return self.chosen[-1]
+
+    def update(self, drafted, accepted):
+        self.rounds += 1
+        self.accepted += accepted
+
+
+def marginal_auto_gamma(target, draft):
+    """AutoGamma with costs at which drafting barely pays for this pair: it switches on and off."""
+    return AutoGamma(CostModel(target=describe_model(target), draft=describe_model(draft),
+                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]))
+
+
+@pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2}),
+                                                 (marginal_auto_gamma, {0, 1})])
+def test_a_gamma_policy_keeps_sampling_lossless(pair, make_policy, lengths):
+    """The policy's state carries over from sample to sample, so g varies within and between
+    samples; g depends only on the past, so the output still follows the target exactly."""
+    target, draft = pair
+    settings = SETTINGS["temperature 1"][0]
+    policy, gammas = make_policy(target, draft), []
+
+    def generate(prompt, n_tokens, **kwargs):
+        result = speculative_sampling(target, draft, prompt, n_tokens, policy, **kwargs)
+        gammas.extend(result.stats.gamma_by_round)
+        return result
+
+    result = check_lossless(generate, target, PROMPT, N_TOKENS, settings, samples=4000, seed=5)
+    assert lengths <= set(gammas)  # plain steps and several draft lengths (3 tokens: g <= 2)
+    assert result.passed and result.p_value > 1e-3, result.message
