@@ -330,7 +330,7 @@ def main(argv=None):
     legend = "\n".join(f"- `{n}`: {CANDIDATES[n][3]}" for n in args.candidates)
     fails = "\n".join(f"- `{n}`: {why}" for n, why in failed.items())
     md = (f"gpt2-large linear layers, one step = 36 x 4 blocks' linears + head; M rows; "
-          f""step ms" is the median over rounds, "best" the fastest round (the machine may be shared); columns M=k give cost(M=k) / cost(M=1), medians.\n\n{table}\n\n{legend}\n"
+          f"step ms is the median over rounds, best the fastest round (the machine may be shared); columns M=k give cost(M=k) / cost(M=1), medians.\n\n{table}\n\n{legend}\n"
           + (f"\nFailed:\n{fails}\n" if fails else ""))
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "rounds": args.rounds, "rows": rows,
