@@ -26,6 +26,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
 from .config import GPT2Config
+from .fast_linear import QUANTIZE_CHOICES, attach_fast_kernels, dequantize_int8, int8_per_channel
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -46,10 +47,34 @@ class CheckpointError(Exception):
     """The weights could not be found, downloaded or read. The message says what to do."""
 
 
-def load_gpt2(name_or_path, device=None, dtype=None) -> GPT2:
-    """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode."""
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def load_gpt2(name_or_path, device=None, dtype=None, quantize=None) -> GPT2:
+    """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
+
+    dtype: a torch.dtype or its name ("float32", "bfloat16", "float16"); default: the file's.
+    quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
+    symmetric per output channel, computed from the file's weights at load time. The
+    parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
+    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear).
+    """
+    dtype = resolve_dtype(dtype)
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     config, weights_path = resolve_checkpoint(name_or_path)
-    return load_safetensors(weights_path, config, device=device, dtype=dtype)
+    return load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    """None, a floating torch.dtype, or one of DTYPE_NAMES -> torch.dtype (None: the file's)."""
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype.removeprefix("torch.")]
+    raise ValueError(f"dtype must be a floating torch.dtype or one of {', '.join(DTYPE_NAMES)}; "
+                     f"got {dtype!r}")
 
 
 def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
@@ -119,8 +144,10 @@ def read_config(path: Path) -> GPT2Config:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None) -> GPT2:
-    """Build a GPT2 whose parameters are the tensors of a safetensors file (either key layout)."""
+def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None,
+                     quantize=None) -> GPT2:
+    """Build a GPT2 whose parameters are the tensors of a safetensors file (either key layout).
+    dtype and quantize as in load_gpt2."""
     path = Path(path)
     device = torch.device(device or "cpu")
     try:
@@ -135,7 +162,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             model = GPT2(config)  # shapes only, no memory
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
-        state = {}
+        state, int8 = {}, {}
         for name in expected:
             # The file is memory-mapped, and every page read stays in this process's memory
             # until the file is closed. Reopening it per tensor releases each tensor's pages
@@ -144,6 +171,10 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                 tensor = f.get_tensor(prefix + name)
             if name.endswith(CONV1D_SUFFIXES):
                 tensor = tensor.t()  # [in, out] -> [out, in]
+            if quantize == "int8" and (name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"):
+                q, scale = int8_per_channel(tensor)
+                int8[name] = (q.to(device), scale.to(device))
+                tensor = dequantize_int8(q, scale, dtype or tensor.dtype)
             state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
             del tensor
     except SafetensorError as e:
@@ -152,6 +183,8 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             f"delete it and download it again."
         ) from None
     model.load_state_dict(state, assign=True)
+    params = dict(model.named_parameters())
+    attach_fast_kernels(model, int8={params[name]: qs for name, qs in int8.items()})
     return model.requires_grad_(False).eval()
 
 
