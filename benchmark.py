@@ -111,6 +111,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quantize", choices=["int8"], help="int8: weight-only int8 target (made at load time)")
+    p.add_argument("--draft-quantize", choices=["int8"], help="int8: weight-only int8 draft")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
@@ -165,9 +167,9 @@ def is_standin(name_or_path: str) -> bool:
     return (Path(name_or_path).parent / STANDIN_MARKER).is_file()
 
 
-def load_model(role: str, name_or_path: str, device, dtype):
+def load_model(role: str, name_or_path: str, device, dtype, quantize=None):
     try:
-        return load_gpt2(name_or_path, device=device, dtype=dtype)
+        return load_gpt2(name_or_path, device=device, dtype=dtype, quantize=quantize)
     except CheckpointError as e:
         sys.exit(f"error: could not load the {role} model {name_or_path!r}:\n{e}\n\n"
                  f"Offline? Pass local folders holding config.json + model.safetensors with "
@@ -353,6 +355,7 @@ def environment(args, device, dtype, standins: bool) -> dict:
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "device": str(device), "device_name": device_name, "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "draft": str(args.draft), "target": str(args.target),
+        "quantize": args.quantize, "draft_quantize": args.draft_quantize,
         "standins": standins, "prompts_file": str(args.prompts), "repeats": args.repeats,
         "warmup": args.warmup, "seed": args.seed, "git_commit": commit,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -442,8 +445,8 @@ def main(argv=None) -> None:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
     standins = is_standin(args.target) and is_standin(args.draft)
     print(f"Loading draft {args.draft} and target {args.target} on {device} ({args.dtype}) ...", flush=True)
-    draft = load_model("draft", str(args.draft), device, dtype)
-    target = load_model("target", str(args.target), device, dtype)
+    draft = load_model("draft", str(args.draft), device, dtype, args.draft_quantize)
+    target = load_model("target", str(args.target), device, dtype, args.quantize)
     check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),
                       min(target.config.n_positions, draft.config.n_positions))
 
