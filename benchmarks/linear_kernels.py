@@ -39,7 +39,7 @@ SHAPES = {  # name: (out_features, in_features, times per gpt2-large step)
     "mlp.c_proj": (1280, 5120, 36),
     "head": (50257, 1280, 1),
 }
-COPY_BYTES = 96 * 2**20  # bytes (in each candidate's format) of a shape's copies: 3x the L3 cache
+COPY_BYTES = 64 * 2**20  # bytes (in each candidate's format) of a shape's copies: 2x the L3 cache
 ROWS = range(1, 10)
 
 

@@ -64,6 +64,7 @@ def main(argv=None):
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=2, help="timed generation rounds (prompts)")
+    p.add_argument("--gen-warmup", type=int, default=1, help="untimed generation rounds first")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
     p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
@@ -98,21 +99,25 @@ def main(argv=None):
                 verify[fmt].append(v)
         print(f"  step/verify round {r + 1}/{args.steps + 2}", flush=True)
     del caches
+    for fmt in targets:  # printed now: the generation below can take long on a busy machine
+        print(f"  {fmt}: step {median(step[fmt]) * 1e3:.0f} ms, verify-5 {median(verify[fmt]) * 1e3:.0f} ms, "
+              f"steps {[round(t * 1e3) for t in step[fmt]]}, verify {[round(t * 1e3) for t in verify[fmt]]}",
+              flush=True)
 
     # 3. Greedy generation: autoregressive and speculative, formats interleaved.
     ar, spec, same, alpha = ({f: [] for f in targets} for _ in range(4))
-    for r in range(args.repeats + 1):
+    for r in range(args.repeats + args.gen_warmup):
         gen_prompt = random_prompt(32, seed=100 + r)
         for fmt in targets:
             a, ta = timed(None, autoregressive_generate, targets[fmt], gen_prompt, args.new_tokens)
             s, ts = timed(None, speculative_sampling_greedy, targets[fmt], drafts[fmt], gen_prompt,
                           args.new_tokens, args.gamma)
-            if r >= 1:  # one warm-up round
+            if r >= args.gen_warmup:
                 ar[fmt].append(ta)
                 spec[fmt].append(ts)
                 same[fmt].append(a.tokens == s.tokens)
                 alpha[fmt].append(s.stats.alpha)
-        print(f"  generation round {r + 1}/{args.repeats + 1}", flush=True)
+        print(f"  generation round {r + 1}/{args.repeats + args.gen_warmup}", flush=True)
 
     base = median(step["fp32"]) if "fp32" in step else None
     results, rows = {}, []
