@@ -9,6 +9,7 @@ Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6
   fp32   load_gpt2(path)                        (oneDNN fp32, the CPU default)
   bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/fast_linear.py)
   int8   load_gpt2(path, quantize="int8")       (weight-only int8, gpt2/fast_linear.py)
+  int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
 and measures, interleaving the formats round by round (medians; the machine may be shared):
   1. one decoding step (1 token, KV cache holding --context positions) and its weight GB/s,
@@ -34,12 +35,28 @@ from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, machine_info, markdown_t
 
 FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
+# "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
+# is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
+FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()) if name != "fp32"})
+
+
+class fast_kernels:
+    """with fast_kernels(on): run gpt2.model.linear() with or without gpt2/fast_linear.py."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.saved, gpt2.fast_linear.ENABLED = gpt2.fast_linear.ENABLED, self.on
+
+    def __exit__(self, *exc):
+        gpt2.fast_linear.ENABLED = self.saved
 
 
 def format_bytes(model, fmt) -> int:
     """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight."""
     total = weight_bytes_per_token(model)
-    if fmt.startswith("int8"):
+    if fmt.startswith("int8") and not fmt.endswith("-plain"):
         for w in gpt2.fast_linear.linear_weights(model):
             total -= w.numel() * (w.element_size() - 1)
     return total
@@ -77,23 +94,26 @@ def main(argv=None):
                                          damping=0.04, embedding_std=0.1)
     targets, drafts = {}, {}
     for fmt in args.formats:
-        print(f"loading the {fmt} pair ...", flush=True)
-        targets[fmt] = load_gpt2(target_dir, **FORMATS[fmt])
-        drafts[fmt] = load_gpt2(draft_dir, **FORMATS[fmt])
+        same = next((f for f in targets if FORMATS[f] == FORMATS[fmt]), None)  # "-plain" shares
+        if same is None:
+            print(f"loading the {fmt} pair ...", flush=True)
+        targets[fmt] = targets[same] if same else load_gpt2(target_dir, **FORMATS[fmt])
+        drafts[fmt] = drafts[same] if same else load_gpt2(draft_dir, **FORMATS[fmt])
 
     # 1-2. Step and verify-5, formats interleaved.
     prompt = random_prompt(args.context, seed=0)
     caches = {}
     for fmt, model in targets.items():
         caches[fmt] = model.new_kv_cache(max_len=args.context + 8)
-        with torch.inference_mode():
+        with torch.inference_mode(), fast_kernels(not fmt.endswith("-plain")):
             model(torch.tensor([prompt]), caches[fmt], 1)
     step, verify = {f: [] for f in targets}, {f: [] for f in targets}
     five = random_prompt(5, seed=1)
     for r in range(args.steps + 2):
         for fmt, model in targets.items():
-            s = forward_seconds(model, caches[fmt], args.context, five[:1])
-            v = forward_seconds(model, caches[fmt], args.context, five)
+            with fast_kernels(not fmt.endswith("-plain")):
+                s = forward_seconds(model, caches[fmt], args.context, five[:1])
+                v = forward_seconds(model, caches[fmt], args.context, five)
             if r >= 2:  # two warm-up rounds
                 step[fmt].append(s)
                 verify[fmt].append(v)
@@ -109,9 +129,10 @@ def main(argv=None):
     for r in range(args.repeats + args.gen_warmup):
         gen_prompt = random_prompt(32, seed=100 + r)
         for fmt in targets:
-            a, ta = timed(None, autoregressive_generate, targets[fmt], gen_prompt, args.new_tokens)
-            s, ts = timed(None, speculative_sampling_greedy, targets[fmt], drafts[fmt], gen_prompt,
-                          args.new_tokens, args.gamma)
+            with fast_kernels(not fmt.endswith("-plain")):
+                a, ta = timed(None, autoregressive_generate, targets[fmt], gen_prompt, args.new_tokens)
+                s, ts = timed(None, speculative_sampling_greedy, targets[fmt], drafts[fmt], gen_prompt,
+                              args.new_tokens, args.gamma)
             if r >= args.gen_warmup:
                 ar[fmt].append(ta)
                 spec[fmt].append(ts)
