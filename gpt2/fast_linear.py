@@ -1,15 +1,17 @@
 """Faster CPU kernels for GPT-2's linear layers in 16- and 8-bit weight formats.
 
 Decoding one token reads every weight once, so on a CPU a step takes (bytes of weights) / (memory
-bandwidth): halving the bytes should halve the step. PyTorch's stock paths do not get there for
-the one to nine rows decoding and verification feed a linear layer (see
-`python -m benchmarks.linear_kernels` and the README's kernel table). What does, measured:
+bandwidth): halving the bytes should halve the step. PyTorch's stock 16-bit paths did not get
+there in earlier measurements (a bf16 step took as long as fp32). The kernels used here are the
+candidates `python -m benchmarks.linear_kernels` found most promising:
 
   - bfloat16: oneDNN with the weights reordered ONCE into its blocked layout
-    (torch.ops.mkldnn._reorder_linear_weight). Given plain [out, in] bf16 weights, oneDNN
-    reorders them on every call, which costs about as much as the product itself.
+    (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call.
   - int8 (weight-only, per output channel, symmetric): torch._weight_int8pack_mm with bfloat16
-    activations.
+    activations (its fp32-activation path is several times slower for a few rows).
+
+Whether they beat the plain path end to end could not be settled on the shared machine they were
+measured on (README, "Weight formats on CPU"); `python -m benchmarks.weight_formats` measures it.
 
 `attach_fast_kernels(model)` gives each linear weight (and the tied output head, wte.weight) a
 `fast_linear` attribute: a callable (x, bias) -> x @ W.T + bias in that format.
@@ -25,6 +27,9 @@ import torch
 
 ENABLED = os.environ.get("GPT2_FAST_LINEAR", "1") != "0"
 QUANTIZE_CHOICES = (None, "int8")
+# _weight_int8pack_mm is fast with bf16 activations only: an fp32 model's int8 layers round their
+# inputs to bf16 (the tests' tolerances include this).
+INT8_ACTIVATION_DTYPE = torch.bfloat16
 
 
 def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +83,7 @@ def linear_weights(model):
 def attach_fast_kernels(model, int8: dict | None = None) -> int:
     """Give each linear weight of a CPU model its fast kernel (see the module docstring).
 
-    int8: weight -> (q, scale) for weights quantized at load time (their parameters hold the
+    int8: parameter -> (q, scale) for weights quantized at load time (their parameters hold the
     dequantized values). bf16 weights get oneDNN pre-packed copies. Other formats keep the plain
     path. Returns how many weights got a kernel."""
     count = 0
@@ -94,5 +99,3 @@ def attach_fast_kernels(model, int8: dict | None = None) -> int:
         count += 1
     return count
 
-
-INT8_ACTIVATION_DTYPE = torch.bfloat16
