@@ -3,17 +3,22 @@
     python benchmark.py                       # draft gpt2, target gpt2-large (from the hub)
     python benchmark.py --draft DIR --target DIR --gammas 1 2 4 --max-gens 50 100
     python benchmark.py --make-standins checkpoints/standins-pair --max-gens 50 100 200 --repeats 1
+    python benchmark.py --drafters model ngram layerskip:6 --gammas 2 4   # drafters side by side
+    python benchmark.py --gammas 3 9 --trees 3,1,1 2,2,1   # token trees beside chains
 
 For each cell of the grid gamma x max_gen x temperature, every prompt (one per line of --prompts)
 is generated --repeats times by the target alone (spec_decoding.autoregressive_generate, the
 baseline) and speculatively (speculative_sampling_greedy at temperature 0, speculative_sampling
 with a seeded generator otherwise). The baseline of a (temperature, max_gen, prompt, repeat) is
 timed right before the speculative runs of every gamma, so both see the same machine state.
-Generation never stops early at <|endoftext|>: every run makes max_gen tokens.
+Generation never stops early at <|endoftext|>: every run makes max_gen tokens. --drafters makes
+the drafter a grid axis too (spec_decoding/drafters.py): model (--draft), ngram[:N] (prompt
+lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks); every
+drafter runs right after the same baseline.
 
 A run's speed-up is baseline seconds / speculative seconds; a cell reports the median over its
 runs (prompts x repeats) with the quartiles and min/max. Before the grid, the script measures on
-warm KV caches what the theory needs: c = draft step / target step, and the target's cost of
+warm KV caches what the theory needs: c = draft step / target step (per drafter), and the target's cost of
 verifying gamma + 1 tokens relative to one step. spec_decoding.theory.predicted_speedup then
 gives Leviathan et al.'s predicted speed-up from the measured acceptance, shown beside the
 measured one.
@@ -23,18 +28,27 @@ drafted position counts, also those after the first rejection, which the target 
 alpha is accepted / (accepted + rejected): the chance that a draft token the target judged was
 accepted, the alpha of the theory. For gamma = 1 they are equal; the prediction uses alpha.
 
+--trees B1,B2,... adds token trees (spec_decoding.tree, with the model drafter) to the grid beside
+the gammas: each is timed like a gamma, its cost of verifying all its nodes in one target forward
+is measured, and its cells go to a table of their own ("tree_cells" in results.json, rows with a
+tree in the CSV). A tree's prediction is Leviathan's speed-up with the measured tokens per round:
+tokens per target call / (depth * c + verify cost of its nodes).
+
 Output in --out (default runs/benchmark): results.csv (one row per cell), results.json (cells
 with their runs, costs, environment), summary.md (the table printed at the end) and PNG plots.
 On a CPU that other programs keep busy, --threads 1 times more steadily than one thread per core
 (threads that wait for each other slow every step down when a core is taken).
-Offline? Pass local folders (config.json + model.safetensors) with --draft/--target, or make
+Offline? Pass local folders (config.json + model.safetensors) with --draft/--target: for real
+acceptance, the small pair trained here by `python -m gpt2.train_pair --out runs/trained_pair`
+(--target runs/trained_pair/target --draft runs/trained_pair/draft); for the real models' costs,
 random-weight stand-ins of the real shapes with --make-standins DIR (their speed is the real
-models' speed; their text and acceptance are not).
+models' speed; their text and acceptance are not: they accept almost everything).
 """
 
 import argparse
 import csv
 import datetime
+import itertools
 import json
 import math
 import platform
@@ -42,6 +56,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -49,20 +64,28 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
-from benchmarks.common import timed
-from gpt2.device import resolve_device
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.theory import predicted_speedup
+from benchmarks.common import gamma_order, timed
+from gpt2.device import dtype_note, resolve_device, resolve_dtype
+from gpt2.loading import peek_config
+from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+                           tree_speculative_sampling)
+from spec_decoding.tree import TokenTree, branching_label, parse_branching, score_tree, tree_size
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from spec_decoding.costs import CostModel
+from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
+from spec_decoding.theory import predicted_speedup, predicted_tree_speedup
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "prompts" / "default.txt"
 RESULT_FILES = ("results.json", "results.csv", "summary.md")
 STANDIN_MARKER = "standins.json"  # written beside DIR/target and DIR/draft by --make-standins
 CSV_COLUMNS = [
-    "gamma", "max_gen", "temperature", "runs", "speedup_median", "speedup_q1", "speedup_q3",
+    "drafter", "gamma", "max_gen", "temperature", "runs", "speedup_median", "speedup_q1", "speedup_q3",
     "speedup_min", "speedup_max", "predicted_speedup", "target_tokens_per_s", "spec_tokens_per_s",
     "acceptance_rate", "alpha", "tokens_per_target_call", "generated_tokens", "target_calls",
     "draft_calls", "acceptance_by_position", "tokens_match_baseline", "hf_speedup_median",
+    "tree", "nodes_per_target_call", "cost_model_speedup", "mean_gamma", "plain_rounds",
 ]
 
 
@@ -78,10 +101,37 @@ def positive_int(text):
     return value
 
 
+def gamma_value(text):
+    """A fixed gamma (int >= 1) or a policy name (auto, heuristic)."""
+    if text in POLICY_NAMES:
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (nor one of "
+                                         f"{', '.join(POLICY_NAMES)})") from None
+
+
+def fixed_gammas(gammas) -> list[int]:
+    return [g for g in gammas if isinstance(g, int)]
+
+
 def non_negative_int(text):
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return int(text)
+
+
+def drafter_spec(text):
+    """model, ngram, ngram:N or layerskip:K -> the canonical name (ngram is ngram:3)."""
+    kind, _, number = text.partition(":")
+    if kind == "model" and not number:
+        return "model"
+    if kind in ("ngram", "layerskip") and (number.isdigit() and int(number) >= 1 or kind == "ngram" and not number):
+        return f"{kind}:{number or 3}"
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens) or "
+        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1")
 
 
 def temperature_value(text):
@@ -94,13 +144,29 @@ def temperature_value(text):
     return value
 
 
+def tree_value(text):
+    try:
+        return parse_branching(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2)")
+    p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2), for the model drafter")
+    p.add_argument("--drafters", type=drafter_spec, nargs="+", default=["model"], metavar="D",
+                   help="what drafts: model (--draft), ngram[:N] (prompt lookup), layerskip:K (the "
+                        "target's first K blocks); several make a grid axis (default model)")
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
-    p.add_argument("--gammas", type=positive_int, nargs="+", default=[1, 2, 4, 8], metavar="G",
-                   help="draft tokens per round (default 1 2 4 8)")
+    p.add_argument("--gammas", type=gamma_value, nargs="+", default=[1, 2, 4, 8], metavar="G",
+                   help="draft tokens per round (default 1 2 4 8), or a policy choosing them each "
+                        "round: auto (from the measured costs and acceptance), heuristic (transformers')")
+    p.add_argument("--gamma-max", type=positive_int, default=DEFAULT_GAMMA_MAX,
+                   help=f"the most tokens auto and heuristic draft per round (default {DEFAULT_GAMMA_MAX})")
+    p.add_argument("--trees", type=tree_value, nargs="+", default=[], metavar="B1,B2,...",
+                   help="token trees to time beside the gammas (model drafter), e.g. 2,2,1 3,1,1 "
+                        "(children per depth)")
     p.add_argument("--max-gens", type=positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
                    help="new tokens per generation (default 50 100 200 500)")
     p.add_argument("--temperatures", type=temperature_value, nargs="+", default=[0.0], metavar="T",
@@ -110,7 +176,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed warm-up rounds first")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto (default): float32 on CPU, where half precision is not faster; "
+                        "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8"], help="int8: weight-only int8 target (made at load time)")
     p.add_argument("--draft-quantize", choices=["int8"], help="int8: weight-only int8 draft")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
@@ -122,7 +190,11 @@ def parse_args(argv=None):
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers' assisted generation (temperature 0) on the same pair")
     args = p.parse_args(argv)
-    args.gammas = sorted(set(args.gammas))
+    args.drafters = list(dict.fromkeys(args.drafters))  # keep the order given, drop repeats
+    args.gammas = sorted(set(args.gammas), key=gamma_order)
+    args.trees = sorted(set(args.trees), key=lambda b: (tree_size(b), b))
+    if args.trees and "model" not in args.drafters:
+        p.error("--trees needs the model drafter (a draft model scores the tree): add model to --drafters")
     args.max_gens = sorted(set(args.max_gens))
     args.temperatures = sorted(set(args.temperatures))
     if not args.prompts.is_file():
@@ -192,6 +264,18 @@ def read_prompts(path: Path) -> list[list[int]]:
         sys.exit(f"error: {e}")
 
 
+def clamp_max_gens(max_gens: list[int], prompts: list[list[int]], n_positions: int) -> list[int]:
+    """max_gens with every value cut to what the context window leaves after the longest prompt, so
+    that every run makes max_gen tokens; says so when it cuts."""
+    room = n_positions - max(len(p) for p in prompts)
+    if room < 1 or max(max_gens) <= room:
+        return max_gens  # room < 1: check_prompts_fit says what is wrong
+    print(f"note: --max-gens {' '.join(str(m) for m in max_gens if m > room)}: the models' context "
+          f"window of {n_positions} tokens leaves room for {room} new tokens after the longest "
+          f"prompt ({n_positions - room} tokens); clamped to {room}.", flush=True)
+    return sorted({min(m, room) for m in max_gens})
+
+
 def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: int) -> None:
     if longest := max((len(p) for p in prompts if len(p) >= n_positions), default=0):
         sys.exit(f"error: a prompt has {longest} tokens; the models' context window holds "
@@ -203,62 +287,124 @@ def check_prompts_fit(prompts: list[list[int]], vocab_size: int, n_positions: in
 
 # ---------------------------------------------------------------- measuring
 
+def make_drafters(names, target, draft) -> dict:
+    """name -> Drafter for the --drafters given (draft: the loaded --draft model, or None)."""
+    drafters = {}
+    for name in names:
+        kind, _, number = name.partition(":")
+        try:
+            if kind == "model":
+                drafters[name] = ModelDrafter(draft)
+            elif kind == "ngram":
+                drafters[name] = NGramDrafter(max_ngram=int(number))
+            else:
+                drafters[name] = LayerSkipDrafter(target, int(number))
+        except ValueError as e:
+            sys.exit(f"error: --drafters {name}: {e}")
+    return drafters
+
+
 @torch.inference_mode()
-def measure_costs(target, draft, gammas, context_len, device, budget_s=3.0) -> dict:
-    """Time one forward on a warm KV cache holding context_len tokens (rolled back after each, so
-    every timing sees the same context): the target and the draft on 1 new token, the target on
-    gamma + 1 tokens (verification). The shapes take turns, round after round, so a busy machine
-    slows them alike; each cost is a median over the rounds."""
+def measure_costs(target, drafters: dict, gammas, context_len, device, budget_s=3.0, trees=()) -> dict:
+    """Time one step on a warm KV cache holding context_len tokens (rolled back after each, so
+    every timing sees the same context): the target on 1 new token, each drafter proposing 1 token
+    (a draft model's forward on 1 new token; the n-gram drafter's lookup over the context), the
+    target on gamma + 1 tokens (verification), and the target on each tree's root and nodes under
+    its tree mask. The shapes take turns, round after round, so a busy machine slows them alike;
+    each cost is a median over the rounds."""
     g = torch.Generator().manual_seed(0)
     context = torch.randint(target.config.vocab_size, (1, context_len), generator=g).to(device)
-    caches = {}
-    for name, model in (("target", target), ("draft", draft)):
-        caches[name] = model.new_kv_cache(max_len=context_len + max(gammas) + 1)
-        model(context, caches[name], num_last_logits=1)
-    models = {"target": target, "draft": draft}
-    shapes = [("target", 1), ("draft", 1)] + [("target", gamma + 1) for gamma in gammas]
-    times = {shape: [] for shape in shapes}
+    context_list = context[0].tolist()
+    target_cache = target.new_kv_cache(max_len=context_len + max(gammas) + 1,
+                                       extra_slots=max([tree_size(b) for b in trees], default=0))
+    target(context, target_cache, num_last_logits=1)
+    for drafter in drafters.values():
+        drafter.start(context_list, max(gammas) + 1)
+        drafter.propose(context_list, 1)  # feeds it the context
+
+    def target_step(n_new):
+        new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
+        target_cache.truncate(context_len)
+        return timed(device, target, new, target_cache, num_last_logits=n_new)[1]
+
+    def draft_step(drafter):
+        drafter.roll_back(context_len - 1)  # so that it feeds the context's last token again
+        return timed(device, drafter.propose, context_list, 1)[1]
+
+    steps = {("target", 1): lambda: target_step(1)}
+    steps.update({(name, 1): (lambda d=drafter: draft_step(d)) for name, drafter in drafters.items()})
+    steps.update({("target", gamma + 1): (lambda n=gamma + 1: target_step(n)) for gamma in gammas})
+
+    def tree_step(branching):  # the root (the context's last token) and the nodes, in one forward
+        target_cache.truncate(context_len - 1)
+        tree = random_tree(branching, target.config.vocab_size, g)
+        return timed(device, score_tree, target, target_cache, tree, context_list)[1]
+
+    steps.update({("tree", b): (lambda b=b: tree_step(b)) for b in trees})
+    times = {shape: [] for shape in steps}
     start, rounds = time.perf_counter(), 0
     while rounds < 5 or (time.perf_counter() - start < budget_s and rounds < 30):
-        for name, n_new in shapes:
-            new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
-            caches[name].truncate(context_len)
-            _, seconds = timed(device, models[name], new, caches[name], num_last_logits=n_new)
-            times[(name, n_new)].append(seconds)
+        for shape, step in steps.items():
+            times[shape].append(step())
         rounds += 1
     median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
     step = median[("target", 1)]
-    return {"c": median[("draft", 1)] / step,
-            "verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
-            "context_len": context_len, "rounds": rounds,
-            "target_step_ms": 1000 * step, "draft_step_ms": 1000 * median[("draft", 1)]}
+    by_drafter = {name: {"c": median[(name, 1)] / step, "draft_step_ms": 1000 * median[(name, 1)]}
+                  for name in drafters}
+    first = by_drafter[next(iter(drafters))]  # top-level c: the first drafter's (notebook 4 reads it)
+    return {"verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
+            "verify_cost_by_tree": {branching_label(b): median[("tree", b)] / step for b in trees},
+            "context_len": context_len, "rounds": rounds, "target_step_ms": 1000 * step,
+            "drafters": by_drafter, "c": first["c"], "draft_step_ms": first["draft_step_ms"]}
 
 
-def speculate(target, draft, prompt, max_gen, gamma, temperature, generator):
+def random_tree(branching, vocab_size, generator) -> TokenTree:
+    """A tree of the given shape with random tokens (the verification cost does not depend on them)."""
+    tree, parents = TokenTree(root=0), [-1]
+    for b in branching:
+        parents = [tree.add(int(torch.randint(vocab_size, (), generator=generator)), parent)
+                   for parent in parents for _ in range(b)]
+    return tree
+
+
+def speculate(target, drafter, prompt, max_gen, gamma, temperature, generator, args=None, cost_model=None):
+    """gamma: draft tokens per round (a chain), a policy name (auto, heuristic: bounded by
+    args.gamma_max; auto uses cost_model), or a branching tuple (a token tree)."""
+    if isinstance(gamma, tuple):
+        return tree_speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator)
+    policy = dict(gamma_max=args.gamma_max, cost_model=cost_model) if isinstance(gamma, str) else {}
     if temperature == 0:
-        return speculative_sampling_greedy(target, draft, prompt, max_gen, gamma)
-    return speculative_sampling(target, draft, prompt, max_gen, gamma, temperature, generator=generator)
+        return speculative_sampling_greedy(target, drafter, prompt, max_gen, gamma, **policy)
+    return speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator,
+                                **policy)
 
 
 def seeded(seed: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def warm_up(target, draft, prompts, args, device) -> None:
+def warm_up(target, drafters, prompts, args, device, cost_models) -> None:
     """Untimed runs of every shape the grid uses (first calls allocate and pick kernels)."""
     n = min(16, args.max_gens[0])
     for i in range(args.warmup):
         for t in args.temperatures:
             autoregressive_generate(target, prompts[0], n, temperature=t, generator=seeded(i, device))
-            for gamma in args.gammas:
-                speculate(target, draft, prompts[0], n, gamma, t, seeded(i, device))
+            for name, drafter in drafters.items():
+                for gamma in args.gammas:
+                    speculate(target, drafter, prompts[0], n, gamma, t, seeded(i, device), args,
+                              cost_models[name])
+            for branching in args.trees:
+                speculate(target, drafters["model"], prompts[0], n, branching, t, seeded(i, device))
 
 
-def run_grid(target, draft, prompts, args, device) -> list[dict]:
+def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]:
     """One record per speculative run; each (temperature, max_gen, repeat, prompt) times the
-    target alone first, then speculative decoding with every gamma."""
+    target alone first, then speculative decoding with every drafter and gamma."""
     records = []
-    total = len(args.temperatures) * args.repeats * len(prompts) * (1 + len(args.gammas)) * sum(args.max_gens)
+    runs_per_baseline = 1 + len(drafters) * len(args.gammas) + len(args.trees)
+    # (drafter name, gamma or branching tuple): every drafter's chains, then the trees (model drafter)
+    variants = list(itertools.product(drafters, args.gammas)) + [("model", b) for b in args.trees]
+    total = len(args.temperatures) * args.repeats * len(prompts) * runs_per_baseline * sum(args.max_gens)
     bar = tqdm(total=total, unit="tok", desc="benchmark", dynamic_ncols=True)
     for temperature in args.temperatures:
         for max_gen in args.max_gens:
@@ -270,14 +416,17 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                     base, base_s = timed(device, autoregressive_generate, target, prompt, max_gen,
                                          temperature=temperature, generator=seeded(seed, device))
                     bar.update(max_gen)
-                    for gamma in args.gammas:
-                        bar.set_description(f"{where}: gamma={gamma}")
-                        spec, spec_s = timed(device, speculate, target, draft, prompt, max_gen, gamma,
-                                             temperature, seeded(seed, device))
+                    for name, gamma in variants:
+                        tree = branching_label(gamma) if isinstance(gamma, tuple) else None
+                        bar.set_description(f"{where}: {name} " + (f"tree={tree}" if tree else f"gamma={gamma}"))
+                        spec, spec_s = timed(device, speculate, target, drafters[name], prompt, max_gen, gamma,
+                                             temperature, seeded(seed, device), args, cost_models[name])
                         bar.update(max_gen)
                         s = spec.stats
                         records.append({
-                            "temperature": temperature, "max_gen": max_gen, "gamma": gamma,
+                            "drafter": name, "temperature": temperature, "max_gen": max_gen,
+                            "gamma": len(gamma) if tree else gamma, "tree": tree,
+                            "nodes_verified": s.nodes_verified,
                             "repeat": repeat, "prompt_index": p, "prompt_tokens": len(prompt),
                             "baseline_seconds": base_s, "spec_seconds": spec_s, "speedup": base_s / spec_s,
                             "baseline_tokens": len(base.tokens), "generated_tokens": s.tokens_generated,
@@ -286,6 +435,7 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
                             "rejections": s.tokens_rejected,
                             "drafted_by_position": s.drafted_by_position,
                             "accepted_by_position": s.accepted_by_position,
+                            "gamma_by_round": s.gamma_by_round,
                             "tokens_match_baseline": spec.tokens == base.tokens if temperature == 0 else None,
                         })
     bar.close()
@@ -293,6 +443,15 @@ def run_grid(target, draft, prompts, args, device) -> list[dict]:
 
 
 # ---------------------------------------------------------------- summarizing
+
+def cost_model_speedup(runs: list[dict], cost_model: CostModel) -> float:
+    """The speed-up the measured per-call costs give for these runs' rounds: max_gen target steps
+    over the sum of round_seconds(g) of every round. No timer is involved, so a busy machine does
+    not move it; it leaves out what the CostModel does not time (Python overhead, sampling, the
+    prompt's forward)."""
+    baseline = sum(r["baseline_tokens"] for r in runs) * cost_model.target_step_s
+    return baseline / sum(cost_model.round_seconds(g) for r in runs for g in r["gamma_by_round"])
+
 
 def summarize_cell(runs: list[dict], costs: dict) -> dict:
     first = runs[0]
@@ -304,35 +463,57 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
 
     accepted, drafted, rejected = total("tokens_accepted"), total("tokens_drafted"), total("rejections")
     alpha = accepted / (accepted + rejected) if accepted + rejected else None
-    drafted_at = [sum(r["drafted_by_position"][i] for r in runs) for i in range(gamma)]
-    accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(gamma)]
+    positions = len(first["drafted_by_position"])  # gamma, or gamma_max for a policy
+    drafted_at = [sum(r["drafted_by_position"][i] for r in runs) for i in range(positions)]
+    accepted_at = [sum(r["accepted_by_position"][i] for r in runs) for i in range(positions)]
     by_position = [a / d if d else None for a, d in zip(accepted_at, drafted_at)]
-    verify = costs["verify_cost_by_gamma"][gamma]
+    c = costs["drafters"][first["drafter"]]["c"]
+    tree = first.get("tree")
+    tokens_per_call = total("generated_tokens") / total("target_calls")
+    policy = tree is None and not isinstance(gamma, int)  # auto, heuristic: gamma changes by round
+    if policy:
+        verify, predicted = None, None
+    elif tree is None:
+        verify = costs["verify_cost_by_gamma"][gamma]
+        predicted = predicted_speedup(alpha, gamma, c, verify) if alpha is not None else None
+    else:  # Leviathan's tokens per round over the round's cost, with the measured tokens per round
+        verify = costs["verify_cost_by_tree"][tree]
+        predicted = predicted_tree_speedup(tokens_per_call, gamma, c, verify)
     return {
-        "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
+        "tree": tree, "nodes_per_target_call": total("nodes_verified") / total("target_calls"),
+        "verify_cost": verify,
+        "drafter": first["drafter"], "gamma": gamma, "max_gen": first["max_gen"], "temperature": first["temperature"], "runs": len(runs),
         "speedup_median": float(np.median(speedups)),
         "speedup_q1": float(np.percentile(speedups, 25)), "speedup_q3": float(np.percentile(speedups, 75)),
         "speedup_min": float(speedups.min()), "speedup_max": float(speedups.max()),
-        "predicted_speedup": predicted_speedup(alpha, gamma, costs["c"], verify) if alpha is not None else None,
+        "predicted_speedup": predicted,
         "target_tokens_per_s": total("baseline_tokens") / total("baseline_seconds"),
         "spec_tokens_per_s": total("generated_tokens") / total("spec_seconds"),
         "acceptance_rate": accepted / drafted if drafted else None,
         "alpha": alpha,
-        "tokens_per_target_call": total("generated_tokens") / total("target_calls"),
+        "tokens_per_target_call": tokens_per_call,
         "generated_tokens": total("generated_tokens"),
         "target_calls": total("target_calls"), "draft_calls": total("draft_calls"),
         "acceptance_by_position": by_position,
         "tokens_match_baseline": all(r["tokens_match_baseline"] for r in runs) if first["temperature"] == 0 else None,
+        **({} if tree else policy_columns(runs, CostModel(**costs["cost_models"][first["drafter"]]))),
         "run_records": runs,
     }
 
 
+def policy_columns(runs: list[dict], cost_model: CostModel) -> dict:
+    """A chain cell's mean g per round, its rounds without drafting, and its cost-model speedup."""
+    rounds = [g for r in runs for g in r["gamma_by_round"]]
+    return {"mean_gamma": float(np.mean(rounds)), "plain_rounds": rounds.count(0),
+            "cost_model_speedup": cost_model_speedup(runs, cost_model)}
+
+
 def best_gammas(cells: list[dict]) -> tuple[int, int | None]:
-    """The gamma with the best mean (over the cells) measured and predicted speed-up."""
+    """The fixed gamma with the best mean (over the cells) measured and predicted speed-up."""
     def best(key):
         by_gamma = {}
         for cell in cells:
-            if cell[key] is not None:
+            if cell[key] is not None and isinstance(cell["gamma"], int):
                 by_gamma.setdefault(cell["gamma"], []).append(cell[key])
         return max(by_gamma, key=lambda g: np.mean(by_gamma[g])) if by_gamma else None
     return best("speedup_median"), best("predicted_speedup")
@@ -356,6 +537,7 @@ def environment(args, device, dtype, standins: bool) -> dict:
         "device": str(device), "device_name": device_name, "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "draft": str(args.draft), "target": str(args.target),
         "quantize": args.quantize, "draft_quantize": args.draft_quantize,
+        "drafters": args.drafters,
         "standins": standins, "prompts_file": str(args.prompts), "repeats": args.repeats,
         "warmup": args.warmup, "seed": args.seed, "git_commit": commit,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -367,23 +549,85 @@ def fmt(x, spec=".2f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def drafter_label(name: str, env: dict) -> str:
+    """model -> "model gpt2"; ngram:3 -> "ngram:3 (prompt lookup)"; layerskip:6 -> "layerskip:6 (...)"."""
+    kind, _, number = name.partition(":")
+    if kind == "model":
+        return f"model {env['draft']}"
+    if kind == "ngram":
+        return f"{name} (prompt lookup, n-grams of up to {number} tokens)"
+    return f"{name} (the target's first {number} blocks)"
+
+
+def drafters_side_by_side(results: dict) -> list[str]:
+    """One row per drafter and temperature, at the drafter's best gamma there (averaged over max_gen)."""
+    cells, costs = results["cells"], results["costs"]
+    lines = ["Drafters side by side, each at its best gamma (averages over max_gen):", "",
+             "| Drafter | Temperature | Draft step / target step (c) | Best gamma | Speedup | alpha "
+             "| Tokens/target call |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in dict.fromkeys(c["drafter"] for c in cells):
+        for t in sorted({c["temperature"] for c in cells}):
+            rows = [c for c in cells if c["drafter"] == name and c["temperature"] == t]
+            by_gamma = {g: [c for c in rows if c["gamma"] == g]
+                        for g in sorted({c["gamma"] for c in rows}, key=gamma_order)}
+            mean = lambda gc, key: float(np.mean([c[key] for c in gc])) if all(c[key] is not None for c in gc) else None
+            best = max(by_gamma, key=lambda g: mean(by_gamma[g], "speedup_median"))
+            gc = by_gamma[best]
+            lines.append(f"| {name} | {t:g} | {costs['drafters'][name]['c']:.3f} | {best} | "
+                         f"{mean(gc, 'speedup_median'):.2f}x | {fmt(mean(gc, 'alpha'))} | "
+                         f"{mean(gc, 'tokens_per_target_call'):.2f} |")
+    return lines
+
+
+def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list[str]:
+    """The token trees' table, with the model drafter's chain of as many draft tokens as the tree
+    has nodes (when that gamma was run): equal verification width."""
+    lines = ["Token trees (model drafter; averages over max_gen; chain = the gamma with as many draft "
+             "tokens as the tree has nodes, same temperature):", "",
+             "| Tree | T | Nodes | Avg Speedup | Predicted | Tokens/target call | Nodes/target call "
+             "| Verify cost | Chain speedup | Chain tokens/call | Same tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for t, tree in sorted({(c["temperature"], c["tree"]) for c in tree_cells},
+                          key=lambda k: (k[0], tree_size(parse_branching(k[1])))):
+        tc = [c for c in tree_cells if (c["temperature"], c["tree"]) == (t, tree)]
+        n = tree_size(parse_branching(tree))
+        chain = [c for c in cells if c["drafter"] == "model" and c["temperature"] == t and c["gamma"] == n]
+
+        def avg(rows, key):
+            values = [c[key] for c in rows if c.get(key) is not None]
+            return float(np.mean(values)) if values else None
+        same = "n/a" if t else ("yes" if all(c["tokens_match_baseline"] for c in tc) else "**NO**")
+        lines.append(f"| {tree} | {t:g} | {n} | {avg(tc, 'speedup_median'):.2f}x | {fmt(avg(tc, 'predicted_speedup'))}x "
+                     f"| {avg(tc, 'tokens_per_target_call'):.2f} | {avg(tc, 'nodes_per_target_call'):.1f} "
+                     f"| {costs['verify_cost_by_tree'][tree]:.2f} | {fmt(avg(chain, 'speedup_median'))}x "
+                     f"| {fmt(avg(chain, 'tokens_per_target_call'))} | {same} |")
+    return lines + [""]
+
+
 def summary_markdown(results: dict) -> str:
-    """The terminal summary (markdown tables): one row per gamma, averaged over max_gen."""
+    """The terminal summary (markdown tables): per drafter, one row per gamma, averaged over max_gen."""
     cells, costs, env = results["cells"], results["costs"], results["environment"]
-    lines = [f"Draft {env['draft']} -> target {env['target']}"
+    drafters = list(dict.fromkeys(c["drafter"] for c in cells))
+    drafted_by = "drafter " + drafter_label(drafters[0], env) if len(drafters) == 1 else f"{len(drafters)} drafters"
+    lines = [f"Target {env['target']}, {drafted_by}"
              + (" (random-weight stand-ins)" if env["standins"] else "")
              + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} thread{'s' * (env['threads'] != 1)}", ""]
-    for t in sorted({c["temperature"] for c in cells}):
-        rows = [c for c in cells if c["temperature"] == t]
+    if len(drafters) > 1:
+        lines += drafters_side_by_side(results) + [""]
+    for name, t in itertools.product(drafters, sorted({c["temperature"] for c in cells})):
+        rows = [c for c in cells if c["temperature"] == t and c["drafter"] == name]
+        if len(drafters) > 1 and t == min(c["temperature"] for c in cells):
+            lines += [f"### Drafter {drafter_label(name, env)}", ""]
         max_gens = sorted({c["max_gen"] for c in rows})
         hf = any(c.get("hf_speedup_median") is not None for c in rows)
         lines += [f"Temperature {t:g} ({'greedy' if t == 0 else 'sampling'}); averages over "
                   f"max_gen {', '.join(map(str, max_gens))}; target alone: "
                   f"{np.mean([c['target_tokens_per_s'] for c in rows]):.1f} tokens/s", "",
-                  "| Gamma | Avg Speedup | Predicted | Avg Tokens/s | Acceptance | alpha | Tokens/target call "
-                  "| Tests | Same tokens |" + (" HF assisted speedup |" if hf else ""),
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if hf else "")]
-        for g in sorted({c["gamma"] for c in rows}):
+                  "| Gamma | Avg Speedup | Predicted | Cost-model speedup | Avg Tokens/s | Acceptance | alpha "
+                  "| Tokens/target call | Mean g (plain rounds) | Tests | Same tokens |"
+                  + (" HF assisted speedup |" if hf else ""),
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if hf else "")]
+        for g in sorted({c["gamma"] for c in rows}, key=gamma_order):
             gc = [c for c in rows if c["gamma"] == g]
 
             def avg(key):
@@ -393,23 +637,38 @@ def summary_markdown(results: dict) -> str:
             lines.append(
                 f"| {g} | {avg('speedup_median'):.2f}x ({min(c['speedup_min'] for c in gc):.2f}-"
                 f"{max(c['speedup_max'] for c in gc):.2f}) | {fmt(avg('predicted_speedup'))}x | "
+                f"{fmt(avg('cost_model_speedup'))}x | "
                 f"{avg('spec_tokens_per_s'):.1f} | {fmt(avg('acceptance_rate'))} | {fmt(avg('alpha'))} | "
-                f"{avg('tokens_per_target_call'):.2f} | {sum(c['runs'] for c in gc)} | {same} |"
+                f"{avg('tokens_per_target_call'):.2f} | {fmt(avg('mean_gamma'))} "
+                f"({sum(c.get('plain_rounds', 0) for c in gc)}) | {sum(c['runs'] for c in gc)} | {same} |"
                 + (f" {fmt(avg('hf_speedup_median'))}x |" if hf else ""))
         lines += ["", "Median speed-up by gamma (rows) and max_gen (columns):", "",
                   "| gamma | " + " | ".join(map(str, max_gens)) + " |", "|---:|" + "---:|" * len(max_gens)]
-        for g in sorted({c["gamma"] for c in rows}):
+        for g in sorted({c["gamma"] for c in rows}, key=gamma_order):
             by_mg = {c["max_gen"]: c["speedup_median"] for c in rows if c["gamma"] == g}
             lines.append(f"| {g} | " + " | ".join(f"{by_mg[m]:.2f}" for m in max_gens) + " |")
         lines.append("")
+    if tree_cells := results.get("tree_cells"):
+        lines += tree_summary(tree_cells, cells, costs)
     verify = ", ".join(f"{g + 1} tokens {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
+    verify += "".join(f", tree {b} ({tree_size(parse_branching(b)) + 1} tokens) {v:.2f}"
+                      for b, v in costs.get("verify_cost_by_tree", {}).items())
+    steps = "; ".join(f"{name} {d['draft_step_ms']:.1f} ms, c = {d['c']:.3f}" for name, d in costs["drafters"].items())
     lines += [f"Measured costs (warm KV cache, {costs['context_len']} tokens of context): target step "
-              f"{costs['target_step_ms']:.1f} ms, draft step {costs['draft_step_ms']:.1f} ms, "
-              f"c = {costs['c']:.3f}; verifying, relative to one target step: {verify}.",
-              f"Best gamma: measured {results['best_gamma_measured']}, predicted {results['best_gamma_predicted']}."]
-    if bad := [c for c in cells if c["tokens_match_baseline"] is False]:
+              f"{costs['target_step_ms']:.1f} ms; draft step (c = draft step / target step): {steps}; "
+              f"verifying, relative to one target step: {verify}.",
+              "Cost-model speedup: max_gen target steps over the sum, over the rounds each run made, of "
+              "g draft steps + the target scoring g + 1 tokens, in the measured per-call costs "
+              "(no timer: machine noise does not move it)."]
+    lines += [f"Speculation pays ({name}; best gamma, Leviathan's formula with these costs) from alpha = "
+              + (f"{a:.2f}." if a is not None else "never: the draft costs too much.")
+              for name, a in costs.get("break_even_alpha", {}).items()]
+    lines += [f"Best gamma{'' if len(drafters) == 1 else ' for ' + name}: measured {best['best_gamma_measured']}, "
+              f"predicted {best['best_gamma_predicted']}." for name, best in results["by_drafter"].items()]
+    if bad := [c for c in cells + results.get("tree_cells", []) if c["tokens_match_baseline"] is False]:
         lines.append("WARNING: greedy speculative tokens differ from the baseline's in cells "
-                     + ", ".join(f"(gamma {c['gamma']}, max_gen {c['max_gen']})" for c in bad))
+                     + ", ".join(f"({c['drafter']}, {'tree ' + c['tree'] if c.get('tree') else 'gamma ' + str(c['gamma'])}, "
+                                 f"max_gen {c['max_gen']})" for c in bad))
     return "\n".join(lines) + "\n"
 
 
@@ -422,7 +681,7 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        for cell in results["cells"]:
+        for cell in results["cells"] + results.get("tree_cells", []):
             row = dict(cell, acceptance_by_position=json.dumps(
                 [None if a is None else round(a, 4) for a in cell["acceptance_by_position"]]))
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
@@ -439,44 +698,85 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    dtype = getattr(torch, args.dtype)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.dtype != "auto" and (note := dtype_note(dtype, device)):
+        print(note, flush=True)
     prompts = read_prompts(args.prompts)
+    # Before any model is loaded (or stand-in written), where the configs are known cheaply.
+    configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
+               [c for c in (peek_config(args.target), peek_config(args.draft) if "model" in args.drafters else None)
+                if c is not None])
+    if configs:
+        args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
-    standins = is_standin(args.target) and is_standin(args.draft)
-    print(f"Loading draft {args.draft} and target {args.target} on {device} ({args.dtype}) ...", flush=True)
-    draft = load_model("draft", str(args.draft), device, dtype, args.draft_quantize)
+    uses_draft = "model" in args.drafters
+    standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
+    print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
+          + f" on {device} ({args.dtype}) ...", flush=True)
+    draft = load_model("draft", str(args.draft), device, dtype, args.draft_quantize) if uses_draft else None
     target = load_model("target", str(args.target), device, dtype, args.quantize)
-    check_prompts_fit(prompts, min(target.config.vocab_size, draft.config.vocab_size),
-                      min(target.config.n_positions, draft.config.n_positions))
+    models = [target] + ([draft] if draft is not None else [])
+    drafters = make_drafters(args.drafters, target, draft)
+    try:
+        for drafter in drafters.values():
+            check_drafter(target, drafter)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    check_prompts_fit(prompts, min(m.config.vocab_size for m in models),
+                      min(m.config.n_positions for m in models))
+    args.max_gens = clamp_max_gens(args.max_gens, prompts,  # for configs not known before loading
+                                   min(m.config.n_positions for m in models))
 
-    print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
-    warm_up(target, draft, prompts, args, device)
-    n_positions = min(target.config.n_positions, draft.config.n_positions)
+    n_positions = min(m.config.n_positions for m in models)
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
-                      n_positions - max(args.gammas) - 1)
-    costs = measure_costs(target, draft, args.gammas, context_len, device)
-    print(f"c = {costs['c']:.3f} (draft step / target step); verify cost by gamma: "
-          + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items()), flush=True)
+                      n_positions - max(fixed_gammas(args.gammas) + [args.gamma_max]) - 1)
+    costs = measure_costs(target, drafters, fixed_gammas(args.gammas) or [1], context_len, device,
+                          trees=args.trees)
+    # Each drafter's CostModel (spec_decoding/costs.py): what gamma="auto" chooses from, and what
+    # prices every run's rounds for the cost-model speedup.
+    cost_models = {name: CostModel.calibrate(target, drafter, args.gamma_max, context_len, min_rounds=4)
+                   for name, drafter in drafters.items()}
+    costs["cost_models"] = {name: asdict(cm) for name, cm in cost_models.items()}
+    costs["break_even_alpha"] = {name: cm.break_even_alpha() for name, cm in cost_models.items()}
+    for name, cm in cost_models.items():
+        print(f"{name}: {cm}", flush=True)
+    print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
+    warm_up(target, drafters, prompts, args, device, cost_models)
+    print("c = draft step / target step: " + ", ".join(f"{name} {d['c']:.3f}" for name, d in costs["drafters"].items())
+          + "; verify cost by gamma: "
+          + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
+          + "".join(f"; tree {b}: {v:.2f}" for b, v in costs["verify_cost_by_tree"].items()), flush=True)
 
-    records = run_grid(target, draft, prompts, args, device)
-    cells = [summarize_cell([r for r in records if (r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
-             for key in sorted({(r["temperature"], r["max_gen"], r["gamma"]) for r in records})]
+    records = run_grid(target, drafters, prompts, args, device, cost_models)
+    tree_records = [r for r in records if r["tree"] is not None]
+    records = [r for r in records if r["tree"] is None]
+    tree_cells = [summarize_cell([r for r in tree_records if (r["temperature"], r["max_gen"], r["tree"]) == key], costs)
+                  for key in sorted({(r["temperature"], r["max_gen"], r["tree"]) for r in tree_records})]
+    keys = sorted({(r["drafter"], r["temperature"], r["max_gen"], r["gamma"]) for r in records},
+                  key=lambda k: (args.drafters.index(k[0]), k[1], k[2], gamma_order(k[3])))
+    cells = [summarize_cell([r for r in records if (r["drafter"], r["temperature"], r["max_gen"], r["gamma"]) == key], costs)
+             for key in keys]
     hf = None
     if args.compare_hf:
         from benchmarks.hf_assisted import compare_assisted_generation
         del target, draft  # make room for transformers' copies
-        hf = compare_assisted_generation(str(args.target), str(args.draft), prompts, args.gammas,
+        hf = compare_assisted_generation(str(args.target), str(args.draft), prompts, fixed_gammas(args.gammas),
                                          args.max_gens, device, dtype, args.repeats, args.warmup)
         for cell in cells:
-            match = [h for h in hf["cells"] if cell["temperature"] == 0
+            match = [h for h in hf["cells"] if cell["temperature"] == 0 and cell["drafter"] == "model"
                      and (h["gamma"], h["max_gen"]) == (cell["gamma"], cell["max_gen"])]
             cell["hf_speedup_median"] = match[0]["speedup_median"] if match else None
-    measured, predicted = best_gammas(cells)
-    results = {"cells": cells, "costs": costs, "environment": environment(args, device, dtype, standins),
+    by_drafter = {name: dict(zip(("best_gamma_measured", "best_gamma_predicted"),
+                                 best_gammas([c for c in cells if c["drafter"] == name])))
+                  for name in args.drafters}
+    measured, predicted = by_drafter[args.drafters[0]].values()  # the first drafter's
+    results = {"cells": cells, "tree_cells": tree_cells, "costs": costs, "environment": environment(args, device, dtype, standins),
                "best_gamma_measured": measured, "best_gamma_predicted": predicted, "hf_assisted": hf,
+               "by_drafter": by_drafter,
                "by_temperature": {str(t): dict(zip(("best_gamma_measured", "best_gamma_predicted"),
-                                                   best_gammas([c for c in cells if c["temperature"] == t])))
+                                                   best_gammas([c for c in cells if c["temperature"] == t
+                                                                and c["drafter"] == args.drafters[0]])))
                                   for t in args.temperatures}}
     files = write_outputs(results, args.out)
     print("\n" + summary_markdown(results))

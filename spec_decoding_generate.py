@@ -2,14 +2,24 @@
 """Generate text with speculative decoding: a small GPT-2 drafts, a large GPT-2 verifies.
 
     python spec_decoding_generate.py --prompt "The meaning of life is" --max-gen 60
+    python spec_decoding_generate.py --drafter ngram --ngram 3       # prompt lookup, no draft model
+    python spec_decoding_generate.py --drafter layerskip --draft-layers 6   # the target's first 6 blocks
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
+    python spec_decoding_generate.py --tree 2,2,1   # a token tree instead of a chain of --gamma
+    python spec_decoding_generate.py --gamma auto --cost-model costs.json   # gamma chosen each round
 
 Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
 each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
-it follows the target's distribution exactly. Only the speed changes.
+it follows the target's distribution exactly. Only the speed changes. --drafter picks what proposes
+the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
+copy what followed the last n tokens earlier in the text) or the target's own first blocks
+(layerskip).
+--gamma auto chooses each round's draft length from the measured costs and the acceptance so far
+(0: no drafting while it does not pay); --gamma heuristic uses transformers' schedule
+(spec_decoding/gamma.py).
 
 On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
 piped, it is plain text. --json prints one JSON object instead.
@@ -22,18 +32,24 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
-from gpt2.device import resolve_device
-from spec_decoding import autoregressive_generate, speculative_sampling
-from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET,
+from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
+from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
+from spec_decoding.decoding import check_drafter
+from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
+from spec_decoding.trace import write_html
+from spec_decoding.tree import parse_branching
+from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
                   "remote, previously unexplored valley in the Andes Mountains.")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DRAFTERS = ("model", "ngram", "layerskip")
 
 # ANSI escape codes: the colour of a token says where it came from.
 RESET, BOLD = "\033[0m", "\033[1m"
@@ -42,10 +58,12 @@ COLOURS = {
     FROM_CORRECTION: "\033[33m",  # yellow: the target's token in place of a rejected draft token
     FROM_BONUS: "\033[36m",  # cyan: the target's extra token after all gamma drafts were accepted
     FROM_TARGET: "",  # plain: a target step with nothing drafted (the last token, near the end)
+    FROM_DRAFT_BRANCH: "\033[35m",  # magenta (--tree): accepted from a side branch, not the draft's first choice
 }
 LEGEND = (f"{COLOURS[FROM_DRAFT]}draft token accepted{RESET}  "
           f"{COLOURS[FROM_CORRECTION]}target's correction{RESET}  "
-          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target alone")
+          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target's own token (nothing drafted)")
+TREE_LEGEND = f"{COLOURS[FROM_DRAFT_BRANCH]}accepted from a side branch of the tree{RESET}"
 STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|endoftext|>",
                 STOP_CONTEXT_FULL: "the context window is full"}
 
@@ -65,11 +83,30 @@ def positive_int(text: str) -> int:
     return value
 
 
+def gamma_value(text: str):
+    """--gamma: draft tokens per round (an int >= 1), or a policy name (auto, heuristic)."""
+    if text in POLICY_NAMES:
+        return text
+    try:
+        return positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1, auto or heuristic, got {text}") from None
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 means greedy), got {text}")
     return value
+
+
+def branching(text: str) -> tuple[int, ...]:
+    """--tree 2,2,1 -> (2, 2, 1): children per node at each depth."""
+    try:
+        return parse_branching(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def probability(text: str) -> float:
@@ -86,10 +123,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
                "folder with config.json + model.safetensors, or a .safetensors file.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
-    parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2)")
+    parser.add_argument("--drafter", choices=DRAFTERS, default="model",
+                        help="what proposes the draft tokens: model (--draft, the default), ngram "
+                             "(prompt lookup, no second model) or layerskip (the target's first "
+                             "--draft-layers blocks)")
+    parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2; --drafter model)")
+    parser.add_argument("--ngram", type=positive_int, metavar="N",
+                        help="--drafter ngram: the longest n-gram looked up (default: 3)")
+    parser.add_argument("--draft-layers", type=positive_int, metavar="K",
+                        help="--drafter layerskip: how many of the target's blocks draft "
+                             "(default: a quarter of them)")
     parser.add_argument("--target", default="gpt2-large", help="the large model (default: gpt2-large)")
-    parser.add_argument("--gamma", type=positive_int, default=4,
-                        help="draft tokens proposed per round (default: 4)")
+    parser.add_argument("--gamma", type=gamma_value, default=4,
+                        help="draft tokens proposed per round (default: 4), or auto (chosen each "
+                             "round from the measured costs and the acceptance so far) or heuristic")
+    parser.add_argument("--gamma-max", type=positive_int, default=DEFAULT_GAMMA_MAX,
+                        help=f"the most draft tokens per round for auto/heuristic (default: {DEFAULT_GAMMA_MAX})")
+    parser.add_argument("--cost-model", metavar="FILE",
+                        help="--gamma auto: the per-call costs, a JSON file (read if it exists, "
+                             "else measured now and written there, for reproducible runs)")
+    parser.add_argument("--tree", type=branching, metavar="B1,B2,...",
+                        help="draft a token tree instead of a chain: children per node at each depth, "
+                             "e.g. 2,2,1 (10 nodes, verified in one target forward); replaces --gamma")
     parser.add_argument("--max-gen", type=positive_int, default=100,
                         help="maximum number of new tokens (default: 100)")
     parser.add_argument("--temperature", type=non_negative_float, default=0.0,
@@ -100,9 +155,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="random seed, for reproducible sampling")
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="float32 (default), or float16/bfloat16 to halve the memory "
-                             "(on a CPU, bfloat16 also nearly halves the time per token)")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="auto (default: float32 on CPU, where half precision is not faster; "
+                             "bfloat16/float16 on a GPU), float32, bfloat16 or float16")
     parser.add_argument("--quantize", choices=["int8"],
                         help="int8: weight-only int8 target (per channel, made at load time)")
     parser.add_argument("--draft-quantize", choices=["int8"],
@@ -111,11 +166,30 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (tokens, text, stats) and nothing else")
+    parser.add_argument("--html", metavar="FILE",
+                        help="also write every round (drafts, p, q, draws, verdicts) as a web page")
+    parser.add_argument("--force", action="store_true", help="let --html replace an existing file")
     args = parser.parse_args(argv)
+    if args.html:
+        html_path = Path(args.html).expanduser()
+        if html_path.exists() and not args.force:
+            parser.error(f"--html {html_path} already exists; pass --force to replace it, or give another name")
+        if not html_path.parent.is_dir():
+            parser.error(f"--html {html_path}: the folder {html_path.parent} does not exist")
     if not args.prompt:
         parser.error("--prompt is empty: give some text to continue")
+    if args.html and args.tree:
+        parser.error("--html records chain rounds; token trees (--tree) have no trace yet")
+    if args.cost_model and args.gamma != "auto":
+        parser.error("--cost-model is for --gamma auto")
     if args.temperature == 0 and (args.top_k or args.top_p):
         print("note: --top-k and --top-p only apply when sampling (--temperature > 0)", file=sys.stderr)
+    if args.drafter != "ngram" and args.ngram is not None:
+        print("note: --ngram only applies with --drafter ngram", file=sys.stderr)
+    if args.drafter != "layerskip" and args.draft_layers is not None:
+        print("note: --draft-layers only applies with --drafter layerskip", file=sys.stderr)
+    if args.tree and args.drafter != "model":
+        parser.error(f"--tree needs a draft model to score the tree (--drafter model), not --drafter {args.drafter}")
     return args
 
 
@@ -141,6 +215,22 @@ def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype, q
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     return model
+
+
+def make_drafter(args, target, device: torch.device, dtype: torch.dtype):
+    """(drafter, a line saying what it is) for --drafter; only --drafter model loads --draft."""
+    if args.drafter == "ngram":
+        n = args.ngram if args.ngram is not None else 3
+        return NGramDrafter(max_ngram=n), f"ngram (prompt lookup, n-grams of up to {n} tokens)"
+    if args.drafter == "layerskip":
+        n_layer = target.config.n_layer
+        k = args.draft_layers if args.draft_layers is not None else max(1, n_layer // 4)
+        try:
+            drafter = LayerSkipDrafter(target, k)
+        except ValueError as e:
+            raise ValueError(f"--draft-layers {k}: {e}") from None
+        return drafter, f"layerskip (the target's first {k} of {n_layer} blocks)"
+    return ModelDrafter(load_model("draft", args.draft, device, dtype, args.draft_quantize)), f"model {args.draft}"
 
 
 @torch.inference_mode()
@@ -201,31 +291,62 @@ def use_colour() -> bool:
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
-def start_printing(prompt: str) -> TokenPrinter:
+def start_printing(prompt: str, tree: bool = False) -> TokenPrinter:
     """Print the legend (in colour mode) and the prompt; return the printer for the new tokens."""
     colour = use_colour()
     if colour:
-        print(LEGEND + "\n")
+        print(LEGEND + ("  " + TREE_LEGEND if tree else "") + "\n")
     printer = TokenPrinter(sys.stdout, colour)
     printer.write(prompt, BOLD)
     return printer
 
 
-def print_stats(stats, gamma: int, baseline=None) -> None:
+def get_cost_model(args, target, draft) -> CostModel | None:
+    """--gamma auto: the CostModel from --cost-model FILE if it exists, else measured now (and
+    written to FILE if one was named)."""
+    if args.gamma != "auto":
+        return None
+    if args.cost_model and os.path.exists(args.cost_model):
+        cost_model = CostModel.load(args.cost_model)
+        cost_model.check_models(target, draft)
+        if cost_model.gamma_max < args.gamma_max:
+            raise UsageError(f"--cost-model {args.cost_model} was measured up to gamma {cost_model.gamma_max}, "
+                             f"less than --gamma-max {args.gamma_max}: pass --gamma-max "
+                             f"{cost_model.gamma_max}, or delete the file to measure again")
+    else:
+        print("Measuring the per-call costs for --gamma auto (a few seconds) ...", file=sys.stderr, flush=True)
+        cost_model = CostModel.calibrate(target, draft, args.gamma_max)
+        if args.cost_model:
+            cost_model.save(args.cost_model)
+    print(cost_model, file=sys.stderr, flush=True)
+    return cost_model
+
+
+def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) -> None:
+    """gamma: draft tokens per round, or auto/heuristic (with a tree: its depth)."""
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
+    most = gamma if isinstance(gamma, int) else max(stats.gamma_by_round, default=0)
     lines = [
         "",
         "--- speculative decoding ---",
+        f"drafter:                {drafter}",
         f"tokens generated:       {stats.tokens_generated} (stopped: {STOP_REASONS.get(stats.stop_reason, stats.stop_reason)})",
-        f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} draft tokens"
-        f" (by position: {by_position})",
-        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most gamma + 1 = {gamma + 1})",
+        f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} drafted "
+        f"tokens were accepted (by position: {by_position})",
+        f"alpha (theory):         {'-' if stats.alpha is None else f'{stats.alpha:.1%}'} of "
+        f"{stats.tokens_accepted + stats.tokens_rejected} judged tokens were accepted (drafts after a "
+        f"round's first rejection are never judged)",
+        f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most {'depth' if tree else 'gamma'} + 1 = {most + 1})",
+        f"gamma of each round:    {' '.join(map(str, stats.gamma_by_round))}"
+        + ("" if isinstance(gamma, int) else f" (--gamma {gamma}; 0: a plain target step)"),
         f"target / draft calls:   {stats.target_calls} / {stats.draft_calls}",
+        *([f"tree nodes per call:    {stats.nodes_per_target_call:.1f} (tree {','.join(map(str, tree))}; "
+           f"{stats.token_sources.count(FROM_DRAFT_BRANCH)} tokens from side branches)"] if tree else []),
         f"speed:                  {stats.tokens_per_second:.1f} tokens/s ({stats.seconds:.2f} s)",
     ]
     if baseline is not None:
-        lines.append(f"baseline, target alone: {baseline.stats.tokens_per_second:.1f} tokens/s "
+        lines.append(f"baseline (target alone): {baseline.stats.tokens_per_second:.1f} tokens/s "
                      f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
         lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
     print("\n".join(lines))
@@ -251,15 +372,18 @@ def describe_baseline_match(result, baseline, temperature: float) -> str:
             f"(more likely in float16/bfloat16).")
 
 
-def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=None) -> str:
+def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_ids, result,
+            baseline=None, drafter: str = "model") -> str:
     report = {
         "prompt": args.prompt,
         "prompt_tokens": prompt_ids,
-        "draft": args.draft,
+        "drafter": drafter,
+        "draft": args.draft if args.drafter == "model" else None,
         "target": args.target,
-        "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
+        "settings": {"gamma": args.gamma, "gamma_max": args.gamma_max, "tree": args.tree, "max_gen": args.max_gen, "temperature": args.temperature,
                      "top_k": args.top_k, "top_p": args.top_p, "seed": seed,
-                     "device": str(device), "dtype": args.dtype},
+                     "device": str(device),
+                     "dtype": str(dtype).removeprefix("torch.")},
         "tokens": result.tokens,
         "text": get_tokenizer().decode(result.tokens),
         "stats": result.stats.to_dict(),
@@ -279,21 +403,37 @@ def to_json(args, device: torch.device, seed: int, prompt_ids, result, baseline=
 
 def generate(args) -> None:
     device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.dtype != "auto" and (note := dtype_note(dtype, device)):
+        print(note, file=sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
-    target = load_model("target", args.target, device, DTYPES[args.dtype], args.quantize)
-    draft = load_model("draft", args.draft, device, DTYPES[args.dtype], args.draft_quantize)
+    target = load_model("target", args.target, device, dtype, args.quantize)
+    drafter, drafter_line = make_drafter(args, target, device, dtype)
+    check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
-    warm_up(draft)
+    if isinstance(drafter, ModelDrafter):
+        warm_up(drafter.model)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
 
-    printer = None if args.json else start_printing(args.prompt)
-    result = speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                  generator=generator, on_tokens=printer, **settings)
+    cost_model = None if args.tree else get_cost_model(args, target, drafter)
+
+    printer = None if args.json else start_printing(args.prompt, tree=bool(args.tree))
+    if args.tree:
+        result = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree,
+                                           generator=generator, on_tokens=printer, **settings)
+    else:
+        result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma,
+                                      generator=generator, on_tokens=printer, gamma_max=args.gamma_max,
+                                      cost_model=cost_model, trace=bool(args.html), **settings)
     if printer:
         printer.finish()
+    if args.html:
+        write_html(result.trace, Path(args.html).expanduser(),
+                   pair=f"target: {args.target}; drafter: {drafter_line}; seed {seed}")
+        print(f"Wrote the round-by-round trace to {args.html}", file=sys.stderr)
 
     baseline = None
     if args.compare_baseline:
@@ -305,9 +445,9 @@ def generate(args) -> None:
                                            generator=make_generator(seed, device), **settings)
 
     if args.json:
-        print(to_json(args, device, seed, prompt_ids, result, baseline))
+        print(to_json(args, device, dtype, seed, prompt_ids, result, baseline, drafter_line))
     else:
-        print_stats(result.stats, args.gamma, baseline)
+        print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, drafter_line, args.tree)
         if baseline is not None:
             print(describe_baseline_match(result, baseline, args.temperature))
 

@@ -64,6 +64,11 @@ def timed(device, fn, *args, **kwargs):
     return result, time.perf_counter() - start
 
 
+def gamma_order(gamma):
+    """Sort key for benchmark gammas: fixed ones (ints) by size, then policies (auto, heuristic)."""
+    return (0, gamma, "") if isinstance(gamma, int) else (1, 0, gamma)
+
+
 def median(values):
     return statistics.median(values) if values else float("nan")
 

@@ -3,6 +3,8 @@
     python -m benchmarks.model_speed --models gpt2 gpt2-large --out runs/model_speed
     python -m benchmarks.model_speed --quick          # a fast smoke run (gpt2 only, few tokens)
     python -m benchmarks.model_speed --models --out runs/model_memory   # load time / memory only
+    python -m benchmarks.model_speed --models --memory-models --dtypes float32 bfloat16 float16 \
+        --out runs/dtype_speed                        # per-dtype step and verification only
 
 For each model (a random-weight stand-in of the official shape, hub layout, under
 checkpoints/standins/<name>; timings do not depend on the weight values) it measures:
@@ -21,6 +23,12 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
    from_pretrained(folder), each in a fresh subprocess, page cache warm, peak RSS (VmHWM) minus
    the RSS after the imports; medians. Plus a variant of our loader that reads the file with plain reads
    instead of a memory map, to show where our peak comes from.
+
+4. With --dtypes: one decoding step and one 5-token verification (the target's work per round of
+   speculative decoding at gamma 4) on a warm cache, per dtype, of --dtype-model (gpt2-large by
+   default); one model, cast from dtype to dtype, the dtypes taking turns round after round, so
+   a busy machine slows them alike.
+   This is what gpt2.device.auto_dtype's choice and its "slower here" note rest on.
 
 Writes <out>/results.json and <out>/results.md and prints the table.
 """
@@ -151,6 +159,53 @@ def bench_decoding(name, folder, args, bandwidth):
     }
     del ours, hf
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Step and verification time per dtype
+# ---------------------------------------------------------------------------------------------
+
+def cast_parameters_(model, dtype):
+    """Cast every parameter in place, one at a time: peak memory stays at one model plus one tensor
+    (three copies of gpt2-large side by side would need 6 GB). Timing does not depend on the values."""
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+
+
+@torch.inference_mode()
+def bench_dtypes(name, folder, dtypes, context_len=64, verify_tokens=5, rounds=15):
+    """Median seconds of one decoding step (1 new token) and one verification (verify_tokens new
+    tokens) with context_len tokens in the KV cache (rolled back after each call), per dtype.
+
+    One model is loaded and cast from dtype to dtype; every round visits each dtype (in a rotating
+    order) and there fills a fresh cache, runs one untimed step and verification (kernel set-up),
+    then the timed ones. So the dtypes take turns and a busy machine slows them alike."""
+    print(f"  loading {name} ...", flush=True)
+    model = load_gpt2(folder, dtype=dtypes[0])
+    context = torch.tensor([random_prompt(context_len, seed=0)])
+    new = {n: torch.tensor([random_prompt(n, seed=n)]) for n in (1, verify_tokens)}
+    times = {(dtype, n): [] for dtype in dtypes for n in (1, verify_tokens)}
+    for r in tqdm(range(rounds), desc=f"  {name} step/verify per dtype", leave=False):
+        for dtype in dtypes[r % len(dtypes):] + dtypes[:r % len(dtypes)]:
+            cast_parameters_(model, getattr(torch, dtype))
+            cache = model.new_kv_cache(max_len=context_len + verify_tokens)
+            model(context, cache, num_last_logits=1)
+            for timed_run in (False, True):
+                for n in (1, verify_tokens):
+                    _, seconds = timed(None, model, new[n], cache, num_last_logits=n)
+                    cache.truncate(context_len)
+                    if timed_run:
+                        times[(dtype, n)].append(seconds)
+    base = median(times[(dtypes[0], 1)])
+    rows = {}
+    for dtype in dtypes:
+        step, verify = median(times[(dtype, 1)]), median(times[(dtype, verify_tokens)])
+        rows[dtype] = {"step_s": step, "verify_s": verify, "step_vs_first_step": step / base,
+                       "verify_vs_first_step": verify / base, "verify_vs_own_step": verify / step,
+                       "step_s_all": times[(dtype, 1)], "verify_s_all": times[(dtype, verify_tokens)]}
+    return {"model": name, "folder": str(folder), "context_len": context_len,
+            "verify_tokens": verify_tokens, "rounds": rounds, "threads": torch.get_num_threads(),
+            "reference": dtypes[0], "dtypes": rows}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +363,18 @@ def report(results) -> str:
                               "GB/s (oneDNN)", "step ms (MKL)", "GB/s (MKL)", "tokens/s (oneDNN step)",
                               "ceiling tokens/s at measured bandwidth", "ceiling at 40 GB/s",
                               "same tokens as HF", "oneDNN = MKL tokens"], rows))
+    if results.get("dtypes"):
+        d = results["dtypes"]
+        ref = d["reference"]
+        md.append(f"\n## Step and {d['verify_tokens']}-token verification per dtype ({d['model']})\n")
+        md.append(f"Warm KV cache of {d['context_len']} tokens, {d['threads']} threads, medians of "
+                  f"{d['rounds']} interleaved rounds (one model, cast from dtype to dtype).\n")
+        rows = [[dtype, f"{1000 * r['step_s']:.1f}", f"{r['step_vs_first_step']:.2f}",
+                 f"{1000 * r['verify_s']:.1f}", f"{r['verify_vs_first_step']:.2f}",
+                 f"{r['verify_vs_own_step']:.2f}"] for dtype, r in d["dtypes"].items()]
+        md.append(markdown_table(["dtype", "step ms", f"step / {ref} step",
+                                  f"verify {d['verify_tokens']} ms", f"verify / {ref} step",
+                                  "verify / own step"], rows))
     if results.get("loading"):
         md.append("\n## Load time and peak memory\n")
         for L in results["loading"]:
@@ -336,6 +403,11 @@ def main(argv=None):
     p.add_argument("--memory-models", nargs="*", default=["gpt2-large"],
                    help="models whose load time / peak memory to measure (none: skip)")
     p.add_argument("--memory-repeats", type=int, default=3)
+    p.add_argument("--dtypes", nargs="*", default=[], choices=["float32", "bfloat16", "float16"],
+                   help="time one step and one 5-token verification in each dtype (the first is "
+                        "the reference), e.g. --dtypes float32 bfloat16 float16")
+    p.add_argument("--dtype-model", default="gpt2-large", choices=list(OFFICIAL_CONFIGS))
+    p.add_argument("--dtype-rounds", type=int, default=15)
     p.add_argument("--out", type=Path, default=Path("runs/model_speed"))
     p.add_argument("--quick", action="store_true",
                    help="smoke run: gpt2 only, 16 new tokens, 1 repeat, gpt2 load measured once")
@@ -365,6 +437,12 @@ def main(argv=None):
         print(f"\n[{name}] load time and peak memory", flush=True)
         folder = standin_checkpoint(name, args.checkpoints)
         results["loading"].append(bench_loading(name, folder, args.memory_repeats))
+
+    if args.dtypes:
+        print(f"\n[{args.dtype_model}] step and verification per dtype", flush=True)
+        folder = standin_checkpoint(args.dtype_model, args.checkpoints)
+        results["dtypes"] = bench_dtypes(args.dtype_model, folder, args.dtypes,
+                                         rounds=1 if args.quick else args.dtype_rounds)
 
     md = report(results)
     print("\n" + md)

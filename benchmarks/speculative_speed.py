@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 import gpt2.model
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding import (CostModel, autoregressive_generate, speculative_sampling,
+                           speculative_sampling_greedy)
 from spec_decoding.theory import predicted_speedup
 
 from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, median, random_prompt,
@@ -59,37 +60,24 @@ def set_onednn(on: bool):
 # 1. Per-call costs
 # ---------------------------------------------------------------------------------------------
 
-@torch.inference_mode()
 def per_call_costs(target, draft, context_len, gammas, repeats, modes=("onednn", "mkl")):
     """Median seconds of each kind of call with the KV caches holding context_len positions:
-    {mode: {"draft_step": s, "target_step": s, "verify": {gamma: s}}}. Every call is followed by a
-    cache roll-back, so all run at the same context; calls and modes alternate."""
-    ids = random_prompt(context_len, seed=123)
-    caches = {}
-    for name, model in (("target", target), ("draft", draft)):
-        caches[name] = model.new_kv_cache(max_len=context_len + max(gammas) + 1)
-        model(torch.tensor([ids]), caches[name])
-    calls = [("draft_step", draft, "draft", 1), ("target_step", target, "target", 1)]
-    calls += [(("verify", g), target, "target", g + 1) for g in gammas]
-    times = {(m, key): [] for m in modes for key, *_ in calls}
+    {mode: {"draft_step": s, "target_step": s, "verify": {gamma: s}}}. Each repeat runs one short
+    CostModel.calibrate (spec_decoding/costs.py, the one place per-call costs are timed) per mode,
+    the modes taking turns so that machine noise hits both alike."""
+    calibrations = {mode: [] for mode in modes}
     try:
-        for i in tqdm(range(repeats + 1), desc="  per-call costs", leave=False):
+        for _ in tqdm(range(repeats), desc="  per-call costs", leave=False):
             for mode in modes:
                 set_onednn(mode == "onednn")
-                for key, model, cache_name, n in calls:
-                    x = torch.tensor([ids[:n]])
-                    _, seconds = timed(None, model, x, caches[cache_name], num_last_logits=n)
-                    caches[cache_name].truncate(context_len)
-                    if i > 0:  # round 0 is warm-up
-                        times[(mode, key)].append(seconds)
+                calibrations[mode].append(CostModel.calibrate(target, draft, max(gammas), context_len,
+                                                              budget_s=0.0, min_rounds=1))
     finally:
         set_onednn(True)
-    out = {}
-    for mode in modes:
-        out[mode] = {"draft_step": median(times[(mode, "draft_step")]),
-                     "target_step": median(times[(mode, "target_step")]),
-                     "verify": {g: median(times[(mode, ("verify", g))]) for g in gammas}}
-    return out
+    return {mode: {"draft_step": median([c.draft_step_s for c in runs]),
+                   "target_step": median([c.target_step_s for c in runs]),
+                   "verify": {g: median([c.target_score_s[g] for c in runs]) for g in gammas}}
+            for mode, runs in calibrations.items()}
 
 
 # ---------------------------------------------------------------------------------------------

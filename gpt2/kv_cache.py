@@ -41,6 +41,29 @@ class KVCache:
             )
         self.length = length
 
+    def keep(self, length: int, slots: list[int]) -> None:
+        """Keep positions [0, length) and the entries in `slots` (increasing, each >= length,
+        below the current length), moved down to [length, length + len(slots)); forget the rest.
+
+        After a token tree was scored, `slots` are the nodes of the accepted path: this makes the
+        cache hold exactly the accepted sequence again, as if it had been fed as a chain. It
+        copies len(slots) entries per layer (a chain only needs truncate, which copies nothing).
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"KVCache.keep({length}, ...): length must be between 0 and the "
+                             f"current length {self.length}")
+        if any(b <= a for a, b in zip(slots, slots[1:])) or (slots and not length <= slots[0] <= slots[-1] < self.length):
+            raise ValueError(f"KVCache.keep: slots must increase and lie in [{length}, {self.length}); "
+                             f"got {slots}")
+        moved = [(i, s) for i, s in enumerate(slots, start=length) if i != s]
+        if moved:
+            dst = torch.tensor([i for i, _ in moved], device=self.keys[0].device)
+            src = torch.tensor([s for _, s in moved], device=self.keys[0].device)
+            for cache in self.keys + self.values:
+                # index_select copies first, so a source slot overwritten earlier is still read right
+                cache.index_copy_(2, dst, cache.index_select(2, src))
+        self.length = length + len(slots)
+
     def room(self) -> int:
         """How many more positions fit."""
         return self.max_len - self.length

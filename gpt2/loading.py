@@ -11,6 +11,13 @@ linear weights stored [in, out] (OpenAI's Conv1D), plus a causal-mask buffer "h.
 layer that we never read. Files written by transformers' save_pretrained prefix every key with
 "transformer." and may hold "lm_head.weight" (a copy of wte.weight). Both load.
 
+device and dtype are checked before anything is read or downloaded (gpt2.device): dtype "auto"
+(the default) is float32 on CPU, bfloat16/float16 on CUDA, float16 on MPS; names as strings work.
+
+When a name looks like a hub repo id but the hub cannot be reached, loading fails within seconds
+(one quick probe of the endpoint instead of huggingface_hub's retry ladder) unless the files are
+in the local hub cache, and the message names the local folder it also looked for.
+
 Weights are never unpickled, and the model is built on the "meta" device (no memory, no random
 init) so the loaded tensors become its parameters directly: peak memory stays near the size of
 the weights.
@@ -19,6 +26,7 @@ the weights.
 import contextlib
 import json
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -27,6 +35,7 @@ from safetensors import SafetensorError, safe_open
 
 from .config import GPT2Config
 from .fast_linear import QUANTIZE_CHOICES, attach_fast_kernels, dequantize_int8, int8_per_channel
+from .device import resolve_device, resolve_dtype
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -39,6 +48,8 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 # The four linear layers per block, stored [in, out] in the checkpoints (we use [out, in]).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Seconds to wait for the hub endpoint to answer before calling it unreachable.
+HUB_PROBE_TIMEOUT = 4.0
 # Tensors a checkpoint may carry that the model does not need.
 IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
 
@@ -47,34 +58,34 @@ class CheckpointError(Exception):
     """The weights could not be found, downloaded or read. The message says what to do."""
 
 
-DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def load_gpt2(name_or_path, device=None, dtype=None, quantize=None) -> GPT2:
+def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
-    dtype: a torch.dtype or its name ("float32", "bfloat16", "float16"); default: the file's.
+    device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
+    dtype: "auto" (gpt2.device.auto_dtype), "float32", "bfloat16", "float16" or the torch dtype;
+    None keeps the dtype stored in the file. A bad or unavailable choice is a ValueError.
     quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
     symmetric per output channel, computed from the file's weights at load time. The
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
-    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear).
-    """
-    dtype = resolve_dtype(dtype)
+    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear)."""
+    device = resolve_device("cpu" if device is None else device)
+    dtype = resolve_dtype(dtype, device)
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     config, weights_path = resolve_checkpoint(name_or_path)
     return load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
 
 
-def resolve_dtype(dtype) -> torch.dtype | None:
-    """None, a floating torch.dtype, or one of DTYPE_NAMES -> torch.dtype (None: the file's)."""
-    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        return dtype
-    if isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPE_NAMES:
-        return DTYPE_NAMES[dtype.removeprefix("torch.")]
-    raise ValueError(f"dtype must be a floating torch.dtype or one of {', '.join(DTYPE_NAMES)}; "
-                     f"got {dtype!r}")
+def peek_config(name_or_path) -> GPT2Config | None:
+    """The config of a model without reading or downloading its weights, where that is cheap: an
+    official name, or a local folder with config.json. None otherwise (other hub repos, files)."""
+    text = str(name_or_path)
+    folder = Path(text).expanduser()
+    if (folder / CONFIG_NAME).is_file() and (folder / WEIGHTS_NAME).is_file():
+        return read_config(folder / CONFIG_NAME)
+    if text in OFFICIAL_REPOS:
+        return GPT2Config.from_name(text)
+    return None
 
 
 def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
@@ -101,7 +112,12 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
         config_file = path / CONFIG_NAME
         return (read_config(config_file) if config_file.is_file() else None), weights
     if is_hub_name:
-        return download_from_hub(OFFICIAL_REPOS.get(text, text))
+        if text in OFFICIAL_REPOS:
+            return download_from_hub(OFFICIAL_REPOS[text])
+        # "checkpoints/target" is a valid repo id too: every hub error also says what is local.
+        local = (f"the folder {path} here has no {WEIGHTS_NAME}" if path.is_dir()
+                 else f"there is no folder {path} here")
+        return download_from_hub(text, local_note=local)
     if text.endswith(".safetensors") or text.startswith(("/", ".", "~")) or "\\" in text:
         raise CheckpointError(f"No such file or folder: {path}")
     raise CheckpointError(
@@ -110,29 +126,71 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
     )
 
 
-def download_from_hub(repo_id: str) -> tuple[GPT2Config, Path]:
-    """Fetch config.json and model.safetensors with huggingface_hub (its cache, HF_HUB_OFFLINE and
-    HF_TOKEN apply)."""
+def download_from_hub(repo_id: str, local_note: str | None = None) -> tuple[GPT2Config, Path]:
+    """Fetch config.json and model.safetensors with huggingface_hub (its cache, HF_HUB_OFFLINE,
+    HF_ENDPOINT and HF_TOKEN apply). local_note, for a name that could also be a local path, is
+    added to every error ("there is no folder checkpoints/tagret here")."""
     import huggingface_hub
     from huggingface_hub.errors import RepositoryNotFoundError
 
+    also = f"; and {local_note}" if local_note else ""
+    # Unreachable hub: use the local cache if it has the files, else fail now, not after retries.
+    unreachable = None if hub_offline() else hub_unreachable_reason()
     files = {}
     for filename in (CONFIG_NAME, WEIGHTS_NAME):
         try:
-            files[filename] = Path(huggingface_hub.hf_hub_download(repo_id, filename))
+            files[filename] = Path(huggingface_hub.hf_hub_download(
+                repo_id, filename, local_files_only=unreachable is not None))
         except RepositoryNotFoundError:
             raise CheckpointError(
-                f"The hub has no repo {repo_id!r} (or it is private: set HF_TOKEN). Check the name."
+                f"The hub has no repo {repo_id!r} (or it is private: set HF_TOKEN){also}. Check the name."
             ) from None
         except Exception as e:  # offline, unreachable, missing file, ...
+            if unreachable or hub_offline():
+                why = (f"the Hugging Face hub could not be reached ({unreachable})" if unreachable
+                       else "HF_HUB_OFFLINE is set")
+                raise CheckpointError(
+                    f"Could not get {repo_id!r}: {why}, and its {filename} is not in the local "
+                    f"hub cache{also}.\n{offline_ways_forward(repo_id)}"
+                ) from None
             raise CheckpointError(
-                f"Could not get {filename} of {repo_id!r} from the Hugging Face hub, nor find it in "
-                f"the local cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}).\n"
-                f"If this machine is offline, download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} "
-                f"elsewhere and pass their folder instead, e.g. load_gpt2('/path/to/{repo_id.split('/')[-1]}') "
-                f"or --target/--draft /path/to/folder on the command line."
+                f"Could not get {filename} of {repo_id!r} from the Hugging Face hub "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}){also}.\n"
+                f"{offline_ways_forward(repo_id)}"
             ) from None
     return read_config(files[CONFIG_NAME]), files[WEIGHTS_NAME]
+
+
+def offline_ways_forward(repo_id: str) -> str:
+    short = repo_id.split("/")[-1]
+    ways = (f"Ways forward: download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} elsewhere and pass "
+            f"their folder instead, e.g. load_gpt2('/path/to/{short}') or --target/--draft "
+            f"/path/to/folder on the command line")
+    if hub_offline():
+        return ways + "."
+    return ways + ("; or, where the hub cache holds the files, set HF_HUB_OFFLINE=1 so that "
+                   "nothing is asked of the network.")
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_unreachable_reason(timeout: float = HUB_PROBE_TIMEOUT) -> str | None:
+    """None if the hub endpoint (HF_ENDPOINT) answers one HTTP request within timeout seconds, else
+    why not. Any HTTP answer counts as reachable; the request goes through huggingface_hub's own
+    session, so its proxy settings apply."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+    except Exception as e:  # refused, timed out, no DNS, no route, ...
+        return f"{constants.ENDPOINT}: {type(e).__name__}: {str(e) or 'no answer'}"
+    return None
 
 
 def read_config(path: Path) -> GPT2Config:
@@ -147,9 +205,11 @@ def read_config(path: Path) -> GPT2Config:
 def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None,
                      quantize=None) -> GPT2:
     """Build a GPT2 whose parameters are the tensors of a safetensors file (either key layout).
-    dtype and quantize as in load_gpt2."""
+    device, dtype and quantize as in load_gpt2, except that dtype None (the default) keeps the
+    file's."""
     path = Path(path)
-    device = torch.device(device or "cpu")
+    device = resolve_device("cpu" if device is None else device)
+    dtype = resolve_dtype(dtype, device)
     try:
         with safe_open(path, framework="pt", device="cpu") as f:  # reads only the header
             file_keys = list(f.keys())
@@ -158,6 +218,12 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             shapes = {k.removeprefix(prefix): tuple(f.get_slice(k).get_shape()) for k in file_keys}
         if config is None:
             config = infer_config(shapes, path)
+            print(f"note: no {CONFIG_NAME} for {path}: the config was inferred from its tensors "
+                  f"(n_layer={config.n_layer}, n_embd={config.n_embd}, n_positions="
+                  f"{config.n_positions}, vocab_size={config.vocab_size}) with n_head = n_embd / 64 "
+                  f"= {config.n_head}, as in every official GPT-2. If this model has other heads, put "
+                  f"its {CONFIG_NAME} in one folder with the weights (named {WEIGHTS_NAME}) and pass "
+                  f"the folder.", file=sys.stderr)
         with torch.device("meta"), no_weight_init():
             model = GPT2(config)  # shapes only, no memory
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}

@@ -105,7 +105,9 @@ class GPT2(nn.Module):
         # The output head is wte.weight itself (weight tying): logits = x @ wte.weight.T
 
     def forward(
-        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None
+        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
+        exit_layer: int | None = None, positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab_size].
 
@@ -113,18 +115,28 @@ class GPT2(nn.Module):
         written into the cache and cache.length grows by T. num_last_logits=n computes the
         output head for the last n positions only (logits [B, n, vocab_size]): generation needs
         only those, and on a long prompt the head is a large share of the work.
+        exit_layer=k runs only the first k blocks, then ln_f and the head ("early exit": the
+        self-speculative drafter, spec_decoding.drafters.LayerSkipDrafter); the cache then needs
+        only k layers.
+
+        Token trees (spec_decoding/tree.py) score several continuations at once, so two new
+        tokens can sit at the same position and must not see each other. For them:
+        positions [T]: the position of each new token (default: start, start + 1, ...).
+        attn_mask [T, start + T] bool: which keys, cached ones first, each new token may attend
+        to (True = may; default causal). Without either, this is plain causal decoding.
         """
         start = cache.length if cache is not None else 0
-        self._check_input(idx, start, cache)
+        self._check_input(idx, start, cache, positions, attn_mask)
         T = idx.shape[1]
-        positions = torch.arange(start, start + T, device=idx.device)
+        slots = torch.arange(start, start + T, device=idx.device)  # where the new keys go
+        if positions is None:
+            positions = slots
+        # Query i (in slot start+i) may attend to keys 0..start+i. One token needs no mask.
+        if attn_mask is None and T > 1:
+            key_slots = torch.arange(start + T, device=idx.device)
+            attn_mask = key_slots[None, :] <= slots[:, None]
         x = self.wte(idx) + self.wpe(positions)
-        # Query i (at position start+i) may attend to keys 0..start+i. One token needs no mask.
-        attn_mask = None
-        if T > 1:
-            key_positions = torch.arange(start + T, device=idx.device)
-            attn_mask = key_positions[None, :] <= positions[:, None]
-        for layer, block in enumerate(self.h):
+        for layer, block in enumerate(self.h[:exit_layer]):
             x = block(x, attn_mask, cache, layer)
         if cache is not None:
             cache.advance(T)
@@ -132,19 +144,22 @@ class GPT2(nn.Module):
             x = x[:, -num_last_logits:]
         return linear(self.ln_f(x), self.wte.weight, None)
 
-    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
-        """An empty cache with room for max_len positions (default: n_positions)."""
+    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0) -> KVCache:
+        """An empty cache with room for max_len positions (default: n_positions), plus
+        extra_slots: a token tree scores several tokens at the same position, each in a slot."""
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
         if not 1 <= max_len <= c.n_positions:
             raise ValueError(f"max_len must be between 1 and n_positions={c.n_positions}, got {max_len}")
+        if extra_slots < 0:
+            raise ValueError(f"extra_slots must be >= 0, got {extra_slots}")
         w = self.wte.weight
-        return KVCache(c.n_layer, batch_size, c.n_head, max_len, c.head_dim, w.device, w.dtype)
+        return KVCache(c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, w.dtype)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def _check_input(self, idx, start, cache):
+    def _check_input(self, idx, start, cache, positions=None, attn_mask=None):
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
             got = f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise ValueError(f"idx must be a LongTensor of token ids with shape [B, T]; got {got}")
@@ -152,12 +167,23 @@ class GPT2(nn.Module):
         if T == 0:
             raise ValueError("idx has no tokens (T = 0): feed at least one token")
         n_pos = self.config.n_positions
-        if start + T > n_pos:
+        if positions is None and start + T > n_pos:
             raise ValueError(
                 f"Positions {start}..{start + T - 1} do not fit the context window of "
                 f"n_positions={n_pos}: the sequence can hold at most {n_pos} tokens in all. "
                 f"Shorten the prompt or generate fewer tokens."
             )
+        if positions is not None:
+            if positions.shape != (T,) or positions.dtype != torch.long:
+                raise ValueError(f"positions must be a LongTensor of shape [T] = [{T}]; got "
+                                 f"{tuple(positions.shape)} {positions.dtype}")
+            lo, hi = positions.aminmax()
+            if lo < 0 or hi >= n_pos:
+                raise ValueError(f"Position {int(hi) if hi >= n_pos else int(lo)} is outside the "
+                                 f"context window [0, {n_pos}) of this model")
+        if attn_mask is not None and (attn_mask.shape != (T, start + T) or attn_mask.dtype != torch.bool):
+            raise ValueError(f"attn_mask must be a bool tensor of shape [T, cached + T] = "
+                             f"[{T}, {start + T}]; got {tuple(attn_mask.shape)} {attn_mask.dtype}")
         if cache is not None:
             if start + T > cache.max_len:
                 raise ValueError(

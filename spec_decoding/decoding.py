@@ -1,11 +1,12 @@
 """Pieces the three generators share: checking their inputs, feeding a model the tokens its cache
-has not seen, and taking output tokens until a stop condition."""
+has not seen, and the bookkeeping of a speculative round (how many tokens to draft, what the round
+outputs, counting it, rolling back)."""
 
 import torch
 
 from gpt2 import GPT2
-from .result import (FROM_BONUS, FROM_CORRECTION, FROM_TARGET, STOP_CONTEXT_FULL, STOP_EOS,
-                     STOP_MAX_GEN, GenerationStats)
+from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
+                     STOP_EOS, STOP_MAX_GEN, GenerationStats)
 
 
 def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
@@ -48,23 +49,40 @@ def check_sampling_args(temperature, top_k, top_p) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-def check_pair(target: GPT2, draft: GPT2) -> None:
-    if target.config.vocab_size != draft.config.vocab_size:
+def check_drafter(target: GPT2, drafter) -> None:
+    """The drafter must propose tokens from the target's vocabulary, on the target's device."""
+    vocab = drafter.vocab_size
+    if vocab is not None and vocab != target.config.vocab_size:
         raise ValueError(
-            f"The draft's vocabulary ({draft.config.vocab_size} tokens) differs from the target's "
+            f"The draft's vocabulary ({vocab} tokens) differs from the target's "
             f"({target.config.vocab_size}): speculative decoding needs both models to share one "
             f"tokenizer. Pick a draft from the same family."
         )
-    if target.wte.weight.device != draft.wte.weight.device:
+    device = target.wte.weight.device
+    if drafter.device is not None and drafter.device != device:
         raise ValueError(
-            f"target is on {target.wte.weight.device} but draft is on {draft.wte.weight.device}; "
-            f"load both on the same device"
+            f"target is on {device} but the draft is on {drafter.device}; load both on the same device"
         )
 
 
-def new_cache(model: GPT2, prompt_len: int, max_gen: int):
-    """A KV cache with room for the longest sequence this generation can feed."""
-    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen))
+def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int):
+    """Check the inputs and set up a speculative generation: returns (tokens, target_cache,
+    stats), tokens being the whole sequence (prompt first), which grows as tokens are taken."""
+    check_drafter(target, drafter)
+    check_positive_int("max_gen", max_gen)
+    check_positive_int("gamma", gamma)
+    tokens = prompt_to_list(prompt_ids, target)
+    target_cache = new_cache(target, len(tokens), max_gen)
+    drafter.start(list(tokens), max_gen)
+    stats = GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
+    return tokens, target_cache, stats
+
+
+def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0):
+    """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
+    for a token tree's nodes, which share positions)."""
+    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
+                              extra_slots=extra_slots)
 
 
 def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
@@ -75,6 +93,12 @@ def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: i
     the target's verification of the draft tokens."""
     new = torch.tensor([tokens[cache.length:]], device=model.wte.weight.device)
     return model(new, cache, num_last_logits=num_last_logits)[0]
+
+
+def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: list[int]) -> torch.Tensor:
+    """Score the draft in one target forward: logits [len(draft_tokens) + 1, V]. Row i comes after
+    draft_tokens[:i], so it judges draft_tokens[i]; the last row gives the token after all of them."""
+    return forward_new_tokens(target, target_cache, tokens + draft_tokens, len(draft_tokens) + 1)
 
 
 def take_tokens(tokens: list[int], out: list[int], stats: GenerationStats, new_tokens, sources,
@@ -100,39 +124,52 @@ def take_tokens(tokens: list[int], out: list[int], stats: GenerationStats, new_t
     return stop
 
 
-def round_gamma(gamma: int, out_len: int, max_gen: int, seq_len: int, target: GPT2, draft: GPT2) -> int:
+def round_gamma(gamma: int, out_len: int, max_gen: int, seq_len: int, target: GPT2, drafter) -> int:
     """How many tokens to draft this round: gamma, fewer near the end. A round outputs up to g + 1
     tokens, so g + 1 <= tokens still allowed keeps the output within max_gen and the context window
     (no model is ever fed a position >= its n_positions). 0 means a plain target step."""
-    tokens_left = min(max_gen - out_len,
-                      target.config.n_positions - seq_len,
-                      draft.config.n_positions - seq_len)
+    tokens_left = min(max_gen - out_len, target.config.n_positions - seq_len)
+    if drafter.n_positions is not None:
+        tokens_left = min(tokens_left, drafter.n_positions - seq_len)
     return max(0, min(gamma, tokens_left - 1))
 
 
-def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int) -> None:
+def round_output(draft_tokens: list[int], n_accepted: int, next_token: int) -> tuple[list[int], list[str]]:
+    """The tokens a round outputs, (tokens, sources): the accepted draft tokens, then the target's
+    own token (a correction after a rejection, a bonus after a fully accepted draft, or a plain
+    target step when nothing was drafted)."""
+    n_drafted = len(draft_tokens)
+    if n_drafted == 0:
+        last = FROM_TARGET
+    else:
+        last = FROM_BONUS if n_accepted == n_drafted else FROM_CORRECTION
+    return draft_tokens[:n_accepted] + [next_token], [FROM_DRAFT] * n_accepted + [last]
+
+
+def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int, draft_calls: int,
+                 n_nodes: int | None = None) -> None:
+    """Count one round. draft_calls: the drafter's forward passes so far (its forward_calls).
+    n_drafted: draft positions (a token tree's depth); n_nodes: draft tokens the target scored
+    (default n_drafted; a token tree's node count)."""
     stats.target_calls += 1
-    stats.draft_calls += n_drafted
+    stats.draft_calls = draft_calls
+    stats.nodes_verified += n_drafted if n_nodes is None else n_nodes
+    stats.gamma_by_round.append(n_drafted)
     if n_drafted:
+        stats.accepted_depths.append(n_accepted)
         stats.rounds += 1
         stats.tokens_drafted += n_drafted
         stats.tokens_accepted += n_accepted
         stats.tokens_rejected += n_accepted < n_drafted
+        for counts in (stats.drafted_by_position, stats.accepted_by_position):
+            counts.extend([0] * (n_drafted - len(counts)))  # a round may draft more than gamma
         for i in range(n_drafted):
             stats.drafted_by_position[i] += 1
             stats.accepted_by_position[i] += i < n_accepted
 
 
-def roll_back(target_cache, draft_cache, seq_len: int) -> None:
-    """After a round, both caches keep the accepted sequence minus its last token (the next round
-    feeds it). The target saw every draft token, so it always moves back; the draft never saw its
-    own last proposal, so after a fully accepted round it is one short and stays where it is: the
-    next round feeds it the two tokens it lacks."""
+def roll_back(target_cache, drafter, seq_len: int) -> None:
+    """After a round, the target's cache and the drafter keep the accepted sequence minus its last
+    token (the next round feeds it). O(1) for caches: only their lengths move."""
     target_cache.truncate(seq_len - 1)
-    draft_cache.truncate(min(draft_cache.length, seq_len - 1))
-
-
-def last_token_source(n_accepted: int, n_drafted: int) -> str:
-    if n_drafted == 0:
-        return FROM_TARGET
-    return FROM_BONUS if n_accepted == n_drafted else FROM_CORRECTION
+    drafter.roll_back(seq_len - 1)

@@ -7,6 +7,7 @@ FROM_DRAFT = "draft"  # a draft token the target accepted
 FROM_CORRECTION = "correction"  # the target's token in place of the first rejected draft token
 FROM_BONUS = "bonus"  # the target's extra token after all gamma draft tokens were accepted
 FROM_TARGET = "target"  # plain autoregressive decoding (the baseline)
+FROM_DRAFT_BRANCH = "draft_branch"  # token trees: an accepted draft token from a side branch
 
 STOP_MAX_GEN = "max_gen"
 STOP_EOS = "eos"
@@ -23,7 +24,10 @@ class GenerationStats:
     tokens_rejected: int = 0  # rounds that ended in a rejection (at most one per round)
     drafted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that drafted position i
     accepted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that accepted it
+    nodes_verified: int = 0  # draft tokens the target scored (a chain: tokens_drafted; a tree: its nodes)
+    accepted_depths: list[int] = field(default_factory=list)  # per round: draft tokens accepted
     token_sources: list[str] = field(default_factory=list)  # one FROM_* per output token
+    gamma_by_round: list[int] = field(default_factory=list)  # draft tokens of each round (0: plain step)
     stop_reason: str = ""  # STOP_MAX_GEN, STOP_EOS or STOP_CONTEXT_FULL
     seconds: float = 0.0  # wall time of the whole generation, prompt included
 
@@ -49,6 +53,11 @@ class GenerationStats:
         return self.tokens_generated / self.target_calls if self.target_calls else 0.0
 
     @property
+    def nodes_per_target_call(self) -> float:
+        """Draft tokens the target scored per call: its verification width (a tree's nodes)."""
+        return self.nodes_verified / self.target_calls if self.target_calls else 0.0
+
+    @property
     def acceptance_by_position(self) -> list[float | None]:
         return [a / d if d else None for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
 
@@ -59,7 +68,7 @@ class GenerationStats:
     def to_dict(self) -> dict:
         d = asdict(self)
         for name in ("tokens_generated", "acceptance_rate", "alpha", "tokens_per_target_call",
-                     "acceptance_by_position", "tokens_per_second"):
+                     "nodes_per_target_call", "acceptance_by_position", "tokens_per_second"):
             d[name] = getattr(self, name)
         return d
 
@@ -68,3 +77,4 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[int]  # the new tokens only (the prompt is not repeated)
     stats: GenerationStats
+    trace: "Trace | None" = None  # per-round record (spec_decoding.trace), when asked for with trace=True

@@ -28,3 +28,51 @@ def best_gamma(alpha: float, c: float, gammas=range(1, 17), verify_cost=None) ->
     def cost(g):
         return 1.0 if verify_cost is None else verify_cost(g)
     return max(gammas, key=lambda g: predicted_speedup(alpha, g, c, cost(g)))
+
+
+def expected_tokens_by_position(alphas) -> float:
+    """The same expectation when the acceptance chance depends on the draft position: alphas[i]
+    is the chance that draft token i + 1 is accepted given that those before it were. Draft token
+    j is kept if tokens 1..j all are, so E = 1 + a1 + a1 a2 + ... + a1 ... a_gamma; with every
+    alpha equal this is expected_tokens_per_round(alpha, gamma)."""
+    expected, all_kept = 1.0, 1.0
+    for alpha in alphas:
+        all_kept *= alpha
+        expected += all_kept
+    return expected
+
+
+def break_even_alpha(c: float, verify_cost=None, gamma_max: int = 16, tol: float = 1e-4) -> float | None:
+    """The smallest alpha at which some gamma in 1..gamma_max has predicted_speedup > 1: below it
+    speculation does not pay with these costs. None if it never pays (not even at alpha = 1).
+    verify_cost: as in best_gamma. The speed-up grows with alpha, so bisection finds it."""
+    def cost(g):
+        return 1.0 if verify_cost is None else verify_cost(g)
+
+    def pays(alpha):
+        return max(predicted_speedup(alpha, g, c, cost(g)) for g in range(1, gamma_max + 1)) > 1.0
+    if not pays(1.0):
+        return None
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if pays(mid) else (mid, hi)
+    return hi
+
+
+def expected_tokens_per_tree_round(branching, hit_rate) -> float:
+    """A greedy token tree's expected tokens per round, under the simple model that the target's
+    token is among the draft's top-b children with probability hit_rate(b), independently at each
+    depth: 1 + sum over depths d of prod_{i <= d} hit_rate(branching[i]). With branching (1,) * gamma
+    and hit_rate(1) = alpha this is the chain's (1 - alpha^(gamma+1)) / (1 - alpha)."""
+    expected, reach = 1.0, 1.0
+    for b in branching:
+        reach *= hit_rate(b)
+        expected += reach
+    return expected
+
+
+def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify_cost: float) -> float:
+    """Leviathan's speed-up for any round shape: tokens per round over the round's cost, a draft
+    forward per depth (depth * c) plus one target forward over all nodes (verify_cost)."""
+    return tokens_per_round / (depth * c + verify_cost)

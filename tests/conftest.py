@@ -63,3 +63,29 @@ def text_pair(text_pair_dirs):
 @pytest.fixture
 def generator():
     return torch.Generator().manual_seed(1234)
+
+
+# A trained pair in seconds (gpt2.train_pair with tiny sizes on a few standard-library modules): real
+# language models that disagree now and then, for tests that need real rejections.
+TRAIN_TEXTS = ["argparse.py", "textwrap.py", "string.py", "shlex.py", "heapq.py", "difflib.py",
+               "calendar.py", "fractions.py", "bisect.py", "colorsys.py", "configparser.py"]
+TINY_TARGET = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64)
+TINY_DRAFT = GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=64)
+
+
+def stdlib_texts() -> list[str]:
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [str(stdlib / name) for name in TRAIN_TEXTS if (stdlib / name).is_file()]
+
+
+@pytest.fixture(scope="session")
+def trained_pair_dirs(tmp_path_factory):
+    """(target_dir, draft_dir) of a pair trained for a few seconds by gpt2.train_pair."""
+    from gpt2.train_pair import TrainSettings, train_pair
+
+    out = tmp_path_factory.mktemp("trained") / "pair"
+    train_pair(out, stdlib_texts(), TrainSettings(steps=60, batch_size=8, seed=0),
+               TINY_TARGET, TINY_DRAFT, log=lambda *args: None)
+    return out / "target", out / "draft"

@@ -76,7 +76,7 @@ def test_json_layout(benchmark_run):
     assert {"cells", "costs", "environment", "best_gamma_measured", "best_gamma_predicted"} <= set(results)
     assert results["best_gamma_measured"] in GAMMAS and results["best_gamma_predicted"] in GAMMAS
     costs = results["costs"]
-    assert costs["c"] > 0 and set(costs["verify_cost_by_gamma"]) == {str(g) for g in GAMMAS}
+    assert costs["drafters"]["model"]["c"] > 0 and set(costs["verify_cost_by_gamma"]) == {str(g) for g in GAMMAS}
     env = results["environment"]
     for key in ("torch", "device", "device_name", "dtype", "threads", "draft", "target", "date", "command"):
         assert env[key] not in (None, ""), key
@@ -118,7 +118,8 @@ def test_numbers_hang_together(benchmark_run):
         if cell["gamma"] == 1:
             assert cell["acceptance_by_position"][0] == pytest.approx(cell["acceptance_rate"])
         assert cell["predicted_speedup"] == pytest.approx(predicted_speedup(
-            cell["alpha"], cell["gamma"], costs["c"], costs["verify_cost_by_gamma"][str(cell["gamma"])]))
+            cell["alpha"], cell["gamma"], costs["drafters"]["model"]["c"],
+            costs["verify_cost_by_gamma"][str(cell["gamma"])]))
         # Greedy speculative decoding reproduces the target's own greedy tokens.
         if cell["temperature"] == 0:
             assert cell["tokens_match_baseline"] is True
@@ -208,5 +209,159 @@ def test_unavailable_device_is_a_clear_error(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("CUDA exists here")
-    with pytest.raises(SystemExit, match="error: --device cuda: CUDA is not available here"):
+    with pytest.raises(SystemExit, match="error: device .cuda.: CUDA is not available here"):
         benchmark.main(["--draft", "x", "--target", "y", "--device", "cuda", "--out", str(tmp_path / "o")])
+
+
+class Loaded(Exception):
+    """Raised by a stand-in for benchmark.load_model: the run got as far as loading."""
+
+
+def test_max_gens_past_the_window_are_clamped_before_any_model_is_loaded(text_pair_dirs, tmp_path,
+                                                                         capsys, monkeypatch):
+    import benchmark
+    import torch
+    from gpt2.device import dtype_note
+    def stop(*args, **kwargs):
+        raise Loaded
+    monkeypatch.setattr(benchmark, "load_model", stop)
+    monkeypatch.setattr(benchmark, "make_standins", stop)
+    longest = max(len(p) for p in benchmark.read_prompts(benchmark.DEFAULT_PROMPTS))
+    target_dir, draft_dir = text_pair_dirs  # n_positions 128
+    for extra, n_positions in ([["--draft", draft_dir, "--target", target_dir], 128],
+                               [["--make-standins", tmp_path / "standins"], 1024]):
+        with pytest.raises(Loaded):
+            benchmark.main([*map(str, extra), "--max-gens", "8", "2000", "--dtype", "bfloat16",
+                            "--out", str(tmp_path / "out")])
+        out = capsys.readouterr().out
+        assert (f"note: --max-gens 2000: the models' context window of {n_positions} tokens leaves "
+                f"room for {n_positions - longest} new tokens") in out
+        assert f"clamped to {n_positions - longest}" in out
+        note = dtype_note(torch.bfloat16, torch.device("cpu"))  # --dtype bfloat16 on a CPU
+        assert note in out if note else "note: bfloat16" not in out
+
+
+def test_clamp_max_gens(capsys):
+    import benchmark
+    prompts = [[1] * 20, [1] * 30]
+    assert benchmark.clamp_max_gens([8, 100, 2000], prompts, 128) == [8, 98]
+    assert "clamped to 98" in capsys.readouterr().out
+    assert benchmark.clamp_max_gens([8, 98], prompts, 128) == [8, 98]  # fits: nothing to say
+    assert capsys.readouterr().out == ""
+
+
+def test_dtype_defaults_to_auto(tmp_path):
+    import benchmark
+    assert benchmark.parse_args(["--out", str(tmp_path / "out")]).dtype == "auto"
+
+
+def test_mismatched_pair_is_named_before_anything_runs(text_pair_dirs, make_checkpoint, tmp_path):
+    import benchmark
+    from conftest import TINY
+    with pytest.raises(SystemExit, match="share one tokenizer"):
+        benchmark.main(["--target", str(text_pair_dirs[0]), "--draft", str(make_checkpoint(TINY)),
+                        "--max-gens", "4", "--out", str(tmp_path / "out")])
+
+
+# ---------------------------------------------------------------- --drafters: a grid axis
+
+@pytest.fixture(scope="module")
+def drafters_run(text_pair_dirs, tmp_path_factory):
+    target_dir, _ = text_pair_dirs
+    out = tmp_path_factory.mktemp("bench-drafters") / "out"
+    # no model drafter: --draft is never loaded, so a missing folder is fine
+    proc = run_benchmark("--target", target_dir, "--draft", "/nonexistent/draft",
+                         "--drafters", "ngram:2", "layerskip:2", "--gammas", 1, 3, "--max-gens", 12,
+                         "--threads", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_drafters_are_a_grid_axis(drafters_run):
+    out, proc = drafters_run
+    results = json.loads((out / "results.json").read_text())
+    cells = results["cells"]
+    assert [(c["drafter"], c["gamma"]) for c in cells] == [
+        ("ngram:2", 1), ("ngram:2", 3), ("layerskip:2", 1), ("layerskip:2", 3)]
+    with open(out / "results.csv", newline="") as f:
+        assert [(r["drafter"], r["gamma"]) for r in csv.DictReader(f)] == [
+            (c["drafter"], str(c["gamma"])) for c in cells]
+    costs = results["costs"]["drafters"]
+    assert set(costs) == {"ngram:2", "layerskip:2"}
+    # a lookup costs far less than a forward of two blocks
+    assert 0 < costs["ngram:2"]["c"] < costs["layerskip:2"]["c"]
+    for cell in cells:
+        assert cell["tokens_match_baseline"] is True
+        assert cell["drafter"] == cell["run_records"][0]["drafter"]
+        assert cell["predicted_speedup"] == pytest.approx(predicted_speedup(
+            cell["alpha"], cell["gamma"], costs[cell["drafter"]]["c"],
+            results["costs"]["verify_cost_by_gamma"][str(cell["gamma"])]))
+        expected_calls = 0 if cell["drafter"] == "ngram:2" else sum(r["tokens_drafted"] for r in cell["run_records"])
+        assert cell["draft_calls"] == expected_calls
+    assert set(results["by_drafter"]) == {"ngram:2", "layerskip:2"}
+    assert "Drafters side by side" in proc.stdout
+    assert "### Drafter ngram:2 (prompt lookup, n-grams of up to 2 tokens)" in proc.stdout
+    assert "### Drafter layerskip:2 (the target's first 2 blocks)" in proc.stdout
+    assert "Loading target" in proc.stdout and "draft" not in proc.stdout.split("\n", 1)[0]
+    for name in PLOTS:
+        with Image.open(out / name) as image:
+            assert image.size[1] > 800  # one row of panels per drafter
+
+
+@pytest.mark.parametrize("spec, canonical", [("model", "model"), ("ngram", "ngram:3"), ("ngram:5", "ngram:5"),
+                                             ("layerskip:6", "layerskip:6")])
+def test_drafter_specs(spec, canonical):
+    import benchmark
+
+    assert benchmark.drafter_spec(spec) == canonical
+
+
+@pytest.mark.parametrize("spec", ["bogus", "layerskip", "layerskip:0", "ngram:x", "model:2", "ngram:-1"])
+def test_bad_drafter_specs_exit_2(spec, tmp_path, capsys):
+    import benchmark
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--drafters", "model", spec, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --drafters: {spec!r} is not a drafter: use model, ngram" in err
+
+
+def test_layerskip_with_all_the_targets_blocks_is_a_clear_error(text_pair_dirs, tmp_path):
+    import benchmark
+
+    target_dir, _ = text_pair_dirs
+    with pytest.raises(SystemExit, match=r"error: --drafters layerskip:4: n_layers must be an int "
+                                         r"between 1 and n_layer - 1 = 3"):
+        benchmark.main(["--target", str(target_dir), "--drafters", "layerskip:4", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+def test_gamma_policies_beside_fixed_gammas(text_pair_dirs, tmp_path):
+    """--gammas auto heuristic: rows beside the fixed gammas, with the same tokens as the target,
+    the g of every round recorded, and the CostModel they used in results.json."""
+    target_dir, draft_dir = text_pair_dirs
+    out = tmp_path / "out"
+    proc = run_benchmark("--draft", draft_dir, "--target", target_dir, "--gammas", "heuristic", 2, "auto",
+                         "--gamma-max", 3, "--max-gens", 12, "--prompts", ROOT / "prompts" / "short.txt",
+                         "--threads", 1, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert [c["gamma"] for c in results["cells"]] == [2, "auto", "heuristic"]
+    assert len(results["costs"]["cost_models"]["model"]["target_score_s"]) == 4  # k = 1 .. gamma_max + 1
+    assert results["best_gamma_measured"] == 2  # the best *fixed* gamma
+    for cell in results["cells"]:
+        assert cell["tokens_match_baseline"] is True
+        for r in cell["run_records"]:
+            assert sum(r["gamma_by_round"]) == r["draft_calls"] and len(r["gamma_by_round"]) == r["target_calls"]
+            assert max(r["gamma_by_round"]) <= (2 if cell["gamma"] == 2 else 3)
+        if cell["gamma"] != 2:
+            assert cell["predicted_speedup"] is None and len(cell["acceptance_by_position"]) == 3
+        # the speed-up the CostModel gives these rounds: target steps over the rounds' seconds
+        costs = results["costs"]["cost_models"]["model"]
+        t = costs["target_score_s"]
+        rounds = [g for r in cell["run_records"] for g in r["gamma_by_round"]]
+        expected = 3 * 12 * t[0] / sum(g * costs["draft_step_s"] + t[g] for g in rounds)
+        assert cell["cost_model_speedup"] == pytest.approx(expected)
+    assert "| auto |" in proc.stdout and "| heuristic |" in proc.stdout
+    assert "Speculation pays" in proc.stdout

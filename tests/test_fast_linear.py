@@ -8,9 +8,9 @@ import torch
 import gpt2.fast_linear as fast_linear
 from gpt2 import GPT2Config, load_gpt2
 from gpt2.fast_linear import Int8Weight, OneDNNPackedWeight, dequantize_int8, int8_per_channel
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-from test_lossless import (SETTINGS, chi_square_p_value, counts_of, exact_distribution,
-                           speculative_samples, TINY_VOCAB)
+from conftest import TINY_VOCAB
+from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding.checks import check_lossless
 
 # Wide enough that the linear layers look like GPT-2's (in = 256, head 1000 rows), small enough
 # to be quick.
@@ -20,7 +20,7 @@ MEDIUM = GPT2Config(n_layer=2, n_head=4, n_embd=256, n_positions=64, vocab_size=
 # rounds every activation; int8 per-channel keeps 1/254 of each row's range.
 TOLERANCE = {"bf16": 0.02, "int8": 0.02, "int8+bf16": 0.03}
 FORMATS = {"bf16": dict(dtype="bfloat16"), "int8": dict(quantize="int8"),
-           "int8+bf16": dict(dtype="bf16", quantize="int8")}
+           "int8+bf16": dict(dtype="bfloat16", quantize="int8")}
 
 
 @pytest.fixture(scope="module")
@@ -117,17 +117,16 @@ def test_lossless_in_each_format(make_checkpoint, name):
     enumerated), whatever the weight format."""
     target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3), **FORMATS[name])
     draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3), **FORMATS[name])
-    settings, gamma, _ = SETTINGS["temperature 1"]
-    probs = exact_distribution(target, settings)
     # Fewer samples than test_lossless (the 16-bit kernels have a higher per-call cost at these
     # tiny sizes); still enough to catch sampling from the draft or from the fp32 target's p.
-    samples = speculative_samples(target, draft, settings, gamma, 1500, seed=7)
-    assert chi_square_p_value(counts_of(samples), probs) > 1e-3
+    generate = lambda prompt, n, **kw: speculative_sampling(target, draft, prompt, n, 2, **kw)
+    result = check_lossless(generate, target, [1, 2, 3], 3, dict(temperature=1.0), samples=1500, seed=7)
+    assert result.passed, result
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(dtype="float8"), "dtype must be"),
-    (dict(dtype=torch.int8), "dtype must be"),
+    (dict(dtype="float8"), "is not supported"),
+    (dict(dtype=torch.int8), "is not supported"),
     (dict(quantize="int4"), "quantize must be"),
 ])
 def test_bad_format_options_give_clear_errors(medium_dir, kwargs, message):

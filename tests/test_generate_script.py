@@ -137,7 +137,8 @@ def test_piped_output_is_plain_text_with_stats(runs, json_report):
     # The streamed text, round by round, is exactly the decode of all the tokens.
     assert out.startswith(PROMPT + json_report["text"] + "\n")
     for line in ("acceptance rate:", "tokens per target call:", "tokens/s", "target / draft calls:",
-                 "stopped:", "baseline, target alone:", "speedup:", "identical tokens"):
+                 "stopped:", "baseline (target alone):", "speedup:", "identical tokens",
+                 "alpha (theory):"):
         assert line in out
     assert "Loading target" in err and "Loading draft" in err
 
@@ -147,6 +148,7 @@ def test_terminal_output_is_coloured_with_legend(runs):
     assert code == 0, err
     assert ANSI.search(out)
     assert "draft token accepted" in out and "bonus token" in out
+    assert "target's own token (nothing drafted)" in out and "target alone" not in out
     assert "acceptance rate:" in out
 
 
@@ -240,7 +242,8 @@ def test_mismatched_vocabularies_are_a_clear_error(text_pair_dirs, make_checkpoi
     target, _ = text_pair_dirs
     code, out, err = run_main(["--target", target, "--draft", make_checkpoint(TINY), "--max-gen", 2], capsys)
     assert code == 2
-    assert "error:" in err and "vocabulary" in err
+    # the pair is checked before anything runs (once, the warm-up failed first on a token id)
+    assert "error:" in err and "share one tokenizer" in err and "outside the vocabulary" not in err
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,3 +287,148 @@ def test_colours_follow_token_sources():
     assert script.COLOURS["correction"] + " two" in text
     assert script.COLOURS["bonus"] + " three" in text
     assert ANSI.sub("", text) == " one two three\n"
+
+
+def test_gamma_auto_measures_saves_and_reuses_the_cost_model(text_pair_dirs, text_pair, tmp_path, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    argv = ["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", MAX_GEN,
+            "--gamma", "auto", "--gamma-max", 5, "--cost-model", costs]
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert "Measuring the per-call costs" in err and "c = " in err and costs.is_file()
+    assert re.search(r"gamma of each round: +[0-5]( [0-5])* \(--gamma auto; 0: a plain target step\)", out)
+    written = costs.read_text()
+    code, out, err = run_main(argv + ["--json"], capsys)  # now read, not measured again
+    assert code == 0, err
+    assert "Measuring" not in err and costs.read_text() == written
+    report = json.loads(out)
+    assert report["settings"]["gamma"] == "auto" and report["settings"]["gamma_max"] == 5
+    rounds = report["stats"]["gamma_by_round"]
+    assert len(rounds) == report["stats"]["target_calls"] and max(rounds) <= 5
+    expected = autoregressive_generate(text_pair[0], encode(PROMPT), MAX_GEN, eos_id=EOT_ID)
+    assert report["tokens"] == expected.tokens
+
+
+def test_gamma_heuristic_runs(text_pair_dirs, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 12, "--gamma", "heuristic", "--gamma-max", 3], capsys)
+    assert code == 0, err
+    assert "gamma of each round:" in out and "(--gamma heuristic" in out
+
+
+def test_a_cost_model_for_other_models_is_a_clear_error(text_pair_dirs, tmp_path, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    # measured with the draft as the target: the wrong models for the real pair
+    assert run_main(["--target", draft_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", 4,
+                     "--gamma", "auto", "--gamma-max", 2, "--cost-model", costs], capsys)[0] == 0
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 4, "--gamma", "auto", "--cost-model", costs], capsys)
+    assert code == 2 and "error: This CostModel was measured with the target" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gamma", "fast"], ["--gamma", "auto or heuristic"]),
+    (["--gamma", "3", "--cost-model", "x.json"], ["--cost-model is for --gamma auto"]),
+    (["--gamma-max", "0"], ["--gamma-max", ">= 1"]),
+])
+def test_bad_gamma_arguments_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+
+
+def test_stats_show_acceptance_rate_and_alpha_as_in_the_json(runs, json_report):
+    code, out, err = runs["plain"].result()
+    stats = json_report["stats"]
+    lines = {line.split(":")[0]: line for line in out.splitlines() if ":" in line}
+    judged = stats["tokens_accepted"] + stats["tokens_rejected"]
+    assert lines["acceptance rate"].split(":", 1)[1].split()[:3] == [
+        f"{stats['acceptance_rate']:.1%}", "of", str(stats["tokens_drafted"])]
+    assert lines["alpha (theory)"].split(":", 1)[1].split()[:3] == [f"{stats['alpha']:.1%}", "of", str(judged)]
+
+
+def test_top_k_and_top_p_at_temperature_0_are_said_to_be_ignored(capsys):
+    script.parse_args(["--top-k", "5", "--top-p", "0.9"])
+    assert "--top-k and --top-p only apply when sampling" in capsys.readouterr().err
+    script.parse_args(["--top-k", "5", "--temperature", "0.7"])
+    assert capsys.readouterr().err == ""
+
+
+def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys):
+    import torch
+    from gpt2.device import dtype_note
+    target, draft = text_pair_dirs
+    argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 3, "--json"]
+    code, out, err = run_main(argv, capsys)  # --dtype auto, the default: float32 on a CPU
+    assert code == 0, err
+    assert json.loads(out)["settings"]["dtype"] == "float32" and "note:" not in err
+    code, out, err = run_main([*argv, "--dtype", "bfloat16", "--device", "cpu"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["settings"]["dtype"] == "bfloat16"
+    notes = [line for line in err.splitlines() if line.startswith("note: bfloat16")]
+    expected = dtype_note(torch.bfloat16, torch.device("cpu"))  # None if measured faster
+    assert notes == ([expected] if expected else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# --drafter: prompt lookup and the target's own first blocks
+
+
+@pytest.mark.parametrize("drafter_args, described", [
+    (["--drafter", "ngram", "--ngram", 2], "ngram (prompt lookup, n-grams of up to 2 tokens)"),
+    (["--drafter", "layerskip", "--draft-layers", 2], "layerskip (the target's first 2 of 4 blocks)"),
+])
+def test_other_drafters_give_the_targets_greedy_output(text_pair_dirs, text_pair, capsys,
+                                                       drafter_args, described):
+    target_dir, _ = text_pair_dirs
+    # --draft is not loaded for these drafters: a missing folder does not matter
+    argv = ["--target", target_dir, "--draft", "/nonexistent/folder", "--prompt", PROMPT,
+            "--max-gen", MAX_GEN, "--gamma", 3, *drafter_args]
+    code, out, err = run_main([*argv, "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    expected = autoregressive_generate(text_pair[0], encode(PROMPT), MAX_GEN, eos_id=EOT_ID)
+    assert report["tokens"] == expected.tokens
+    assert report["drafter"] == described and report["draft"] is None
+    stats = report["stats"]
+    assert stats["tokens_drafted"] > 0
+    assert stats["draft_calls"] == (0 if "ngram" in drafter_args else stats["tokens_drafted"])
+    assert "Loading draft" not in err
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert f"drafter:                {described}" in out
+
+
+def test_the_stats_name_the_model_drafter(runs):
+    code, out, err = runs["plain"].result()
+    assert re.search(r"drafter: +model .*draft", out)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--drafter", "bogus"], ["--drafter", "invalid choice", "'bogus'"]),
+    (["--drafter", "ngram", "--ngram", "0"], ["--ngram", ">= 1"]),
+    (["--drafter", "layerskip", "--draft-layers", "0"], ["--draft-layers", ">= 1"]),
+])
+def test_bad_drafter_arguments_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+
+
+def test_draft_layers_beyond_the_target_is_a_clear_error(text_pair_dirs, capsys):
+    target_dir, _ = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--drafter", "layerskip", "--draft-layers", 4,
+                               "--max-gen", 2], capsys)
+    assert code == 2
+    assert "error: --draft-layers 4: n_layers must be an int between 1 and n_layer - 1 = 3" in err
+    assert "Traceback" not in err

@@ -2,17 +2,19 @@
 to transformers'), caches equal to a fresh forward after every round, eos, exact max_gen, the
 context-window edge, and a clear error for every bad input."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import TINY
 from transformers import GPT2LMHeadModel
 
 import spec_decoding.greedy
-import spec_decoding.speculative
 from gpt2 import GPT2, load_gpt2
 from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
+from spec_decoding.checks import check_caches_after_every_round
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT
 
 TARGET_CFG = TINY.with_(n_layer=4)
@@ -114,43 +116,37 @@ def test_sampling_is_reproducible_with_a_generator(target, draft):
     assert runs[0] == runs[1] and len(runs[0]) == 30
 
 
-def check_cache(model, cache, sequence):
-    """The cache holds exactly what a fresh forward over sequence[:cache.length] gives."""
-    fresh = model.new_kv_cache()
-    with torch.inference_mode():
-        model(torch.tensor([sequence[:cache.length]]), fresh)
-    for layer in range(model.config.n_layer):
-        for got, want in ((cache.keys[layer], fresh.keys[layer]), (cache.values[layer], fresh.values[layer])):
-            torch.testing.assert_close(got[:, :, :cache.length], want[:, :, :cache.length], atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("module, run", [
-    (spec_decoding.greedy, lambda t, d, seed, cb: speculative_sampling_greedy(t, d, PROMPT, 30, 3, on_tokens=cb)),
-    (spec_decoding.speculative, lambda t, d, seed, cb: speculative_sampling(
-        t, d, PROMPT, 30, 3, generator=torch.Generator().manual_seed(seed), on_tokens=cb)),
+@pytest.mark.parametrize("generate, settings", [
+    (speculative_sampling_greedy, None),
+    (speculative_sampling, dict(temperature=1.0)),
 ])
-def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, target, draft, module, run):
-    lags = []  # how far each cache is behind the sequence after each round
-    real_roll_back = module.roll_back
+def test_caches_equal_a_fresh_forward_after_every_round(target, draft, generate, settings):
+    draft_lags = []  # how far the draft's cache is behind the sequence at the start of each round
     for seed in range(3):
-        sequence = list(PROMPT)
-        run_lags = []
-
-        def roll_back_and_check(target_cache, draft_cache, seq_len):
-            real_roll_back(target_cache, draft_cache, seq_len)
-            assert seq_len == len(sequence)
-            assert target_cache.length == seq_len - 1  # all but the last token, which is fed next
-            assert draft_cache.length <= seq_len - 1
-            check_cache(target, target_cache, sequence)
-            check_cache(draft, draft_cache, sequence)
-            run_lags.append(seq_len - draft_cache.length)
-
-        monkeypatch.setattr(module, "roll_back", roll_back_and_check)
-        run(target, draft, seed, lambda tokens, sources: sequence.extend(tokens))
-        lags += run_lags[:-1]  # only the last round may skip the draft (g = 0)
+        result = check_caches_after_every_round(partial(generate, target, draft, gamma=3), target,
+                                                draft, PROMPT, 30, settings, seed)
+        assert result.passed, result.message
+        rounds = [s for s in result.snapshots if s.round >= 1 and not s.at_end]
+        ends = [s for s in result.snapshots if s.at_end]
+        assert {s.role for s in ends} == {"target", "draft"}
+        assert len([s for s in rounds if s.role == "target"]) == max(s.round for s in result.snapshots) - 1
+        # the target keeps all but the last token, which is fed next
+        assert all(s.sequence_length - s.cache_length == 1 for s in rounds + ends if s.role == "target")
+        assert all(s.sequence_length - s.cache_length >= 1 for s in rounds + ends)
+        draft_lags += [s.sequence_length - s.cache_length for s in rounds if s.role == "draft"]
     # The draft is one token behind the target after a fully accepted round (it never fed its own
     # last proposal), level with it otherwise: both kinds of round happened.
-    assert set(lags) == {1, 2}
+    assert set(draft_lags) == {1, 2}
+
+
+def test_the_cache_check_catches_a_cache_not_rolled_back(monkeypatch, target, draft):
+    """Its power: forgetting to roll the draft's cache back after a rejection is caught."""
+    monkeypatch.setattr(spec_decoding.greedy, "roll_back",
+                        lambda target_cache, drafter, seq_len: target_cache.truncate(seq_len - 1))
+    result = check_caches_after_every_round(partial(speculative_sampling_greedy, target, draft, gamma=3),
+                                            target, draft, PROMPT, 30)
+    assert not result.passed
+    assert "draft's KV cache" in result.message and "rolled back" in result.message
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 5])

@@ -193,3 +193,154 @@ def test_tokenizer_roundtrip():
     assert encode("Hello world") == [15496, 995]
     assert decode([15496, 995]) == "Hello world"
     assert encode("<|endoftext|>") == [EOT_ID] == [50256]
+
+
+# ---------------------------------------------------------------------------------------------
+# device and dtype: names, "auto", and clear errors before anything is read
+
+
+def test_dtype_names_and_auto(folder):
+    for name, dtype in [("float16", torch.float16), ("bf16", torch.bfloat16), ("torch.float32", torch.float32),
+                        (torch.float16, torch.float16)]:
+        assert {p.dtype for p in load_gpt2(folder, dtype=name).parameters()} == {dtype}, name
+    # the default is "auto": float32 on a CPU
+    assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
+    assert {p.dtype for p in load_gpt2(folder, dtype="auto", device="cpu").parameters()} == {torch.float32}
+
+
+def test_auto_dtype_per_device(monkeypatch):
+    from gpt2.device import auto_dtype
+    assert auto_dtype(torch.device("cpu")) == torch.float32
+    assert auto_dtype(torch.device("mps")) == torch.float16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert auto_dtype(torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # e.g. a V100
+    assert auto_dtype(torch.device("cuda")) == torch.float16
+
+
+def test_slower_dtype_note_only_for_half_precision_on_cpu(monkeypatch):
+    import gpt2.device as device
+    cpu = torch.device("cpu")
+    assert device.dtype_note(torch.float32, cpu) is None
+    assert device.dtype_note(torch.bfloat16, torch.device("cuda")) is None
+    monkeypatch.setattr(device, "CPU_FLOAT32_VERIFY5", 1.40)
+    monkeypatch.setattr(device, "CPU_MEASURED", {torch.bfloat16: (1.00, 1.30), torch.float16: (0.60, 2.70)})
+    for dtype, step, verify in [(torch.bfloat16, "1.00x", "1.30x"), (torch.float16, "0.60x", "2.70x")]:
+        note = device.dtype_note(dtype, cpu)  # no faster at one of the two: say so, with the factors
+        assert "\n" not in note and note.startswith("note: " + str(dtype).removeprefix("torch."))
+        assert f"step {step} float32's time" in note and f"verifying 5 tokens {verify}" in note
+        assert "(float32: 1.40x)" in note
+    monkeypatch.setattr(device, "CPU_MEASURED", {torch.float16: (0.60, 1.10)})
+    assert device.dtype_note(torch.float16, cpu) is None  # faster at both: nothing to say
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"dtype": torch.int8}, "dtype torch.int8 is not supported: use auto (the default), float32, bfloat16 or float16"),
+    ({"dtype": "int8"}, "dtype 'int8' is not supported"),
+    ({"dtype": "float64"}, "dtype 'float64' is not supported"),
+    ({"device": "tpu"}, "unknown device 'tpu': use auto, cpu, cuda, cuda:N or mps"),
+    ({"device": "meta"}, "device 'meta': only cpu, cuda and mps are supported"),
+    ({"device": "nonsense"}, "unknown device 'nonsense': use auto, cpu, cuda, cuda:N or mps"),
+])
+def test_bad_dtype_or_device_is_a_clear_error_before_loading(kwargs, words, tmp_path):
+    # The path does not exist: the argument is checked first, so its error comes, not the path's.
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        load_gpt2(tmp_path / "nowhere", **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(folder):
+    with pytest.raises(ValueError, match="device 'cuda': CUDA is not available here .* Use cpu or auto"):
+        load_gpt2(folder, device="cuda")
+
+
+def test_inferred_config_is_said_on_stderr(make_checkpoint, folder, capsys):
+    wide = TINY.with_(n_embd=128)
+    load_gpt2(make_checkpoint(wide, seed=5, std=0.1) / "model.safetensors")
+    err = capsys.readouterr().err
+    assert "note: no config.json for" in err and "n_head = n_embd / 64 = 2" in err
+    assert "n_layer=2, n_embd=128, n_positions=64, vocab_size=100" in err
+    load_gpt2(folder)  # with its config.json: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The hub out of reach: fail in seconds, and say what was looked for locally
+
+TIMED_LOAD = """
+    import sys, time
+    from gpt2 import load_gpt2, CheckpointError
+    for name in sys.argv[1:]:
+        start = time.perf_counter()
+        try:
+            model = load_gpt2(name)
+            print("loaded", name, model.config.n_layer)
+        except CheckpointError as e:
+            print("error:", e)
+        print(f"seconds: {time.perf_counter() - start:.2f}")
+"""
+
+
+def run_timed_loads(names, env_extra, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update({"HF_HUB_CACHE": str(tmp_path / "hub"), **env_extra})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(TIMED_LOAD), *names], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
+def test_unreachable_hub_fails_fast_and_names_the_local_folder_too(folder, tmp_path):
+    write_fake_hub_cache(tmp_path / "hub", "someone/cached-gpt2", folder)
+    # Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
+    result = run_timed_loads(["checkpoints/tagret", "someone/cached-gpt2"],
+                             {"HF_ENDPOINT": "http://127.0.0.1:9"}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "there is no folder checkpoints/tagret here" in out
+    assert "the Hugging Face hub could not be reached (http://127.0.0.1:9" in out
+    assert "HF_HUB_OFFLINE=1" in out and "pass their folder instead" in out
+    assert "Retrying" not in result.stderr  # no retry ladder
+    # files already in the hub cache still load when the hub is out of reach
+    assert f"loaded someone/cached-gpt2 {TINY.n_layer}" in out
+    seconds = [float(line.split()[1]) for line in out.splitlines() if line.startswith("seconds:")]
+    assert max(seconds) < 10, out
+
+
+def test_silent_hub_times_out_within_seconds(tmp_path):
+    import socket
+    from gpt2.loading import HUB_PROBE_TIMEOUT
+    with socket.socket() as server:  # accepts connections (the kernel does) but never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        result = run_timed_loads(["owner/model"], {"HF_ENDPOINT": f"http://127.0.0.1:{port}"}, tmp_path)
+    assert "could not be reached" in result.stdout and "there is no folder owner/model here" in result.stdout
+    seconds = float(result.stdout.split("seconds:")[1])
+    assert seconds < HUB_PROBE_TIMEOUT + 6, result.stdout
+
+
+def test_hub_offline_error_names_the_folder_it_looked_for(tmp_path):
+    (tmp_path / "checkpoints" / "target").mkdir(parents=True)  # exists, but holds no weights
+    code = """
+        from gpt2 import load_gpt2, CheckpointError
+        for name in ("checkpoints/tagret", "checkpoints/target"):
+            try:
+                load_gpt2(name)
+            except CheckpointError as e:
+                print(e)
+    """
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "HF_HUB_OFFLINE is set" in result.stdout
+    assert "there is no folder checkpoints/tagret here" in result.stdout
+    assert "the folder checkpoints/target here has no model.safetensors" in result.stdout
+
+
+def test_peek_config_reads_no_weights(folder, tmp_path):
+    from gpt2 import OFFICIAL_CONFIGS
+    from gpt2.loading import peek_config
+    assert peek_config(folder) == TINY
+    assert peek_config("gpt2-xl") == OFFICIAL_CONFIGS["gpt2-xl"]
+    assert peek_config("someone/unknown") is None and peek_config(tmp_path) is None

@@ -3,18 +3,22 @@
 With a 16-token vocabulary the exact distribution of the first three generated tokens (4,096
 outcomes) can be enumerated from the target's own probabilities. Thousands of speculative samples
 are compared with it by a chi-square test. The same test must reject the draft's samples, and
-the classic bug of resampling from p instead of norm(max(0, p - q)): so it has the power to fail.
+the classic bug of resampling from p instead of norm(max(0, p - q)) (tests/test_bug_zoo.py, with
+the other bugs of the zoo): so it has the power to fail.
 """
+
+from functools import partial
 
 import pytest
 import torch
 from conftest import TINY_VOCAB
 from scipy import stats
 
-import spec_decoding.speculative
 from gpt2 import load_gpt2
-from spec_decoding import (autoregressive_generate, logits_to_probs, modified_rejection_sampling,
-                           residual_distribution, speculative_sampling)
+from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
+                           modified_rejection_sampling, residual_distribution, speculative_sampling)
+from spec_decoding.costs import describe_model
+from spec_decoding.checks import check_lossless, chi_square_p_value, exact_distribution
 
 V = TINY_VOCAB.vocab_size
 PROMPT = [1, 2, 3]
@@ -34,75 +38,37 @@ def pair(make_checkpoint):
     return target, draft
 
 
-def exact_distribution(model, settings) -> torch.Tensor:
-    """[V, V, V]: P(t1, t2, t3) = p(t1) p(t2 | t1) p(t3 | t1, t2), from one batched forward."""
-    t1, t2 = torch.meshgrid(torch.arange(V), torch.arange(V), indexing="ij")
-    idx = torch.cat([torch.tensor(PROMPT).expand(V * V, -1), t1.reshape(-1, 1), t2.reshape(-1, 1)], 1)
-    with torch.inference_mode():
-        probs = logits_to_probs(model(idx)[:, -3:].double(), **settings)  # [V*V, 3, V]
-    p1 = probs[0, 0]  # the same for every row
-    p2 = probs[::V, 1]  # rows with t2 = 0, indexed by t1
-    p3 = probs[:, 2].reshape(V, V, V)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def counts_of(samples) -> torch.Tensor:
-    counts = torch.zeros(V ** N_TOKENS, dtype=torch.float64)
-    for s in samples:
-        counts[(s[0] * V + s[1]) * V + s[2]] += 1
-    return counts
-
-
-def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's chi-square test of counts against probs. Cells expecting fewer than 5 samples
-    are pooled into one, as the test requires."""
-    counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
-    expected = probs / probs.sum() * counts.sum()
-    small = expected < 5
-    if small.any():
-        counts = torch.cat([counts[~small], counts[small].sum().view(1)])
-        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
-    return stats.chisquare(counts.numpy(), expected.numpy()).pvalue
-
-
-def total_variation(counts, probs) -> float:
-    return 0.5 * (counts / counts.sum() - probs.reshape(-1)).abs().sum().item()
-
-
-def speculative_samples(target, draft, settings, gamma, n, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [speculative_sampling(target, draft, PROMPT, N_TOKENS, gamma, generator=g, **settings).tokens
-            for _ in range(n)]
+def speculative(target, draft, gamma):
+    return partial(speculative_sampling, target, draft, gamma=gamma)
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_speculative_samples_follow_the_target_distribution(pair, name):
     target, draft = pair
     settings, gamma, n = SETTINGS[name]
-    exact = exact_distribution(target, settings)
-    assert exact.sum().item() == pytest.approx(1.0)
-    samples = speculative_samples(target, draft, settings, gamma, n, seed=0)
-    counts = counts_of(samples)
-    p_value = chi_square_p_value(counts, exact)
-    assert p_value > 1e-3, f"speculative samples differ from the target (p = {p_value:.2g})"
+    exact = exact_distribution(target, PROMPT, N_TOKENS, settings)
+    assert exact.shape == (V,) * N_TOKENS and exact.sum().item() == pytest.approx(1.0)
+    result = check_lossless(speculative(target, draft, gamma), target, PROMPT, N_TOKENS, settings,
+                            samples=n, seed=0)
+    assert result.passed and result.p_value > 1e-3, result.message
 
     # Power: the draft's own samples, the same number, are clearly told apart.
-    g = torch.Generator().manual_seed(1)
-    draft_samples = [autoregressive_generate(draft, PROMPT, N_TOKENS, generator=g, **settings).tokens
-                     for _ in range(n)]
-    draft_counts = counts_of(draft_samples)
-    assert chi_square_p_value(draft_counts, exact) < 1e-6
-    assert total_variation(draft_counts, exact) > total_variation(counts, exact)
+    draft_result = check_lossless(partial(autoregressive_generate, draft), target, PROMPT, N_TOKENS,
+                                  settings, samples=n, seed=1)
+    assert not draft_result.passed and draft_result.p_value < 1e-6
+    assert draft_result.total_variation > result.total_variation
 
 
-def test_resampling_from_p_instead_of_the_residual_is_caught(pair, monkeypatch):
-    """The classic bug: after a rejection, sample from p, not norm(max(0, p - q)). The output is
-    then biased towards tokens the draft likes; the test must notice."""
-    target, draft = pair
-    settings, gamma, n = SETTINGS["temperature 1"]
-    monkeypatch.setattr(spec_decoding.speculative, "residual_distribution", lambda p, q: p)
-    counts = counts_of(speculative_samples(target, draft, settings, gamma, n, seed=0))
-    assert chi_square_p_value(counts, exact_distribution(target, settings)) < 1e-6
+def test_exact_distribution_by_hand(pair):
+    """The batched enumeration equals the chain rule computed one prefix at a time."""
+    target, _ = pair
+    settings = dict(temperature=0.7, top_k=6, top_p=0.9)
+    exact = exact_distribution(target, PROMPT, 2, settings)
+    with torch.inference_mode():
+        p1 = logits_to_probs(target(torch.tensor([PROMPT]))[0, -1].double(), **settings)
+        for t1 in (0, 5, 11):
+            p2 = logits_to_probs(target(torch.tensor([PROMPT + [t1]]))[0, -1].double(), **settings)
+            torch.testing.assert_close(exact[t1], (p1[t1] * p2).double(), atol=1e-6, rtol=1e-4)
 
 
 def random_distributions(rows, seed, sharpness=2.0):
@@ -153,3 +119,45 @@ def test_residual_distribution():
     torch.testing.assert_close(residual_distribution(p, q), torch.tensor([0.75, 0.0, 0.25, 0.0]))
     # p == q: max(0, p - q) is all zero; fall back to p
     torch.testing.assert_close(residual_distribution(p, p), p)
+
+
+class PastDependentGamma(GammaPolicy):
+    """Chooses g in 0..3 from the outcomes of earlier rounds (plain steps included), so the
+    draft length changes from round to round and from sample to sample."""
+    gamma_max = 3
+
+    def __init__(self):
+        self.rounds, self.accepted, self.chosen = 0, 0, []
+
+    def next_gamma(self):
+        self.chosen.append((self.rounds + self.accepted) % 4)
+        return self.chosen[-1]
+
+    def update(self, drafted, accepted):
+        self.rounds += 1
+        self.accepted += accepted
+
+
+def marginal_auto_gamma(target, draft):
+    """AutoGamma with costs at which drafting barely pays for this pair: it switches on and off."""
+    return AutoGamma(CostModel(target=describe_model(target), draft=describe_model(draft),
+                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]))
+
+
+@pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2}),
+                                                 (marginal_auto_gamma, {0, 1})])
+def test_a_gamma_policy_keeps_sampling_lossless(pair, make_policy, lengths):
+    """The policy's state carries over from sample to sample, so g varies within and between
+    samples; g depends only on the past, so the output still follows the target exactly."""
+    target, draft = pair
+    settings = SETTINGS["temperature 1"][0]
+    policy, gammas = make_policy(target, draft), []
+
+    def generate(prompt, n_tokens, **kwargs):
+        result = speculative_sampling(target, draft, prompt, n_tokens, policy, **kwargs)
+        gammas.extend(result.stats.gamma_by_round)
+        return result
+
+    result = check_lossless(generate, target, PROMPT, N_TOKENS, settings, samples=4000, seed=5)
+    assert lengths <= set(gammas)  # plain steps and several draft lengths (3 tokens: g <= 2)
+    assert result.passed and result.p_value > 1e-3, result.message

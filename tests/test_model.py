@@ -173,3 +173,87 @@ def test_fast_linear_path_equals_f_linear(dtype, tol):
         with torch.inference_mode():
             fast = gpt2_model.linear(x, w, b)
         torch.testing.assert_close(fast.float(), torch.nn.functional.linear(x, w, b).float(), atol=tol, rtol=0.02)
+
+
+# ---------------------------------------------------------------- token trees: positions, mask, keep
+
+def test_explicit_positions_and_causal_mask_equal_the_plain_model(tiny_model):
+    idx = torch.randint(0, TINY.vocab_size, (1, 12), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        plain_cache, explicit_cache = tiny_model.new_kv_cache(), tiny_model.new_kv_cache()
+        tiny_model(idx[:, :5], plain_cache)
+        tiny_model(idx[:, :5], explicit_cache)
+        plain = tiny_model(idx[:, 5:], plain_cache)
+        causal = torch.ones(7, 12, dtype=torch.bool).tril(diagonal=5)
+        explicit = tiny_model(idx[:, 5:], explicit_cache, positions=torch.arange(5, 12), attn_mask=causal)
+    torch.testing.assert_close(explicit, plain, atol=0, rtol=0)
+    for layer in range(TINY.n_layer):
+        torch.testing.assert_close(explicit_cache.keys[layer], plain_cache.keys[layer], atol=0, rtol=0)
+
+
+def test_two_branches_in_one_forward_equal_each_branch_alone(tiny_model):
+    """Siblings share a position and never see each other: a prefix, then branch a = (a1, a2)
+    and branch b = (b1) in one forward give each branch's own logits."""
+    prefix, a1, a2, b1 = [3, 14, 15, 92], 65, 35, 89
+    # new tokens: a1 (pos 4), b1 (pos 4), a2 (pos 5, child of a1)
+    mask = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    with torch.inference_mode():
+        cache = tiny_model.new_kv_cache()
+        tiny_model(torch.tensor([prefix]), cache)
+        tree = tiny_model(torch.tensor([[a1, b1, a2]]), cache, positions=torch.tensor([4, 4, 5]),
+                          attn_mask=torch.cat([torch.ones(3, 4, dtype=torch.bool), mask], 1))
+        branch_a = tiny_model(torch.tensor([prefix + [a1, a2]]))[:, 4:]
+        branch_b = tiny_model(torch.tensor([prefix + [b1]]))[:, 4:]
+        # the mask matters: without it, b1 and a2 would see tokens not on their path
+        unmasked = tiny_model(torch.tensor([prefix + [a1, b1, a2]]))[:, 4:]
+    torch.testing.assert_close(tree[:, [0, 2]], branch_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(tree[:, 1], branch_b[:, 0], atol=1e-5, rtol=0)
+    assert not torch.allclose(unmasked[:, 2], branch_a[:, 1], atol=1e-3)
+
+
+def test_keep_compacts_the_accepted_path(tiny_model):
+    """Score a tree, keep one root-to-node path: the cache equals a fresh pass over that path."""
+    prefix, nodes = [7, 1, 8, 2], [11, 12, 13, 14, 15]
+    parents = [-1, -1, 0, 1, 2]  # 11 and 12 at depth 1, 13 under 11, 14 under 12, 15 under 13
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        mask[i] = mask[parent] if parent >= 0 else False
+        mask[i, i] = True
+    depth = mask.sum(1)
+    with torch.inference_mode():
+        cache = tiny_model.new_kv_cache(max_len=16)
+        tiny_model(torch.tensor([prefix]), cache)
+        tiny_model(torch.tensor([nodes]), cache, positions=3 + depth,
+                   attn_mask=torch.cat([torch.ones(5, 4, dtype=torch.bool), mask], 1))
+        assert cache.length == 9
+        before = [k.data_ptr() for k in cache.keys]
+        cache.keep(4, [4, 6, 8])  # the path 11 -> 13 -> 15
+        assert cache.length == 7 and [k.data_ptr() for k in cache.keys] == before
+        fresh = tiny_model.new_kv_cache(max_len=16)
+        tiny_model(torch.tensor([prefix + [11, 13, 15]]), fresh)
+        for layer in range(TINY.n_layer):
+            for got, want in ((cache.keys[layer], fresh.keys[layer]), (cache.values[layer], fresh.values[layer])):
+                torch.testing.assert_close(got[:, :, :7], want[:, :, :7], atol=1e-5, rtol=0)
+        # a path that needs no move (the first slots) and an empty one
+        cache.keep(5, [5])
+        assert cache.length == 6
+        cache.keep(6, [])
+        assert cache.length == 6
+    with pytest.raises(ValueError, match="slots must increase"):
+        cache.keep(2, [4, 3])
+    with pytest.raises(ValueError, match="slots must increase"):
+        cache.keep(2, [1])
+    with pytest.raises(ValueError, match="length must be between"):
+        cache.keep(7, [])
+
+
+def test_bad_positions_and_masks_give_clear_errors(tiny_model):
+    idx = torch.tensor([[1, 2]])
+    with pytest.raises(ValueError, match="positions must be a LongTensor of shape"):
+        tiny_model(idx, positions=torch.tensor([0]))
+    with pytest.raises(ValueError, match="outside the context window"):
+        tiny_model(idx, positions=torch.tensor([0, 64]))
+    with pytest.raises(ValueError, match="attn_mask must be a bool tensor"):
+        tiny_model(idx, attn_mask=torch.ones(2, 3, dtype=torch.bool))
+    cache = tiny_model.new_kv_cache(max_len=8, extra_slots=4)
+    assert cache.max_len == 12

@@ -1,6 +1,7 @@
-"""The notebooks run end to end, offline, on small random-weight checkpoints.
+"""The notebooks run end to end, offline, on a small trained pair (gpt2.train_pair, seconds).
 
-Each notebook is executed in a fresh "python3" Jupyter kernel (this interpreter) with nbclient, with
+Each notebook's source is the jupytext percent-format notebooks/NN_name.py; the .ipynb beside it is
+generated from it by notebooks/sync.py and must be in sync. Each notebook is executed in a fresh "python3" Jupyter kernel (this interpreter) with nbclient, with
 GPT2_TARGET / GPT2_DRAFT pointing at a small agreeing pair made here; any failing cell (including
 the notebooks' own asserts) fails the test. The committed notebooks must carry no outputs.
 """
@@ -17,33 +18,24 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
+pytest.importorskip("jupytext")
 
-from gpt2 import GPT2Config  # noqa: E402  (conftest puts the repo root on sys.path)
-from gpt2.random_weights import save_agreeing_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS_DIR = ROOT / "notebooks"
-NOTEBOOKS = [
-    "01_gpt2_and_kv_cache.ipynb",
-    "02_parallel_verification.ipynb",
-    "03_rejection_sampling.ipynb",
-    "04_speedup_theory.ipynb",
-]
+sys.path.insert(0, str(NOTEBOOKS_DIR))
+import sync  # noqa: E402  (notebooks/sync.py: .py source -> .ipynb)
+
+SOURCES = sync.notebook_sources()
+NOTEBOOKS = [source.with_suffix(".ipynb").name for source in SOURCES]
 CELL_TIMEOUT = 120  # seconds per cell
 KERNEL = "python3"
 
-# GPT-2's real vocabulary (the notebooks decode text with tiktoken), tiny widths. embedding_std
-# 0.3 gives spread-out next-token distributions (the default 1.0 makes them almost one-hot), and
-# damping 1.0 lets p and q differ (alpha ~ 0.85 where 0.05 gives 0.995), so notebook 3 draws
-# plenty of rejections and residual samples. The pair still agrees on its greedy tokens.
-PAIR_CONFIG = GPT2Config(n_layer=4, n_head=2, n_embd=64, n_positions=128, vocab_size=50257)
-
-
 @pytest.fixture(scope="session")
-def notebook_pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("notebook-pair")
-    return save_agreeing_pair(root / "target", root / "draft", PAIR_CONFIG, draft_n_layer=2,
-                              damping=1.0, seed=3, embedding_std=0.3)
+def notebook_pair(trained_pair_dirs):
+    """The notebooks' offline default is a pair made by gpt2.train_pair; this one is trained for
+    seconds (tests/conftest.py), enough for real rejections and residuals."""
+    return trained_pair_dirs
 
 
 @pytest.fixture(scope="session")
@@ -110,8 +102,17 @@ def count_images(nb) -> int:
     return sum("image/png" in out.get("data", {}) for out in outputs(nb))
 
 
-def test_the_four_notebooks_are_there():
-    assert sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb")) == NOTEBOOKS
+def test_every_notebook_has_its_source():
+    assert len(NOTEBOOKS) >= 4
+    assert sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb")) == NOTEBOOKS, (
+        "each notebooks/NN_name.ipynb needs its source notebooks/NN_name.py (and vice versa)")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_ipynb_in_sync_with_its_source(source):
+    committed = source.with_suffix(".ipynb").read_text()
+    assert committed == sync.to_ipynb(source), (
+        f"{source.with_suffix('.ipynb').name} differs from {source.name}: run python notebooks/sync.py")
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -135,6 +136,11 @@ def test_notebook_runs(name, notebook_env):
     text = text_of(nb)
     if name.startswith("04"):
         assert "Measuring a small result inline" in text
+        assert count_images(nb) >= 3  # theory, measured, acceptance by position
+    if name.startswith("03"):
+        assert "rounds ended in a rejection" in text
+        assert any("text/html" in out.get("data", {}) and "srcdoc" in out.data["text/html"]
+                   for out in outputs(nb)), "notebook 3 should show the trace page inline"
     if name.startswith("02"):
         assert "all checks passed" in text
 

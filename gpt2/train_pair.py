@@ -1,0 +1,561 @@
+"""Train a small target and a smaller draft on text every machine has: a real pair, offline.
+
+    python -m gpt2.train_pair --out DIR [--minutes 10] [--text PATH ...] [--seed 0]
+
+By default the corpus is the Python standard library's own source files (code and English
+docstrings, found with sysconfig), so nothing is downloaded. Both models are GPT-2s with GPT-2's
+real tokenizer and vocabulary, saved in the hub layout (DIR/target and DIR/draft, each
+config.json + model.safetensors), so every tool of the project loads them unchanged. DIR/README.md
+says how they were made and how well they do; DIR/train_pair.json holds the same as data.
+
+Unlike random-weight stand-ins, these two really disagree now and then: at temperature 1 the draft
+is accepted part of the time, and rejected tokens are replaced from a real residual distribution.
+
+Two tricks make a few CPU minutes enough:
+  * the loss is computed over the vocabulary the corpus uses (its most frequent tokens, about 99%
+    of it) plus one shared "other" row for the rest of GPT-2's 50257 tokens. In the saved model
+    every other token's embedding is that row, and training counts the log(number of other tokens)
+    that this costs, so the training loss is exactly the saved model's loss over the full
+    vocabulary, at a sixth of the cost of the output layer;
+  * small models, a short context, and a high learning rate with warm-up and cosine decay.
+
+Writing is atomic: the pair is built in a temporary folder beside DIR and renamed into place, so an
+interrupted run (Ctrl-C, a crash, a full disk) leaves DIR as it was, never half written.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import sysconfig
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPT2Config
+from .loading import CONV1D_SUFFIXES
+from .model import GPT2
+from .random_weights import save_checkpoint
+from .tokenizer import EOT_ID, decode, encode, get_tokenizer
+
+GPT2_VOCAB_SIZE = 50257
+# The default sizes: trained for 10 minutes on 2 CPU cores (see README.md for what they reach).
+TARGET_CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=128, n_positions=256)
+DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=64, n_positions=256)
+KEPT_VOCAB = 8192  # the corpus's most frequent tokens get their own row; the rest share one
+DRAFT_SHARE = 0.3  # of the time budget
+HELD_OUT_EVERY = 25  # every 25th file of the corpus is held out for evaluation
+MARKER = "train_pair.json"  # written last: a folder with it holds a complete pair
+
+
+class TrainPairError(Exception):
+    """Bad input (corpus, output folder, arguments). The message says what to do."""
+
+
+@dataclass
+class TrainSettings:
+    minutes: float = 10.0
+    steps: int | None = None  # per model; overrides the time budget (reproducible runs, tests)
+    batch_size: int = 4
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    seed: int = 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The corpus
+# ------------------------------------------------------------------------------------------------
+
+def stdlib_files() -> list[Path]:
+    """The standard library's .py files, without its tests and without installed packages."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
+
+
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst"}
+
+
+def corpus_files(paths: list[str] | None) -> list[Path]:
+    """The files to train on: the given files, the text files under the given folders, or the
+    standard library's sources."""
+    if not paths:
+        files = stdlib_files()
+        if not files:
+            raise TrainPairError(
+                f"Found no .py files under the standard library folder "
+                f"{sysconfig.get_paths()['stdlib']}; pass your own text with --text PATH.")
+        return files
+    files = []
+    for text in paths:
+        path = Path(text).expanduser()
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+            if not found:
+                raise TrainPairError(f"--text {path}: the folder holds no {'/'.join(sorted(TEXT_SUFFIXES))} files.")
+            files += found
+        else:
+            raise TrainPairError(f"--text {path}: no such file or folder.")
+    return files
+
+
+def tokenize_files(files: list[Path]) -> list[list[int]]:
+    """Each file's GPT-2 tokens, followed by <|endoftext|>. Empty files are dropped."""
+    texts = []
+    for path in files:
+        try:
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError as e:
+            raise TrainPairError(f"Cannot read {path}: {e}") from None
+    docs = get_tokenizer().encode_ordinary_batch(texts)
+    return [doc + [EOT_ID] for doc in docs if doc]
+
+
+def split_documents(docs: list[list[int]]) -> tuple[list[int], list[int]]:
+    """(train tokens, held-out tokens): every HELD_OUT_EVERY-th document is held out; with too
+    few documents, the last 5% of the tokens."""
+    if len(docs) >= 2 * HELD_OUT_EVERY:
+        train = [t for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY // 2 for t in d]
+        held_out = [t for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY // 2 for t in d]
+        return train, held_out
+    tokens = [t for d in docs for t in d]
+    cut = len(tokens) - max(1, len(tokens) // 20)
+    return tokens[:cut], tokens[cut:]
+
+
+# ------------------------------------------------------------------------------------------------
+# The kept vocabulary: the corpus's frequent tokens, plus one row shared by all others
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Vocabulary:
+    """kept: the GPT-2 ids with their own row, most frequent first; row len(kept) is "other"."""
+
+    kept: list[int]
+
+    @property
+    def other_row(self) -> int:
+        return len(self.kept)
+
+    @property
+    def n_other(self) -> int:
+        """How many GPT-2 tokens share the "other" row."""
+        return GPT2_VOCAB_SIZE - len(self.kept)
+
+    def compact_ids(self) -> torch.Tensor:
+        """[50257] GPT-2 id -> row in the compact vocabulary."""
+        table = torch.full((GPT2_VOCAB_SIZE,), self.other_row, dtype=torch.long)
+        table[torch.tensor(self.kept)] = torch.arange(len(self.kept))
+        return table
+
+
+def kept_vocabulary(train_tokens: list[int], size: int = KEPT_VOCAB) -> Vocabulary:
+    counts = Counter(train_tokens)
+    counts[EOT_ID] += 1  # always kept: it separates documents
+    return Vocabulary([t for t, _ in counts.most_common(min(size, GPT2_VOCAB_SIZE - 1))])
+
+
+def compact_loss(logits: torch.Tensor, targets: torch.Tensor, vocab: Vocabulary) -> torch.Tensor:
+    """Mean negative log-likelihood, in nats, that the saved full-vocabulary model gives.
+
+    logits [..., len(kept) + 1] over the compact vocabulary, targets [...] compact rows. In the
+    saved model each of the n_other tokens has the "other" row's logit, so together they hold
+    exp(logit) * n_other of the mass (add log(n_other) to that logit), and one of them, the target,
+    gets a 1/n_other share of it (add log(n_other) to its loss).
+    """
+    log_n_other = math.log(vocab.n_other)
+    logits = logits.clone()
+    logits[..., vocab.other_row] += log_n_other
+    nll = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none")
+    return (nll + (targets.flatten() == vocab.other_row) * log_n_other).mean()
+
+
+def unigram_loss(train_tokens: list[int], held_out: list[int]) -> float:
+    """Held-out loss (nats per token) of the train tokens' frequencies, add-one smoothed over
+    GPT-2's whole vocabulary: the baseline a language model must beat."""
+    counts = torch.bincount(torch.tensor(train_tokens), minlength=GPT2_VOCAB_SIZE).double() + 1
+    log_p = counts.log() - counts.sum().log()
+    return -log_p[torch.tensor(held_out)].mean().item()
+
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+
+def init_weights(model: GPT2) -> None:
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            nn.init.normal_(p, std=0.02 / math.sqrt(2 * model.config.n_layer))
+        elif p.dim() == 2:
+            nn.init.normal_(p, std=0.02)
+        elif name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            nn.init.ones_(p)
+        else:
+            nn.init.zeros_(p)
+
+
+def learning_rate(settings: TrainSettings, step: int, progress: float) -> float:
+    """Linear warm-up over warmup_steps, then cosine decay to a tenth as progress goes 0 -> 1."""
+    peak = settings.learning_rate
+    if step < settings.warmup_steps:
+        return peak * (step + 1) / settings.warmup_steps
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Tensor,
+              settings: TrainSettings, seconds: float, generator: torch.Generator) -> tuple[GPT2, dict]:
+    """Train one model over the compact vocabulary (train: compact rows [N]) for `seconds` (or
+    settings.steps steps). Returns the model (compact vocabulary) and a log."""
+    from tqdm.auto import tqdm
+
+    model = GPT2(config.with_(vocab_size=len(vocab.kept) + 1))
+    init_weights(model)
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=settings.learning_rate, betas=(0.9, 0.95))
+    T, B = config.n_positions, settings.batch_size
+    if len(train) < T + 2:
+        raise TrainPairError(
+            f"The training text has {len(train)} tokens, fewer than one window of "
+            f"{T + 1}: give more text with --text.")
+    by_steps = settings.steps is not None
+    bar = tqdm(total=settings.steps if by_steps else round(seconds), desc=f"training the {name}",
+               unit="step" if by_steps else "s", leave=True, dynamic_ncols=True,
+               disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
+    start, cpu_start = time.perf_counter(), time.process_time()
+    step, smoothed, shown = 0, None, 0
+    while True:
+        elapsed = time.perf_counter() - start
+        progress = step / settings.steps if by_steps else elapsed / seconds
+        if progress >= 1:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(settings, step, progress)
+        offsets = torch.randint(0, len(train) - T - 1, (B,), generator=generator)
+        window = torch.stack([train[o:o + T + 1] for o in offsets.tolist()])  # [B, T + 1]
+        logits = model(window[:, :-1])  # [B, T, kept + 1]
+        loss = compact_loss(logits, window[:, 1:], vocab)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
+        now = step if by_steps else min(round(time.perf_counter() - start), round(seconds))
+        bar.update(now - shown)
+        shown = now
+        bar.set_postfix(step=step, loss=f"{smoothed:.3f}", refresh=False)
+    bar.close()
+    model.eval()
+    return model, {"steps": step, "seconds": round(time.perf_counter() - start, 1),
+                   "cpu_seconds": round(time.process_time() - cpu_start, 1),
+                   "tokens_seen": step * B * T, "final_train_loss": round(smoothed, 4)}
+
+
+@torch.no_grad()
+def held_out_loss(model: GPT2, tokens: torch.Tensor, vocab: Vocabulary | None = None,
+                  max_windows: int = 64) -> float:
+    """Mean loss (nats per token) over non-overlapping windows of the held-out tokens. tokens are
+    compact rows (with vocab) for a compact model, or GPT-2 ids for a saved model (vocab None)."""
+    T = model.config.n_positions
+    n = min(max_windows, (len(tokens) - 1) // T)
+    if n == 0:  # shorter than one window: one short window
+        windows = [tokens]
+    else:
+        windows = [tokens[i * T:i * T + T + 1] for i in range(n)]
+    total, count = 0.0, 0
+    for window in windows:
+        logits = model(window[None, :-1])
+        targets = window[None, 1:]
+        if vocab is None:
+            loss = F.cross_entropy(logits[0].float(), targets[0])
+        else:
+            loss = compact_loss(logits, targets, vocab)
+        total += loss.item() * targets.numel()
+        count += targets.numel()
+    return total / count
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving in the hub layout
+# ------------------------------------------------------------------------------------------------
+
+def full_vocabulary_state(model: GPT2, vocab: Vocabulary) -> tuple[dict, GPT2Config]:
+    """The compact model as a GPT-2 over all 50257 tokens, in the hub's key layout: each kept
+    token gets its row, every other token the shared "other" row; linear weights [in, out]."""
+    compact = model.wte.weight.detach()
+    wte = compact[vocab.compact_ids()]  # [50257, n_embd]
+    state = {}
+    for name, tensor in model.state_dict().items():
+        tensor = wte if name == "wte.weight" else tensor.detach()
+        state[name] = tensor.t() if name.endswith(CONV1D_SUFFIXES) else tensor
+    return state, model.config.with_(vocab_size=GPT2_VOCAB_SIZE)
+
+
+def check_output_folder(out: Path, overwrite: bool) -> None:
+    """Refuse a folder that holds something else, or a pair unless overwrite is set."""
+    if out.exists() and not out.is_dir():
+        raise TrainPairError(f"--out {out} is a file; give a folder (it will be created).")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if (out / MARKER).is_file():
+        if overwrite:
+            return
+        raise TrainPairError(
+            f"{out} already holds a trained pair (see {out / 'README.md'}). Pass --overwrite to "
+            f"replace it, or choose another --out folder.")
+    held = sorted(p.name for p in out.iterdir())
+    raise TrainPairError(
+        f"{out} already holds other files ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}), "
+        f"not a pair made by gpt2.train_pair. Choose a new or empty --out folder; nothing was written.")
+
+
+def write_pair_atomically(out: Path, write) -> None:
+    """Call write(tmp_folder) to fill a temporary folder beside `out`, then rename it to `out`.
+    If anything fails or is interrupted before the rename, `out` is left as it was."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    old = None
+    try:
+        write(tmp)
+        if out.exists():  # empty, or a pair the user asked to replace
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None and not out.exists():
+            os.replace(old, out)  # put the previous pair back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def sample_text(model: GPT2, prompt: str, n_tokens: int, seed: int) -> str:
+    """n_tokens sampled at temperature 1 after the prompt (plain sampling, no KV cache needed)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = encode(prompt)
+    n_tokens = min(n_tokens, model.config.n_positions - len(ids))
+    cache = model.new_kv_cache(max_len=len(ids) + n_tokens)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), cache, num_last_logits=1)[0, -1]
+        for _ in range(n_tokens):
+            ids.append(int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=generator)))
+            logits = model(torch.tensor([ids[-1:]]), cache)[0, -1]
+    return decode(ids)
+
+
+README_TEMPLATE = """# A small trained draft/target pair
+
+Made by `python -m gpt2.train_pair {command}` on {date}.
+
+| model | path | layers x width | parameters | held-out loss (nats/token) |
+|---|---|---|---|---|
+| target p | `target/` | {t_layers} x {t_width} | {t_params:.1f}M | {t_loss:.3f} |
+| draft q | `draft/` | {d_layers} x {d_width} | {d_params:.1f}M | {d_loss:.3f} |
+| unigram baseline | | | | {unigram:.3f} |
+
+Trained on {corpus} ({n_files} files, {n_train:,} tokens); held out for the losses above:
+{n_held_files} of those files ({n_held:,} tokens). GPT-2's tokenizer and vocabulary; the
+{n_kept:,} most frequent tokens of the corpus have their own embedding, the other {n_other:,}
+share one. Target: {t_steps} steps in {t_seconds:.0f} s; draft: {d_steps} steps in
+{d_seconds:.0f} s (batch {batch} x {context} tokens, seed {seed}).
+
+Use them like any GPT-2 checkpoint:
+
+    python spec_decoding_generate.py --target {out}/target --draft {out}/draft --temperature 1
+
+A sample from the target at temperature 1:
+
+```
+{sample}
+```
+"""
+
+
+def write_readme(folder: Path, info: dict) -> None:
+    t, d = info["target"], info["draft"]
+    text = README_TEMPLATE.format(
+        command=info["command"], date=info["date"], out=info["out"],
+        t_layers=t["n_layer"], t_width=t["n_embd"], t_params=t["parameters"] / 1e6,
+        t_loss=t["held_out_loss"], d_layers=d["n_layer"], d_width=d["n_embd"],
+        d_params=d["parameters"] / 1e6, d_loss=d["held_out_loss"], unigram=info["unigram_loss"],
+        corpus=info["corpus"], n_files=info["files"], n_train=info["train_tokens"],
+        n_held_files=info["held_out_files"], n_held=info["held_out_tokens"],
+        n_kept=info["kept_vocabulary"], n_other=GPT2_VOCAB_SIZE - info["kept_vocabulary"],
+        t_steps=t["steps"], t_seconds=t["seconds"], d_steps=d["steps"], d_seconds=d["seconds"],
+        batch=info["settings"]["batch_size"], context=t["n_positions"], seed=info["settings"]["seed"],
+        sample=info["sample"].replace("```", "'''"))
+    (folder / "README.md").write_text(text)
+
+
+# ------------------------------------------------------------------------------------------------
+# The whole recipe
+# ------------------------------------------------------------------------------------------------
+
+def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | None = None,
+               target_config: GPT2Config | None = None, draft_config: GPT2Config | None = None,
+               overwrite: bool = False, command: str = "", log=print) -> dict:
+    """Train the pair and save it to out/target and out/draft. Returns what README.md reports.
+    The configs default to TARGET_CONFIG and DRAFT_CONFIG (their vocab_size is ignored)."""
+    settings = settings or TrainSettings()
+    target_config = target_config or TARGET_CONFIG
+    draft_config = draft_config or DRAFT_CONFIG
+    if target_config.n_positions != draft_config.n_positions:
+        raise TrainPairError("the target and the draft must have the same n_positions")
+    out = Path(out).expanduser().resolve()
+    check_output_folder(out, overwrite)
+    random.seed(settings.seed)
+    torch.manual_seed(settings.seed)
+    generator = torch.Generator().manual_seed(settings.seed)
+
+    files = corpus_files(texts)
+    corpus = ("the Python standard library's sources" if not texts else ", ".join(texts))
+    log(f"Reading {len(files)} files ({corpus})...")
+    docs = tokenize_files(files)
+    if not docs or sum(map(len, docs)) < 2 * target_config.n_positions:
+        raise TrainPairError(
+            f"The corpus is empty or too small ({sum(map(len, docs))} tokens in {len(files)} files): "
+            f"give at least a few thousand tokens of text with --text PATH.")
+    train_ids, held_ids = split_documents(docs)
+    vocab = kept_vocabulary(train_ids)
+    to_compact = vocab.compact_ids()
+    train = to_compact[torch.tensor(train_ids)]
+    held = to_compact[torch.tensor(held_ids)]
+    log(f"{len(train_ids):,} training tokens, {len(held_ids):,} held out; "
+        f"{len(vocab.kept):,} kept tokens cover {float((train != vocab.other_row).float().mean()):.1%} of the text")
+
+    seconds = settings.minutes * 60
+    models, info = {}, {}
+    for name, config, share in (("target", target_config, 1 - DRAFT_SHARE),
+                                ("draft", draft_config, DRAFT_SHARE)):
+        model, log_ = train_one(name, config, vocab, train, settings, seconds * share, generator)
+        loss = held_out_loss(model, held, vocab)
+        log(f"{name}: {log_['steps']} steps in {log_['seconds']:.0f} s, held-out loss {loss:.3f} nats/token")
+        models[name] = model
+        info[name] = {**asdict(config), "parameters": sum(p.numel() for p in model.parameters()
+                                                            if p is not model.wte.weight)
+                      + GPT2_VOCAB_SIZE * config.n_embd, "held_out_loss": round(loss, 4), **log_}
+    unigram = unigram_loss(train_ids, held_ids)
+    log(f"unigram baseline: {unigram:.3f} nats/token")
+    sample = sample_text(full_model(models["target"], vocab), "import os\n\n\ndef ", 80, settings.seed)
+
+    info.update({
+        "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "out": str(out), "corpus": corpus, "files": len(files),
+        "held_out_files": len(docs) // HELD_OUT_EVERY if len(docs) >= 2 * HELD_OUT_EVERY else 0,
+        "train_tokens": len(train_ids), "held_out_tokens": len(held_ids),
+        "kept_vocabulary": len(vocab.kept), "unigram_loss": round(unigram, 4),
+        "settings": asdict(settings), "sample": sample, "torch": torch.__version__,
+        "texts": list(texts) if texts else None,
+    })
+
+    def write(folder: Path):
+        for name, model in models.items():
+            state, config = full_vocabulary_state(model, vocab)
+            save_checkpoint(folder / name, state, config)
+        write_readme(folder, info)
+        (folder / MARKER).write_text(json.dumps(info, indent=2))  # last: marks a complete pair
+
+    write_pair_atomically(out, write)
+    log(f"Saved {out}/target and {out}/draft (see {out}/README.md)")
+    return info
+
+
+def full_model(model: GPT2, vocab: Vocabulary) -> GPT2:
+    """The compact model as a full-vocabulary GPT2 (what gets saved), for sampling."""
+    state, config = full_vocabulary_state(model, vocab)
+    full = GPT2(config)
+    full.load_state_dict({k: v.t() if k.endswith(CONV1D_SUFFIXES) else v for k, v in state.items()})
+    return full.eval()
+
+
+def evaluate_pair(folder, texts: list[str], log=print) -> dict:
+    """Losses (nats per token) of a saved pair, and of the unigram model of its training text, on
+    other text: e.g. this project's own modules, which are in no training corpus."""
+    from .loading import load_gpt2
+
+    folder = Path(folder).expanduser()
+    if not (folder / MARKER).is_file():
+        raise TrainPairError(f"{folder} holds no pair made by gpt2.train_pair ({MARKER} is missing).")
+    info = json.loads((folder / MARKER).read_text())
+    trained_on = info.get("texts") or None
+    train_ids, _ = split_documents(tokenize_files(corpus_files(trained_on)))
+    ids = [t for doc in tokenize_files(corpus_files(texts)) for t in doc]
+    if len(ids) < 2:
+        raise TrainPairError("the evaluation text is empty")
+    result = {"tokens": len(ids), "unigram": unigram_loss(train_ids, ids)}
+    for name in ("target", "draft"):
+        result[name] = held_out_loss(load_gpt2(folder / name), torch.tensor(ids), max_windows=10**6)
+    log(f"{len(ids):,} tokens of {', '.join(texts)}: target {result['target']:.3f}, "
+        f"draft {result['draft']:.3f}, unigram {result['unigram']:.3f} nats/token")
+    return result
+
+
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpt2.train_pair",
+        description="Train a small target and draft GPT-2 (GPT-2's tokenizer) on text every machine "
+                    "has, for real speculative decoding offline.")
+    parser.add_argument("--out", help="folder to create (holds target/ and draft/)")
+    parser.add_argument("--evaluate", metavar="DIR",
+                        help="instead of training: score the pair in DIR on the --text files")
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help="time budget for both models together (default 10)")
+    parser.add_argument("--steps", type=int,
+                        help="train each model this many steps instead (ignores --minutes)")
+    parser.add_argument("--text", nargs="+", metavar="PATH",
+                        help="text files or folders to train on (default: the Python standard library's sources)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a pair already in --out (anything else there is never replaced)")
+    args = parser.parse_args(argv)
+    if args.evaluate:
+        if not args.text:
+            parser.error("--evaluate needs --text PATH ... (the text to score the pair on)")
+        try:
+            evaluate_pair(args.evaluate, args.text)
+        except TrainPairError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.out:
+        parser.error("--out DIR is required (the folder to create)")
+    if args.minutes <= 0 or (args.steps is not None and args.steps < 1):
+        parser.error("--minutes must be > 0 and --steps >= 1")
+    settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed)
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill PID`: stop like Ctrl-C, writing nothing
+    try:
+        train_pair(args.out, args.text, settings, overwrite=args.overwrite, command=command)
+    except TrainPairError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nInterrupted: nothing was written to {args.out}.", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 1. GPT-2 and its KV cache
+#
+# Speculative decoding rests on two properties of a decoder-only transformer:
+#
+# 1. one forward pass over T tokens gives the next-token logits after *every* prefix (T rows),
+# 2. with a **KV cache**, a forward pass only has to process the new tokens, and the cache can be
+#    **rolled back** cheaply when some of those tokens turn out to be wrong.
+#
+# This notebook checks both on the hand-written GPT-2 in `gpt2/`.
+
+# %% [markdown]
+# ## Which models? One switch
+#
+# The first code cell reads a few environment variables. Set them before starting Jupyter, e.g.
+# `GPT2_TARGET=gpt2-xl GPT2_DRAFT=gpt2 jupyter lab`:
+#
+# | variable | default | meaning |
+# |---|---|---|
+# | `GPT2_TARGET` | `gpt2-large` (offline: the trained pair's `target`) | the **target**: the big model whose output we want |
+# | `GPT2_DRAFT` | `gpt2` (offline: the trained pair's `draft`) | the **draft**: the small model that proposes tokens |
+# | `DEVICE` | `cuda` if available, else `cpu` | where the models run |
+#
+# Each model can be an official name (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`), a Hugging Face
+# hub id `owner/name`, a local folder holding `config.json` + `model.safetensors`, or a single
+# `.safetensors` file. The hub downloads go to the Hugging Face cache (gpt2-large is about 3 GB).
+#
+# **Offline** (no hub), the default is a small pair of real language models trained on this
+# machine from the Python standard library's sources: make it once with
+# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# Python-like code, and their draft and target really disagree: you will see rejections and real
+# residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
+# rejection.) The project's tests run these notebooks on such a pair trained for only seconds.
+#
+# Notation, used throughout: **p is the target's next-token distribution, q is the draft's.**
+
+# %%
+# Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
+from notebook_setup import DEVICE, DRAFT, PROMPT, ROOT, TARGET
+
+import torch
+import matplotlib.pyplot as plt
+# %matplotlib inline
+
+torch.manual_seed(0)
+print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
+
+# %% [markdown]
+# ## Load GPT-2
+#
+# All GPT-2 sizes share one architecture, so this notebook needs only one model: the draft
+# (`GPT2_DRAFT`, GPT-2 small with 124M parameters by default).
+
+# %%
+from gpt2 import load_gpt2
+
+model = load_gpt2(DRAFT, device=DEVICE)
+cfg = model.config
+print(cfg)
+print(f"{model.num_parameters() / 1e6:.1f}M parameters, head_dim = {cfg.head_dim}")
+
+from gpt2 import decode, encode
+
+GPT2_VOCAB = model.config.vocab_size == 50257
+
+
+def label(token: int) -> str:
+    return repr(decode([token])) if GPT2_VOCAB else f"#{token}"
+
+
+def prompt_ids_for(text: str) -> list[int]:
+    # A prompt as token ids (a fixed list of ids if the vocabulary is not GPT-2's).
+    return encode(text) if GPT2_VOCAB else list(range(1, 12))
+
+
+# %% [markdown]
+# ## One forward pass: token ids in, logits out
+#
+# `model(idx)` takes token ids of shape `[B, T]` (batch, positions) and returns logits
+# `[B, T, V]`: row t scores every vocabulary entry as the token at position t + 1. Generation
+# needs only the last row; speculative decoding will use several.
+
+# %%
+ids = prompt_ids_for("The quick brown fox jumps over the")
+idx = torch.tensor([ids], device=DEVICE)  # [B, T]
+with torch.inference_mode():
+    logits = model(idx)  # [B, T, V]
+print("idx   ", tuple(idx.shape), "= [batch, positions]")
+print("logits", tuple(logits.shape), "= [batch, positions, vocabulary]")
+
+probs = torch.softmax(logits[0, -1], dim=-1)  # the next-token distribution after the prompt
+top = probs.topk(10)
+fig, ax = plt.subplots(figsize=(8, 3))
+ax.bar([label(t) for t in top.indices.tolist()], top.values.cpu())
+ax.set_ylabel("probability")
+ax.set_title("Next token after the prompt (last row of the logits)")
+ax.tick_params(axis="x", rotation=45)
+plt.show()
+
+# %% [markdown]
+# ## The KV cache
+#
+# In attention, the token at position t needs the keys and values of positions 0..t. Those of
+# earlier positions never change, so we keep them: `model.new_kv_cache()` allocates, per layer,
+# a key and a value buffer of shape `[B, n_head, max_len, head_dim]`. A forward pass with the cache
+# writes the new tokens' keys and values at positions `[length, length + T)` and moves `length`
+# forward by T.
+
+# %%
+cache = model.new_kv_cache(max_len=64)
+print(cache)
+with torch.inference_mode():
+    prefill_logits = model(idx, cache)  # the whole prompt in one forward
+print(f"after the prompt: cache.length = {cache.length}")
+for layer in range(min(3, cfg.n_layer)):
+    k = cache.keys[layer][:, :, :cache.length]
+    v = cache.values[layer][:, :, :cache.length]
+    print(f"layer {layer}: keys {tuple(k.shape)}, values {tuple(v.shape)}   [B, n_head, positions, head_dim]")
+print(f"... {cfg.n_layer} layers in all")
+mib = sum(t.numel() * t.element_size() for t in cache.keys + cache.values) / 2**20
+print(f"memory for max_len={cache.max_len}: {mib:.2f} MiB")
+
+# %% [markdown]
+# ### Cached decoding gives the same logits as recomputing everything
+#
+# Decode greedily, one token per forward (input `[1, 1]`), reading only the cache for the past.
+# Then run the whole sequence again *without* a cache and compare the logits at the same positions.
+# In float32 they agree to about 1e-5.
+
+# %%
+N_NEW = 16
+seq = list(ids)
+cached_rows = [prefill_logits[0, -1]]  # logits after the prompt
+with torch.inference_mode():
+    for _ in range(N_NEW):
+        seq.append(int(cached_rows[-1].argmax()))  # greedy
+        step = model(torch.tensor([[seq[-1]]], device=DEVICE), cache)  # ONE token in: [1, 1] -> [1, 1, V]
+        cached_rows.append(step[0, -1])
+    full = model(torch.tensor([seq], device=DEVICE))[0]  # no cache: every position again, [T, V]
+
+cached = torch.stack(cached_rows)  # [N_NEW + 1, V]: after the prompt, then after each new token
+uncached = full[len(ids) - 1:]  # the same positions
+print("cached", tuple(cached.shape), " uncached", tuple(uncached.shape), " cache.length", cache.length)
+print(f"max |cached - uncached| = {(cached - uncached).abs().max().item():.2e}")
+torch.testing.assert_close(cached.float(), uncached.float(), rtol=1e-4, atol=1e-4)
+print("generated:", decode(seq[len(ids):]) if GPT2_VOCAB else seq[len(ids):])
+
+# %% [markdown]
+# ### What the cache saves
+#
+# Without a cache, step t reprocesses all t positions; with it, one. Time both (the gap grows with
+# the sequence length; with tiny test checkpoints both are dominated by Python overhead).
+
+# %%
+import time
+
+STEPS = 24
+times = {"no cache": [], "KV cache": []}
+with torch.inference_mode():
+    seq = list(ids)
+    cache = model.new_kv_cache(max_len=len(ids) + STEPS)
+    model(torch.tensor([seq[:-1]], device=DEVICE), cache)  # the cache holds all but the last token
+    for _ in range(STEPS):
+        t0 = time.perf_counter()
+        model(torch.tensor([seq], device=DEVICE))
+        times["no cache"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out = model(torch.tensor([seq[-1:]], device=DEVICE), cache)
+        times["KV cache"].append(time.perf_counter() - t0)
+        seq.append(int(out[0, -1].argmax()))
+
+lengths = range(len(ids), len(ids) + STEPS)
+fig, ax = plt.subplots(figsize=(6, 3))
+for name, ts in times.items():
+    ax.plot(lengths, [1e3 * t for t in ts], marker=".", label=name)
+ax.set_xlabel("sequence length")
+ax.set_ylabel("ms per generated token")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## Rolling back: `cache.truncate()`
+#
+# Speculative decoding feeds the target tokens that may be rejected. Afterwards the cache must
+# forget them. `cache.truncate(n)` just moves `length` back to n (O(1): nothing is copied; the
+# stale entries are overwritten by the next forward). Check: feed tokens A, roll back, feed
+# different tokens B, and compare with a fresh forward over prompt + B.
+
+# %%
+A = prompt_ids_for(" lazy dog and ran")[:4] if GPT2_VOCAB else [20, 21, 22, 23]
+B = prompt_ids_for(" sleeping cat")[:3] if GPT2_VOCAB else [30, 31, 32]
+
+cache = model.new_kv_cache(max_len=64)
+with torch.inference_mode():
+    model(idx, cache)
+    L = cache.length
+    model(torch.tensor([A], device=DEVICE), cache)
+    print(f"prompt: length {L}; after feeding A: {cache.length}")
+    cache.truncate(L)
+    print(f"after cache.truncate({L}): {cache.length}")
+    rolled_back = model(torch.tensor([B], device=DEVICE), cache)[0]  # [len(B), V]
+    fresh = model(torch.tensor([ids + B], device=DEVICE))[0, -len(B):]  # no cache, never saw A
+    # For contrast: what B's logits look like if A is *not* forgotten.
+    stale = model(torch.tensor([ids + A + B], device=DEVICE))[0, -len(B):]
+
+print(f"max |rolled back - fresh|    = {(rolled_back - fresh).abs().max().item():.2e}")
+print(f"max |with A kept - fresh|    = {(stale - fresh).abs().max().item():.2e}  (A would leak in)")
+torch.testing.assert_close(rolled_back.float(), fresh.float(), rtol=1e-4, atol=1e-4)
+
+# %% [markdown]
+# Both properties hold. The next notebook uses them: the draft proposes a few tokens, and the
+# target checks all of them in **one** forward on its cache, then rolls back what it rejects.

@@ -1,0 +1,93 @@
+"""What every notebook does first: find the project, read the switch, load the pair.
+
+The switch is three environment variables, read once when this module is imported:
+
+    GPT2_TARGET  the target p, the model whose output we want   (default: see below)
+    GPT2_DRAFT   the draft q, the model that proposes tokens     (default: see below)
+    DEVICE       where the models run                            (default cuda if available, else cpu)
+
+A model is an official name (gpt2 ... gpt2-xl), a hub id owner/name, a folder holding
+config.json + model.safetensors, or a single .safetensors file.
+
+Defaults: with the Hugging Face hub reachable, the real gpt2-large (target) and gpt2 (draft).
+Offline (HF_HUB_OFFLINE=1, or the hub cannot be reached), the small pair trained on this machine by
+`python -m gpt2.train_pair --out runs/trained_pair` (GPT2_TRAINED_PAIR names another folder): real
+language models of Python code that disagree the way real drafts and targets do.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+# The repo root: the folder holding gpt2/ and spec_decoding/ (this file sits in notebooks/).
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# tiktoken's BPE files, if a copy sits beside the repo (offline machines, CI).
+_BPE_FILES = ROOT.parent / "shared" / "tiktoken_cache"
+if "TIKTOKEN_CACHE_DIR" not in os.environ and _BPE_FILES.is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(_BPE_FILES)
+
+import torch  # noqa: E402  (after the path set-up above)
+
+TRAINED_PAIR = Path(os.environ.get("GPT2_TRAINED_PAIR", ROOT / "runs" / "trained_pair"))
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def default_pair() -> tuple[str, str]:
+    """(target, draft) when GPT2_TARGET / GPT2_DRAFT are not set."""
+    if hub_reachable():
+        return "gpt2-large", "gpt2"
+    if not (TRAINED_PAIR / "target").is_dir():
+        raise RuntimeError(
+            f"The Hugging Face hub is unreachable and there is no trained pair in {TRAINED_PAIR}. "
+            f"Make one (about 10 minutes on 2 CPU cores), from the repo root:\n"
+            f"    python -m gpt2.train_pair --out {TRAINED_PAIR}\n"
+            f"or set GPT2_TARGET and GPT2_DRAFT to local checkpoint folders.")
+    return str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "draft")
+
+
+if "GPT2_TARGET" in os.environ and "GPT2_DRAFT" in os.environ:
+    TARGET, DRAFT = os.environ["GPT2_TARGET"], os.environ["GPT2_DRAFT"]
+else:
+    TARGET, DRAFT = default_pair()
+    TARGET = os.environ.get("GPT2_TARGET", TARGET)  # p: the model whose output we want
+    DRAFT = os.environ.get("GPT2_DRAFT", DRAFT)  # q: the model that proposes tokens
+DEVICE = os.environ.get("DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def is_code_model(name: str) -> bool:
+    """A pair made by gpt2.train_pair (trained on Python code) leaves a train_pair.json beside it."""
+    return (Path(name).parent / "train_pair.json").is_file()
+
+
+# A prompt in the language the target knows: Python for a trained pair, English for GPT-2.
+PROMPT = ("def parse_args(argv=None):\n    parser = argparse.ArgumentParser("
+          if is_code_model(TARGET) else
+          "In a shocking finding, scientists discovered a herd of unicorns living in")
+
+
+def load_pair():
+    """(target, draft) loaded from TARGET and DRAFT onto DEVICE; prints their sizes."""
+    from gpt2 import load_gpt2
+
+    target = load_gpt2(TARGET, device=DEVICE)
+    draft = load_gpt2(DRAFT, device=DEVICE)
+    for name, model in (("target", target), ("draft", draft)):
+        c = model.config
+        print(f"{name:6}: {model.num_parameters() / 1e6:7.1f}M parameters, {c.n_layer} layers, "
+              f"n_embd={c.n_embd}, vocab={c.vocab_size}")
+    assert target.config.vocab_size == draft.config.vocab_size, "the pair must share one tokenizer"
+    return target, draft

@@ -1,0 +1,404 @@
+"""Checks that tell a correct speculative decoder from a subtly wrong one.
+
+The tests, the bug-zoo notebook and the assignment grader all use these, and so can you on your
+own drafter or generator. Each check returns a small result object with `passed` and a `message`
+in plain words; `assert result.passed, result.message` turns it into a test.
+
+A generator here is any callable `generate_fn(prompt_ids, max_gen, **kwargs)` returning a
+GenerationResult (or a plain list of tokens), kwargs being what the check passes: `generator`,
+`temperature`, `top_k`, `top_p`, `on_tokens`. Bind the models and gamma with functools.partial:
+
+    from functools import partial
+    from spec_decoding import speculative_sampling
+    from spec_decoding.checks import check_lossless
+
+    result = check_lossless(partial(speculative_sampling, target, draft, gamma=2), target,
+                            prompt=[1, 2, 3], n_tokens=3, settings=dict(temperature=1.0),
+                            samples=6000, seed=0)
+    print(result)  # passed, p-value, total variation (and what a perfect sampler would show)
+
+- check_lossless: sampled output follows the target's distribution exactly. The exact
+  distribution of the first n_tokens is enumerated from the target (small vocabularies only: V^n
+  outcomes) and compared with samples by Pearson's chi-square test.
+- check_greedy_matches_target: greedy speculative output equals the target's own greedy output.
+- check_caches_after_every_round: every KV cache holds, at the start of every round and at the
+  end, exactly what a fresh forward over the accepted tokens gives (rollback done right).
+"""
+
+from dataclasses import dataclass, field
+import itertools
+
+import torch
+
+from .autoregressive import autoregressive_generate
+from .sampling import logits_to_probs
+
+P_VALUE_THRESHOLD = 1e-3  # below this, the samples are declared not to follow the target
+MAX_OUTCOMES = 1_000_000  # V ** n_tokens above this is too many cells to enumerate and fill
+
+
+def _tokens_of(result) -> list[int]:
+    return list(result.tokens) if hasattr(result, "tokens") else list(result)
+
+
+# ------------------------------------------------------------------------------------------------
+# Exact enumeration and the chi-square comparison
+# ------------------------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def exact_distribution(target, prompt: list[int], n_tokens: int, settings: dict) -> torch.Tensor:
+    """The target's exact distribution of its next n_tokens tokens, [V] * n_tokens (float64):
+    P(t1, ..., tn) = p(t1) p(t2 | t1) ... p(tn | t1..tn-1), after the sampling settings
+    (temperature > 0, top_k, top_p). One batched forward over all V^(n-1) prefixes."""
+    V = target.config.vocab_size
+    if settings.get("temperature", 1.0) == 0:
+        raise ValueError("exact_distribution needs temperature > 0 (for greedy decoding use "
+                         "check_greedy_matches_target)")
+    if V ** n_tokens > MAX_OUTCOMES:
+        raise ValueError(
+            f"Enumerating {n_tokens} tokens over a {V}-token vocabulary means {V ** n_tokens:,} "
+            f"outcomes (at most {MAX_OUTCOMES:,}): use a tiny vocabulary (e.g. 16) or fewer tokens")
+    if len(prompt) + n_tokens - 1 > target.config.n_positions:
+        raise ValueError(f"prompt + {n_tokens - 1} tokens do not fit the context window")
+    device = target.wte.weight.device
+    prefixes = torch.tensor(list(itertools.product(range(V), repeat=n_tokens - 1)),
+                            dtype=torch.long, device=device).reshape(V ** (n_tokens - 1), n_tokens - 1)
+    idx = torch.cat([torch.tensor(prompt, device=device).expand(len(prefixes), -1), prefixes], 1)
+    logits = target(idx, num_last_logits=n_tokens).double()  # [V^(n-1), n, V]
+    probs = logits_to_probs(logits, **settings).double()
+    # Row r is the prefix (t1..tn-1); position k of it gives p(. | prompt, t1..tk).
+    prefix_prob = torch.ones(len(prefixes), dtype=torch.float64, device=device)
+    for k in range(n_tokens - 1):
+        prefix_prob *= probs[:, k].gather(1, prefixes[:, k:k + 1]).squeeze(1)
+    joint = prefix_prob[:, None] * probs[:, n_tokens - 1]  # [V^(n-1), V]
+    return joint.reshape((V,) * n_tokens).cpu()
+
+
+def counts_of(samples, vocab_size: int, n_tokens: int) -> torch.Tensor:
+    """How often each n-token outcome occurs among the samples (each a token list), [V^n]."""
+    counts = torch.zeros(vocab_size ** n_tokens, dtype=torch.float64)
+    for s in samples:
+        cell = 0
+        for t in s[:n_tokens]:
+            cell = cell * vocab_size + t
+        counts[cell] += 1
+    return counts
+
+
+def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's chi-square test of counts against probs (same number of cells). An outcome of
+    probability 0 that occurs gives p = 0. Cells expecting fewer than 5 samples are pooled into
+    one, as the test requires (and that one into the smallest other cell if it is still small)."""
+    counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
+    impossible = probs == 0
+    if counts[impossible].sum() > 0:
+        return 0.0
+    counts, probs = counts[~impossible], probs[~impossible]
+    expected = probs / probs.sum() * counts.sum()
+    small = expected < 5
+    if small.any():
+        counts = torch.cat([counts[~small], counts[small].sum().view(1)])
+        expected = torch.cat([expected[~small], expected[small].sum().view(1)])
+        if expected[-1] < 5 and len(expected) > 2:
+            i = int(expected[:-1].argmin())
+            counts[i] += counts[-1]
+            expected[i] += expected[-1]
+            counts, expected = counts[:-1], expected[:-1]
+    if len(expected) < 2:
+        return 1.0  # too few samples to tell anything
+    statistic = ((counts - expected) ** 2 / expected).sum()
+    df = torch.tensor((len(expected) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(df, statistic / 2))  # P(chi-square(df) > statistic)
+
+
+def total_variation(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Half the L1 distance between the empirical distribution of counts and probs. Even a
+    perfect sampler shows some (finite samples); compare with LosslessCheck.reference_tv."""
+    counts, probs = counts.reshape(-1).double(), probs.reshape(-1).double()
+    return 0.5 * (counts / counts.sum() - probs / probs.sum()).abs().sum().item()
+
+
+@dataclass
+class LosslessCheck:
+    p_value: float  # chi-square test of the samples against the exact distribution
+    total_variation: float  # of the samples' empirical distribution from the exact one
+    reference_tv: float  # what a perfect sampler shows with as many samples (sampling noise)
+    samples: int
+    passed: bool  # p_value > threshold
+    counts: torch.Tensor = field(repr=False)  # [V^n] outcome counts
+    exact: torch.Tensor = field(repr=False)  # [V] * n exact probabilities
+
+    @property
+    def message(self) -> str:
+        verdict = ("follows the target's distribution" if self.passed
+                   else "differs from the target's distribution")
+        return (f"the sampler's output {verdict}: total variation {self.total_variation:.3f} "
+                f"(a perfect sampler shows about {self.reference_tv:.3f} with {self.samples} "
+                f"samples), p = {self.p_value:.2g}")
+
+    def __str__(self):
+        return ("PASS: " if self.passed else "FAIL: ") + self.message
+
+
+def check_samples(samples, exact: torch.Tensor, seed: int = 0,
+                  threshold: float = P_VALUE_THRESHOLD) -> LosslessCheck:
+    """Compare token lists (each at least n tokens) with an exact distribution [V] * n."""
+    n_tokens, V = exact.dim(), exact.shape[0]
+    if any(len(s) < n_tokens for s in samples):
+        short = min(len(s) for s in samples)
+        raise ValueError(f"every sample needs {n_tokens} tokens; one has only {short} "
+                         f"(an eos_id stopped it, or max_gen is too small?)")
+    counts = counts_of(samples, V, n_tokens)
+    # Sampling noise: the same number of draws from the exact distribution itself.
+    g = torch.Generator().manual_seed(seed + 10_000)
+    perfect = torch.multinomial(exact.reshape(-1).float(), len(samples), replacement=True, generator=g)
+    perfect_counts = torch.bincount(perfect, minlength=V ** n_tokens).double()
+    p_value = chi_square_p_value(counts, exact)
+    return LosslessCheck(p_value, total_variation(counts, exact), total_variation(perfect_counts, exact),
+                         len(samples), p_value > threshold, counts, exact)
+
+
+def check_lossless(generate_fn, target, prompt: list[int], n_tokens: int = 3,
+                   settings: dict | None = None, samples: int = 5000, seed: int = 0,
+                   threshold: float = P_VALUE_THRESHOLD) -> LosslessCheck:
+    """Is generate_fn's sampled output distributed exactly as the target's own? Draws `samples`
+    generations of n_tokens tokens, generate_fn(prompt, n_tokens, generator=g, **settings), with
+    one torch.Generator seeded `seed`, and compares the counts of their n-token outcomes with the
+    exactly enumerated distribution (chi-square test, p > threshold passes).
+
+    Power: with a 16-token vocabulary, 3 tokens and a few thousand samples it tells the draft's
+    own samples, or resampling from p instead of norm(max(0, p - q)), from the target's at
+    p < 1e-6 (tests/test_bug_zoo.py shows which bugs it catches with how many samples)."""
+    settings = dict(temperature=1.0) if settings is None else dict(settings)
+    exact = exact_distribution(target, prompt, n_tokens, settings)
+    g = torch.Generator().manual_seed(seed)
+    drawn = [_tokens_of(generate_fn(prompt, n_tokens, generator=g, **settings)) for _ in range(samples)]
+    return check_samples(drawn, exact, seed, threshold)
+
+
+# ------------------------------------------------------------------------------------------------
+# Greedy: identical to the target's own greedy output
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class GreedyCheck:
+    passed: bool
+    tokens: list[int]  # what generate_fn produced
+    expected: list[int]  # the target's own greedy output
+    first_mismatch: int | None  # index of the first differing token (or of the length mismatch)
+
+    @property
+    def message(self) -> str:
+        if self.passed:
+            return f"greedy output equals the target's own greedy output ({len(self.expected)} tokens)"
+        i = self.first_mismatch
+        got = self.tokens[i] if i < len(self.tokens) else "nothing"
+        return (f"greedy output differs from the target's own greedy output at token {i}: "
+                f"got {got}, the target chooses {self.expected[i] if i < len(self.expected) else 'nothing'} "
+                f"({len(self.tokens)} tokens made, {len(self.expected)} expected)")
+
+    def __str__(self):
+        return ("PASS: " if self.passed else "FAIL: ") + self.message
+
+
+def check_greedy_matches_target(generate_fn, target, prompt: list[int], max_gen: int = 30,
+                                eos_id: int | None = None) -> GreedyCheck:
+    """generate_fn(prompt, max_gen[, eos_id=...]) must return exactly the target's greedy tokens."""
+    kwargs = {} if eos_id is None else dict(eos_id=eos_id)
+    tokens = _tokens_of(generate_fn(prompt, max_gen, **kwargs))
+    expected = autoregressive_generate(target, prompt, max_gen, **kwargs).tokens
+    mismatch = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), None)
+    if mismatch is None and len(tokens) != len(expected):
+        mismatch = min(len(tokens), len(expected))
+    return GreedyCheck(mismatch is None, tokens, expected, mismatch)
+
+
+# ------------------------------------------------------------------------------------------------
+# KV caches: equal to a fresh forward over the accepted tokens after every round
+# ------------------------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def cache_difference(model, cache, sequence: list[int]) -> float:
+    """Largest |difference| between the cache's keys/values at positions [0, cache.length) and
+    those of a fresh forward over sequence[:cache.length]."""
+    if cache.length == 0:
+        return 0.0
+    fresh = model.new_kv_cache(max_len=cache.length)
+    model(torch.tensor([sequence[:cache.length]], device=model.wte.weight.device), fresh)
+    n = cache.length
+    return max((got[:, :, :n].float() - want[:, :, :n].float()).abs().max().item()
+               for layer in range(len(cache.keys))  # an early-exit (layer-skip) cache has fewer
+               for got, want in ((cache.keys[layer], fresh.keys[layer]),
+                                 (cache.values[layer], fresh.values[layer])))
+
+
+@dataclass
+class CacheSnapshot:
+    """One cache, checked at the start of a round (or at the end of the generation)."""
+    role: str  # "target" or "draft"
+    round: int  # rounds completed before this check
+    cache_length: int
+    sequence_length: int  # accepted tokens so far, prompt included
+    problem: str | None  # None: the cache is right
+    at_end: bool = False  # checked after the generation returned, not at the start of a round
+
+
+@dataclass
+class CacheCheck:
+    passed: bool
+    snapshots: list[CacheSnapshot]
+
+    @property
+    def message(self) -> str:
+        if self.passed:
+            return (f"every KV cache equals a fresh forward over the accepted tokens at every round "
+                    f"({len(self.snapshots)} checks)")
+        return next(s.problem for s in self.snapshots if s.problem)
+
+    def lags(self, role: str) -> list[int]:
+        """sequence_length - cache_length at each check of `role`'s cache."""
+        return [s.sequence_length - s.cache_length for s in self.snapshots if s.role == role]
+
+    def __str__(self):
+        return ("PASS: " if self.passed else "FAIL: ") + self.message
+
+
+def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list[int] = (1, 2, 3),
+                                   max_gen: int = 30, settings: dict | None = None, seed: int = 0,
+                                   atol: float = 1e-5) -> CacheCheck:
+    """Run generate_fn(prompt, max_gen, on_tokens=..., [generator=g, **settings]) once and check
+    the KV caches of target and draft (GPT2 models; draft None for a model-free drafter) at the
+    start of every round and at the end: a cache of length L must hold exactly the keys/values
+    of a fresh forward over the first L accepted tokens. A cache not rolled back after a
+    rejection still holds the rejected draft tokens and fails.
+
+    How: both models' forward is wrapped for the run, to see each cache and the tokens written
+    into it; on_tokens (called once per round with the accepted tokens) tells the sequence."""
+    settings = dict(settings or {})
+    sequence = list(prompt)
+    rounds = [0]
+    watched = {}  # id(cache) -> [role, model, cache, tokens written by position, round last checked]
+    snapshots = []
+    checking = [False]  # True while inspect() runs its own fresh forward: not watched
+
+    def inspect(entry, at_end=False):
+        role, model, cache, written, _ = entry
+        entry[4] = rounds[0]
+        n = cache.length
+        problem = None
+        if n > len(sequence):
+            problem = (f"after round {rounds[0]} the {role}'s KV cache holds {n} positions but only "
+                       f"{len(sequence)} tokens are accepted: it was not rolled back")
+        elif written[:n] != sequence[:n]:
+            bad = next(i for i in range(n) if written[i] != sequence[i])
+            problem = (f"after round {rounds[0]} the {role}'s KV cache still holds token {written[bad]} at "
+                       f"position {bad} where the accepted sequence has {sequence[bad]}: it was not "
+                       f"rolled back after a rejection")
+        else:
+            checking[0] = True
+            try:
+                diff = cache_difference(model, cache, sequence)
+            finally:
+                checking[0] = False
+            if diff > atol:
+                problem = (f"after round {rounds[0]} the {role}'s KV cache differs from a fresh forward "
+                           f"over the accepted tokens (max |difference| {diff:.2g})")
+        snapshots.append(CacheSnapshot(role, rounds[0], n, len(sequence), problem, at_end))
+
+    def watch(model, role):
+        real_forward = model.forward
+
+        def forward(idx, cache=None, num_last_logits=None, **kwargs):
+            if cache is not None and not checking[0]:
+                entry = watched.setdefault(id(cache), [role, model, cache, [], -1])
+                if entry[4] < rounds[0]:  # first use of this cache since the last round ended
+                    inspect(entry)
+                written = entry[3]
+                del written[cache.length:]
+                written.extend(idx[0].tolist())
+            return real_forward(idx, cache, num_last_logits, **kwargs)  # kwargs: exit_layer
+
+        model.forward = forward  # an instance attribute: nn.Module.__call__ finds it first
+
+    def on_tokens(tokens, sources):
+        sequence.extend(tokens)
+        rounds[0] += 1
+
+    models = [(target, "target")] + ([(draft, "draft")] if draft is not None and draft is not target else [])
+    for model, role in models:
+        watch(model, role)
+    kwargs = dict(on_tokens=on_tokens)
+    if settings.get("temperature", 0) != 0:
+        kwargs.update(generator=torch.Generator().manual_seed(seed), **settings)
+    try:
+        generate_fn(list(prompt), max_gen, **kwargs)
+    except Exception:
+        # A cache left too long often makes the next forward fail; report the cause if seen.
+        if not any(s.problem for s in snapshots):
+            raise
+    else:
+        for entry in watched.values():
+            inspect(entry, at_end=True)
+    finally:
+        for model, _ in models:
+            del model.forward
+    return CacheCheck(all(s.problem is None for s in snapshots), snapshots)
+
+
+# ------------------------------------------------------------------------------------------------
+# Stopping: exactly max_gen tokens, nothing after eos
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class StoppingCheck:
+    passed: bool
+    problems: list[str]
+
+    @property
+    def message(self) -> str:
+        if self.passed:
+            return "stops right: exactly max_gen tokens, and eos is the last token when it comes"
+        return self.problems[0]
+
+    def __str__(self):
+        return ("PASS: " if self.passed else "FAIL: ") + self.message
+
+
+def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settings: dict | None = None,
+                   seeds=range(3), eos_position: int = 4) -> StoppingCheck:
+    """generate_fn(prompt, max_gen, [generator=g, **settings], [eos_id=...]) must (1) return
+    exactly max_gen tokens for every max_gen in max_gens (the context window must not be reached),
+    with nothing made and thrown away when it returns stats (every accepted draft token and every
+    target call's own token is in the output); (2) with eos_id set to the token a free run made
+    at eos_position, return that run's tokens up to the first eos, eos kept, nothing after."""
+    settings = dict(settings or {})
+    sampling = settings.get("temperature", 0) != 0
+
+    def run(max_gen, seed, **kwargs):
+        if sampling:
+            kwargs.update(generator=torch.Generator().manual_seed(seed), **settings)
+        return generate_fn(list(prompt), max_gen, **kwargs)
+
+    problems = []
+    for max_gen in max_gens:
+        result = run(max_gen, max_gen)
+        tokens = _tokens_of(result)
+        if len(tokens) != max_gen:
+            problems.append(f"asked for max_gen={max_gen} tokens, got {len(tokens)}"
+                            + (": a token past max_gen (a bonus token?)" if len(tokens) > max_gen else ""))
+        elif hasattr(result, "stats") and result.stats.tokens_accepted + result.stats.target_calls != max_gen:
+            s = result.stats
+            problems.append(f"max_gen={max_gen}: {s.tokens_accepted} accepted draft tokens + "
+                            f"{s.target_calls} target calls != {max_gen} tokens: something was made "
+                            f"past max_gen and thrown away")
+    for seed in seeds:
+        free = _tokens_of(run(eos_position + 8, seed))
+        eos = free[eos_position]
+        expected = free[:free.index(eos) + 1]
+        stopped = _tokens_of(run(eos_position + 8, seed, eos_id=eos))
+        if stopped != expected:
+            extra = (f": {len(stopped) - len(expected)} token(s) after eos were kept"
+                     if stopped[:len(expected)] == expected else "")
+            problems.append(f"with eos_id={eos} the output should stop after {len(expected)} tokens "
+                            f"(at the first eos, kept), got {len(stopped)} tokens{extra}")
+    return StoppingCheck(not problems, problems)

@@ -1,0 +1,202 @@
+"""What a round of speculative decoding costs on this machine: the CostModel.
+
+Leviathan's speed-up formula needs two costs, measured on the hardware in use:
+  c               one draft step relative to one target step (0 for a model-free drafter);
+  verify_cost(g)  the target scoring g + 1 tokens in one forward, relative to one target step
+                  (1 in the paper's idealisation; 1.2 to 1.8 on a CPU).
+CostModel.calibrate measures them in a few seconds on warm KV caches; the gamma="auto" policy
+(spec_decoding/gamma.py) and benchmark.py both use it, so this is the one place where per-call
+costs are timed. A CostModel can be printed, saved to JSON and loaded again (reproducible runs); it
+remembers which models it was measured on, and using it with other models is an error.
+"""
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from gpt2 import GPT2
+from gpt2.device import synchronize
+from .theory import break_even_alpha
+
+
+def describe_model(model) -> str:
+    """What the cost of running `model` depends on: for a GPT-2 its shape, dtype and device (a
+    random-weight stand-in costs what the real model costs). A drafter wrapping a GPT-2
+    (ModelDrafter) is described as that GPT-2; another drafter by its class and settings."""
+    if isinstance(model, GPT2):
+        c, w = model.config, model.wte.weight
+        return (f"GPT2(n_layer={c.n_layer}, n_head={c.n_head}, n_embd={c.n_embd}, "
+                f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}, {w.device.type})")
+    if type(model).__name__ == "ModelDrafter" and isinstance(getattr(model, "model", None), GPT2):
+        return describe_model(model.model)
+    settings = {k: v for k, v in vars(model).items()
+                if not k.startswith("_") and k != "forward_calls" and isinstance(v, (int, float, str, bool))}
+    inner = [describe_model(v) for v in vars(model).values() if isinstance(v, GPT2)]
+    return f"{type(model).__name__}({', '.join([f'{k}={v}' for k, v in sorted(settings.items())] + inner)})"
+
+
+@dataclass
+class CostModel:
+    """Measured seconds per call, with the models they were measured on.
+
+    target_score_s[k - 1]: the target scoring k new tokens in one forward (k = 1: a plain step;
+    k = g + 1: verifying g draft tokens), for k = 1 .. gamma_max + 1.
+    draft_step_s: the drafter proposing one more token (0 for a model-free drafter).
+    """
+    target: str  # describe_model(target)
+    draft: str  # describe_model(draft)
+    draft_step_s: float
+    target_score_s: list[float]
+    context_len: int = 0  # tokens in the KV caches while timing
+    rounds: int = 0  # timing rounds (each cost is a median over them)
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.target_score_s or min(self.target_score_s) <= 0 or self.draft_step_s < 0:
+            raise ValueError("CostModel needs target_score_s (seconds > 0 for k = 1 .. gamma_max + 1 "
+                             "tokens) and draft_step_s >= 0")
+
+    @property
+    def gamma_max(self) -> int:
+        return len(self.target_score_s) - 1
+
+    @property
+    def target_step_s(self) -> float:
+        return self.target_score_s[0]
+
+    @property
+    def c(self) -> float:
+        """A draft step relative to a target step."""
+        return self.draft_step_s / self.target_step_s
+
+    def verify_cost(self, gamma: int) -> float:
+        """The target scoring gamma + 1 tokens, relative to one target step (gamma = 0: 1)."""
+        if not 0 <= gamma <= self.gamma_max:
+            raise ValueError(f"this CostModel covers gamma 0..{self.gamma_max}, not {gamma}: "
+                             f"calibrate it with gamma_max >= {gamma}")
+        return self.target_score_s[gamma] / self.target_step_s
+
+    def round_seconds(self, gamma: int) -> float:
+        """Expected wall time of a round that drafts gamma tokens: gamma draft steps + the target
+        scoring gamma + 1 tokens."""
+        return gamma * self.draft_step_s + self.target_score_s[gamma]
+
+    def break_even_alpha(self) -> float | None:
+        """The acceptance chance from which speculation pays at all (Leviathan's formula with
+        these costs, best gamma), or None if it never does."""
+        return break_even_alpha(self.c, self.verify_cost, self.gamma_max)
+
+    def check_models(self, target, draft) -> None:
+        """Raise a clear error if this CostModel was measured on other models."""
+        for role, expected, model in (("target", self.target, target), ("draft", self.draft, draft)):
+            if (got := describe_model(model)) != expected:
+                raise ValueError(
+                    f"This CostModel was measured with the {role} {expected}, but the {role} given is "
+                    f"{got}. Costs differ between models and devices: calibrate a new one with "
+                    f"CostModel.calibrate(target, draft) (or load the file made for these models).")
+
+    def __str__(self):
+        verify = ", ".join(f"{g + 1}: {self.verify_cost(g):.2f}" for g in range(1, self.gamma_max + 1))
+        alpha = self.break_even_alpha()
+        return (f"CostModel for target {self.target}, draft {self.draft} "
+                f"({self.context_len} tokens of context, {self.rounds} rounds):\n"
+                f"  target step {1000 * self.target_step_s:.2f} ms, draft step "
+                f"{1000 * self.draft_step_s:.2f} ms, c = {self.c:.3f}\n"
+                f"  target scoring k tokens, relative to one step: {verify}\n"
+                f"  speculation pays from alpha = "
+                + (f"{alpha:.2f}" if alpha is not None else "never (the draft costs too much)"))
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path) -> "CostModel":
+        try:
+            d = json.loads(Path(path).read_text())
+            return cls(**d)
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}: not a CostModel JSON file (made by CostModel.save): {e}") from None
+
+    @classmethod
+    @torch.inference_mode()
+    def calibrate(cls, target: GPT2, draft, gamma_max: int = 8, context_len: int = 128,
+                  budget_s: float = 3.0, min_rounds: int = 3, max_rounds: int = 30) -> "CostModel":
+        """Time, on warm KV caches holding context_len tokens: one draft step, and the target
+        scoring k = 1 .. gamma_max + 1 new tokens. Every call is rolled back afterwards, so all
+        see the same context; the calls take turns round after round, so a busy machine slows
+        them alike; each cost is the median over the rounds after the first (warm-up).
+        Runs at least min_rounds + 1 rounds and stops after budget_s seconds (or max_rounds).
+
+        draft: a GPT2, or any drafter with start/propose/roll_back (spec_decoding.drafters).
+        """
+        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+            raise ValueError(f"gamma_max must be an int >= 1, got {gamma_max!r}")
+        device = target.wte.weight.device
+        context_len = max(1, min(context_len, target.config.n_positions - gamma_max - 2))
+        g = torch.Generator().manual_seed(0)
+        vocab = target.config.vocab_size
+        if isinstance(draft, GPT2):
+            vocab = min(vocab, draft.config.vocab_size)
+            context_len = min(context_len, draft.config.n_positions - 2)
+        else:
+            from .decoding import check_drafter
+            check_drafter(target, draft)  # a mismatched pair: the generators' clear error, not torch's
+            vocab = min(vocab, draft.vocab_size or vocab)
+            context_len = min(context_len, (draft.n_positions or context_len + 2) - 2)
+        context = torch.randint(vocab, (context_len,), generator=g).tolist()
+
+        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1)
+        target(torch.tensor([context], device=device), target_cache, num_last_logits=1)
+        draft_step = _draft_stepper(draft, context, device)
+
+        def target_score(k):
+            new = torch.randint(vocab, (1, k), generator=g).to(device)
+            target(new, target_cache, num_last_logits=k)
+            target_cache.truncate(context_len)
+
+        calls = [("draft", lambda: draft_step(int(torch.randint(vocab, (), generator=g))))]
+        calls += [(k, lambda k=k: target_score(k)) for k in range(1, gamma_max + 2)]
+        times = {name: [] for name, _ in calls}
+        start, rounds = time.perf_counter(), 0
+        while rounds <= min_rounds or (time.perf_counter() - start < budget_s and rounds <= max_rounds):
+            for name, call in calls:
+                synchronize(device)
+                t0 = time.perf_counter()
+                call()
+                synchronize(device)
+                if rounds > 0:  # round 0 warms up
+                    times[name].append(time.perf_counter() - t0)
+            rounds += 1
+        median = {name: statistics.median(t) for name, t in times.items()}
+        return cls(target=describe_model(target), draft=describe_model(draft),
+                   draft_step_s=median["draft"],
+                   target_score_s=[median[k] for k in range(1, gamma_max + 2)],
+                   context_len=context_len, rounds=rounds - 1,
+                   notes={"threads": torch.get_num_threads(), "device": str(device)})
+
+
+def _draft_stepper(draft, context: list[int], device):
+    """A function that makes the draft propose one token after context + [token], then forgets it:
+    one draft step at a fixed context."""
+    if isinstance(draft, GPT2):
+        cache = draft.new_kv_cache(max_len=len(context) + 2)
+        draft(torch.tensor([context], device=device), cache, num_last_logits=1)
+
+        def step(token):
+            draft(torch.tensor([[token]], device=device), cache, num_last_logits=1)
+            cache.truncate(len(context))
+        return step
+    draft.start(context, 2)
+    draft.propose(context, 1)
+
+    def step(token):
+        draft.propose(context + [token], 1)
+        draft.roll_back(len(context))
+    return step

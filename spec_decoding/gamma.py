@@ -1,0 +1,207 @@
+"""How many tokens to draft in each round: gamma policies.
+
+Before each round the generator asks its policy for g (0 = no drafting: a plain target step), and
+after the round tells it how many tokens were drafted and how many the target accepted. A policy
+sees only past rounds, so whatever it chooses, speculative sampling stays lossless.
+
+  FixedGamma(4)       gamma=4: the same g every round (the paper's setting).
+  HeuristicGamma      gamma="heuristic": transformers' schedule, +2 after a round whose draft
+                      tokens were all accepted, -1 (never below 1) otherwise. Blind to costs.
+  AutoGamma           gamma="auto": the g with the most expected tokens per second, from the
+                      acceptance seen so far and the measured costs (CostModel); g = 0 when
+                      speculation does not pay, with a cheap probe now and then.
+
+AutoGamma's rule. Let a_i be the chance that draft token i is accepted given that the ones before
+it were (estimated per position, see acceptance_by_position). A round drafting g tokens yields
+E(g) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_g tokens (theory.expected_tokens_by_position) and takes
+g * t_draft + t_target(g + 1) seconds (CostModel.round_seconds), so it picks
+
+    g* = argmax_{g in 0..gamma_max}  E(g) / (g t_draft + t_target(g + 1))
+
+which, divided by one target step, is Leviathan's predicted speed-up E(g) / (g c + verify_cost(g))
+(g = 0 gives exactly 1: the target alone). To write your own policy, subclass GammaPolicy and pass
+an instance as gamma=; the generators need no change.
+"""
+
+import math
+
+from .costs import CostModel, describe_model
+from .theory import expected_tokens_by_position
+
+DEFAULT_GAMMA_MAX = 8
+POLICY_NAMES = ("auto", "heuristic")
+
+
+class GammaPolicy:
+    """Chooses each round's draft length from what earlier rounds showed.
+
+    gamma_max: the most it will ever choose (the generators size their per-position stats by it).
+    """
+    gamma_max: int = 1
+
+    def next_gamma(self) -> int:
+        """How many tokens to draft in the coming round, 0..gamma_max (the generator may draft
+        fewer near the end of the output, and a drafter may propose fewer)."""
+        raise NotImplementedError
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The round just finished: `drafted` tokens were proposed, the first `accepted` of them
+        kept (accepted < drafted: token accepted + 1 was rejected)."""
+
+
+class FixedGamma(GammaPolicy):
+    def __init__(self, gamma: int):
+        _check_int("gamma", gamma)
+        self.gamma = self.gamma_max = gamma
+
+    def next_gamma(self) -> int:
+        return self.gamma
+
+    def __repr__(self):
+        return f"FixedGamma({self.gamma})"
+
+
+class HeuristicGamma(GammaPolicy):
+    """transformers' "heuristic" num_assistant_tokens schedule: start high, +2 after a round whose
+    draft tokens were all accepted, -1 after one with a rejection, never below 1 (so it never turns
+    speculation off) and here never above gamma_max."""
+
+    def __init__(self, gamma_max: int = DEFAULT_GAMMA_MAX, start: int | None = None):
+        _check_int("gamma_max", gamma_max)
+        self.gamma_max = gamma_max
+        self.gamma = gamma_max if start is None else max(1, min(start, gamma_max))
+
+    def next_gamma(self) -> int:
+        return self.gamma
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:  # nothing was drafted: nothing learned
+            return
+        step = 2 if accepted == drafted else -1
+        self.gamma = max(1, min(self.gamma + step, self.gamma_max))
+
+    def __repr__(self):
+        return f"HeuristicGamma(gamma_max={self.gamma_max}, now {self.gamma})"
+
+
+class AutoGamma(GammaPolicy):
+    """The g in 0..gamma_max with the most expected tokens per second (see the module docstring).
+
+    Acceptance estimates: per draft position i, a_i = (accepted_i + s * a) / (judged_i + s), where
+    judged_i counts rounds in which the target judged position i (all tokens before it accepted),
+    and the prior a = (all accepted + s * prior_alpha) / (all judged + s) pools every position, so
+    positions rarely drafted borrow from the others. s = prior_strength is small, so the first few
+    rounds already move the estimates. Every drafting round multiplies the old counts by `decay`:
+    the estimates follow the text as it changes (an effective memory of 1 / (1 - decay) rounds).
+
+    Switching off needs evidence: speculation stops only when even optimistic estimates (each a_i
+    one posterior standard deviation higher, `optimism`) say g = 0 is fastest, so one unlucky
+    rejection in the first round does not turn it off for good. While it is off, plain rounds add
+    nothing to the estimates, so now and then it drafts one token anyway (a probe), as often as
+    spends at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
+    round_seconds(0) more than a plain step). Accepted probes can switch speculation back on.
+    """
+
+    def __init__(self, cost_model: CostModel, gamma_max: int | None = None, prior_alpha: float = 0.5,
+                 prior_strength: float = 2.0, decay: float = 0.95, probe_budget: float = 0.02,
+                 optimism: float = 1.0):
+        if not isinstance(cost_model, CostModel):
+            raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
+        gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
+        _check_int("gamma_max", gamma_max)
+        if gamma_max > cost_model.gamma_max:
+            raise ValueError(f"gamma_max={gamma_max} but the CostModel covers gamma up to "
+                             f"{cost_model.gamma_max}: calibrate it with gamma_max={gamma_max}")
+        if not (0 <= prior_alpha <= 1 and prior_strength > 0 and 0 < decay <= 1 and probe_budget > 0):
+            raise ValueError("AutoGamma needs 0 <= prior_alpha <= 1, prior_strength > 0, "
+                             "0 < decay <= 1 and probe_budget > 0")
+        self.costs, self.gamma_max = cost_model, gamma_max
+        self.prior_alpha, self.prior_strength, self.decay = prior_alpha, prior_strength, decay
+        self.optimism = optimism
+        self.judged = [0.0] * gamma_max  # decayed counts per draft position
+        self.accepted = [0.0] * gamma_max
+        probe_extra = cost_model.round_seconds(1) - cost_model.round_seconds(0)
+        self.probe_every = max(1, math.ceil(probe_extra / (probe_budget * cost_model.round_seconds(0))))
+        self.plain_rounds = 0  # plain rounds chosen since the last drafting round
+
+    def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
+        """[gamma_max]: the current estimate of a_i for each draft position: the mean of its Beta
+        posterior, plus `optimism` posterior standard deviations (capped at 1)."""
+        s = self.prior_strength
+        pooled = (sum(self.accepted) + s * self.prior_alpha) / (sum(self.judged) + s)
+        alphas = []
+        for accepted, judged in zip(self.accepted, self.judged):
+            n, mean = judged + s, (accepted + s * pooled) / (judged + s)
+            alphas.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / (n + 1))))
+        return alphas
+
+    def tokens_per_second(self, optimism: float = 0.0) -> list[float]:
+        """[gamma_max + 1]: expected tokens per second of a round drafting g = 0..gamma_max."""
+        alphas = self.acceptance_by_position(optimism)
+        return [expected_tokens_by_position(alphas[:g]) / self.costs.round_seconds(g)
+                for g in range(self.gamma_max + 1)]
+
+    def next_gamma(self) -> int:
+        rates = self.tokens_per_second()
+        best = max(range(1, self.gamma_max + 1), key=rates.__getitem__)
+        if rates[best] > rates[0] or max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
+            return best
+        if self.plain_rounds >= self.probe_every:
+            self.plain_rounds = 0
+            return 1
+        self.plain_rounds += 1
+        return 0
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.plain_rounds = 0
+        self.judged = [j * self.decay for j in self.judged]
+        self.accepted = [a * self.decay for a in self.accepted]
+        for i in range(min(accepted + 1, drafted)):  # positions the target judged
+            self.judged[i] += 1
+            self.accepted[i] += i < accepted
+
+    def __repr__(self):
+        alphas = ", ".join(f"{a:.2f}" for a in self.acceptance_by_position())
+        return f"AutoGamma(gamma_max={self.gamma_max}, acceptance by position [{alphas}])"
+
+
+# CostModels calibrated in this process, by the models they are for: gamma="auto" without a
+# cost_model calibrates once per pair of models, not once per generation.
+_CALIBRATED: dict[tuple, CostModel] = {}
+
+
+def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | None = None,
+                target=None, draft=None) -> GammaPolicy:
+    """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
+    "auto" (AutoGamma; its CostModel is cost_model, which must be for target and draft, or one
+    calibrated now, once per pair of models in this process), "heuristic" (HeuristicGamma), or a
+    GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
+    CostModel's, or 8)."""
+    if gamma_max is not None:
+        _check_int("gamma_max", gamma_max)
+    if isinstance(gamma, GammaPolicy):
+        return gamma
+    if isinstance(gamma, str):
+        if gamma == "heuristic":
+            return HeuristicGamma(gamma_max or DEFAULT_GAMMA_MAX)
+        if gamma == "auto":
+            if cost_model is None:
+                gamma_max = gamma_max or DEFAULT_GAMMA_MAX
+                key = (describe_model(target), describe_model(draft), gamma_max)
+                if key not in _CALIBRATED:
+                    _CALIBRATED[key] = CostModel.calibrate(target, draft, gamma_max)
+                cost_model = _CALIBRATED[key]
+            elif target is not None:
+                cost_model.check_models(target, draft)
+            return AutoGamma(cost_model, gamma_max)
+    if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1:
+        return FixedGamma(gamma)
+    raise ValueError(f"gamma must be an int >= 1, \"auto\" or \"heuristic\" (or a GammaPolicy); "
+                     f"got {gamma!r}")
+
+
+def _check_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")

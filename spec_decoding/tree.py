@@ -1,0 +1,359 @@
+"""Token trees: the target verifies several draft continuations in one forward pass.
+
+A chain of gamma draft tokens dies at its first rejection. A tree keeps several candidates per
+step and the target checks every node at once, so more tokens survive per target call for the
+same verification width. This is how SpecInfer (Miao et al. 2023, "SpecInfer: Accelerating Large
+Language Model Serving with Tree-based Speculative Inference and Verification", arXiv:2305.09781),
+Medusa and EAGLE get their speed-ups. A round, for branching (2, 2, 1):
+
+           root (the sequence's last token)              2 + 4 + 4 = 10 draft nodes
+          /                    \\                         depth 1: 2 children of the root
+        a                        b                       depth 2: 2 children each
+      /   \\                    /   \\                    depth 3: 1 child each
+     c     d                  e     f
+     |     |                  |     |
+     g     h                  i     j
+
+1. The draft builds the tree level by level: one forward per depth feeds all nodes of that depth
+   at once (build_draft_tree).
+2. The target scores the root and every node in ONE forward (score_tree). Each node attends to
+   the sequence before the root and to its own ancestors only (tree_attention_mask), and sits at
+   position root + depth, so row i of the target's logits is exactly what the target would give
+   after the path root -> ... -> node i, as if that path had been fed as a chain.
+3. Walk down from the root, choosing at each node which child (if any) the target accepts
+   (verify_tree_greedy, verify_tree_sampling). The accepted path plus one token of the target's
+   own is the round's output.
+4. Both KV caches keep only the accepted path (KVCache.keep), and the next round starts.
+
+Node i goes into KV-cache slot (root's slot) + 1 + i; siblings share a position but not a slot,
+which is why the caches get extra_slots beyond the context window.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from gpt2 import GPT2
+from . import speculative
+from .decoding import (check_drafter, check_positive_int, check_sampling_args, forward_new_tokens,
+                       new_cache, prompt_to_list, record_round, round_gamma, take_tokens)
+from .drafters import ModelDrafter
+from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
+                     GenerationResult, GenerationStats)
+from .sampling import logits_to_probs, sample
+
+ROOT = -1  # the parent of the depth-1 nodes: the last token of the sequence
+
+
+@dataclass
+class TokenTree:
+    """Draft tokens as a tree under the root (the sequence's last token, already decided).
+
+    Nodes are numbered level by level: all of depth 1, then all of depth 2, ... Node i holds the
+    token tokens[i]; parents[i] is its parent's number (ROOT = -1 for depth 1), depths[i] its
+    depth (1 under the root). draft_probs[n] is the q that node n's children were drawn from
+    ([V], n = ROOT for the root's children; empty when greedy, where children are top-b).
+    """
+
+    root: int
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    draft_probs: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(1 if parent == ROOT else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def children(self, node: int) -> list[int]:
+        """The node numbers under `node` (ROOT for the root), in the order they were drafted."""
+        return [i for i, parent in enumerate(self.parents) if parent == node]
+
+    def path_tokens(self, path: list[int]) -> list[int]:
+        return [self.tokens[i] for i in path]
+
+
+def tree_size(branching) -> int:
+    """Draft nodes of a tree: (2, 2, 1) has 2 + 2*2 + 2*2*1 = 10."""
+    total, width = 0, 1
+    for b in branching:
+        width *= b
+        total += width
+    return total
+
+
+def check_branching(branching, vocab_size: int) -> tuple[int, ...]:
+    if isinstance(branching, int) or not hasattr(branching, "__len__") or len(branching) == 0:
+        raise ValueError(f"branching must be a non-empty tuple of children per depth, like (2, 2, 1); "
+                         f"got {branching!r}")
+    for b in branching:
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= vocab_size:
+            raise ValueError(f"branching {tuple(branching)!r}: each entry is the number of children per "
+                             f"node at that depth, an int between 1 and the vocabulary size {vocab_size}")
+    return tuple(branching)
+
+
+def parse_branching(text: str) -> tuple[int, ...]:
+    """"2,2,1" -> (2, 2, 1), for command lines. ValueError with what is expected otherwise."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"a tree is its children per depth, whole numbers >= 1 separated by "
+                         f"commas (like 2,2,1); got {text!r}")
+    return values
+
+
+def branching_label(branching) -> str:
+    return ",".join(map(str, branching))
+
+
+def tree_attention_mask(parents: list[int]) -> torch.Tensor:
+    """[N + 1, N + 1] bool over the tree's slots (slot 0: the root, slot 1 + i: node i): True
+    where the row's token may attend to the column's, i.e. the column is the row itself or one
+    of its ancestors. Built top-down: a node sees what its parent sees, plus itself."""
+    n = len(parents)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[0, 0] = True
+    for i, parent in enumerate(parents):
+        mask[i + 1] = mask[parent + 1]
+        mask[i + 1, i + 1] = True
+    return mask
+
+
+def score_tree(model: GPT2, cache, tree: TokenTree, sequence: list[int], first: int = 0) -> torch.Tensor:
+    """Feed tree slots first..len(tree) (slot 0: the root, slot 1 + i: node i) in one forward.
+
+    sequence: the tokens so far (its last token is the root, in cache slot root_slot =
+    len(sequence) - 1). With first = 0 the forward also feeds, before the root, whatever of the
+    sequence the cache has not seen (the prompt, in the first round). With first > 0 the cache
+    must hold root_slot + first entries: the sequence and the tree slots fed before.
+    Each tree token attends to the sequence before the root and to its ancestors in the tree, at
+    position root_slot + depth. Returns logits [len(tree) + 1 - first, V]: row j is the model's
+    next-token logits after the path to slot first + j.
+    """
+    device = model.wte.weight.device
+    root_slot = len(sequence) - 1
+    pending = sequence[cache.length:root_slot] if first == 0 else []
+    if first and cache.length != root_slot + first:
+        raise ValueError(f"score_tree: the cache holds {cache.length} entries, expected {root_slot + first}")
+    slot_tokens, slot_depths = [tree.root] + tree.tokens, [0] + tree.depths
+    n_tree = len(tree) + 1 - first  # tree slots fed now
+    T = len(pending) + n_tree
+    # Causal by slot (right for the pending sequence tokens), then the tree's own mask over the
+    # tree's slots: a node sees the sequence, its ancestors and itself, not its cousins.
+    query_slots = torch.arange(cache.length, cache.length + T)
+    attn_mask = torch.arange(cache.length + T)[None, :] <= query_slots[:, None]
+    attn_mask[len(pending):, root_slot:] = tree_attention_mask(tree.parents)[first:]
+    positions = query_slots[:len(pending)].tolist() + [root_slot + d for d in slot_depths[first:]]
+    idx = torch.tensor([pending + slot_tokens[first:]], device=device)
+    if T == 1 and attn_mask.all():
+        attn_mask = None  # one token that sees everything: the model's plain path
+    else:
+        attn_mask = attn_mask.to(device)
+    return model(idx, cache, num_last_logits=n_tree, positions=torch.tensor(positions, device=device),
+                 attn_mask=attn_mask)[0]
+
+
+def build_draft_tree(draft: GPT2, draft_cache, tokens: list[int], branching, temperature: float = 0.0,
+                     top_k=None, top_p=None, generator=None) -> TokenTree:
+    """The draft's tree for the next round, one draft forward per depth.
+
+    tokens: the sequence so far (its last token is the root). Greedy (temperature 0): a node's
+    children are the draft's top-b tokens after it (distinct). Sampling: b independent draws from
+    q after it (repeats possible), and q is kept in tree.draft_probs for the verification.
+    Afterwards the draft's cache holds the sequence and every node but the deepest ones.
+    """
+    tree = TokenTree(root=tokens[-1])
+    # Depth 0: the draft reads the tokens it has not seen yet, the root last.
+    logits = forward_new_tokens(draft, draft_cache, tokens)  # [1, V]: after the root
+    parents = [ROOT]
+    for depth, b in enumerate(branching, start=1):
+        first_new = len(tree)
+        for parent, parent_logits in zip(parents, logits):
+            if temperature == 0:
+                children = parent_logits.topk(b).indices.tolist()
+            else:
+                q = logits_to_probs(parent_logits, temperature, top_k, top_p)
+                tree.draft_probs[parent] = q
+                children = sample(q.expand(b, -1), generator).tolist()
+            for token in children:
+                tree.add(token, parent)
+        if depth == len(branching):
+            break  # the deepest nodes' children are never drafted: the draft need not read them
+        parents = list(range(first_new, len(tree)))
+        logits = score_tree(draft, draft_cache, tree, tokens, first=first_new + 1)
+    return tree
+
+
+def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """target_logits [N + 1, V]: row 0 after the root, row 1 + i after node i.
+
+    Walk down from the root while one of the children is the target's own argmax there (the
+    children are distinct, so at most one is). Returns (accepted path, the target's next token):
+    exactly what the target's greedy decoding would have produced, token by token."""
+    choice = target_logits.argmax(dim=-1).tolist()
+    path, node = [], ROOT
+    while True:
+        match = [c for c in tree.children(node) if tree.tokens[c] == choice[node + 1]]
+        if not match:
+            return path, choice[node + 1]
+        node = match[0]
+        path.append(node)
+
+
+def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                                   draft_tokens: list[int], generator=None) -> tuple[int | None, int | None]:
+    """SpecInfer's multi-draft rejection sampling at one node (Miao et al. 2023, "multi-step
+    speculative sampling", for children drawn independently from q).
+
+    target_probs p [V] and draft_probs q [V] at the node; draft_tokens x_1..x_b were drawn
+    independently from q. Children are tried one after the other: x_i is accepted with probability
+    min(1, r(x_i) / q(x_i)) where r is the current target, starting at r = p; after a rejection
+    r becomes norm(max(0, r - q)). If all are rejected the token is drawn from the final r.
+    Returns (i, None) when child i was accepted, (None, token) otherwise.
+
+    Why the token is distributed exactly as p. Let S(r, k) be this procedure with target r and k
+    children left. Claim: S(r, k) outputs a token distributed as r. k = 0: it draws from r. k > 0:
+    the first child is one step of ordinary speculative sampling with target r: draw x from q,
+    accept with min(1, r(x)/q(x)), and on rejection draw from norm(max(0, r - q)). That step
+    outputs exactly r (Leviathan et al. 2023, Theorem 1), whatever does the drawing after a
+    rejection, as long as it follows norm(max(0, r - q)). Here S(norm(max(0, r - q)), k - 1) does,
+    by the claim for k - 1. So S(p, b) outputs p. The update after each rejection is essential:
+    testing every child against the unchanged p accepts too often (a token the draft likes gets
+    b chances), and tests/test_tree.py shows that variant fails the exactness test.
+    """
+    residual = target_probs
+    for i, x in enumerate(draft_tokens):
+        r = torch.rand((), generator=generator, device=target_probs.device)
+        if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing
+            return i, None
+        residual = speculative.residual_distribution(residual, draft_probs)
+    return None, int(sample(residual, generator))
+
+
+def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=None) -> tuple[list[int], int]:
+    """target_probs [N + 1, V]: p after the root (row 0) and after each node (row 1 + i).
+
+    From the root down: run multi-draft rejection sampling over the node's children; move to the
+    accepted child, or stop with the token drawn from the residual. At a leaf, the bonus token is
+    drawn from p there. Each output token follows p given the tokens before it, so the round's
+    output follows the target's distribution (the tree below a rejected child is never used).
+    Returns (accepted path, the next token)."""
+    path, node = [], ROOT
+    while True:
+        children = tree.children(node)
+        p = target_probs[node + 1]
+        if not children:
+            return path, int(sample(p, generator))
+        accepted, token = multi_draft_rejection_sampling(
+            p, tree.draft_probs[node], tree.path_tokens(children), generator)
+        if accepted is None:
+            return path, token
+        node = children[accepted]
+        path.append(node)
+
+
+def keep_accepted_path(target_cache, draft_cache, seq_len: int, path: list[int]) -> None:
+    """After a round both caches hold the sequence before the round (seq_len tokens, the root
+    last; the draft may hold fewer) and then tree nodes. Keep only the accepted nodes, moved down
+    to follow the root: the caches then hold the accepted sequence minus its last token, as a
+    chain's would. Node i sits in slot seq_len + i. The draft never read the deepest nodes, so
+    it keeps those of the path it has."""
+    target_cache.keep(seq_len, [seq_len + i for i in path])
+    if draft_cache.length >= seq_len:  # the draft drafted this round
+        draft_cache.keep(seq_len, [seq_len + i for i in path if seq_len + i < draft_cache.length])
+
+
+def output_sources(tree: TokenTree, path: list[int], depth: int) -> list[str]:
+    """FROM_DRAFT for an accepted node that was its parent's first child (what a chain would have
+    drafted), FROM_DRAFT_BRANCH for one from a side branch (where a chain would have stopped);
+    then the source of the target's own token."""
+    sources = [FROM_DRAFT if tree.children(tree.parents[i])[0] == i else FROM_DRAFT_BRANCH for i in path]
+    if depth == 0:
+        return sources + [FROM_TARGET]  # nothing drafted: a plain target step
+    return sources + [FROM_BONUS if len(path) == depth else FROM_CORRECTION]
+
+
+def draft_model(draft) -> GPT2:
+    """Token trees need a draft model to score a tree level by level: a GPT2, or the model of a
+    ModelDrafter (other Drafters propose chains only)."""
+    if isinstance(draft, ModelDrafter):
+        return draft.model
+    if isinstance(draft, GPT2):
+        return draft
+    raise TypeError(f"tree_speculative_sampling needs the draft as a GPT2 model (or a ModelDrafter), "
+                    f"got {type(draft).__name__}: other drafters cannot score a tree")
+
+
+@torch.inference_mode()
+def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_ids, max_gen: int, branching,
+                              temperature: float = 1.0, top_k: int | None = None,
+                              top_p: float | None = None, generator: torch.Generator | None = None,
+                              eos_id: int | None = None, on_tokens=None) -> GenerationResult:
+    """Speculative decoding with a token tree: each round the draft builds a tree with
+    branching[d] children per node at depth d + 1 (one draft forward per depth), the target
+    scores all its nodes in one forward, and the longest acceptable path plus one target token
+    is the output.
+
+    temperature 0: children are the draft's top-b; the output is identical to the target's greedy
+    decoding. temperature > 0: children are independent draws from q, verified by SpecInfer's
+    multi-draft rejection sampling; the output follows the target's distribution exactly.
+    branching (1,) * gamma is the chain of speculative_sampling, with the same random draws.
+
+    prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
+    or a full context window (no model is fed a position >= its n_positions: near the end the
+    tree is cut to fewer depths). on_tokens(tokens, sources) is called after each round.
+    Stats: as the chains, counting depths as positions (tokens_drafted: depths drafted,
+    acceptance_by_position: per depth), plus nodes_verified and accepted_depths per round.
+    """
+    draft = draft_model(draft)
+    drafter = ModelDrafter(draft)  # its checks and limits only: the tree drives the model itself
+    check_drafter(target, drafter)  # same vocabulary, same device
+    check_positive_int("max_gen", max_gen)
+    check_sampling_args(temperature, top_k, top_p)
+    branching = check_branching(branching, target.config.vocab_size)
+    tokens = prompt_to_list(prompt_ids, target)  # the whole sequence, prompt first
+    n_nodes = tree_size(branching)
+    target_cache = new_cache(target, len(tokens), max_gen, extra_slots=n_nodes)
+    draft_cache = new_cache(draft, len(tokens), max_gen, extra_slots=n_nodes)
+    out = []
+    stats = GenerationStats(drafted_by_position=[0] * len(branching), accepted_by_position=[0] * len(branching))
+    start = time.perf_counter()
+    stop = None
+    while not stop:
+        seq_len = len(tokens)
+        depth = round_gamma(len(branching), len(out), max_gen, seq_len, target, drafter)
+
+        # 1. The draft builds the tree, one forward per depth (none: a plain target step).
+        tree = TokenTree(root=tokens[-1])
+        if depth:
+            tree = build_draft_tree(draft, draft_cache, tokens, branching[:depth], temperature,
+                                    top_k, top_p, generator)
+
+        # 2. The target scores the root and every node in one forward: [N + 1, V].
+        target_logits = score_tree(target, target_cache, tree, tokens)
+
+        # 3. The accepted path and the target's own next token.
+        if temperature == 0:
+            path, next_token = verify_tree_greedy(tree, target_logits)
+        else:
+            target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
+            path, next_token = verify_tree_sampling(tree, target_probs, generator)
+        record_round(stats, depth, len(path), stats.draft_calls + depth, n_nodes=len(tree))
+        stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [next_token],
+                           output_sources(tree, path, depth), eos_id, max_gen,
+                           target.config.n_positions, on_tokens)
+
+        # 4. Both caches keep the accepted path only.
+        keep_accepted_path(target_cache, draft_cache, seq_len, path)
+    stats.stop_reason = stop
+    stats.seconds = time.perf_counter() - start
+    return GenerationResult(out, stats)

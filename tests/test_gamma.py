@@ -1,0 +1,283 @@
+"""Gamma policies and the CostModel, with fixed costs (no timing): AutoGamma switches speculation
+off when it does not pay and drafts long when it does, finds Leviathan's best gamma from the
+acceptance it sees, switches back on after a probe; the heuristic follows transformers' schedule;
+bad input is a clear error."""
+
+import random
+
+import pytest
+import torch
+from conftest import TINY
+
+from gpt2 import GPT2
+from spec_decoding.costs import CostModel, describe_model
+from spec_decoding.drafters import Drafter
+from spec_decoding.gamma import AutoGamma, FixedGamma, HeuristicGamma, make_policy
+from spec_decoding.theory import (break_even_alpha, expected_tokens_by_position,
+                                  expected_tokens_per_round, predicted_speedup)
+
+GAMMA_MAX = 8
+
+
+def cost_model(c, verify_slope=0.1, gamma_max=GAMMA_MAX, target="T", draft="D"):
+    """Target step 100 ms; scoring k tokens costs 1 + verify_slope * (k - 1) steps; draft c steps."""
+    step = 0.1
+    return CostModel(target=target, draft=draft, draft_step_s=c * step,
+                     target_score_s=[step * (1 + verify_slope * k) for k in range(gamma_max + 1)])
+
+
+def run(policy, accept, rounds, rng=None):
+    """Simulate rounds: accept(i) says whether draft position i (0-based) is accepted. Returns the
+    g chosen in each round."""
+    chosen = []
+    for _ in range(rounds):
+        g = policy.next_gamma()
+        assert 0 <= g <= policy.gamma_max
+        n = 0
+        while n < g and accept(n):
+            n += 1
+        policy.update(g, n)
+        chosen.append(g)
+    return chosen
+
+
+def test_never_agreeing_expensive_draft_turns_speculation_off():
+    policy = AutoGamma(cost_model(c=0.3))
+    chosen = run(policy, accept=lambda i: False, rounds=300)
+    assert chosen[0] > 0  # the prior (alpha 0.5) says drafting pays at first ...
+    assert chosen[10:].count(0) / len(chosen[10:]) > 0.95  # ... then it stops after a few rejections
+    assert 0 < sum(g > 0 for g in chosen[10:])  # but probes now and then
+    assert max(chosen[10:]) == 1  # probes are single tokens
+
+
+def test_a_draft_too_expensive_to_ever_pay_is_never_run():
+    policy = AutoGamma(cost_model(c=1.0))  # a draft step costs a target step: never pays
+    assert cost_model(c=1.0).break_even_alpha() is None
+    assert policy.next_gamma() == 0
+
+
+def test_draft_equal_to_target_with_a_cheap_draft_drafts_gamma_max():
+    policy = AutoGamma(cost_model(c=0.02))
+    chosen = run(policy, accept=lambda i: True, rounds=20)
+    assert chosen[-10:] == [GAMMA_MAX] * 10
+
+
+def efficiency(policy, alpha, c, seed, rounds=500, skip=30):
+    """Mean predicted speed-up of the gammas chosen (after the first `skip` rounds) over the best
+    fixed gamma's, for Bernoulli(alpha) acceptance and a draft of cost c."""
+    costs = cost_model(c)
+    rng = random.Random(seed)
+    chosen = run(policy, accept=lambda i: rng.random() < alpha, rounds=rounds)[skip:]
+
+    def speedup(g):
+        return 1.0 if g == 0 else predicted_speedup(alpha, g, c, costs.verify_cost(g))
+    best = max(speedup(g) for g in range(GAMMA_MAX + 1))
+    return sum(speedup(g) for g in chosen) / len(chosen) / best
+
+
+@pytest.mark.parametrize("c", [0.05, 0.15, 0.3, 0.6])
+def test_as_fast_as_the_best_fixed_gamma_for_any_constant_alpha(c):
+    """With alpha from 0 (never agrees) to 0.97 and draft costs from cheap to expensive, the
+    gammas AutoGamma chooses reach >= 95% of the best fixed gamma's predicted speed-up (or of the
+    target alone where speculation does not pay). The heuristic, blind to costs, does not."""
+    for alpha in (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97):
+        for seed in range(3):
+            assert efficiency(AutoGamma(cost_model(c)), alpha, c, seed) > 0.95, (alpha, seed)
+    assert efficiency(HeuristicGamma(GAMMA_MAX), 0.0, c, seed=0) < 0.95  # the test can fail
+
+
+def test_switches_back_on_when_acceptance_recovers():
+    policy = AutoGamma(cost_model(c=0.1))
+    accept_now = [False]
+    off = run(policy, accept=lambda i: accept_now[0], rounds=200)
+    assert off[-50:].count(0) > 40
+    accept_now[0] = True
+    on = run(policy, accept=lambda i: accept_now[0], rounds=200)
+    assert on[-50:].count(0) == 0 and min(on[-50:]) >= 4
+
+
+def test_probes_cost_at_most_the_budget():
+    costs = cost_model(c=0.3)
+    policy = AutoGamma(costs, probe_budget=0.02)
+    chosen = run(policy, accept=lambda i: False, rounds=1000)[20:]
+    spent = sum(costs.round_seconds(g) for g in chosen)
+    assert spent <= 1.02 * len(chosen) * costs.round_seconds(0)
+
+
+def test_heuristic_follows_transformers_schedule():
+    policy = HeuristicGamma(gamma_max=6, start=3)
+    gammas = []
+    for accepted_all in (True, True, False, False, False, False, False, True):
+        g = policy.next_gamma()
+        gammas.append(g)
+        policy.update(g, g if accepted_all else 0)
+    assert gammas == [3, 5, 6, 5, 4, 3, 2, 1]  # +2 (capped at 6), -1 (never below 1)
+    assert policy.next_gamma() == 3
+
+
+def test_fixed_gamma_and_make_policy():
+    assert make_policy(4).next_gamma() == 4 and isinstance(make_policy(4), FixedGamma)
+    assert isinstance(make_policy("heuristic", gamma_max=5), HeuristicGamma)
+    assert make_policy("heuristic", gamma_max=5).gamma_max == 5
+    auto = make_policy("auto", gamma_max=3, cost_model=cost_model(0.1))
+    assert isinstance(auto, AutoGamma) and auto.gamma_max == 3
+    mine = HeuristicGamma(2)
+    assert make_policy(mine) is mine
+
+
+@pytest.mark.parametrize("gamma", ["fast", "Auto", "", 0, -1, 2.5, True, None])
+def test_bad_gamma_is_a_clear_error(gamma):
+    with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+        make_policy(gamma)
+
+
+@pytest.mark.parametrize("gamma_max", [0, -3, 1.5, "8"])
+@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
+def test_bad_gamma_max_is_a_clear_error(gamma, gamma_max):
+    with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
+        make_policy(gamma, gamma_max=gamma_max, cost_model=cost_model(0.1))
+
+
+def test_gamma_max_beyond_the_cost_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="calibrate it with gamma_max=12"):
+        make_policy("auto", gamma_max=12, cost_model=cost_model(0.1, gamma_max=8))
+
+
+def test_cost_model_for_other_models_is_a_clear_error():
+    target, draft, other = GPT2(TINY.with_(n_layer=4)), GPT2(TINY), GPT2(TINY.with_(n_layer=3))
+    costs = cost_model(0.1, target=describe_model(target), draft=describe_model(draft))
+    make_policy("auto", cost_model=costs, target=target, draft=draft)  # the right models: fine
+    with pytest.raises(ValueError, match=r"measured with the draft GPT2\(n_layer=2.*given is GPT2\(n_layer=3"):
+        make_policy("auto", cost_model=costs, target=target, draft=other)
+    with pytest.raises(ValueError, match="measured with the target"):
+        make_policy("auto", cost_model=costs, target=draft, draft=draft)
+
+
+def test_cost_model_save_load_print(tmp_path):
+    costs = cost_model(0.25)
+    loaded = CostModel.load(costs.save(tmp_path / "costs.json"))
+    assert loaded == costs
+    assert loaded.c == pytest.approx(0.25) and loaded.verify_cost(4) == pytest.approx(1.4)
+    text = str(loaded)
+    assert "c = 0.250" in text and "5: 1.40" in text and "pays from alpha" in text
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a CostModel JSON file"):
+        CostModel.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="covers gamma 0..8"):
+        costs.verify_cost(9)
+
+
+def test_calibrate_measures_every_shape():
+    target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
+    costs = CostModel.calibrate(target, draft, gamma_max=3, context_len=16, budget_s=0.05)
+    assert len(costs.target_score_s) == 4 and costs.gamma_max == 3
+    assert costs.draft_step_s > 0 and min(costs.target_score_s) > 0 and costs.rounds >= 3
+    costs.check_models(target, draft)
+
+
+def test_expected_tokens_by_position_generalises_the_constant_alpha_formula():
+    assert expected_tokens_by_position([0.7] * 5) == pytest.approx(expected_tokens_per_round(0.7, 5))
+    assert expected_tokens_by_position([]) == 1.0
+    assert expected_tokens_by_position([0.5, 0.0, 1.0]) == pytest.approx(1.5)
+
+
+def test_break_even_alpha():
+    verify = cost_model(0.2).verify_cost
+    alpha = break_even_alpha(0.2, verify, GAMMA_MAX)
+    best = max(predicted_speedup(alpha, g, 0.2, verify(g)) for g in range(1, GAMMA_MAX + 1))
+    below = max(predicted_speedup(alpha - 0.01, g, 0.2, verify(g)) for g in range(1, GAMMA_MAX + 1))
+    assert best == pytest.approx(1.0, abs=1e-3) and below < 1.0
+    assert break_even_alpha(0.0) == pytest.approx(0.0, abs=1e-3)  # free draft, free verification
+    assert break_even_alpha(1.0) is None
+
+
+# ---------------------------------------------------------------- in the generators
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A target and a draft that agree on some tokens, not all (as in test_generation.py)."""
+    from gpt2 import load_gpt2
+    from gpt2.random_weights import save_agreeing_pair
+    root = tmp_path_factory.mktemp("gamma-pair")
+    dirs = save_agreeing_pair(root / "target", root / "draft", TINY.with_(n_layer=4), draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+    return load_gpt2(dirs[0]), load_gpt2(dirs[1])
+
+
+PROMPT = [5, 17, 42, 8, 99, 3]
+
+
+def pair_costs(target, draft, c):
+    return cost_model(c, target=describe_model(target), draft=describe_model(draft))
+
+
+@pytest.mark.parametrize("c", [0.02, 0.3, 1.0])
+@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
+def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
+    from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+    target, draft = pair
+    baseline = autoregressive_generate(target, PROMPT, 40).tokens
+    result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma, gamma_max=6,
+                                         cost_model=pair_costs(target, draft, c))
+    assert result.tokens == baseline
+    s = result.stats
+    assert len(s.gamma_by_round) == s.target_calls and sum(s.gamma_by_round) == s.draft_calls
+    assert max(s.gamma_by_round) <= 6 and len(s.drafted_by_position) == 6
+    if gamma == "auto" and c == 1.0:  # a draft as slow as the target: never run
+        assert s.gamma_by_round == [0] * 40 and s.draft_calls == 0
+    if gamma == "auto" and c == 0.02 or gamma == "heuristic":
+        assert len(set(s.gamma_by_round)) > 1  # the draft length changes during the run
+    # temperature 0 in speculative_sampling is the same greedy path
+    assert speculative_sampling(target, draft, PROMPT, 40, gamma, temperature=0, gamma_max=6,
+                                cost_model=pair_costs(target, draft, c)).tokens == baseline
+
+
+def test_auto_without_a_cost_model_calibrates_once(pair, monkeypatch):
+    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+    import spec_decoding.gamma as gamma_module
+    target, draft = pair
+    calls = []
+    real = CostModel.calibrate
+    monkeypatch.setattr(gamma_module, "_CALIBRATED", {})
+    monkeypatch.setattr(CostModel, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
+    baseline = autoregressive_generate(target, PROMPT, 20).tokens
+    for _ in range(2):
+        assert speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3).tokens == baseline
+    assert len(calls) == 1
+
+
+def test_generators_reject_bad_gamma_and_cost_models(pair):
+    from spec_decoding import speculative_sampling, speculative_sampling_greedy
+    target, draft = pair
+    for generate in (speculative_sampling_greedy, speculative_sampling):
+        with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+            generate(target, draft, PROMPT, 5, "fastest")
+        with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
+            generate(target, draft, PROMPT, 5, "auto", gamma_max=0, cost_model=pair_costs(target, draft, 0.1))
+        with pytest.raises(ValueError, match="measured with the draft"):
+            generate(target, draft, PROMPT, 5, "auto", cost_model=pair_costs(target, target, 0.1))
+
+
+class Echo(Drafter):
+    """A model-free drafter (costs next to nothing) that proposes fewer tokens than asked: the
+    last token, at most twice."""
+
+    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
+        return [tokens[-1]] * min(num_tokens, 2), None
+
+
+def test_auto_with_a_model_free_drafter_that_proposes_fewer_tokens(pair):
+    from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+    target, _ = pair
+    costs = CostModel.calibrate(target, Echo(), gamma_max=4, budget_s=0.1)
+    assert costs.draft == "Echo()" and costs.c < 0.5  # no forward pass: far cheaper than the target
+    baseline = autoregressive_generate(target, PROMPT, 30).tokens
+    result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, "auto", cost_model=costs)
+    assert result.tokens == baseline
+    assert max(result.stats.gamma_by_round) <= 2 and result.stats.draft_calls == 0
+    sampled = speculative_sampling(target, Echo(), PROMPT, 30, "auto", cost_model=costs,
+                                   generator=torch.Generator().manual_seed(0))
+    assert len(sampled.tokens) == 30
+    with pytest.raises(ValueError, match=r"measured with the draft GPT2.*the draft given is Echo\(\)"):
+        speculative_sampling_greedy(target, Echo(), PROMPT, 5, "auto",
+                                    cost_model=pair_costs(target, target, 0.1))

@@ -1,0 +1,108 @@
+"""Token trees on the command line: spec_decoding_generate.py --tree and benchmark.py --trees, on
+the tiny text_pair checkpoints (GPT-2's real vocabulary)."""
+
+import csv
+import json
+
+import pytest
+
+import spec_decoding_generate as script
+from conftest import ROOT
+from gpt2 import EOT_ID, encode
+from spec_decoding import autoregressive_generate
+from spec_decoding.result import FROM_DRAFT, FROM_DRAFT_BRANCH
+from test_benchmark import run_benchmark
+
+PROMPT = "The capital of France is"
+
+
+def run_main(argv, capsys):
+    code = script.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_tree_greedy_json_equals_the_target(text_pair_dirs, text_pair, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 20, "--tree", "2,2,1", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["settings"]["tree"] == [2, 2, 1]
+    target, _ = text_pair
+    assert report["tokens"] == autoregressive_generate(target, encode(PROMPT), 20, eos_id=EOT_ID).tokens
+    stats = report["stats"]
+    assert stats["nodes_per_target_call"] > 1 and len(stats["accepted_depths"]) > 0
+    assert max(stats["accepted_depths"]) <= 3
+
+
+def test_generate_tree_sampling_prints_tree_stats(text_pair_dirs, capsys):
+    target_dir, draft_dir = text_pair_dirs
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 12, "--tree", "3,1", "--temperature", 0.9, "--seed", 0], capsys)
+    assert code == 0, err
+    assert out.startswith(PROMPT)
+    assert "tree nodes per call:" in out and "tree 3,1" in out and "at most depth + 1 = 3" in out
+
+
+def test_tree_legend_and_colours(monkeypatch, capsys):
+    """In colour mode the legend names side branches, and their tokens get their own colour."""
+    monkeypatch.setattr(script, "use_colour", lambda: True)
+    printer = script.start_printing("Hi", tree=True)
+    printer([11, 12], [FROM_DRAFT, FROM_DRAFT_BRANCH])
+    out = capsys.readouterr().out
+    assert "side branch" in out
+    branch, draft = script.COLOURS[FROM_DRAFT_BRANCH], script.COLOURS[FROM_DRAFT]
+    assert branch and branch != draft and branch in out.split("\n", 2)[-1]
+    script.start_printing("Hi", tree=False)
+    assert "side branch" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["2,0", "a,b", "", "2,,1"])
+def test_bad_tree_exits_2(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--tree", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tree" in err and "like 2,2,1" in err
+
+
+def test_benchmark_trees_beside_gammas(text_pair_dirs, tmp_path):
+    target_dir, draft_dir = text_pair_dirs
+    out = tmp_path / "out"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text((ROOT / "prompts" / "short.txt").read_text().splitlines()[0] + "\n")
+    proc = run_benchmark("--draft", draft_dir, "--target", target_dir, "--gammas", 1, 3,
+                         "--trees", "3", "2,1", "--max-gens", 8, "--temperatures", 0, 1,
+                         "--prompts", prompts, "--repeats", 1, "--warmup", 0, "--threads", 1,
+                         "--out", out, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert {c["gamma"] for c in results["cells"]} == {1, 3}  # chain cells are as before
+    trees = {(c["tree"], c["temperature"]): c for c in results["tree_cells"]}
+    assert set(trees) == {("3", 0.0), ("3", 1.0), ("2,1", 0.0), ("2,1", 1.0)}
+    assert set(results["costs"]["verify_cost_by_tree"]) == {"3", "2,1"}
+    for (tree, t), cell in trees.items():
+        depth = len(tree.split(","))
+        assert cell["gamma"] == depth and len(cell["acceptance_by_position"]) == depth
+        assert 1 <= cell["tokens_per_target_call"] <= depth + 1
+        assert cell["nodes_per_target_call"] <= {"3": 3, "2,1": 4}[tree]
+        assert cell["tokens_match_baseline"] is (True if t == 0 else None)
+        assert cell["predicted_speedup"] == pytest.approx(cell["tokens_per_target_call"] / (
+            depth * results["costs"]["c"] + results["costs"]["verify_cost_by_tree"][tree]))
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 2 + 2 * 2 and sorted(r["tree"] for r in rows if r["tree"]) == ["2,1", "2,1", "3", "3"]
+    summary = (out / "summary.md").read_text()
+    assert "| Tree | T | Nodes |" in summary and "| 3 | 0 | 3 |" in summary  # tree 3 beside gamma 3
+    assert summary in proc.stdout
+
+
+def test_benchmark_bad_tree_is_a_usage_error(tmp_path, capsys):
+    import benchmark
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--trees", "2,x", "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--trees" in err and "like 2,2,1" in err
