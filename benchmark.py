@@ -179,6 +179,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): float32 on CPU, where half precision is not faster; "
                         "bfloat16/float16 on a GPU")
+    p.add_argument("--quantize", choices=["int8"], help="int8: weight-only int8 target (made at load time)")
+    p.add_argument("--draft-quantize", choices=["int8"], help="int8: weight-only int8 draft")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
@@ -237,9 +239,9 @@ def is_standin(name_or_path: str) -> bool:
     return (Path(name_or_path).parent / STANDIN_MARKER).is_file()
 
 
-def load_model(role: str, name_or_path: str, device, dtype):
+def load_model(role: str, name_or_path: str, device, dtype, quantize=None):
     try:
-        return load_gpt2(name_or_path, device=device, dtype=dtype)
+        return load_gpt2(name_or_path, device=device, dtype=dtype, quantize=quantize)
     except CheckpointError as e:
         sys.exit(f"error: could not load the {role} model {name_or_path!r}:\n{e}\n\n"
                  f"Offline? Pass local folders holding config.json + model.safetensors with "
@@ -534,6 +536,7 @@ def environment(args, device, dtype, standins: bool) -> dict:
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "device": str(device), "device_name": device_name, "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "draft": str(args.draft), "target": str(args.target),
+        "quantize": args.quantize, "draft_quantize": args.draft_quantize,
         "drafters": args.drafters,
         "standins": standins, "prompts_file": str(args.prompts), "repeats": args.repeats,
         "warmup": args.warmup, "seed": args.seed, "git_commit": commit,
@@ -711,8 +714,8 @@ def main(argv=None) -> None:
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    draft = load_model("draft", str(args.draft), device, dtype) if uses_draft else None
-    target = load_model("target", str(args.target), device, dtype)
+    draft = load_model("draft", str(args.draft), device, dtype, args.draft_quantize) if uses_draft else None
+    target = load_model("target", str(args.target), device, dtype, args.quantize)
     models = [target] + ([draft] if draft is not None else [])
     drafters = make_drafters(args.drafters, target, draft)
     try:

@@ -158,6 +158,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto (default: float32 on CPU, where half precision is not faster; "
                              "bfloat16/float16 on a GPU), float32, bfloat16 or float16")
+    parser.add_argument("--quantize", choices=["int8"],
+                        help="int8: weight-only int8 target (per channel, made at load time)")
+    parser.add_argument("--draft-quantize", choices=["int8"],
+                        help="int8: weight-only int8 draft (the target keeps --quantize)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
@@ -200,12 +204,12 @@ def encode_prompt(prompt: str) -> list[int]:
 # Models
 
 
-def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype):
-    print(f"Loading {role} {name} ({device}, {str(dtype).removeprefix('torch.')}) ...",
-          file=sys.stderr, flush=True)
+def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype, quantize=None):
+    print(f"Loading {role} {name} ({device}, {str(dtype).removeprefix('torch.')}"
+          f"{', ' + quantize if quantize else ''}) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        model = load_gpt2(name, device=device, dtype=dtype)
+        model = load_gpt2(name, device=device, dtype=dtype, quantize=quantize)
     except CheckpointError as e:  # say which of the two models failed
         raise CheckpointError(f"--{role} {name}: {e}") from None
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
@@ -226,7 +230,7 @@ def make_drafter(args, target, device: torch.device, dtype: torch.dtype):
         except ValueError as e:
             raise ValueError(f"--draft-layers {k}: {e}") from None
         return drafter, f"layerskip (the target's first {k} of {n_layer} blocks)"
-    return ModelDrafter(load_model("draft", args.draft, device, dtype)), f"model {args.draft}"
+    return ModelDrafter(load_model("draft", args.draft, device, dtype, args.draft_quantize)), f"model {args.draft}"
 
 
 @torch.inference_mode()
@@ -404,7 +408,7 @@ def generate(args) -> None:
         print(note, file=sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
-    target = load_model("target", args.target, device, dtype)
+    target = load_model("target", args.target, device, dtype, args.quantize)
     drafter, drafter_line = make_drafter(args, target, device, dtype)
     check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)

@@ -34,6 +34,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
 from .config import GPT2Config
+from .fast_linear import QUANTIZE_CHOICES, attach_fast_kernels, dequantize_int8, int8_per_channel
 from .device import resolve_device, resolve_dtype
 from .model import GPT2
 
@@ -57,16 +58,22 @@ class CheckpointError(Exception):
     """The weights could not be found, downloaded or read. The message says what to do."""
 
 
-def load_gpt2(name_or_path, device=None, dtype="auto") -> GPT2:
+def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
     dtype: "auto" (gpt2.device.auto_dtype), "float32", "bfloat16", "float16" or the torch dtype;
-    None keeps the dtype stored in the file. A bad or unavailable choice is a ValueError."""
+    None keeps the dtype stored in the file. A bad or unavailable choice is a ValueError.
+    quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
+    symmetric per output channel, computed from the file's weights at load time. The
+    parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
+    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear)."""
     device = resolve_device("cpu" if device is None else device)
     dtype = resolve_dtype(dtype, device)
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     config, weights_path = resolve_checkpoint(name_or_path)
-    return load_safetensors(weights_path, config, device=device, dtype=dtype)
+    return load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
 
 
 def peek_config(name_or_path) -> GPT2Config | None:
@@ -195,9 +202,11 @@ def read_config(path: Path) -> GPT2Config:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None) -> GPT2:
+def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None,
+                     quantize=None) -> GPT2:
     """Build a GPT2 whose parameters are the tensors of a safetensors file (either key layout).
-    device and dtype as in load_gpt2, except that dtype None (the default) keeps the file's."""
+    device, dtype and quantize as in load_gpt2, except that dtype None (the default) keeps the
+    file's."""
     path = Path(path)
     device = resolve_device("cpu" if device is None else device)
     dtype = resolve_dtype(dtype, device)
@@ -219,7 +228,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             model = GPT2(config)  # shapes only, no memory
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
-        state = {}
+        state, int8 = {}, {}
         for name in expected:
             # The file is memory-mapped, and every page read stays in this process's memory
             # until the file is closed. Reopening it per tensor releases each tensor's pages
@@ -228,6 +237,10 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                 tensor = f.get_tensor(prefix + name)
             if name.endswith(CONV1D_SUFFIXES):
                 tensor = tensor.t()  # [in, out] -> [out, in]
+            if quantize == "int8" and (name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"):
+                q, scale = int8_per_channel(tensor)
+                int8[name] = (q.to(device), scale.to(device))
+                tensor = dequantize_int8(q, scale, dtype or tensor.dtype)
             state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
             del tensor
     except SafetensorError as e:
@@ -236,6 +249,8 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             f"delete it and download it again."
         ) from None
     model.load_state_dict(state, assign=True)
+    params = dict(model.named_parameters())
+    attach_fast_kernels(model, int8={params[name]: qs for name, qs in int8.items()})
     return model.requires_grad_(False).eval()
 
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fast_linear
 from .config import GPT2Config
 from .kv_cache import KVCache
 
@@ -25,12 +26,18 @@ ONEDNN_MIN_WEIGHTS = 1 << 18
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias, with weight [out, in] as in nn.Linear."""
+    inference = not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    # bf16 / int8 weights loaded on CPU carry a kernel for their format (gpt2/fast_linear.py);
+    # GPT2_FAST_LINEAR=0 runs the plain path below on the same values instead.
+    fast = getattr(weight, "fast_linear", None)
+    if fast is not None and fast_linear.ENABLED and inference and x.device.type == "cpu":
+        return fast(x, bias)
     if (
         USE_ONEDNN
         and x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.bfloat16)
         and weight.numel() >= ONEDNN_MIN_WEIGHTS
-        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and inference
     ):
         # Inference only: this op has no autograd formula, so training falls back to F.linear.
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")

@@ -1,0 +1,169 @@
+"""A decoding step, verification and speculative decoding in each weight format, side by side.
+
+    python -m benchmarks.weight_formats --checkpoints /tmp/standins --out runs/weight_formats
+    python -m benchmarks.weight_formats --quick       # gpt2-shaped pair, few repeats (smoke run)
+
+Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6 blocks
+(benchmarks.common.standin_pair; timings do not depend on the weight values) in each format:
+
+  fp32   load_gpt2(path)                        (oneDNN fp32, the CPU default)
+  bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/fast_linear.py)
+  int8   load_gpt2(path, quantize="int8")       (weight-only int8, gpt2/fast_linear.py)
+  int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
+
+and measures, interleaving the formats round by round (medians; the machine may be shared):
+  1. one decoding step (1 token, KV cache holding --context positions) and its weight GB/s,
+  2. verifying 5 tokens in one forward, as a multiple of that format's step,
+  3. greedy decoding of --new-tokens tokens: plain autoregressive and speculative (gamma
+     --gamma, the draft in the same format), tokens/s, and whether the speculative output equals
+     the same-format target's greedy output (it must).
+The stand-in pair agrees far more than GPT-2 Small/Large do on real text, so the speculative
+speed-ups show what the costs allow, not what real models reach.
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+
+import gpt2.fast_linear
+from gpt2 import load_gpt2
+from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+
+from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, machine_info, markdown_table, median,
+                     random_prompt, standin_pair, timed, weight_bytes_per_token, write_results)
+
+FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
+           "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
+# "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
+# is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
+FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()) if name != "fp32"})
+
+
+class fast_kernels:
+    """with fast_kernels(on): run gpt2.model.linear() with or without gpt2/fast_linear.py."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.saved, gpt2.fast_linear.ENABLED = gpt2.fast_linear.ENABLED, self.on
+
+    def __exit__(self, *exc):
+        gpt2.fast_linear.ENABLED = self.saved
+
+
+def format_bytes(model, fmt) -> int:
+    """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight."""
+    total = weight_bytes_per_token(model)
+    if fmt.startswith("int8") and not fmt.endswith("-plain"):
+        for w in gpt2.fast_linear.linear_weights(model):
+            total -= w.numel() * (w.element_size() - 1)
+    return total
+
+
+@torch.inference_mode()
+def forward_seconds(model, cache, context_len, tokens):
+    """One forward of len(tokens) new tokens after context_len cached positions; rolls back."""
+    _, seconds = timed(None, model, torch.tensor([tokens]), cache, 1)
+    cache.truncate(context_len)
+    return seconds
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS)
+    p.add_argument("--target-model", default="gpt2-large")
+    p.add_argument("--draft-layers", type=int, default=6)
+    p.add_argument("--formats", nargs="+", default=["fp32", "bf16", "int8"], choices=list(FORMATS))
+    p.add_argument("--context", type=int, default=160, help="cached positions for the step timings")
+    p.add_argument("--steps", type=int, default=15, help="timed rounds of step / verify-5")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=2, help="timed generation rounds (prompts)")
+    p.add_argument("--gen-warmup", type=int, default=1, help="untimed generation rounds first")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
+    p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.target_model, args.draft_layers, args.steps, args.new_tokens, args.repeats = "gpt2", 2, 3, 16, 1
+    torch.set_num_threads(args.threads)
+
+    target_dir, draft_dir = standin_pair(args.checkpoints, args.target_model, args.draft_layers,
+                                         damping=0.04, embedding_std=0.1)
+    targets, drafts = {}, {}
+    for fmt in args.formats:
+        same = next((f for f in targets if FORMATS[f] == FORMATS[fmt]), None)  # "-plain" shares
+        if same is None:
+            print(f"loading the {fmt} pair ...", flush=True)
+        targets[fmt] = targets[same] if same else load_gpt2(target_dir, **FORMATS[fmt])
+        drafts[fmt] = drafts[same] if same else load_gpt2(draft_dir, **FORMATS[fmt])
+
+    # 1-2. Step and verify-5, formats interleaved.
+    prompt = random_prompt(args.context, seed=0)
+    caches = {}
+    for fmt, model in targets.items():
+        caches[fmt] = model.new_kv_cache(max_len=args.context + 8)
+        with torch.inference_mode(), fast_kernels(not fmt.endswith("-plain")):
+            model(torch.tensor([prompt]), caches[fmt], 1)
+    step, verify = {f: [] for f in targets}, {f: [] for f in targets}
+    five = random_prompt(5, seed=1)
+    for r in range(args.steps + 2):
+        for fmt, model in targets.items():
+            with fast_kernels(not fmt.endswith("-plain")):
+                s = forward_seconds(model, caches[fmt], args.context, five[:1])
+                v = forward_seconds(model, caches[fmt], args.context, five)
+            if r >= 2:  # two warm-up rounds
+                step[fmt].append(s)
+                verify[fmt].append(v)
+        print(f"  step/verify round {r + 1}/{args.steps + 2}", flush=True)
+    del caches
+    for fmt in targets:  # printed now: the generation below can take long on a busy machine
+        print(f"  {fmt}: step {median(step[fmt]) * 1e3:.0f} ms, verify-5 {median(verify[fmt]) * 1e3:.0f} ms, "
+              f"steps {[round(t * 1e3) for t in step[fmt]]}, verify {[round(t * 1e3) for t in verify[fmt]]}",
+              flush=True)
+
+    # 3. Greedy generation: autoregressive and speculative, formats interleaved.
+    ar, spec, same, alpha = ({f: [] for f in targets} for _ in range(4))
+    for r in range(args.repeats + args.gen_warmup):
+        gen_prompt = random_prompt(32, seed=100 + r)
+        for fmt in targets:
+            with fast_kernels(not fmt.endswith("-plain")):
+                a, ta = timed(None, autoregressive_generate, targets[fmt], gen_prompt, args.new_tokens)
+                s, ts = timed(None, speculative_sampling_greedy, targets[fmt], drafts[fmt], gen_prompt,
+                              args.new_tokens, args.gamma)
+            if r >= args.gen_warmup:
+                ar[fmt].append(ta)
+                spec[fmt].append(ts)
+                same[fmt].append(a.tokens == s.tokens)
+                alpha[fmt].append(s.stats.alpha)
+        print(f"  generation round {r + 1}/{args.repeats + args.gen_warmup}", flush=True)
+
+    base = median(step["fp32"]) if "fp32" in step else None
+    results, rows = {}, []
+    for fmt in targets:
+        st, ve = median(step[fmt]), median(verify[fmt])
+        nbytes = format_bytes(targets[fmt], fmt)
+        ar_tps, spec_tps = args.new_tokens / median(ar[fmt]), args.new_tokens / median(spec[fmt])
+        results[fmt] = {"load": FORMATS[fmt], "step_s": step[fmt], "verify5_s": verify[fmt],
+                        "step_median_s": st, "verify5_median_s": ve, "weight_bytes": nbytes,
+                        "ar_s": ar[fmt], "spec_s": spec[fmt], "spec_equals_ar": same[fmt],
+                        "alpha": alpha[fmt]}
+        rows.append([fmt, f"{st * 1e3:.0f}", f"{st / base:.2f}" if base else "",
+                     f"{nbytes / st / BYTES_PER_GB:.1f}", f"{ve / st:.2f}", f"{ar_tps:.1f}",
+                     f"{spec_tps:.1f}", f"{spec_tps / ar_tps:.2f}", f"{median(alpha[fmt]):.2f}",
+                     "yes" if all(same[fmt]) else "NO"])
+    table = markdown_table(["format", "step ms", "vs fp32", "GB/s", "verify-5 / step", "AR tok/s",
+                            f"spec tok/s (gamma {args.gamma})", "spec / AR", "alpha", "spec == AR"], rows)
+    md = (f"{args.target_model}-shaped random stand-in target, {args.draft_layers}-block draft "
+          f"(same format), {args.threads} threads, step at context {args.context}, "
+          f"{args.steps} interleaved rounds, {args.repeats} generation rounds of {args.new_tokens} "
+          f"tokens (medians). Stand-in acceptance is far above real GPT-2's.\n\n{table}\n")
+    print("\n" + md)
+    write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
+                             "formats": results}, md)
+
+
+if __name__ == "__main__":
+    main()
