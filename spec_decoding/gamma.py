@@ -95,7 +95,7 @@ class AutoGamma(GammaPolicy):
     the estimates follow the text as it changes (an effective memory of 1 / (1 - decay) rounds).
 
     Switching off needs evidence: speculation stops only when even optimistic estimates (each a_i
-    one posterior standard deviation higher, `optimism`) say g = 0 is fastest, so one unlucky
+    `optimism` = 2 posterior standard deviations higher) say g = 0 is fastest, so one unlucky
     rejection in the first round does not turn it off for good. While it is off, plain rounds add
     nothing to the estimates, so now and then it drafts one token anyway (a probe), as often as
     spends at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
@@ -104,7 +104,7 @@ class AutoGamma(GammaPolicy):
 
     def __init__(self, cost_model: CostModel, gamma_max: int | None = None, prior_alpha: float = 0.5,
                  prior_strength: float = 2.0, decay: float = 0.95, probe_budget: float = 0.02,
-                 optimism: float = 1.0):
+                 optimism: float = 2.0):
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
         gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
