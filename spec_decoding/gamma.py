@@ -97,8 +97,8 @@ class AutoGamma(GammaPolicy):
     Switching off needs evidence: speculation stops only when even optimistic estimates (each a_i
     `optimism` = 2 posterior standard deviations higher) say g = 0 is fastest, so one unlucky
     rejection in the first round does not turn it off for good. While it is off, plain rounds add
-    nothing to the estimates, so now and then it drafts one token anyway (a probe), as often as
-    spends at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
+    nothing to the estimates, so now and then it drafts one token anyway (a probe),
+    spending at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
     round_seconds(0) more than a plain step). Accepted probes can switch speculation back on.
     """
 
