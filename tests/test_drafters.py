@@ -17,12 +17,12 @@ from gpt2 import load_gpt2
 from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
+from spec_decoding.bug_zoo import DrafterReportingUnfilteredQ  # samples after top-k, reports q before
 from spec_decoding.checks import (check_caches_after_every_round, check_lossless,
                                   chi_square_p_value)
 from spec_decoding.drafters import (Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter,
                                     as_drafter)
 from spec_decoding.result import FROM_DRAFT
-from spec_decoding.sampling import logits_to_probs, sample
 from spec_decoding.speculative import modified_rejection_sampling, point_masses
 
 TARGET_CFG = TINY.with_(n_layer=4)
@@ -170,18 +170,6 @@ def lossless_pair(make_checkpoint):
     return target, draft
 
 
-class LyingDrafter(ModelDrafter):
-    """Samples from q after top-k/top-p but reports q before them: the bug the test must catch."""
-
-    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
-        draft_tokens, reported = [], []
-        for _ in range(num_tokens):
-            logits = self.next_logits(tokens + draft_tokens)
-            draft_tokens.append(int(sample(logits_to_probs(logits, temperature, top_k, top_p), generator)))
-            reported.append(logits_to_probs(logits, temperature))  # the lie: no top-k/top-p
-        return draft_tokens, torch.stack(reported) if reported else None
-
-
 def lossless_check(target, drafter, settings, gamma, n, seed=0):
     """check_lossless on the first 3 tokens after LOSSLESS_PROMPT; also returns how many tokens
     the drafter proposed in all."""
@@ -215,7 +203,7 @@ def test_a_drafter_that_lies_about_q_is_caught(lossless_pair):
     """Top-k 3 keeps ~70% of the draft's mass here: claiming q before top-k, it accepts its tokens
     too often (the first token alone is off by total variation 0.14, computed exactly)."""
     target, draft = lossless_pair
-    result, _ = lossless_check(target, LyingDrafter(draft), dict(temperature=1.0, top_k=3), 1, 3000)
+    result, _ = lossless_check(target, DrafterReportingUnfilteredQ(draft), dict(temperature=1.0, top_k=3), 1, 3000)
     assert not result.passed and result.p_value < 1e-6, result.message
 
 
