@@ -42,6 +42,7 @@ from .drafters import ModelDrafter
 from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                      GenerationResult, GenerationStats)
 from .sampling import logits_to_probs, sample
+from .trace import Trace
 
 ROOT = -1  # the parent of the depth-1 nodes: the last token of the sequence
 
@@ -210,7 +211,8 @@ def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[li
 
 
 def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                                   draft_tokens: list[int], generator=None) -> tuple[int | None, int | None]:
+                                   draft_tokens: list[int], generator=None,
+                                   draws: list | None = None) -> tuple[int | None, int | None]:
     """SpecInfer's multi-draft rejection sampling at one node (Miao et al. 2023, "multi-step
     speculative sampling", for children drawn independently from q).
 
@@ -218,7 +220,8 @@ def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torc
     independently from q. Children are tried one after the other: x_i is accepted with probability
     min(1, r(x_i) / q(x_i)) where r is the current target, starting at r = p; after a rejection
     r becomes norm(max(0, r - q)). If all are rejected the token is drawn from the final r.
-    Returns (i, None) when child i was accepted, (None, token) otherwise.
+    Returns (i, None) when child i was accepted, (None, token) otherwise. draws: a list that gets
+    the uniform draw of each child tried, in order (for trace=True), or None.
 
     Why the token is distributed exactly as p. Let S(r, k) be this procedure with target r and k
     children left. Claim: S(r, k) outputs a token distributed as r. k = 0: it draws from r. k > 0:
@@ -233,28 +236,36 @@ def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torc
     residual = target_probs
     for i, x in enumerate(draft_tokens):
         r = torch.rand((), generator=generator, device=target_probs.device)
+        if draws is not None:
+            draws.append(float(r))
         if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing
             return i, None
         residual = speculative.residual_distribution(residual, draft_probs)
     return None, int(sample(residual, generator))
 
 
-def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=None) -> tuple[list[int], int]:
+def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=None,
+                         draws: dict | None = None) -> tuple[list[int], int]:
     """target_probs [N + 1, V]: p after the root (row 0) and after each node (row 1 + i).
 
     From the root down: run multi-draft rejection sampling over the node's children; move to the
     accepted child, or stop with the token drawn from the residual. At a leaf, the bonus token is
     drawn from p there. Each output token follows p given the tokens before it, so the round's
     output follows the target's distribution (the tree below a rejected child is never used).
-    Returns (accepted path, the next token)."""
+    Returns (accepted path, the next token). draws: a dict that gets node -> the uniform draw it
+    was tested with, for every node judged (for trace=True), or None.
+    """
     path, node = [], ROOT
     while True:
         children = tree.children(node)
         p = target_probs[node + 1]
         if not children:
             return path, int(sample(p, generator))
+        tried = None if draws is None else []
         accepted, token = multi_draft_rejection_sampling(
-            p, tree.draft_probs[node], tree.path_tokens(children), generator)
+            p, tree.draft_probs[node], tree.path_tokens(children), generator, tried)
+        if draws is not None:
+            draws.update(zip(children, tried))  # the children tried, in order: a prefix
         if accepted is None:
             return path, token
         node = children[accepted]
@@ -297,7 +308,7 @@ def draft_model(draft) -> GPT2:
 def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_ids, max_gen: int, branching,
                               temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None, generator: torch.Generator | None = None,
-                              eos_id: int | None = None, on_tokens=None) -> GenerationResult:
+                              eos_id: int | None = None, on_tokens=None, trace: bool = False) -> GenerationResult:
     """Speculative decoding with a token tree: each round the draft builds a tree with
     branching[d] children per node at depth d + 1 (one draft forward per depth), the target
     scores all its nodes in one forward, and the longest acceptable path plus one target token
@@ -313,6 +324,8 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     tree is cut to fewer depths). on_tokens(tokens, sources) is called after each round.
     Stats: as the chains, counting depths as positions (tokens_drafted: depths drafted,
     acceptance_by_position: per depth), plus nodes_verified and accepted_depths per round.
+    trace=True records every round's tree in result.trace (spec_decoding.trace: each node's p, q,
+    draw and verdict, the accepted path, the target's token).
     """
     draft = draft_model(draft)
     drafter = ModelDrafter(draft)  # its checks and limits only: the tree drives the model itself
@@ -324,6 +337,7 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     n_nodes = tree_size(branching)
     target_cache = new_cache(target, len(tokens), max_gen, extra_slots=n_nodes)
     draft_cache = new_cache(draft, len(tokens), max_gen, extra_slots=n_nodes)
+    round_trace = Trace(list(tokens), len(branching), temperature, top_k, top_p, branching=branching) if trace else None
     out = []
     stats = GenerationStats(drafted_by_position=[0] * len(branching), accepted_by_position=[0] * len(branching))
     start = time.perf_counter()
@@ -342,18 +356,21 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
         target_logits = score_tree(target, target_cache, tree, tokens)
 
         # 3. The accepted path and the target's own next token.
+        draws = None if round_trace is None else {}  # node -> its uniform draw, for the trace
         if temperature == 0:
             path, next_token = verify_tree_greedy(tree, target_logits)
         else:
             target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
-            path, next_token = verify_tree_sampling(tree, target_probs, generator)
+            path, next_token = verify_tree_sampling(tree, target_probs, generator, draws)
         record_round(stats, depth, len(path), stats.draft_calls + depth, n_nodes=len(tree))
         stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [next_token],
                            output_sources(tree, path, depth), eos_id, max_gen,
                            target.config.n_positions, on_tokens)
+        if round_trace is not None:
+            round_trace.record_tree_round(tree, target_logits, path, next_token, draws, len(out))
 
         # 4. Both caches keep the accepted path only.
         keep_accepted_path(target_cache, draft_cache, seq_len, path)
     stats.stop_reason = stop
     stats.seconds = time.perf_counter() - start
-    return GenerationResult(out, stats)
+    return GenerationResult(out, stats, round_trace)

@@ -258,7 +258,7 @@ def random_distributions(rows, seed, vocab=6, sharpness=2.0):
     return torch.softmax(sharpness * torch.randn(rows, vocab, generator=g, dtype=torch.float64), -1).float()
 
 
-def naive_multi_draft(target_probs, draft_probs, draft_tokens, generator=None):
+def naive_multi_draft(target_probs, draft_probs, draft_tokens, generator=None, draws=None):
     """The bug to catch: every child is tested against the unchanged p (a token the draft likes
     gets b chances), and only after all are rejected is the residual norm(max(0, p - q)) used."""
     for i, x in enumerate(draft_tokens):
