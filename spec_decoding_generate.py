@@ -178,8 +178,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--html {html_path}: the folder {html_path.parent} does not exist")
     if not args.prompt:
         parser.error("--prompt is empty: give some text to continue")
-    if args.html and args.tree:
-        parser.error("--html records chain rounds; token trees (--tree) have no trace yet")
     if args.cost_model and args.gamma != "auto":
         parser.error("--cost-model is for --gamma auto")
     if args.temperature == 0 and (args.top_k or args.top_p):
@@ -423,7 +421,8 @@ def generate(args) -> None:
     printer = None if args.json else start_printing(args.prompt, tree=bool(args.tree))
     if args.tree:
         result = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree,
-                                           generator=generator, on_tokens=printer, **settings)
+                                           generator=generator, on_tokens=printer, trace=bool(args.html),
+                                           **settings)
     else:
         result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma,
                                       generator=generator, on_tokens=printer, gamma_max=args.gamma_max,

@@ -297,12 +297,12 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
     # Every token on the page gets an entry in INFO; spans refer to it by index.
     info = []
 
-    def span(text: str, css: str, data: dict, visible_space: bool = False) -> str:
+    def span(text: str, css: str, data: dict, visible_space: bool = False, attrs: str = "") -> str:
         info.append(data)
         shown = text.replace("\n", "\u21b5\n") if text.strip() or not text else text
         if visible_space:  # in the round rows: a space is a middle dot, a newline an arrow
             shown = text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192")
-        return (f'<span class="tok {css}" data-k="{len(info) - 1}">'
+        return (f'<span class="tok {css}" data-k="{len(info) - 1}"{attrs}>'
                 f"{html.escape(shown) or '&nbsp;'}</span>")
 
     def drafted_info(k, i, d: DraftedToken) -> dict:
@@ -341,7 +341,8 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
 
     # 2. One row per round.
     def node_chip(k, i, d: DraftedToken) -> str:
-        return span(label(d.token), "v-" + d.verdict.replace(" ", "-"), drafted_info(k, i, d), True)
+        attrs = f' data-node="{i}"' if isinstance(d, TreeNode) else ""  # the node's number in its tree
+        return span(label(d.token), "v-" + d.verdict.replace(" ", "-"), drafted_info(k, i, d), True, attrs)
 
     def target_chip(k, r: Round) -> str:
         return '<span class="arrow">&rarr;</span>' + span(label(r.next_token), r.next_source, next_info(k, r), True)

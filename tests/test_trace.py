@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from gpt2 import encode, load_gpt2
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_TARGET
+from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+                           tree_speculative_sampling)
+from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT_BRANCH, FROM_TARGET
 from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED, render_html
+from spec_decoding.tree import tree_size
 
 PROMPT = "def parse(text):\n    "
 
@@ -113,3 +115,155 @@ def test_command_line_writes_the_page_and_never_overwrites(trained_pair_dirs, tm
     assert page.read_text() == "mine"
     assert cli.main(args + ["--force"]) == 0
     assert page.read_text() == text  # same seed, same page
+
+
+# ---------------------------------------------------------------------------------------------
+# Token trees: the trace of tree_speculative_sampling, checked against the run's stats and against
+# the target's and draft's probabilities from plain causal forwards over the output.
+
+TREE = (2, 2, 1)
+ROOT = -1
+
+
+@pytest.fixture(scope="module")
+def tree_sampled(trained):
+    target, draft = trained
+    return tree_speculative_sampling(target, draft, encode(PROMPT), 40, TREE, temperature=1.0,
+                                     generator=torch.Generator().manual_seed(0), trace=True)
+
+
+def plain_probs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """[len(tokens) + 1, V]: the model's distribution (temperature 1) before each output token and
+    after the last, from one ordinary causal forward over prompt + tokens (no tree, no cache)."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + tokens]))[0]
+    return torch.softmax(logits[len(prompt) - 1:].float(), dim=-1)
+
+
+def check_tree_trace_matches_stats(result):
+    trace, stats = result.trace, result.stats
+    assert len(trace.rounds) == stats.target_calls  # one target forward per round
+    assert [r.n_accepted for r in trace.rounds if r.depth] == stats.accepted_depths
+    assert [r.depth for r in trace.rounds] == stats.gamma_by_round
+    assert trace.tokens_accepted == stats.tokens_accepted
+    assert trace.alpha == pytest.approx(stats.alpha)
+    assert [a for a, _ in trace.acceptance_by_position()] == stats.accepted_by_position
+    assert [d for _, d in trace.acceptance_by_position()] == stats.drafted_by_position
+    out = trace.output_tokens()
+    assert [t for t, *_ in out] == result.tokens  # the accepted paths and the target's tokens
+    assert [s for _, s, *_ in out] == stats.token_sources  # side branches included
+    for r in trace.rounds:
+        assert len(r.drafted) == tree_size(TREE[:r.depth])  # every node drafted is recorded
+        # The path goes down from the root one depth at a time; it holds exactly the accepted nodes.
+        assert r.n_accepted == len(r.path)
+        assert [r.drafted[i].parent for i in r.path] == ([ROOT] + r.path)[:len(r.path)]
+        assert [r.drafted[i].depth for i in r.path] == list(range(1, len(r.path) + 1))
+        assert {i for i, d in enumerate(r.drafted) if d.verdict == ACCEPTED} == set(r.path)
+        visited = [ROOT] + r.path
+        for d in r.drafted:  # only the children of the root and of accepted nodes are judged
+            assert (d.verdict != UNJUDGED) <= (d.parent in visited)
+        assert r.next_source == (FROM_TARGET if r.depth == 0 else FROM_BONUS if len(r.path) == r.depth
+                                 else FROM_CORRECTION)
+
+
+def rounds_with_context(result):
+    """(round, output tokens before it) for the rounds whose whole output reached the output."""
+    before = 0
+    for r in result.trace.rounds:
+        if r.emitted == r.n_accepted + 1:
+            yield r, before
+        before += r.emitted
+
+
+def children_of(r, node):
+    return [i for i, d in enumerate(r.drafted) if d.parent == node]
+
+
+def test_sampled_tree_trace_agrees_with_the_run(trained, tree_sampled):
+    """Every number of a judged node, recomputed from plain forwards: p and q at its parent's
+    position, p' after the earlier siblings' rejections (norm(max(0, p' - q)) each), min(1, p'/q),
+    and the draw on the right side of it; the correction's candidates are the last p'."""
+    target, draft = trained
+    check_tree_trace_matches_stats(tree_sampled)
+    prompt = encode(PROMPT)
+    p_all = plain_probs(target, prompt, tree_sampled.tokens)
+    q_all = plain_probs(draft, prompt, tree_sampled.tokens)
+    seen = {ACCEPTED: 0, REJECTED: 0, "later sibling judged": 0, "correction": 0}
+    for r, before in rounds_with_context(tree_sampled):
+        for depth, node in enumerate([ROOT] + r.path):
+            p, q = p_all[before + depth], q_all[before + depth]  # after the path down to node
+            residual = p  # p': the target the next child is tested against
+            judged = [c for c in children_of(r, node) if r.drafted[c].verdict != UNJUDGED]
+            assert judged == children_of(r, node)[:len(judged)]  # tried in order, a prefix
+            for c in judged:
+                d = r.drafted[c]
+                assert d.p == pytest.approx(float(p[d.token]), rel=1e-3, abs=1e-6)
+                assert d.q == pytest.approx(float(q[d.token]), rel=1e-3, abs=1e-6)
+                assert d.adjusted_p == pytest.approx(float(residual[d.token]), rel=1e-3, abs=1e-6)
+                assert d.accept_probability == pytest.approx(min(1.0, d.adjusted_p / d.q))
+                if d.verdict == ACCEPTED:
+                    assert d.draw < d.accept_probability and c == judged[-1] and c in r.path
+                else:
+                    assert d.draw >= d.accept_probability
+                    residual = torch.clamp(residual - q, min=0)
+                    residual = residual / residual.sum() if residual.sum() > 0 else p
+                seen[d.verdict] += 1
+                seen["later sibling judged"] += c != judged[0]
+        assert r.next_p == pytest.approx(float(p_all[before + len(r.path), r.next_token]), rel=1e-3, abs=1e-6)
+        if r.next_source == FROM_CORRECTION:  # drawn from the last p' at the stop node
+            seen["correction"] += 1
+            for token, value in r.candidates:
+                assert value == pytest.approx(float(residual[token]), rel=1e-3, abs=1e-5)
+            assert r.candidates[0][1] == pytest.approx(float(residual.max()), rel=1e-3)
+    for d in (d for r in tree_sampled.trace.rounds for d in r.drafted if d.verdict == UNJUDGED):
+        assert d.draw is None and d.accept_probability is None and d.adjusted_p is None
+    assert min(seen.values()) > 0, f"the trained pair should do all of these: {seen}"
+
+
+def test_tree_trace_does_not_change_the_output(trained, tree_sampled):
+    target, draft = trained
+    plain = tree_speculative_sampling(target, draft, encode(PROMPT), 40, TREE, temperature=1.0,
+                                      generator=torch.Generator().manual_seed(0))
+    assert plain.tokens == tree_sampled.tokens and plain.trace is None
+
+
+def test_greedy_tree_trace_agrees_with_the_run(trained):
+    """Accepted nodes are the target's argmax after their parent, judged siblings are not, and the
+    target's token is its argmax at the stop node (argmax from a plain forward over the output)."""
+    target, draft = trained
+    prompt = encode(PROMPT)
+    result = tree_speculative_sampling(target, draft, prompt, 40, TREE, temperature=0, trace=True)
+    check_tree_trace_matches_stats(result)
+    assert result.tokens == autoregressive_generate(target, prompt, 40).tokens
+    p_all = plain_probs(target, prompt, result.tokens)
+    rejected = 0
+    for r, before in rounds_with_context(result):
+        for depth, node in enumerate([ROOT] + r.path):
+            argmax = int(p_all[before + depth].argmax())
+            for c in children_of(r, node):
+                d = r.drafted[c]
+                assert d.draw is None and d.q is None and d.adjusted_p is None
+                assert d.p == pytest.approx(float(p_all[before + depth, d.token]), rel=1e-3, abs=1e-6)
+                assert d.verdict == (ACCEPTED if d.token == argmax else REJECTED)
+                assert d.accept_probability == (1.0 if d.token == argmax else 0.0)
+                rejected += d.verdict == REJECTED
+        assert r.next_token == int(p_all[before + len(r.path)].argmax()) == r.candidates[0][0]
+    for d in (d for r in result.trace.rounds for d in r.drafted if d.verdict == UNJUDGED):
+        assert d.accept_probability is None
+    assert rejected > 0 and result.trace.tokens_accepted > 0
+
+
+def test_tree_page_has_every_round_and_node(tree_sampled):
+    trace = tree_sampled.trace
+    page = render_html(trace, pair="test pair")
+    assert len(re.findall(r'<tr class="round">', page)) == len(trace.rounds) > 0
+    assert len(re.findall(r'<div class="tree">', page)) == len(trace.rounds)
+    assert not re.search(r"<(script|img|link|iframe)[^>]*\b(src|href)=", page)
+    assert re.findall(r"https?://[^\s\"']+", page) == ["http://www.w3.org/2000/svg"]
+    # One span per output token, one per tree node (with its number), one per target token.
+    n_spans = len(re.findall(r'<span class="tok [^"]*" data-k=', page))
+    assert n_spans == len(tree_sampled.tokens) + sum(len(r.drafted) + 1 for r in trace.rounds)
+    assert len(re.findall(r'data-node="', page)) == sum(len(r.drafted) for r in trace.rounds)
+    assert "token tree 2,2,1" in page and "Acceptance by depth" in page and "depth i in the round" in page
+    if FROM_DRAFT_BRANCH in tree_sampled.stats.token_sources:
+        assert '<span class="tok draft_branch"' in page
