@@ -1,5 +1,6 @@
 """The trace page in a real headless browser (Debian's chromium; .ci/run installs it): it renders,
-without console errors, with one row per round, and hovering a token shows its numbers."""
+without console errors, with one row per round, and hovering a token shows its numbers; for a token
+tree, each round's tree is nested as drafted and hovering a node shows its numbers."""
 
 import io
 import json
@@ -9,7 +10,7 @@ import torch
 
 from browser import Browser, find_chromium
 from gpt2 import decode, encode, load_gpt2
-from spec_decoding import speculative_sampling
+from spec_decoding import speculative_sampling, tree_speculative_sampling
 from spec_decoding.trace import write_html
 
 pytestmark = pytest.mark.skipif(find_chromium() is None,
@@ -60,3 +61,48 @@ def test_page_renders_in_chromium_and_hover_shows_numbers(page):
     assert image.size[0] >= 800
     colours = image.getcolors(maxcolors=1 << 16)
     assert colours is None or len(colours) > 20, "the screenshot is (almost) blank"
+
+
+@pytest.fixture(scope="module")
+def tree_page(trained_pair_dirs, tmp_path_factory):
+    target, draft = (load_gpt2(d) for d in trained_pair_dirs)
+    result = tree_speculative_sampling(target, draft, encode("class Parser:\n    def "), 40, (2, 2, 1),
+                                       temperature=1.0, generator=torch.Generator().manual_seed(2), trace=True)
+    path = tmp_path_factory.mktemp("tree-trace") / "trace.html"
+    write_html(result.trace, path, pair="test pair (trained for seconds)")
+    return path, result.trace
+
+
+def test_tree_page_renders_in_chromium_and_hover_shows_a_node(tree_page):
+    path, trace = tree_page
+    with Browser() as browser:
+        browser.open(path.as_uri())
+        assert browser.evaluate("document.querySelectorAll('tr.round').length") == len(trace.rounds)
+        assert browser.evaluate("document.querySelectorAll('#chart rect.bar').length") >= 1
+
+        # Each round's tree as drafted: every node chip sits in the children of its parent's chip.
+        drawn = browser.evaluate(
+            "[...document.querySelectorAll('tr.round')].map(row => [...row.querySelectorAll('[data-node]')]"
+            ".map(el => { const up = el.parentElement.parentElement.closest('.node');"
+            " const chip = up.querySelector(':scope > [data-node]');"
+            " return [+el.dataset.node, chip ? +chip.dataset.node : -1]; }).sort((a, b) => a[0] - b[0]))")
+        assert drawn == [[[i, d.parent] for i, d in enumerate(r.drafted)] for r in trace.rounds]
+
+        # Hover a rejected child that was not its parent's first: it was tested against p', not p.
+        k, i = next((k, i) for k, r in enumerate(trace.rounds) for i, d in enumerate(r.drafted)
+                    if d.verdict == "rejected" and d.adjusted_p != d.p)
+        box = browser.evaluate(
+            "(() => { const el = document.querySelectorAll('tr.round')[%d]"
+            ".querySelector('[data-node=\"%d\"]'); el.scrollIntoView({block: 'center'});"
+            " const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+            % (k, i))
+        browser.hover(*box)
+        assert browser.evaluate("getComputedStyle(document.getElementById('tip')).display") == "block"
+        tip = browser.evaluate("document.getElementById('tip').innerText")
+        d = trace.rounds[k].drafted[i]
+        assert f"tree node {i + 1} of round {k + 1}: depth {d.depth}" in tip
+        assert f"p(x) = {d.p:.4g}" in tip and f"p'(x) = {d.adjusted_p:.4g}" in tip and f"q(x) = {d.q:.4g}" in tip
+        assert f"min(1, p'/q) = {d.accept_probability:.4g}" in tip
+        assert f"draw r = {d.draw:.4g}" in tip and "rejected" in tip
+        assert json.dumps(decode([d.token])) in tip
+        assert browser.errors() == []

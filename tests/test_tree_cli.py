@@ -3,6 +3,7 @@ the tiny text_pair checkpoints (GPT-2's real vocabulary)."""
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -43,6 +44,22 @@ def test_generate_tree_sampling_prints_tree_stats(text_pair_dirs, capsys):
     assert code == 0, err
     assert out.startswith(PROMPT)
     assert "tree nodes per call:" in out and "tree 3,1" in out and "at most depth + 1 = 3" in out
+
+
+def test_generate_tree_html_writes_the_trace_page(text_pair_dirs, tmp_path, capsys):
+    """--html with --tree: the page has one row per target call and one chip per tree node verified."""
+    target_dir, draft_dir = text_pair_dirs
+    page = tmp_path / "tree.html"
+    code, out, err = run_main(["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT,
+                               "--max-gen", 16, "--tree", "2,2,1", "--temperature", 1, "--seed", 0,
+                               "--json", "--html", page], capsys)
+    assert code == 0, err
+    assert f"Wrote the round-by-round trace to {page}" in err
+    stats = json.loads(out)["stats"]
+    text = page.read_text()
+    assert "token tree 2,2,1" in text and str(target_dir) in text
+    assert len(re.findall(r'<tr class="round">', text)) == stats["target_calls"]
+    assert len(re.findall(r'data-node="', text)) == stats["nodes_verified"] > 0
 
 
 def test_tree_legend_and_colours(monkeypatch, capsys):
