@@ -150,7 +150,7 @@ class Trace:
         nodes; draws: node -> uniform draw, for the nodes judged (sampling; None when greedy)."""
         if self.temperature == 0:
             target_probs = torch.softmax(target_logits.float(), dim=-1)  # shown at temperature 1
-            nodes, dist = greedy_tree_nodes(tree, target_logits, path, target_probs)
+            nodes, dist = greedy_tree_nodes(tree, target_probs, path)
         else:
             # the same p the rule used: the same function of the same logits
             target_probs = logits_to_probs(target_logits, self.temperature, self.top_k, self.top_p)
@@ -216,11 +216,10 @@ def top_candidates(dist: torch.Tensor) -> list[tuple[int, float]]:
     return [(int(t), round(float(v), 6)) for t, v in zip(top.indices, top.values) if v > 0]
 
 
-def greedy_tree_nodes(tree, target_logits: torch.Tensor, path: list[int],
-                      target_probs: torch.Tensor) -> tuple[list[TreeNode], torch.Tensor]:
+def greedy_tree_nodes(tree, target_probs: torch.Tensor, path: list[int]) -> tuple[list[TreeNode], torch.Tensor]:
     """Greedy: every child of the root and of each accepted node was compared with the target's
     argmax there (accepted: it is the argmax; rejected: it is not); the rest were never judged.
-    target_logits [N + 1, V] decide; target_probs [N + 1, V] (temperature 1) are shown.
+    target_probs [N + 1, V]: p at temperature 1, shown for information.
     Returns the nodes and the distribution at the stop node the target's token came from ([V])."""
     visited = [ROOT_NODE] + path
     nodes = []
@@ -297,11 +296,14 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
     # Every token on the page gets an entry in INFO; spans refer to it by index.
     info = []
 
+    def visible(text: str) -> str:  # in the round rows: a space is a middle dot, a newline an arrow
+        return text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192")
+
     def span(text: str, css: str, data: dict, visible_space: bool = False, attrs: str = "") -> str:
         info.append(data)
         shown = text.replace("\n", "\u21b5\n") if text.strip() or not text else text
-        if visible_space:  # in the round rows: a space is a middle dot, a newline an arrow
-            shown = text.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u2192")
+        if visible_space:
+            shown = visible(text)
         return (f'<span class="tok {css}" data-k="{len(info) - 1}"{attrs}>'
                 f"{html.escape(shown) or '&nbsp;'}</span>")
 
@@ -357,7 +359,7 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
             if node == stop:
                 kids.append(f'<div class="node">{target_chip(k, r)}</div>')
             chip = (f'<span class="root" title="the root: the last token of the sequence">'
-                    f'{html.escape(label(r.root).replace(" ", chr(0xb7)).replace(chr(10), chr(0x21b5)))}</span>'
+                    f'{html.escape(visible(label(r.root)))}</span>'
                     if node == ROOT_NODE else node_chip(k, node, r.drafted[node]))
             return f'<div class="node">{chip}<div class="kids">{"".join(kids)}</div></div>'
 
@@ -424,7 +426,7 @@ def acceptance_chart(trace: Trace, width: int = 520, height: int = 240) -> str:
     position i is depth i: how often the accepted path reached it."""
     counts = trace.acceptance_by_position()
     alpha = trace.alpha
-    where = "depth" if trace.branching is not None else "position"
+    where, unit = ("depth", "depth") if trace.branching is not None else ("position", "token")
     if not counts or alpha is None:
         return "<p>No draft tokens were judged.</p>"
     left, bottom, top, right = 46, 34, 14, 14
@@ -458,14 +460,17 @@ def acceptance_chart(trace: Trace, width: int = 520, height: int = 240) -> str:
                     "position i of the draft token in its round") + '</text>')
     parts.append(f'<text transform="rotate(-90)" x="{-(top + plot_h / 2)}" y="12" text-anchor="middle">'
                  f'P(accepted)</text></svg>')
-    measured = ("the round's accepted path reached depth i (reached/drafted over the rounds whose "
-                "tree was that deep; one accepted node per depth at most)" if where == "depth" else
-                "the i-th draft token of a round was accepted (accepted/drafted over the rounds that "
-                "drafted it)")
+    if where == "depth":
+        measured = ("the round's accepted path reached depth i (reached/drafted over the rounds whose "
+                    "tree was that deep)")
+        alpha_is = "; here alpha = depths reached / depths judged"
+    else:
+        measured = ("the i-th draft token of a round was accepted (accepted/drafted over the rounds "
+                    "that drafted it)")
+        alpha_is = ""
     legend = (f'<p class="legend"><span class="swatch bar"></span> measured: {measured} '
               f'<span class="swatch theory"></span> alpha<sup>i</sup> with alpha = {alpha:.3f}: the '
-              f'i.i.d. theory (every {"depth" if where == "depth" else "token"} accepted independently '
-              f'with the same chance{"; here alpha = depths reached / depths judged" if where == "depth" else ""}). Real '
+              f'i.i.d. theory (every {unit} accepted independently with the same chance{alpha_is}). Real '
               f'acceptance is not i.i.d.: easy stretches are accepted in long runs, hard ones fail early.</p>')
     return "".join(parts) + legend
 
