@@ -698,8 +698,7 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    dtype = resolve_dtype(args.dtype, device)
-    if args.dtype != "auto" and (note := dtype_note(dtype, device)):
+    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
         print(note, flush=True)
     prompts = read_prompts(args.prompts)
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
@@ -714,8 +713,10 @@ def main(argv=None) -> None:
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    draft = load_model("draft", str(args.draft), device, dtype, args.draft_quantize) if uses_draft else None
-    target = load_model("target", str(args.target), device, dtype, args.quantize)
+    # dtype "auto" is decided per model, by its size (gpt2.device.auto_dtype).
+    draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize) if uses_draft else None
+    target = load_model("target", str(args.target), device, args.dtype, args.quantize)
+    dtype = target.wte.weight.dtype
     models = [target] + ([draft] if draft is not None else [])
     drafters = make_drafters(args.drafters, target, draft)
     try:

@@ -202,20 +202,22 @@ def encode_prompt(prompt: str) -> list[int]:
 # Models
 
 
-def load_model(role: str, name: str, device: torch.device, dtype: torch.dtype, quantize=None):
-    print(f"Loading {role} {name} ({device}, {str(dtype).removeprefix('torch.')}"
-          f"{', ' + quantize if quantize else ''}) ...", file=sys.stderr, flush=True)
+def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None):
+    """dtype: a --dtype choice; "auto" is decided per model, by its size (gpt2.device.auto_dtype)."""
+    print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
+          file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         model = load_gpt2(name, device=device, dtype=dtype, quantize=quantize)
     except CheckpointError as e:  # say which of the two models failed
         raise CheckpointError(f"--{role} {name}: {e}") from None
-    print(f"  {model.num_parameters() / 1e6:.0f}M parameters, {time.perf_counter() - start:.1f} s",
+    print(f"  {model.num_parameters() / 1e6:.0f}M parameters, "
+          f"{str(model.wte.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
     return model
 
 
-def make_drafter(args, target, device: torch.device, dtype: torch.dtype):
+def make_drafter(args, target, device: torch.device, dtype: str):
     """(drafter, a line saying what it is) for --drafter; only --drafter model loads --draft."""
     if args.drafter == "ngram":
         n = args.ngram if args.ngram is not None else 3
@@ -401,13 +403,12 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
 
 def generate(args) -> None:
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    if args.dtype != "auto" and (note := dtype_note(dtype, device)):
+    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
         print(note, file=sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
-    target = load_model("target", args.target, device, dtype, args.quantize)
-    drafter, drafter_line = make_drafter(args, target, device, dtype)
+    target = load_model("target", args.target, device, args.dtype, args.quantize)
+    drafter, drafter_line = make_drafter(args, target, device, args.dtype)
     check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
     if isinstance(drafter, ModelDrafter):
@@ -444,7 +445,7 @@ def generate(args) -> None:
                                            generator=make_generator(seed, device), **settings)
 
     if args.json:
-        print(to_json(args, device, dtype, seed, prompt_ids, result, baseline, drafter_line))
+        print(to_json(args, device, target.wte.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))
     else:
         print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, drafter_line, args.tree)
         if baseline is not None:

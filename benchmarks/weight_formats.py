@@ -17,6 +17,15 @@ and measures, interleaving the formats round by round (medians; the machine may 
   3. greedy decoding of --new-tokens tokens: plain autoregressive and speculative (gamma
      --gamma, the draft in the same format), tokens/s, and whether the speculative output equals
      the same-format target's greedy output (it must).
+
+With --breakdown it also says where a step's time goes, per format (interleaved with the steps):
+  linears   the model's own linear layers and head alone, called in order on one row each
+            (the weights must be read: (weight bytes) / (read bandwidth) is the floor),
+  skeleton  a step of a model with the same number of blocks but tiny widths (n_embd 64, vocab
+            256), loaded the same way: the cost of the ~600 small ops (Python, dispatch, thread
+            wake-ups) that does not depend on the weights,
+  rest      step - linears - skeleton: attention over the cache, LayerNorms, GELU, cache writes
+            at full width.
 The stand-in pair agrees far more than GPT-2 Small/Large do on real text, so the speculative
 speed-ups show what the costs allow, not what real models reach.
 """
@@ -27,11 +36,14 @@ from pathlib import Path
 import torch
 
 import gpt2.fast_linear
-from gpt2 import load_gpt2
+from gpt2 import GPT2Config, load_gpt2
+from gpt2.model import linear
+from gpt2.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
-from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, machine_info, markdown_table, median,
-                     random_prompt, standin_pair, timed, weight_bytes_per_token, write_results)
+from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_info, markdown_table,
+                     measure_read_bandwidth, median, random_prompt, standin_pair, timed,
+                     weight_bytes_per_token, write_results)
 
 FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
@@ -70,6 +82,31 @@ def forward_seconds(model, cache, context_len, tokens):
     return seconds
 
 
+@torch.inference_mode()
+def linears_alone_seconds(model) -> float:
+    """Every linear layer of one decoding step (4 per block, then the head), in order, one row
+    each, through gpt2.model.linear(): the step's matrix work without anything between."""
+    layers = [lin for b in model.h for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    dtype = model.wte.weight.dtype
+    x = {n: torch.randn(1, 1, n, dtype=dtype) for n in {lin.in_features for lin in layers}}
+
+    def run():
+        for lin in layers:
+            linear(x[lin.in_features], lin.weight, lin.bias)
+        linear(x[model.config.n_embd], model.wte.weight, None)
+
+    return timed(None, run)[1]
+
+
+def skeleton_checkpoint(root: Path, n_layer: int) -> Path:
+    """A model with n_layer blocks of tiny width: its step costs what the ops cost, not the weights."""
+    folder = Path(root) / f"skeleton-{n_layer}-layers"
+    if not has_checkpoint(folder):
+        save_random_checkpoint(folder, GPT2Config(n_layer=n_layer, n_head=4, n_embd=64,
+                                                  vocab_size=256, n_positions=1024))
+    return folder
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS)
@@ -85,6 +122,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
     p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time each format's linears alone and a tiny-width skeleton (where a step goes)")
     args = p.parse_args(argv)
     if args.quick:
         args.target_model, args.draft_layers, args.steps, args.new_tokens, args.repeats = "gpt2", 2, 3, 16, 1
@@ -99,26 +138,39 @@ def main(argv=None):
             print(f"loading the {fmt} pair ...", flush=True)
         targets[fmt] = targets[same] if same else load_gpt2(target_dir, **FORMATS[fmt])
         drafts[fmt] = drafts[same] if same else load_gpt2(draft_dir, **FORMATS[fmt])
+    skeletons = {}
+    if args.breakdown:
+        skeleton_dir = skeleton_checkpoint(args.checkpoints, targets[args.formats[0]].config.n_layer)
+        skeletons = {fmt: load_gpt2(skeleton_dir, **FORMATS[fmt]) for fmt in args.formats}
 
     # 1-2. Step and verify-5, formats interleaved.
     prompt = random_prompt(args.context, seed=0)
-    caches = {}
+    caches, skeleton_caches = {}, {}
     for fmt, model in targets.items():
         caches[fmt] = model.new_kv_cache(max_len=args.context + 8)
         with torch.inference_mode(), fast_kernels(not fmt.endswith("-plain")):
             model(torch.tensor([prompt]), caches[fmt], 1)
-    step, verify = {f: [] for f in targets}, {f: [] for f in targets}
+            if fmt in skeletons:
+                skeleton_caches[fmt] = skeletons[fmt].new_kv_cache(max_len=args.context + 8)
+                skeletons[fmt](torch.tensor([[t % 256 for t in prompt]]), skeleton_caches[fmt], 1)
+    step, verify, linears, skeleton = ({f: [] for f in targets} for _ in range(4))
     five = random_prompt(5, seed=1)
     for r in range(args.steps + 2):
         for fmt, model in targets.items():
             with fast_kernels(not fmt.endswith("-plain")):
                 s = forward_seconds(model, caches[fmt], args.context, five[:1])
                 v = forward_seconds(model, caches[fmt], args.context, five)
+                if fmt in skeletons:
+                    lin = linears_alone_seconds(model)
+                    sk = forward_seconds(skeletons[fmt], skeleton_caches[fmt], args.context, [1])
             if r >= 2:  # two warm-up rounds
                 step[fmt].append(s)
                 verify[fmt].append(v)
+                if fmt in skeletons:
+                    linears[fmt].append(lin)
+                    skeleton[fmt].append(sk)
         print(f"  step/verify round {r + 1}/{args.steps + 2}", flush=True)
-    del caches
+    del caches, skeleton_caches
     for fmt in targets:  # printed now: the generation below can take long on a busy machine
         print(f"  {fmt}: step {median(step[fmt]) * 1e3:.0f} ms, verify-5 {median(verify[fmt]) * 1e3:.0f} ms, "
               f"steps {[round(t * 1e3) for t in step[fmt]]}, verify {[round(t * 1e3) for t in verify[fmt]]}",
@@ -160,9 +212,33 @@ def main(argv=None):
           f"(same format), {args.threads} threads, step at context {args.context}, "
           f"{args.steps} interleaved rounds, {args.repeats} generation rounds of {args.new_tokens} "
           f"tokens (medians). Stand-in acceptance is far above real GPT-2's.\n\n{table}\n")
+    if skeletons:
+        bandwidth = measure_read_bandwidth()
+        md += "\n" + step_breakdown_table(targets, step, linears, skeleton, bandwidth) + "\n"
+        for fmt in targets:
+            results[fmt].update(linears_s=linears[fmt], skeleton_s=skeleton[fmt])
+        results_bandwidth = bandwidth
+    else:
+        results_bandwidth = None
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                             "formats": results}, md)
+                             "read_bandwidth": results_bandwidth, "formats": results}, md)
+
+
+def step_breakdown_table(targets, step, linears, skeleton, bandwidth) -> str:
+    """Where one decoding step goes, per format (medians of interleaved rounds), in ms."""
+    gbs = bandwidth["gb_per_s_median"]
+    rows = []
+    for fmt, model in targets.items():
+        st, lin, sk = median(step[fmt]), median(linears[fmt]), median(skeleton[fmt])
+        nbytes = format_bytes(model, fmt)
+        floor = nbytes / BYTES_PER_GB / gbs
+        rows.append([fmt, f"{st * 1e3:.0f}", f"{lin * 1e3:.0f} ({lin / st:.0%})",
+                     f"{nbytes / lin / BYTES_PER_GB:.1f}", f"{floor * 1e3:.0f}",
+                     f"{sk * 1e3:.1f} ({sk / st:.0%})", f"{(st - lin - sk) * 1e3:.0f} ({(st - lin - sk) / st:.0%})"])
+    return (f"Where a step goes (read bandwidth here: {gbs:.1f} GB/s, x.sum() over 1 GiB):\n\n"
+            + markdown_table(["format", "step ms", "linears alone ms", "linears GB/s",
+                              "bytes / bandwidth ms", "skeleton ms (ops, no weights)", "rest ms"], rows))
 
 
 if __name__ == "__main__":

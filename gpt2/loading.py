@@ -62,14 +62,15 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
-    dtype: "auto" (gpt2.device.auto_dtype), "float32", "bfloat16", "float16" or the torch dtype;
+    dtype: "auto" (gpt2.device.auto_dtype: on CPU bfloat16 for GPT-2 Small and larger where the
+    CPU has bfloat16 instructions, else float32), "float32", "bfloat16", "float16" or the torch dtype;
     None keeps the dtype stored in the file. A bad or unavailable choice is a ValueError.
     quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
     symmetric per output channel, computed from the file's weights at load time. The
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
     whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear)."""
     device = resolve_device("cpu" if device is None else device)
-    dtype = resolve_dtype(dtype, device)
+    resolve_dtype(dtype, device)  # a bad dtype fails here, before anything is downloaded
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     config, weights_path = resolve_checkpoint(name_or_path)
@@ -209,7 +210,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
     file's."""
     path = Path(path)
     device = resolve_device("cpu" if device is None else device)
-    dtype = resolve_dtype(dtype, device)
+    resolve_dtype(dtype, device)  # a bad dtype fails before the file is opened
     try:
         with safe_open(path, framework="pt", device="cpu") as f:  # reads only the header
             file_keys = list(f.keys())
@@ -226,6 +227,8 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                   f"the folder.", file=sys.stderr)
         with torch.device("meta"), no_weight_init():
             model = GPT2(config)  # shapes only, no memory
+        # "auto" depends on the model's size (gpt2.device.auto_dtype), known now.
+        dtype = resolve_dtype(dtype, device, model.num_parameters())
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
         state, int8 = {}, {}

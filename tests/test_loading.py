@@ -203,9 +203,36 @@ def test_dtype_names_and_auto(folder):
     for name, dtype in [("float16", torch.float16), ("bf16", torch.bfloat16), ("torch.float32", torch.float32),
                         (torch.float16, torch.float16)]:
         assert {p.dtype for p in load_gpt2(folder, dtype=name).parameters()} == {dtype}, name
-    # the default is "auto": float32 on a CPU
+    # the default is "auto": float32 on a CPU for a model this small
     assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
     assert {p.dtype for p in load_gpt2(folder, dtype="auto", device="cpu").parameters()} == {torch.float32}
+
+
+def test_auto_dtype_on_cpu_is_bfloat16_for_large_models_on_bf16_hardware(make_checkpoint, monkeypatch):
+    import gpt2.device as device
+    cpu = torch.device("cpu")
+    folder = make_checkpoint(TINY)
+    n = load_gpt2(folder, dtype="float32").num_parameters()
+    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: True)
+    assert device.auto_dtype(cpu) == torch.float32  # size unknown
+    assert device.auto_dtype(cpu, device.CPU_BF16_MIN_PARAMETERS - 1) == torch.float32
+    assert device.auto_dtype(cpu, device.CPU_BF16_MIN_PARAMETERS) == torch.bfloat16
+    assert device.auto_dtype(cpu, 774_030_080) == torch.bfloat16  # GPT-2 Large
+    # load_gpt2 decides by the model it loads: lower the bar below this tiny model's size
+    monkeypatch.setattr(device, "CPU_BF16_MIN_PARAMETERS", n)
+    model = load_gpt2(folder)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.wte.weight.fast_linear is not None  # the pre-packed kernel that makes it pay
+    monkeypatch.setattr(device, "CPU_BF16_MIN_PARAMETERS", n + 1)
+    assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
+    # no bfloat16 instructions (emulated bf16 is slower), or the fast kernels switched off: float32
+    monkeypatch.setattr(device, "CPU_BF16_MIN_PARAMETERS", n)
+    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: False)
+    assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
+    assert "no bfloat16 instructions" in device.dtype_note(torch.bfloat16, cpu)
+    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: True)
+    monkeypatch.setattr(device.fast_linear, "ENABLED", False)
+    assert device.auto_dtype(cpu, 774_030_080) == torch.float32
 
 
 def test_auto_dtype_per_device(monkeypatch):
@@ -221,6 +248,7 @@ def test_auto_dtype_per_device(monkeypatch):
 def test_slower_dtype_note_only_for_half_precision_on_cpu(monkeypatch):
     import gpt2.device as device
     cpu = torch.device("cpu")
+    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: True)
     assert device.dtype_note(torch.float32, cpu) is None
     assert device.dtype_note(torch.bfloat16, torch.device("cuda")) is None
     monkeypatch.setattr(device, "CPU_FLOAT32_VERIFY5", 1.40)
