@@ -337,7 +337,8 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     n_nodes = tree_size(branching)
     target_cache = new_cache(target, len(tokens), max_gen, extra_slots=n_nodes)
     draft_cache = new_cache(draft, len(tokens), max_gen, extra_slots=n_nodes)
-    round_trace = Trace(list(tokens), len(branching), temperature, top_k, top_p, branching=branching) if trace else None
+    round_trace = (Trace(list(tokens), len(branching), temperature, top_k, top_p, branching=branching)
+                   if trace else None)
     out = []
     stats = GenerationStats(drafted_by_position=[0] * len(branching), accepted_by_position=[0] * len(branching))
     start = time.perf_counter()
