@@ -288,3 +288,26 @@ ax.set_title("output of one node: SpecInfer's rule follows p, the naive one drif
 plt.tight_layout()
 plt.show()
 print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - p:", (counts["naive"] - p).abs().max().item())
+
+# %% [markdown]
+# ## Every round of a tree run, on one page
+#
+# `trace=True` records each round's tree: every node with p(x) and q(x) at its parent, the
+# target it was tested against after its elder siblings were rejected (p'), min(1, p'/q), the
+# uniform draw and the verdict, then the accepted path and the target's own token. The page draws
+# each tree left to right (accepted green, rejected struck through, never judged grey); hover or
+# click a node for its numbers. `python spec_decoding_generate.py --tree 2,2,1 --html trace.html`
+# writes the same page.
+
+# %%
+from IPython.display import HTML, display
+
+from spec_decoding.result import FROM_DRAFT_BRANCH
+from spec_decoding.trace import iframe_html
+
+result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
+                                   generator=torch.Generator().manual_seed(0), trace=True)
+side = result.token_sources.count(FROM_DRAFT_BRANCH)
+print(f"{len(result.trace.rounds)} rounds, {result.stats.nodes_verified} nodes verified, "
+      f"{side} tokens accepted from a side branch")
+display(HTML(iframe_html(result.trace, height=650, pair=f"target {TARGET}, draft {DRAFT}")))
