@@ -19,7 +19,7 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
    tokens/s <= read bandwidth / weight bytes. It times one decoding step (KV cache warm), turns it
    into GB/s of weights read, and compares with the read bandwidth measured here (x.sum() over
    1 GiB).
-3. Load time and peak memory (gpt2-large by default): our load_gpt2(folder) vs transformers'
+3. Load time and peak memory (gpt2-large by default): our load_gpt2(folder, dtype="float32") vs transformers'
    from_pretrained(folder), each in a fresh subprocess, page cache warm, peak RSS (VmHWM) minus
    the RSS after the imports; medians. Plus a variant of our loader that reads the file with plain reads
    instead of a memory map, to show where our peak comes from.
@@ -105,7 +105,7 @@ def bench_decoding(name, folder, args, bandwidth):
     prompt = random_prompt(args.prompt_len, seed=0)
 
     print(f"  loading ours and transformers' {name} ...", flush=True)
-    ours = load_gpt2(folder)
+    ours = load_gpt2(folder, dtype="float32")  # as transformers runs it
     hf = GPT2LMHeadModel.from_pretrained(folder).eval()
     runners = {
         "ours (oneDNN)": lambda: ours_generate(ours, prompt, new_tokens, onednn=True),
@@ -241,7 +241,7 @@ print(json.dumps({{"seconds": seconds, "baseline_kib": base, "peak_kib": peak, "
 """
 
 LOADERS = {
-    "ours: load_gpt2(folder)": ("import torch\nfrom gpt2 import load_gpt2", "load_gpt2(sys.argv[1])"),
+    "ours: load_gpt2(folder)": ("import torch\nfrom gpt2 import load_gpt2", "load_gpt2(sys.argv[1], dtype='float32')"),
     "HF: GPT2LMHeadModel.from_pretrained(folder)": (
         "import torch\nfrom transformers import GPT2LMHeadModel",
         "GPT2LMHeadModel.from_pretrained(sys.argv[1])"),

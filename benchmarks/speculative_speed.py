@@ -309,7 +309,8 @@ def main(argv=None):
     print("Preparing the pair ...", flush=True)
     target_dir, draft_dir = standin_pair(args.checkpoints, args.target_model, args.draft_layers,
                                          args.damping, args.embedding_std, args.seed)
-    target, draft = load_gpt2(target_dir), load_gpt2(draft_dir)
+    # float32, as transformers runs them (dtype "auto" would pick bfloat16 at this size on a CPU with bf16)
+    target, draft = load_gpt2(target_dir, dtype="float32"), load_gpt2(draft_dir, dtype="float32")
     counters = {"target": ForwardCounter(target), "draft": ForwardCounter(draft)}
     hf_target = hf_draft = None
     if not args.no_hf:

@@ -6,9 +6,10 @@
 Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6 blocks
 (benchmarks.common.standin_pair; timings do not depend on the weight values) in each format:
 
-  fp32   load_gpt2(path)                        (oneDNN fp32, the CPU default)
-  bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/fast_linear.py)
-  int8   load_gpt2(path, quantize="int8")       (weight-only int8, gpt2/fast_linear.py)
+  fp32   load_gpt2(path, dtype="float32")       (oneDNN fp32)
+  bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/fast_linear.py;
+                                                 what dtype="auto" picks on a CPU with bf16)
+  int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/fast_linear.py)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
 and measures, interleaving the formats round by round (medians; the machine may be shared):
@@ -21,11 +22,11 @@ and measures, interleaving the formats round by round (medians; the machine may 
 With --breakdown it also says where a step's time goes, per format (interleaved with the steps):
   linears   the model's own linear layers and head alone, called in order on one row each
             (the weights must be read: (weight bytes) / (read bandwidth) is the floor),
-  skeleton  a step of a model with the same number of blocks but tiny widths (n_embd 64, vocab
-            256), loaded the same way: the cost of the ~600 small ops (Python, dispatch, thread
-            wake-ups) that does not depend on the weights,
-  rest      step - linears - skeleton: attention over the cache, LayerNorms, GELU, cache writes
-            at full width.
+  other ops a step of a model with the same number of blocks but tiny widths (n_embd 64, vocab
+            256), loaded the same way, minus its own linears alone: the cost of the ~450 other
+            small ops (Python, dispatch, thread wake-ups) that does not depend on the weights,
+  rest      step - linears - other ops: attention over the cache, LayerNorms, GELU, cache
+            writes at full width.
 The stand-in pair agrees far more than GPT-2 Small/Large do on real text, so the speculative
 speed-ups show what the costs allow, not what real models reach.
 """
@@ -45,7 +46,8 @@ from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_
                      measure_read_bandwidth, median, random_prompt, standin_pair, timed,
                      weight_bytes_per_token, write_results)
 
-FORMATS = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"},
+FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
+           "int8": {"dtype": "float32", "quantize": "int8"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
@@ -123,7 +125,7 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
     p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
     p.add_argument("--breakdown", action="store_true",
-                   help="also time each format's linears alone and a tiny-width skeleton (where a step goes)")
+                   help="also time each format's linears alone and its other ops (where a step goes)")
     args = p.parse_args(argv)
     if args.quick:
         args.target_model, args.draft_layers, args.steps, args.new_tokens, args.repeats = "gpt2", 2, 3, 16, 1
@@ -153,7 +155,7 @@ def main(argv=None):
             if fmt in skeletons:
                 skeleton_caches[fmt] = skeletons[fmt].new_kv_cache(max_len=args.context + 8)
                 skeletons[fmt](torch.tensor([[t % 256 for t in prompt]]), skeleton_caches[fmt], 1)
-    step, verify, linears, skeleton = ({f: [] for f in targets} for _ in range(4))
+    step, verify, linears, other_ops = ({f: [] for f in targets} for _ in range(4))
     five = random_prompt(5, seed=1)
     for r in range(args.steps + 2):
         for fmt, model in targets.items():
@@ -162,13 +164,14 @@ def main(argv=None):
                 v = forward_seconds(model, caches[fmt], args.context, five)
                 if fmt in skeletons:
                     lin = linears_alone_seconds(model)
-                    sk = forward_seconds(skeletons[fmt], skeleton_caches[fmt], args.context, [1])
+                    other = (forward_seconds(skeletons[fmt], skeleton_caches[fmt], args.context, [1])
+                          - linears_alone_seconds(skeletons[fmt]))
             if r >= 2:  # two warm-up rounds
                 step[fmt].append(s)
                 verify[fmt].append(v)
                 if fmt in skeletons:
                     linears[fmt].append(lin)
-                    skeleton[fmt].append(sk)
+                    other_ops[fmt].append(other)
         print(f"  step/verify round {r + 1}/{args.steps + 2}", flush=True)
     del caches, skeleton_caches
     for fmt in targets:  # printed now: the generation below can take long on a busy machine
@@ -214,9 +217,9 @@ def main(argv=None):
           f"tokens (medians). Stand-in acceptance is far above real GPT-2's.\n\n{table}\n")
     if skeletons:
         bandwidth = measure_read_bandwidth()
-        md += "\n" + step_breakdown_table(targets, step, linears, skeleton, bandwidth) + "\n"
+        md += "\n" + step_breakdown_table(targets, step, linears, other_ops, bandwidth) + "\n"
         for fmt in targets:
-            results[fmt].update(linears_s=linears[fmt], skeleton_s=skeleton[fmt])
+            results[fmt].update(linears_s=linears[fmt], other_ops_s=other_ops[fmt])
         results_bandwidth = bandwidth
     else:
         results_bandwidth = None
@@ -225,12 +228,12 @@ def main(argv=None):
                              "read_bandwidth": results_bandwidth, "formats": results}, md)
 
 
-def step_breakdown_table(targets, step, linears, skeleton, bandwidth) -> str:
+def step_breakdown_table(targets, step, linears, other_ops, bandwidth) -> str:
     """Where one decoding step goes, per format (medians of interleaved rounds), in ms."""
     gbs = bandwidth["gb_per_s_median"]
     rows = []
     for fmt, model in targets.items():
-        st, lin, sk = median(step[fmt]), median(linears[fmt]), median(skeleton[fmt])
+        st, lin, sk = median(step[fmt]), median(linears[fmt]), median(other_ops[fmt])
         nbytes = format_bytes(model, fmt)
         floor = nbytes / BYTES_PER_GB / gbs
         rows.append([fmt, f"{st * 1e3:.0f}", f"{lin * 1e3:.0f} ({lin / st:.0%})",
@@ -238,7 +241,7 @@ def step_breakdown_table(targets, step, linears, skeleton, bandwidth) -> str:
                      f"{sk * 1e3:.1f} ({sk / st:.0%})", f"{(st - lin - sk) * 1e3:.0f} ({(st - lin - sk) / st:.0%})"])
     return (f"Where a step goes (read bandwidth here: {gbs:.1f} GB/s, x.sum() over 1 GiB):\n\n"
             + markdown_table(["format", "step ms", "linears alone ms", "linears GB/s",
-                              "bytes / bandwidth ms", "skeleton ms (ops, no weights)", "rest ms"], rows))
+                              "bytes / bandwidth ms", "other ops ms (no weights)", "rest ms"], rows))
 
 
 if __name__ == "__main__":

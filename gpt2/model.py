@@ -63,8 +63,10 @@ class CausalSelfAttention(nn.Module):
         # [B, T, C] -> [B, n_head, T, head_dim]
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # now [B, n_head, T_past + T, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            k, v = cache.update(layer, k, v)  # now [B, n_head, T_past + T, head_dim], cache's dtype
+        # With a float32 cache under a half-precision model (a CPU: see new_kv_cache), attention
+        # runs in float32 and only its output goes back to the model's dtype.
+        y = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=attn_mask).to(x.dtype)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.c_proj(y)
 
@@ -154,7 +156,11 @@ class GPT2(nn.Module):
         if extra_slots < 0:
             raise ValueError(f"extra_slots must be >= 0, got {extra_slots}")
         w = self.wte.weight
-        return KVCache(c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, w.dtype)
+        # On a CPU, PyTorch's attention over a cache is 2-6x slower in bfloat16/float16 than in
+        # float32 for one new token (README, "Weight formats on CPU"): there the keys and values
+        # of a half-precision model are kept, and attended to, in float32.
+        dtype = torch.float32 if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) else w.dtype
+        return KVCache(c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, dtype)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

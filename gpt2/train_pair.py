@@ -19,6 +19,11 @@ Two tricks make a few CPU minutes enough:
     vocabulary, at a sixth of the cost of the output layer;
   * small models, a short context, and a high learning rate with warm-up and cosine decay.
 
+The draft is one block only 32 wide. At these sizes a forward pass is mostly the 50257-row output
+layer (its cost grows with the width) and per-operation overhead (it grows with the depth), so a
+narrow, shallow draft costs about a third of the target's step (c ~ 0.3, README) and still lands
+between the target and a unigram model on held-out code.
+
 Writing is atomic: the pair is built in a temporary folder beside DIR and renamed into place, so an
 interrupted run (Ctrl-C, a crash, a full disk) leaves DIR as it was, never half written.
 """
@@ -50,8 +55,9 @@ from .tokenizer import EOT_ID, decode, encode, get_tokenizer
 
 GPT2_VOCAB_SIZE = 50257
 # The default sizes: trained for 10 minutes on 2 CPU cores (see README.md for what they reach).
+# The draft is narrow so that its step is cheap: a 64-wide one cost 0.60 of a target step, 32 wide 0.32.
 TARGET_CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=128, n_positions=256)
-DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=64, n_positions=256)
+DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=256)
 KEPT_VOCAB = 8192  # the corpus's most frequent tokens get their own row; the rest share one
 DRAFT_SHARE = 0.3  # of the time budget
 HELD_OUT_EVERY = 25  # every 25th file of the corpus is held out for evaluation

@@ -247,14 +247,14 @@ plt.show()
 # best and second-best token. The mismatch sits on the near-tie, not in the algorithm.
 
 # %%
-config = GPT2Config(n_layer=4, n_head=2, n_embd=32, n_positions=64, vocab_size=2000)
+config = GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=64, vocab_size=2000)
 target_dir, draft_dir = save_agreeing_pair(folder / "flat-target", folder / "flat-draft", config,
                                            draft_n_layer=2, damping=0.1, seed=11, std=0.2,
                                            embedding_std=0.02)
-target32, draft32 = load_gpt2(target_dir), load_gpt2(draft_dir)
+target32, draft32 = (load_gpt2(d, dtype=torch.float32) for d in (target_dir, draft_dir))
 target16, draft16 = (load_gpt2(d, dtype=torch.bfloat16) for d in (target_dir, draft_dir))
 all_gaps, mismatches = [], []
-for seed in range(4):
+for seed in range(6):
     prompt = torch.randint(0, config.vocab_size, (6,), generator=torch.Generator().manual_seed(seed)).tolist()
     same32 = (speculative_sampling_greedy(target32, draft32, prompt, 40, 4).tokens
               == autoregressive_generate(target32, prompt, 40).tokens)

@@ -47,6 +47,25 @@ def test_logits_close_to_fp32(medium_dir, name):
     assert agree > 0.9
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_model_keeps_a_float32_cache_on_cpu(medium_dir, dtype):
+    """PyTorch's CPU attention is slow in half precision for one query (README, "Weight formats
+    on CPU"), so there a half-precision model's cache, and its attention, are float32; the rest of
+    the model and its logits stay in the model's dtype."""
+    model = load_gpt2(medium_dir, dtype=dtype)
+    cache = model.new_kv_cache(max_len=16)
+    assert cache.keys[0].dtype == cache.values[0].dtype == torch.float32
+    assert load_gpt2(medium_dir, dtype="float32").new_kv_cache().keys[0].dtype == torch.float32
+    idx = torch.randint(0, MEDIUM.vocab_size, (1, 10), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        full = model(idx)  # no cache: attention in the model's dtype
+        model(idx[:, :6], cache)
+        stepped = torch.cat([model(idx[:, i:i + 1], cache) for i in range(6, 10)], dim=1)
+    assert stepped.dtype == full.dtype == dtype
+    spread = (full.max() - full.min()).float()
+    assert (stepped.float() - full[:, 6:].float()).abs().max() < 0.02 * spread
+
+
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_fast_kernels_equal_the_plain_path(medium_dir, name, monkeypatch):
     """The fast kernels compute the model as loaded: the plain F.linear/oneDNN path on the
