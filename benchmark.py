@@ -179,8 +179,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): float32 on CPU, where half precision is not faster; "
                         "bfloat16/float16 on a GPU")
-    p.add_argument("--quantize", choices=["int8"], help="int8: weight-only int8 target (made at load time)")
-    p.add_argument("--draft-quantize", choices=["int8"], help="int8: weight-only int8 draft")
+    p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
+    p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")

@@ -158,10 +158,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto (default: float32 on CPU, where half precision is not faster; "
                              "bfloat16/float16 on a GPU), float32, bfloat16 or float16")
-    parser.add_argument("--quantize", choices=["int8"],
-                        help="int8: weight-only int8 target (per channel, made at load time)")
-    parser.add_argument("--draft-quantize", choices=["int8"],
-                        help="int8: weight-only int8 draft (the target keeps --quantize)")
+    parser.add_argument("--quantize", choices=["int8", "fp16"],
+                        help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
+    parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
+                        help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",

@@ -10,6 +10,7 @@ Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6
   bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/fast_linear.py;
                                                  what dtype="auto" picks on a CPU with bf16)
   int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/fast_linear.py)
+  fp16w  load_gpt2(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
 and measures, interleaving the formats round by round (medians; the machine may be shared):
@@ -18,6 +19,9 @@ and measures, interleaving the formats round by round (medians; the machine may 
   3. greedy decoding of --new-tokens tokens: plain autoregressive and speculative (gamma
      --gamma, the draft in the same format), tokens/s, and whether the speculative output equals
      the same-format target's greedy output (it must).
+
+With --attention it also times attention over a cache of 32..1000 positions in bfloat16 and
+float16, as is and with the float32 cache a half-precision model keeps on CPU (gpt2/model.py).
 
 With --breakdown it also says where a step's time goes, per format (interleaved with the steps):
   linears   the model's own linear layers and head alone, called in order on one row each
@@ -47,7 +51,7 @@ from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_
                      weight_bytes_per_token, write_results)
 
 FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
-           "int8": {"dtype": "float32", "quantize": "int8"},
+           "int8": {"dtype": "float32", "quantize": "int8"}, "fp16w": {"dtype": "float32", "quantize": "fp16"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
@@ -68,11 +72,12 @@ class fast_kernels:
 
 
 def format_bytes(model, fmt) -> int:
-    """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight."""
+    """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight, fp16w 2."""
     total = weight_bytes_per_token(model)
-    if fmt.startswith("int8") and not fmt.endswith("-plain"):
+    stored = {"int8": 1, "fp16w": 2}.get(fmt.split("+")[0])
+    if stored and not fmt.endswith("-plain"):
         for w in gpt2.fast_linear.linear_weights(model):
-            total -= w.numel() * (w.element_size() - 1)
+            total -= w.numel() * (w.element_size() - stored)
     return total
 
 
@@ -100,6 +105,40 @@ def linears_alone_seconds(model) -> float:
     return timed(None, run)[1]
 
 
+@torch.inference_mode()
+def attention_table(config, contexts=(32, 160, 500, 1000), rounds=8, calls=25) -> str:
+    """Attention over a cache (F.scaled_dot_product_attention, one layer of config's shape) for 1
+    and 5 new tokens, in each half precision as is and upcast to float32, in microseconds: why a
+    half-precision model keeps a float32 cache on CPU (gpt2/model.py, new_kv_cache)."""
+    import time
+    H, D = config.n_head, config.head_dim
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for ctx in contexts:
+            for T in (1, 5):
+                q = torch.randn(1, H, T, D, dtype=dtype)
+                kv = torch.randn(1, H, ctx + T, D, dtype=dtype)
+                kv32 = kv.float()
+                mask = None if T == 1 else torch.arange(ctx + T)[None, :] <= torch.arange(ctx, ctx + T)[:, None]
+                variants = {"as is": lambda: torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask),
+                            "float32 cache": lambda: torch.nn.functional.scaled_dot_product_attention(
+                                q.float(), kv32, kv32, attn_mask=mask).to(dtype)}
+                times = {name: [] for name in variants}
+                for _ in range(rounds):
+                    for name, fn in variants.items():
+                        fn()
+                        start = time.perf_counter()
+                        for _ in range(calls):
+                            fn()
+                        times[name].append((time.perf_counter() - start) / calls)
+                a, f = median(times["as is"]), median(times["float32 cache"])
+                rows.append([str(dtype).removeprefix("torch."), ctx, T, f"{a * 1e6:.0f}", f"{f * 1e6:.0f}", f"{a / f:.2f}"])
+    return (f"Attention over the cache, one layer ({H} heads x {D}), microseconds (medians of {rounds} "
+            f"interleaved rounds):\n\n"
+            + markdown_table(["model dtype", "cached", "new tokens", "in the model's dtype",
+                              "float32 cache (q upcast)", "ratio"], rows))
+
+
 def skeleton_checkpoint(root: Path, n_layer: int) -> Path:
     """A model with n_layer blocks of tiny width: its step costs what the ops cost, not the weights."""
     folder = Path(root) / f"skeleton-{n_layer}-layers"
@@ -124,6 +163,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
     p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
+    p.add_argument("--attention", action="store_true",
+                   help="also time attention over the cache in bf16/fp16 as is and with a float32 cache")
     p.add_argument("--breakdown", action="store_true",
                    help="also time each format's linears alone and its other ops (where a step goes)")
     args = p.parse_args(argv)
@@ -223,6 +264,8 @@ def main(argv=None):
         results_bandwidth = bandwidth
     else:
         results_bandwidth = None
+    if args.attention:
+        md += "\n" + attention_table(targets[args.formats[0]].config) + "\n"
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
                              "read_bandwidth": results_bandwidth, "formats": results}, md)

@@ -68,13 +68,26 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
     symmetric per output channel, computed from the file's weights at load time. The
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
-    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear)."""
+    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear).
+    quantize="fp16": the same weights rounded to float16 in a float32 model (dtype "auto" or
+    "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32."""
     device = resolve_device("cpu" if device is None else device)
     resolve_dtype(dtype, device)  # a bad dtype fails here, before anything is downloaded
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    if quantize == "fp16":
+        dtype = fp16_weights_dtype(dtype, device)
     config, weights_path = resolve_checkpoint(name_or_path)
     return load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
+
+
+def fp16_weights_dtype(dtype, device) -> torch.dtype:
+    """quantize="fp16" keeps float16 weights in a float32 model (the kernel multiplies in float32):
+    dtype "auto", None or float32 -> float32; anything else is a ValueError."""
+    if dtype in ("auto", None) or resolve_dtype(dtype, device) == torch.float32:
+        return torch.float32
+    raise ValueError(f"quantize='fp16' stores the weights in float16 and computes in float32; it "
+                     f"needs dtype 'float32' (or 'auto'), not {dtype!r}")
 
 
 def peek_config(name_or_path) -> GPT2Config | None:
@@ -210,6 +223,8 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
     file's."""
     path = Path(path)
     device = resolve_device("cpu" if device is None else device)
+    if quantize == "fp16":
+        dtype = fp16_weights_dtype(dtype, device)
     resolve_dtype(dtype, device)  # a bad dtype fails before the file is opened
     try:
         with safe_open(path, framework="pt", device="cpu") as f:  # reads only the header
@@ -244,6 +259,8 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                 q, scale = int8_per_channel(tensor)
                 int8[name] = (q.to(device), scale.to(device))
                 tensor = dequantize_int8(q, scale, dtype or tensor.dtype)
+            if quantize == "fp16" and (name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"):
+                tensor = tensor.to(torch.float16)  # the model's values are the 16-bit ones
             state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
             del tensor
     except SafetensorError as e:
@@ -253,7 +270,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         ) from None
     model.load_state_dict(state, assign=True)
     params = dict(model.named_parameters())
-    attach_fast_kernels(model, int8={params[name]: qs for name, qs in int8.items()})
+    attach_fast_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
     return model.requires_grad_(False).eval()
 
 

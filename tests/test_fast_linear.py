@@ -7,7 +7,7 @@ import torch
 
 import gpt2.fast_linear as fast_linear
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.fast_linear import Int8Weight, OneDNNPackedWeight, dequantize_int8, int8_per_channel
+from gpt2.fast_linear import FP16Weight, Int8Weight, OneDNNPackedWeight, dequantize_int8, int8_per_channel
 from conftest import TINY_VOCAB
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
@@ -18,9 +18,10 @@ MEDIUM = GPT2Config(n_layer=2, n_head=4, n_embd=256, n_positions=64, vocab_size=
 # Largest |logit - fp32 logit| relative to the fp32 logits' spread (max - min), per format.
 # bf16 keeps 8 bits of mantissa (relative rounding 2^-9 per product, accumulated in fp32) and
 # rounds every activation; int8 per-channel keeps 1/254 of each row's range.
-TOLERANCE = {"bf16": 0.02, "int8": 0.02, "int8+bf16": 0.03}
+# fp16 weights keep 11 bits (relative rounding 2^-11) and the math stays float32.
+TOLERANCE = {"bf16": 0.02, "int8": 0.02, "int8+bf16": 0.03, "fp16": 0.002}
 FORMATS = {"bf16": dict(dtype="bfloat16"), "int8": dict(quantize="int8"),
-           "int8+bf16": dict(dtype="bfloat16", quantize="int8")}
+           "int8+bf16": dict(dtype="bfloat16", quantize="int8"), "fp16": dict(quantize="fp16")}
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,9 @@ def test_fast_kernels_equal_the_plain_path(medium_dir, name, monkeypatch):
     spread = (plain.max() - plain.min()).item()
     # bf16 activations round to 2^-8 relative; the plain and fast paths may round differently.
     assert (fast - plain).abs().max() <= (0.01 if "bf16" in name or name == "int8" else 1e-5) * spread
+    if name == "fp16":  # the parameters hold the float16 values: fp16 weights, float32 everything else
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert all(torch.equal(w, w.half().float()) for w in fast_linear.linear_weights(model))
 
 
 def test_int8_per_channel_quantization():
@@ -89,6 +93,17 @@ def test_int8_per_channel_quantization():
     error = (dequantize_int8(q, scale, torch.float32) - w).abs()
     assert (error <= scale[:, None] / 2 + 1e-7).all()  # rounding error at most half a step
     assert error[:3].max() < 0.03  # quiet rows keep their own, small step
+
+
+def test_fp16_kernel_matches_its_reference():
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
+    for M in (1, 5, 9):
+        x = torch.randn(1, M, 64, generator=g)
+        y = FP16Weight(w)(x, b)
+        assert y.shape == (1, M, 48) and y.dtype == torch.float32
+        torch.testing.assert_close(y, x @ w.half().float().T + b, rtol=1e-5, atol=1e-5)  # rounded weights
+        assert (y - (x @ w.T + b)).abs().max() > 1e-6  # and not the float32 weights
 
 
 def test_int8_kernel_matches_its_reference():
@@ -111,7 +126,7 @@ def test_onednn_packed_weight_matches_f_linear():
         assert (y - reference).abs().max() < 0.02 * reference.abs().max()
 
 
-@pytest.mark.parametrize("name", ["bf16", "int8"])
+@pytest.mark.parametrize("name", ["bf16", "int8", "fp16"])
 def test_speculative_greedy_equals_same_format_target(text_pair_dirs, name):
     """Greedy speculative output = the same-format target's own greedy output. Verifying several
     tokens and decoding one use different matmul shapes, so in 16-bit formats a near-tie may flip;
@@ -130,7 +145,7 @@ def test_speculative_greedy_equals_same_format_target(text_pair_dirs, name):
         assert spec == ar
 
 
-@pytest.mark.parametrize("name", ["bf16", "int8"])
+@pytest.mark.parametrize("name", ["bf16", "int8", "fp16"])
 def test_lossless_in_each_format(make_checkpoint, name):
     """Sampled speculative output follows the target *as loaded* (its exact distribution,
     enumerated), whatever the weight format."""
@@ -147,6 +162,7 @@ def test_lossless_in_each_format(make_checkpoint, name):
     (dict(dtype="float8"), "is not supported"),
     (dict(dtype=torch.int8), "is not supported"),
     (dict(quantize="int4"), "quantize must be"),
+    (dict(quantize="fp16", dtype="bfloat16"), "needs dtype 'float32'"),
 ])
 def test_bad_format_options_give_clear_errors(medium_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -432,3 +432,18 @@ def test_draft_layers_beyond_the_target_is_a_clear_error(text_pair_dirs, capsys)
     assert code == 2
     assert "error: --draft-layers 4: n_layers must be an int between 1 and n_layer - 1 = 3" in err
     assert "Traceback" not in err
+
+
+def test_weight_formats_on_the_command_line(text_pair_dirs, capsys):
+    """--quantize / --draft-quantize load each model in its own format; greedy output is still the
+    (same-format) target's own, and an impossible combination is a one-line error."""
+    target, draft = text_pair_dirs
+    argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 8,
+            "--temperature", 0, "--compare-baseline", "--json"]
+    code, out, err = run_main([*argv, "--quantize", "fp16", "--draft-quantize", "int8"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["identical_to_baseline"] is True
+    assert "Loading target" in err and "cpu, fp16)" in err and "cpu, int8)" in err
+    code, out, err = run_main([*argv, "--quantize", "fp16", "--dtype", "bfloat16"], capsys)
+    assert code != 0 and "quantize='fp16'" in err and "needs dtype 'float32'" in err
+    assert "Traceback" not in err
