@@ -179,17 +179,17 @@ def _run_compiled(x, s):
 
 CANDIDATES = {
     # name: (prepare, run, activation dtype, what it is)
-    "fp32_onednn": (lambda w, b: (w, b), _onednn, torch.float32, "fp32, oneDNN (today's linear())"),
+    "fp32_onednn": (lambda w, b: (w, b), _onednn, torch.float32, "fp32, oneDNN (linear()'s float32 path)"),
     "fp32_mkl": (lambda w, b: (w, b), _flinear, torch.float32, "fp32, F.linear (MKL)"),
     "bf16_flinear": (_cast(torch.bfloat16), _flinear, torch.bfloat16, "bf16, F.linear"),
-    "bf16_onednn": (_cast(torch.bfloat16), _onednn, torch.bfloat16, "bf16, oneDNN, plain weights (today's bf16 path)"),
-    "bf16_onednn_packed1": (_prepacked_bf16(1), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed for M=1"),
+    "bf16_onednn": (_cast(torch.bfloat16), _onednn, torch.bfloat16, "bf16, oneDNN, plain weights (GPT2_FAST_LINEAR=0)"),
+    "bf16_onednn_packed1": (_prepacked_bf16(1), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed for M=1 (dtype=\"bfloat16\")"),
     "bf16_onednn_packed": (_prepacked_bf16(None), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed (no M hint)"),
     "fp16_flinear": (_cast(torch.float16), _flinear, torch.float16, "fp16, F.linear"),
-    "fp16_fbgemm": (_fbgemm_fp16, _run_fbgemm_fp16, torch.float32, "fp16 weights, fp32 math, fbgemm (quantized.linear_dynamic_fp16)"),
+    "fp16_fbgemm": (_fbgemm_fp16, _run_fbgemm_fp16, torch.float32, "fp16 weights, fp32 math, fbgemm (quantized.linear_dynamic_fp16; quantize=\"fp16\")"),
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),
     "bf16_compile_upcast": (_compiled_upcast(torch.bfloat16), _run_compiled, torch.float32, "bf16 weights, torch.compile(F.linear(x, w.float()))"),
-    "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x"),
+    "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x (quantize=\"int8\")"),
     "int8_pack_fp32": (_int8pack(torch.float32), _run_int8pack, torch.float32, "int8 per-channel, torch._weight_int8pack_mm, fp32 x"),
     "int8_fbgemm_dynamic": (_fbgemm_int8_dynamic, _run_fbgemm_int8_dynamic, torch.float32, "int8 weights AND activations (W8A8 dynamic), fbgemm"),
     "int8_blocked_upcast": (_blocked_upcast(torch.int8), _run_blocked_upcast, torch.float32, "int8 tiles upcast to fp32 (scales not applied: speed only)"),

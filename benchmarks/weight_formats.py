@@ -11,6 +11,7 @@ Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6
                                                  what dtype="auto" picks on a CPU with bf16)
   int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/fast_linear.py)
   fp16w  load_gpt2(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
+  fp16   load_gpt2(path, dtype="float16")       (a float16 model: F.linear, no fast path)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
 and measures, interleaving the formats round by round (medians; the machine may be shared):
@@ -52,6 +53,7 @@ from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_
 
 FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
            "int8": {"dtype": "float32", "quantize": "int8"}, "fp16w": {"dtype": "float32", "quantize": "fp16"},
+           "fp16": {"dtype": "float16"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.

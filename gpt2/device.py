@@ -16,11 +16,12 @@ DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp1
 
 # Measured on this project's CPU (2-core AMD EPYC, Zen 4 with AVX512-BF16; torch 2.13.0, 2 threads)
 # on a gpt2-large-shaped model, `python -m benchmarks.weight_formats` on the idle machine (README,
-# "Weight formats on CPU"): (one decoding step, one 5-token verification), each relative to one
-# float32 step; float32's own verification costs CPU_FLOAT32_VERIFY5 steps. bfloat16 runs on
-# oneDNN with pre-packed weights (gpt2/fast_linear.py); float16 has no such path.
-CPU_MEASURED = {torch.bfloat16: (0.61, 0.49), torch.float16: (0.95, 1.90)}
-CPU_FLOAT32_VERIFY5 = 1.38
+# "Weight formats on CPU", runs 3 and 4 of docs/weight_formats.md): (one decoding step, one
+# 5-token verification), each relative to one float32 step; float32's own verification costs
+# CPU_FLOAT32_VERIFY5 steps. bfloat16 runs on oneDNN with pre-packed weights (gpt2/fast_linear.py);
+# a float16 model has no such path (float16 *weights* in a float32 model do: quantize="fp16").
+CPU_MEASURED = {torch.bfloat16: (0.57, 0.55), torch.float16: (0.56, 2.05)}
+CPU_FLOAT32_VERIFY5 = 1.53
 # bfloat16 pays on a CPU only where reading the weights dominates a step: a model of GPT-2 Small's
 # size or larger. Small models spend their step in per-operation overhead, which bf16 does not cut.
 CPU_BF16_MIN_PARAMETERS = 100_000_000
