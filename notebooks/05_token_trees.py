@@ -307,7 +307,7 @@ from spec_decoding.trace import iframe_html
 
 result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
                                    generator=torch.Generator().manual_seed(0), trace=True)
-side = result.token_sources.count(FROM_DRAFT_BRANCH)
+side = result.stats.token_sources.count(FROM_DRAFT_BRANCH)
 print(f"{len(result.trace.rounds)} rounds, {result.stats.nodes_verified} nodes verified, "
       f"{side} tokens accepted from a side branch")
 display(HTML(iframe_html(result.trace, height=650, pair=f"target {TARGET}, draft {DRAFT}")))
