@@ -17,14 +17,32 @@ pytestmark = pytest.mark.skipif(find_chromium() is None,
                                 reason="no chromium (apt-get install chromium; .ci/run installs it)")
 
 
-@pytest.fixture(scope="module")
-def page(trained_pair_dirs, tmp_path_factory):
+def traced_page(generate, trained_pair_dirs, folder):
+    """(path of the trace page, the trace) of one sampled run of the trained pair:
+    generate(target, draft, prompt, generator) -> GenerationResult with a trace."""
     target, draft = (load_gpt2(d) for d in trained_pair_dirs)
-    result = speculative_sampling(target, draft, encode("class Parser:\n    def "), 40, gamma=4,
-                                  temperature=1.0, generator=torch.Generator().manual_seed(2), trace=True)
-    path = tmp_path_factory.mktemp("trace") / "trace.html"
+    result = generate(target, draft, encode("class Parser:\n    def "), torch.Generator().manual_seed(2))
+    path = folder / "trace.html"
     write_html(result.trace, path, pair="test pair (trained for seconds)")
     return path, result.trace
+
+
+def hover(browser, element_js: str) -> str:
+    """Scroll the element (a JS expression) into view, hover its centre; the tooltip's text."""
+    box = browser.evaluate(
+        "(() => { const el = %s; el.scrollIntoView({block: 'center'});"
+        " const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        % element_js)
+    browser.hover(*box)
+    assert browser.evaluate("getComputedStyle(document.getElementById('tip')).display") == "block"
+    return browser.evaluate("document.getElementById('tip').innerText")
+
+
+@pytest.fixture(scope="module")
+def page(trained_pair_dirs, tmp_path_factory):
+    return traced_page(lambda t, d, prompt, g: speculative_sampling(t, d, prompt, 40, gamma=4, temperature=1.0,
+                                                                    generator=g, trace=True),
+                       trained_pair_dirs, tmp_path_factory.mktemp("trace"))
 
 
 def test_page_renders_in_chromium_and_hover_shows_numbers(page):
@@ -37,15 +55,8 @@ def test_page_renders_in_chromium_and_hover_shows_numbers(page):
         # Hover the first rejected draft token in the rounds table: the tooltip shows its numbers.
         rejected = next((k, i) for k, r in enumerate(trace.rounds) for i, d in enumerate(r.drafted)
                         if d.verdict == "rejected")
-        box = browser.evaluate(
-            "(() => { const el = document.querySelectorAll('tr.round')[%d]"
-            ".querySelectorAll('.tok')[%d]; el.scrollIntoView({block: 'center'});"
-            " const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
-            % rejected)
         assert browser.evaluate("getComputedStyle(document.getElementById('tip')).display") == "none"
-        browser.hover(*box)
-        tip = browser.evaluate("document.getElementById('tip').innerText")
-        assert browser.evaluate("getComputedStyle(document.getElementById('tip')).display") == "block"
+        tip = hover(browser, "document.querySelectorAll('tr.round')[%d].querySelectorAll('.tok')[%d]" % rejected)
         d = trace.rounds[rejected[0]].drafted[rejected[1]]
         assert f"p(x) = {d.p:.4g}" in tip and f"q(x) = {d.q:.4g}" in tip
         assert f"min(1, p/q) = {d.accept_probability:.4g}" in tip
@@ -65,12 +76,9 @@ def test_page_renders_in_chromium_and_hover_shows_numbers(page):
 
 @pytest.fixture(scope="module")
 def tree_page(trained_pair_dirs, tmp_path_factory):
-    target, draft = (load_gpt2(d) for d in trained_pair_dirs)
-    result = tree_speculative_sampling(target, draft, encode("class Parser:\n    def "), 40, (2, 2, 1),
-                                       temperature=1.0, generator=torch.Generator().manual_seed(2), trace=True)
-    path = tmp_path_factory.mktemp("tree-trace") / "trace.html"
-    write_html(result.trace, path, pair="test pair (trained for seconds)")
-    return path, result.trace
+    return traced_page(lambda t, d, prompt, g: tree_speculative_sampling(t, d, prompt, 40, (2, 2, 1), temperature=1.0,
+                                                                         generator=g, trace=True),
+                       trained_pair_dirs, tmp_path_factory.mktemp("tree-trace"))
 
 
 def test_tree_page_renders_in_chromium_and_hover_shows_a_node(tree_page):
@@ -91,14 +99,7 @@ def test_tree_page_renders_in_chromium_and_hover_shows_a_node(tree_page):
         # Hover a rejected child that was not its parent's first: it was tested against p', not p.
         k, i = next((k, i) for k, r in enumerate(trace.rounds) for i, d in enumerate(r.drafted)
                     if d.verdict == "rejected" and d.adjusted_p != d.p)
-        box = browser.evaluate(
-            "(() => { const el = document.querySelectorAll('tr.round')[%d]"
-            ".querySelector('[data-node=\"%d\"]'); el.scrollIntoView({block: 'center'});"
-            " const r = el.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
-            % (k, i))
-        browser.hover(*box)
-        assert browser.evaluate("getComputedStyle(document.getElementById('tip')).display") == "block"
-        tip = browser.evaluate("document.getElementById('tip').innerText")
+        tip = hover(browser, "document.querySelectorAll('tr.round')[%d].querySelector('[data-node=\"%d\"]')" % (k, i))
         d = trace.rounds[k].drafted[i]
         assert f"tree node {i + 1} of round {k + 1}: depth {d.depth}" in tip
         assert f"p(x) = {d.p:.4g}" in tip and f"p'(x) = {d.adjusted_p:.4g}" in tip and f"q(x) = {d.q:.4g}" in tip
