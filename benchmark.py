@@ -304,58 +304,59 @@ def make_drafters(names, target, draft) -> dict:
     return drafters
 
 
+def measure_costs(target, drafters: dict, gammas, gamma_max, context_len, device, trees=()) -> tuple[dict, dict]:
+    """(costs for the tables and results.json, {drafter name: CostModel}).
+
+    Each drafter's CostModel (spec_decoding/costs.py, the one place per-call costs are timed) is
+    what gamma="auto" chooses from and what prices every run's rounds for the cost-model speedup;
+    c and the verification costs of the tables are read from them (verification from the first
+    drafter's, whose target timings are as good as any). Token trees add the target scoring each
+    tree, timed here beside a target step (tree_verify_costs)."""
+    gamma_max = max([gamma_max, *gammas])
+    cost_models = {name: CostModel.calibrate(target, drafter, gamma_max, context_len, min_rounds=4)
+                   for name, drafter in drafters.items()}
+    by_drafter = {name: {"c": cm.c, "draft_step_ms": 1000 * cm.draft_step_s} for name, cm in cost_models.items()}
+    first_name = next(iter(drafters))  # top-level c: the first drafter's (notebook 4 reads it)
+    first = cost_models[first_name]
+    costs = {"verify_cost_by_gamma": {gamma: first.verify_cost(gamma) for gamma in gammas},
+             "verify_cost_by_tree": tree_verify_costs(target, trees, context_len, device) if trees else {},
+             "context_len": context_len, "target_step_ms": 1000 * first.target_step_s,
+             "drafters": by_drafter, "c": by_drafter[first_name]["c"],
+             "draft_step_ms": by_drafter[first_name]["draft_step_ms"],
+             "cost_models": {name: asdict(cm) for name, cm in cost_models.items()},
+             "break_even_alpha": {name: cm.break_even_alpha() for name, cm in cost_models.items()}}
+    return costs, cost_models
+
+
 @torch.inference_mode()
-def measure_costs(target, drafters: dict, gammas, context_len, device, budget_s=3.0, trees=()) -> dict:
-    """Time one step on a warm KV cache holding context_len tokens (rolled back after each, so
-    every timing sees the same context): the target on 1 new token, each drafter proposing 1 token
-    (a draft model's forward on 1 new token; the n-gram drafter's lookup over the context), the
-    target on gamma + 1 tokens (verification), and the target on each tree's root and nodes under
-    its tree mask. The shapes take turns, round after round, so a busy machine slows them alike;
-    each cost is a median over the rounds."""
+def tree_verify_costs(target, trees, context_len, device, budget_s=3.0) -> dict:
+    """The target scoring each tree's root and nodes under its tree mask, relative to one target
+    step on the same warm cache (context_len tokens, rolled back after each call); the shapes take
+    turns round after round, so a busy machine slows them alike; medians over the rounds."""
     g = torch.Generator().manual_seed(0)
     context = torch.randint(target.config.vocab_size, (1, context_len), generator=g).to(device)
     context_list = context[0].tolist()
-    target_cache = target.new_kv_cache(max_len=context_len + max(gammas) + 1,
-                                       extra_slots=max([tree_size(b) for b in trees], default=0))
-    target(context, target_cache, num_last_logits=1)
-    for drafter in drafters.values():
-        drafter.start(context_list, max(gammas) + 1)
-        drafter.propose(context_list, 1)  # feeds it the context
+    cache = target.new_kv_cache(max_len=context_len + 1, extra_slots=max(tree_size(b) for b in trees))
+    target(context, cache, num_last_logits=1)
 
-    def target_step(n_new):
-        new = torch.randint(target.config.vocab_size, (1, n_new), generator=g).to(device)
-        target_cache.truncate(context_len)
-        return timed(device, target, new, target_cache, num_last_logits=n_new)[1]
-
-    def draft_step(drafter):
-        drafter.roll_back(context_len - 1)  # so that it feeds the context's last token again
-        return timed(device, drafter.propose, context_list, 1)[1]
-
-    steps = {("target", 1): lambda: target_step(1)}
-    steps.update({(name, 1): (lambda d=drafter: draft_step(d)) for name, drafter in drafters.items()})
-    steps.update({("target", gamma + 1): (lambda n=gamma + 1: target_step(n)) for gamma in gammas})
+    def step():
+        cache.truncate(context_len)
+        return timed(device, target, context[:, -1:], cache, num_last_logits=1)[1]
 
     def tree_step(branching):  # the root (the context's last token) and the nodes, in one forward
-        target_cache.truncate(context_len - 1)
+        cache.truncate(context_len - 1)
         tree = random_tree(branching, target.config.vocab_size, g)
-        return timed(device, score_tree, target, target_cache, tree, context_list)[1]
+        return timed(device, score_tree, target, cache, tree, context_list)[1]
 
-    steps.update({("tree", b): (lambda b=b: tree_step(b)) for b in trees})
+    steps = {"step": step, **{b: (lambda b=b: tree_step(b)) for b in trees}}
     times = {shape: [] for shape in steps}
     start, rounds = time.perf_counter(), 0
     while rounds < 5 or (time.perf_counter() - start < budget_s and rounds < 30):
-        for shape, step in steps.items():
-            times[shape].append(step())
+        for shape, run in steps.items():
+            times[shape].append(run())
         rounds += 1
     median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
-    step = median[("target", 1)]
-    by_drafter = {name: {"c": median[(name, 1)] / step, "draft_step_ms": 1000 * median[(name, 1)]}
-                  for name in drafters}
-    first = by_drafter[next(iter(drafters))]  # top-level c: the first drafter's (notebook 4 reads it)
-    return {"verify_cost_by_gamma": {gamma: median[("target", gamma + 1)] / step for gamma in gammas},
-            "verify_cost_by_tree": {branching_label(b): median[("tree", b)] / step for b in trees},
-            "context_len": context_len, "rounds": rounds, "target_step_ms": 1000 * step,
-            "drafters": by_drafter, "c": first["c"], "draft_step_ms": first["draft_step_ms"]}
+    return {branching_label(b): median[b] / median["step"] for b in trees}
 
 
 def random_tree(branching, vocab_size, generator) -> TokenTree:
@@ -732,14 +733,8 @@ def main(argv=None) -> None:
     n_positions = min(m.config.n_positions for m in models)
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
                       n_positions - max(fixed_gammas(args.gammas) + [args.gamma_max]) - 1)
-    costs = measure_costs(target, drafters, fixed_gammas(args.gammas) or [1], context_len, device,
-                          trees=args.trees)
-    # Each drafter's CostModel (spec_decoding/costs.py): what gamma="auto" chooses from, and what
-    # prices every run's rounds for the cost-model speedup.
-    cost_models = {name: CostModel.calibrate(target, drafter, args.gamma_max, context_len, min_rounds=4)
-                   for name, drafter in drafters.items()}
-    costs["cost_models"] = {name: asdict(cm) for name, cm in cost_models.items()}
-    costs["break_even_alpha"] = {name: cm.break_even_alpha() for name, cm in cost_models.items()}
+    costs, cost_models = measure_costs(target, drafters, fixed_gammas(args.gammas) or [1], args.gamma_max,
+                                       context_len, device, trees=args.trees)
     for name, cm in cost_models.items():
         print(f"{name}: {cm}", flush=True)
     print(f"Warming up ({args.warmup} round(s)) ...", flush=True)
