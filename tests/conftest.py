@@ -27,6 +27,27 @@ TINY = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100
 TINY_VOCAB = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=16)
 # Real GPT-2 tokenizer vocabulary, tiny width: for the scripts, which decode text.
 TINY_TEXT = GPT2Config(n_layer=4, n_head=2, n_embd=64, n_positions=128, vocab_size=50257)
+# The target of the agreeing pair (pair_dirs / target / draft below): its draft is its first 2 blocks.
+AGREEING_TARGET = TINY.with_(n_layer=4)
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    """A tiny target and a draft made of its first 2 blocks that often agree (test_generation,
+    test_tree): (target folder, draft folder)."""
+    root = tmp_path_factory.mktemp("pair")
+    return save_agreeing_pair(root / "target", root / "draft", AGREEING_TARGET, draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+
+
+@pytest.fixture(scope="module")
+def target(pair_dirs):
+    return load_gpt2(pair_dirs[0])
+
+
+@pytest.fixture(scope="module")
+def draft(pair_dirs):
+    return load_gpt2(pair_dirs[1])
 
 
 @pytest.fixture(scope="session")

@@ -6,36 +6,19 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import AGREEING_TARGET, TINY
 from transformers import GPT2LMHeadModel
 
 import spec_decoding.greedy
 from gpt2 import GPT2, load_gpt2
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from gpt2.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.checks import check_caches_after_every_round
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT
 
-TARGET_CFG = TINY.with_(n_layer=4)
+TARGET_CFG = AGREEING_TARGET  # pair_dirs, target, draft: conftest.py
 PROMPT = [5, 17, 42, 8, 99, 3]
-
-
-@pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    return save_agreeing_pair(root / "target", root / "draft", TARGET_CFG, draft_n_layer=2,
-                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
-
-
-@pytest.fixture(scope="module")
-def target(pair_dirs):
-    return load_gpt2(pair_dirs[0])
-
-
-@pytest.fixture(scope="module")
-def draft(pair_dirs):
-    return load_gpt2(pair_dirs[1])
 
 
 class ConstantDraft(GPT2):

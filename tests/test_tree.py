@@ -5,11 +5,11 @@ the context-window edge, and the chain as the special case branching (1, ..., 1)
 
 import pytest
 import torch
-from conftest import TINY, TINY_VOCAB
+from conftest import AGREEING_TARGET, TINY, TINY_VOCAB
 
 import spec_decoding.tree as tree_module
 from gpt2 import GPT2, load_gpt2
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from gpt2.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
                            speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
@@ -18,7 +18,7 @@ from spec_decoding.sampling import sample
 from spec_decoding.tree import (TokenTree, multi_draft_rejection_sampling, tree_attention_mask, tree_size,
                                 verify_tree_sampling)
 
-TARGET_CFG = TINY.with_(n_layer=4)
+TARGET_CFG = AGREEING_TARGET  # pair_dirs, target, draft: conftest.py
 PROMPT = [5, 17, 42, 8, 99, 3]
 BRANCHINGS = [(1,), (3,), (2, 2, 1), (1, 1, 1, 1), (4, 2)]
 
@@ -31,23 +31,6 @@ class ConstantDraft(GPT2):
     def forward(self, idx, cache=None, num_last_logits=None, **tree_args):
         logits = super().forward(idx, cache, num_last_logits, **tree_args)
         return torch.full_like(logits, -1e4).index_fill_(-1, torch.tensor([self.token]), 1e4)
-
-
-@pytest.fixture(scope="module")
-def pair_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tree-pair")
-    return save_agreeing_pair(root / "target", root / "draft", TARGET_CFG, draft_n_layer=2,
-                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
-
-
-@pytest.fixture(scope="module")
-def target(pair_dirs):
-    return load_gpt2(pair_dirs[0])
-
-
-@pytest.fixture(scope="module")
-def draft(pair_dirs):
-    return load_gpt2(pair_dirs[1])
 
 
 @pytest.fixture(scope="module")
