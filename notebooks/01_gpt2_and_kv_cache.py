@@ -69,18 +69,15 @@ cfg = model.config
 print(cfg)
 print(f"{model.num_parameters() / 1e6:.1f}M parameters, head_dim = {cfg.head_dim}")
 
-from gpt2 import decode, encode
+from gpt2 import decode
+from notebook_setup import encode_prompt, token_label
 
-GPT2_VOCAB = model.config.vocab_size == 50257
-
-
-def label(token: int) -> str:
-    return repr(decode([token])) if GPT2_VOCAB else f"#{token}"
+VOCAB = model.config.vocab_size
+GPT2_VOCAB = VOCAB == 50257
 
 
-def prompt_ids_for(text: str) -> list[int]:
-    # A prompt as token ids (a fixed list of ids if the vocabulary is not GPT-2's).
-    return encode(text) if GPT2_VOCAB else list(range(1, 12))
+def label(token: int) -> str:  # its text (GPT-2's vocabulary) or #id (a test model's)
+    return token_label(token, VOCAB)
 
 
 # %% [markdown]
@@ -91,7 +88,7 @@ def prompt_ids_for(text: str) -> list[int]:
 # needs only the last row; speculative decoding will use several.
 
 # %%
-ids = prompt_ids_for("The quick brown fox jumps over the")
+ids = encode_prompt("The quick brown fox jumps over the", VOCAB)
 idx = torch.tensor([ids], device=DEVICE)  # [B, T]
 with torch.inference_mode():
     logits = model(idx)  # [B, T, V]
@@ -197,8 +194,8 @@ plt.show()
 # different tokens B, and compare with a fresh forward over prompt + B.
 
 # %%
-A = prompt_ids_for(" lazy dog and ran")[:4] if GPT2_VOCAB else [20, 21, 22, 23]
-B = prompt_ids_for(" sleeping cat")[:3] if GPT2_VOCAB else [30, 31, 32]
+A = encode_prompt(" lazy dog and ran", VOCAB)[:4] if GPT2_VOCAB else [20, 21, 22, 23]
+B = encode_prompt(" sleeping cat", VOCAB)[:3] if GPT2_VOCAB else [30, 31, 32]
 
 cache = model.new_kv_cache(max_len=64)
 with torch.inference_mode():

@@ -57,22 +57,14 @@ torch.manual_seed(0)
 print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
 
 # %%
-from notebook_setup import load_pair
+from notebook_setup import encode_prompt, load_pair, token_label
 
 target, draft = load_pair()  # prints their sizes; checks that they share one vocabulary
-
-from gpt2 import decode, encode
-
-GPT2_VOCAB = target.config.vocab_size == 50257
+VOCAB = target.config.vocab_size
 
 
-def label(token: int) -> str:
-    return repr(decode([token])) if GPT2_VOCAB else f"#{token}"
-
-
-def prompt_ids_for(text: str) -> list[int]:
-    # A prompt as token ids (a fixed list of ids if the vocabulary is not GPT-2's).
-    return encode(text) if GPT2_VOCAB else list(range(1, 12))
+def label(token: int) -> str:  # its text (GPT-2's vocabulary) or #id (a test model's)
+    return token_label(token, VOCAB)
 
 
 # %% [markdown]
@@ -83,7 +75,7 @@ def prompt_ids_for(text: str) -> list[int]:
 
 # %%
 GAMMA = 4
-prompt_ids = prompt_ids_for(PROMPT)
+prompt_ids = encode_prompt(PROMPT, VOCAB)
 L = len(prompt_ids)
 print(f"prompt: {L} tokens")
 

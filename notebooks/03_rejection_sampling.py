@@ -59,22 +59,14 @@ torch.manual_seed(0)
 print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
 
 # %%
-from notebook_setup import load_pair
+from notebook_setup import encode_prompt, load_pair, token_label
 
 target, draft = load_pair()  # prints their sizes; checks that they share one vocabulary
-
-from gpt2 import decode, encode
-
-GPT2_VOCAB = target.config.vocab_size == 50257
+VOCAB = target.config.vocab_size
 
 
-def label(token: int) -> str:
-    return repr(decode([token])) if GPT2_VOCAB else f"#{token}"
-
-
-def prompt_ids_for(text: str) -> list[int]:
-    # A prompt as token ids (a fixed list of ids if the vocabulary is not GPT-2's).
-    return encode(text) if GPT2_VOCAB else list(range(1, 12))
+def label(token: int) -> str:  # its text (GPT-2's vocabulary) or #id (a test model's)
+    return token_label(token, VOCAB)
 
 
 # %% [markdown]
@@ -89,7 +81,7 @@ def prompt_ids_for(text: str) -> list[int]:
 from spec_decoding import logits_to_probs, modified_rejection_sampling, residual_distribution
 
 TEMPERATURE, TOP_K = 1.0, 50
-prompt_ids = prompt_ids_for(PROMPT)
+prompt_ids = encode_prompt(PROMPT, VOCAB)
 with torch.inference_mode():
     x = torch.tensor([prompt_ids], device=DEVICE)
     p = logits_to_probs(target(x, num_last_logits=1)[0, -1], TEMPERATURE, TOP_K).cpu()  # [V]

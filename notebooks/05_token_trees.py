@@ -47,7 +47,7 @@
 
 # %%
 # Finds the project, reads the switch (GPT2_TARGET, GPT2_DRAFT, DEVICE): see notebook_setup.py.
-from notebook_setup import DEVICE, DRAFT, ROOT, TARGET
+from notebook_setup import DEVICE, DRAFT, PROMPT, ROOT, TARGET
 
 import torch
 import matplotlib.pyplot as plt
@@ -57,20 +57,17 @@ torch.manual_seed(0)
 print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
 
 # %%
-from notebook_setup import load_pair
+from notebook_setup import encode_prompt, load_pair, token_label
 
 target, draft = load_pair()  # prints their sizes; checks that they share one vocabulary
-
-from gpt2 import decode, encode
-
-GPT2_VOCAB = target.config.vocab_size == 50257
+VOCAB = target.config.vocab_size
 
 
-def label(token: int) -> str:
-    return repr(decode([token])) if GPT2_VOCAB else f"#{token}"
+def label(token: int) -> str:  # its text (GPT-2's vocabulary) or #id (a test model's)
+    return token_label(token, VOCAB)
 
 
-prompt = encode("The best way to learn a new language is") if GPT2_VOCAB else list(range(1, 12))
+prompt = encode_prompt(PROMPT, VOCAB)
 print(f"prompt: {len(prompt)} tokens; the root of the tree is its last token, {label(prompt[-1])}")
 
 # %% [markdown]

@@ -79,6 +79,21 @@ PROMPT = ("def parse_args(argv=None):\n    parser = argparse.ArgumentParser("
           "In a shocking finding, scientists discovered a herd of unicorns living in")
 
 
+def token_label(token: int, vocab_size: int) -> str:
+    """A token as the notebooks print it: its text for GPT-2's vocabulary, #id for another (the
+    tests' tiny models)."""
+    from gpt2 import decode
+
+    return repr(decode([token])) if vocab_size == 50257 else f"#{token}"
+
+
+def encode_prompt(text: str, vocab_size: int) -> list[int]:
+    """A prompt as token ids: GPT-2's tokens of text, or fixed ids for a model with another vocabulary."""
+    from gpt2 import encode
+
+    return encode(text) if vocab_size == 50257 else list(range(1, 12))
+
+
 def load_pair():
     """(target, draft) loaded from TARGET and DRAFT onto DEVICE; prints their sizes."""
     from gpt2 import load_gpt2
