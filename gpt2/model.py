@@ -156,7 +156,7 @@ class GPT2(nn.Module):
         if extra_slots < 0:
             raise ValueError(f"extra_slots must be >= 0, got {extra_slots}")
         w = self.wte.weight
-        # On a CPU, PyTorch's attention over a cache is 2-6x slower in bfloat16/float16 than in
+        # On a CPU, PyTorch's attention over a cache is 3-13x slower in bfloat16/float16 than in
         # float32 for one new token (README, "Weight formats on CPU"): there the keys and values
         # of a half-precision model are kept, and attended to, in float32.
         dtype = torch.float32 if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) else w.dtype
