@@ -194,6 +194,7 @@ LOSSLESS_DRAFTERS = {  # ModelDrafter: test_lossless.py (a GPT2 draft is wrapped
 def test_every_drafter_is_lossless(lossless_pair, name, setting):
     target, draft = lossless_pair
     settings, gamma, n = SETTINGS[setting]
+    n //= 2  # half of test_lossless's samples: still catches a 0.14 total variation (the next test)
     result, drafted = lossless_check(target, LOSSLESS_DRAFTERS[name](target, draft), settings, gamma, n)
     assert drafted > n // 2  # the drafter really drafted
     assert result.passed and result.p_value > 1e-3, f"{name}: {result.message}"
