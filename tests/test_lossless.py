@@ -52,9 +52,10 @@ def test_speculative_samples_follow_the_target_distribution(pair, name):
                             samples=n, seed=0)
     assert result.passed and result.p_value > 1e-3, result.message
 
-    # Power: the draft's own samples, the same number, are clearly told apart.
+    # Power: the draft's own samples, half as many, are clearly told apart (its total variation
+    # from p, estimated from fewer samples, still exceeds the speculative samples').
     draft_result = check_lossless(partial(autoregressive_generate, draft), target, PROMPT, N_TOKENS,
-                                  settings, samples=n, seed=1)
+                                  settings, samples=n // 2, seed=1)
     assert not draft_result.passed and draft_result.p_value < 1e-6
     assert draft_result.total_variation > result.total_variation
 
