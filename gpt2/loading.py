@@ -12,7 +12,9 @@ layer that we never read. Files written by transformers' save_pretrained prefix 
 "transformer." and may hold "lm_head.weight" (a copy of wte.weight). Both load.
 
 device and dtype are checked before anything is read or downloaded (gpt2.device): dtype "auto"
-(the default) is float32 on CPU, bfloat16/float16 on CUDA, float16 on MPS; names as strings work.
+(the default) is decided per model once its size is known: on CPU bfloat16 for GPT-2 Small and
+larger where the CPU has bf16 instructions, else float32; bfloat16/float16 on CUDA, float16 on
+MPS; names as strings work.
 
 When a name looks like a hub repo id but the hub cannot be reached, loading fails within seconds
 (one quick probe of the endpoint instead of huggingface_hub's retry ladder) unless the files are
