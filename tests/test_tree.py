@@ -3,6 +3,8 @@ distributed exactly as the target's (exact enumeration + chi-square, with the po
 naive multi-draft variant), caches equal to a fresh forward after every round, eos, max_gen and
 the context-window edge, and the chain as the special case branching (1, ..., 1)."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import AGREEING_TARGET, TINY, TINY_VOCAB
@@ -13,7 +15,8 @@ from gpt2.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
                            speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
-from spec_decoding.checks import cache_difference, chi_square_p_value, counts_of, exact_distribution
+from spec_decoding.checks import (cache_difference, check_stopping, chi_square_p_value, counts_of,
+                                  exact_distribution)
 from spec_decoding.sampling import sample
 from spec_decoding.tree import (TokenTree, multi_draft_rejection_sampling, tree_attention_mask, tree_size,
                                 verify_tree_sampling)
@@ -144,12 +147,12 @@ def test_exact_max_gen(target, draft, baseline, branching):
     for max_gen in range(1, 10):
         result = tree_speculative_sampling(target, draft, PROMPT, max_gen, branching, temperature=0)
         assert result.tokens == baseline[:max_gen], max_gen
-        sampled = tree_speculative_sampling(target, draft, PROMPT, max_gen, branching,
-                                            generator=torch.Generator().manual_seed(max_gen))
-        assert len(sampled.tokens) == max_gen
         # nothing made past max_gen and thrown away
-        for s in (result.stats, sampled.stats):
-            assert s.tokens_accepted + s.target_calls == max_gen
+        assert result.stats.tokens_accepted + result.stats.target_calls == max_gen
+    # Sampled: exactly max_gen tokens, nothing thrown away, and a clean stop at eos.
+    generate = partial(tree_speculative_sampling, target, draft, branching=branching)
+    stopping = check_stopping(generate, PROMPT, max_gens=range(1, 10), settings=dict(temperature=1.0))
+    assert stopping.passed, stopping.problems
 
 
 def test_context_window_edge(target, draft, make_checkpoint, monkeypatch):
