@@ -112,7 +112,6 @@ def attention_table(config, contexts=(32, 160, 500, 1000), rounds=8, calls=25) -
     """Attention over a cache (F.scaled_dot_product_attention, one layer of config's shape) for 1
     and 5 new tokens, in each half precision as is and upcast to float32, in microseconds: why a
     half-precision model keeps a float32 cache on CPU (gpt2/model.py, new_kv_cache)."""
-    import time
     H, D = config.n_head, config.head_dim
     rows = []
     for dtype in (torch.bfloat16, torch.float16):
@@ -129,10 +128,7 @@ def attention_table(config, contexts=(32, 160, 500, 1000), rounds=8, calls=25) -
                 for _ in range(rounds):
                     for name, fn in variants.items():
                         fn()
-                        start = time.perf_counter()
-                        for _ in range(calls):
-                            fn()
-                        times[name].append((time.perf_counter() - start) / calls)
+                        times[name].append(timed(None, lambda: [fn() for _ in range(calls)])[1] / calls)
                 a, f = median(times["as is"]), median(times["float32 cache"])
                 rows.append([str(dtype).removeprefix("torch."), ctx, T, f"{a * 1e6:.0f}", f"{f * 1e6:.0f}", f"{a / f:.2f}"])
     return (f"Attention over the cache, one layer ({H} heads x {D}), microseconds (medians of {rounds} "
@@ -258,19 +254,16 @@ def main(argv=None):
           f"(same format), {args.threads} threads, step at context {args.context}, "
           f"{args.steps} interleaved rounds, {args.repeats} generation rounds of {args.new_tokens} "
           f"tokens (medians). Stand-in acceptance is far above real GPT-2's.\n\n{table}\n")
+    bandwidth = measure_read_bandwidth() if skeletons else None  # the breakdown's floor
     if skeletons:
-        bandwidth = measure_read_bandwidth()
         md += "\n" + step_breakdown_table(targets, step, linears, other_ops, bandwidth) + "\n"
         for fmt in targets:
             results[fmt].update(linears_s=linears[fmt], other_ops_s=other_ops[fmt])
-        results_bandwidth = bandwidth
-    else:
-        results_bandwidth = None
     if args.attention:
         md += "\n" + attention_table(targets[args.formats[0]].config) + "\n"
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
-                             "read_bandwidth": results_bandwidth, "formats": results}, md)
+                             "read_bandwidth": bandwidth, "formats": results}, md)
 
 
 def step_breakdown_table(targets, step, linears, other_ops, bandwidth) -> str:
