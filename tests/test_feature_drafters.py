@@ -1,0 +1,200 @@
+"""Feature drafters (Medusa heads, an EAGLE-style drafter) keep speculative decoding exact: greedy
+output identical to the target's own, sampled output distributed as the target's (exact
+enumeration + chi-square, with the power to catch a bonus token taken by argmax), the target's
+cache and the drafter's features equal to a fresh forward after every round. Random, untrained
+drafters are enough for all of it: exactness must not depend on how good the drafter is."""
+
+from functools import partial
+
+import pytest
+import torch
+from conftest import TINY_VOCAB
+from test_lossless import SETTINGS
+
+import spec_decoding.speculative
+from gpt2 import load_gpt2
+from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding.checks import (check_caches_after_every_round, check_greedy_matches_target,
+                                  check_lossless, check_stopping)
+from spec_decoding.medusa import MedusaDrafter, MedusaHeads
+
+PROMPT = [5, 17, 42, 8, 99, 3]
+LOSSLESS_PROMPT = [1, 2, 3]
+SAMPLES = 2000  # per chi-square test: enough to catch the planted bug below with p < 1e-6
+
+
+def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.Module:
+    """Every weight perturbed by seeded noise: an 'untrained' drafter that still disagrees with
+    the target in many different ways (a zero-init residual block would change nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(std * torch.randn(p.shape, generator=g))
+    return module
+
+
+def medusa(target, num_heads=4, seed=0):
+    return MedusaDrafter(target, randomize(MedusaHeads(target, num_heads), seed))
+
+
+DRAFTERS = {
+    "medusa": medusa,
+}
+
+
+class FeatureChecking:
+    """Wraps a feature drafter: at every propose(), its features of the positions it keeps must
+    equal those of a fresh target forward over the accepted tokens."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.checked = 0
+        real_propose = drafter.propose
+
+        def propose(tokens, *args, **kwargs):
+            n = drafter.n_features
+            assert n <= len(tokens) - 1  # never a position the sequence does not have yet
+            if n:
+                with torch.inference_mode():
+                    _, fresh = drafter.target(torch.tensor([tokens[:n]]), return_features=True)
+                torch.testing.assert_close(drafter.features[:n], fresh[0], atol=1e-5, rtol=0)
+                self.checked += 1
+            return real_propose(tokens, *args, **kwargs)
+
+        drafter.propose = propose
+
+
+# ------------------------------------------------------------------------------ the features
+
+def test_features_through_ln_f_and_the_head_are_the_logits(target):
+    idx = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        logits, features = target(idx, return_features=True)
+        assert features.shape == (1, len(PROMPT), target.config.n_embd)
+        torch.testing.assert_close(logits, target(idx))
+        torch.testing.assert_close(target.ln_f(features) @ target.wte.weight.T, logits)
+        last, all_features = target(idx, num_last_logits=1, return_features=True)
+        torch.testing.assert_close(last, logits[:, -1:])
+        torch.testing.assert_close(all_features, features)  # num_last_logits does not cut them
+
+
+def test_untrained_medusa_heads_are_the_targets_head(target):
+    """W1 = 0 and a copy of wte: before training each head predicts what the target's head does,
+    and the copy is untied (training a head does not touch the target)."""
+    heads = MedusaHeads(target, 3)
+    features = torch.randn(5, target.config.n_embd)
+    with torch.inference_mode():
+        want = target.ln_f(features) @ target.wte.weight.T
+        got = heads(features, target.ln_f)
+    for k in range(3):
+        torch.testing.assert_close(got[k], want)
+    assert heads.heads[0].out.weight.data_ptr() != target.wte.weight.data_ptr()
+
+
+# ------------------------------------------------------------------------------ greedy
+
+@pytest.fixture(scope="module")
+def baseline(target):
+    return autoregressive_generate(target, PROMPT, 40).tokens
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_equals_target_greedy(target, baseline, name, gamma):
+    drafter = DRAFTERS[name](target)
+    checking = FeatureChecking(drafter)
+    result = speculative_sampling_greedy(target, drafter, PROMPT, 40, gamma)
+    assert result.tokens == baseline
+    s = result.stats
+    assert s.tokens_drafted > 0 and s.tokens_rejected > 0
+    assert checking.checked == s.target_calls - 1  # every round after the first
+    assert s.gamma_by_round[0] == 0  # the first round: no feature yet, a plain target step
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_at_the_context_window_edge(target, name):
+    n_pos = target.config.n_positions
+    prompt = (PROMPT * 20)[:n_pos - 7]
+    result = check_greedy_matches_target(partial(speculative_sampling_greedy, target, DRAFTERS[name](target),
+                                                 gamma=4), target, prompt, max_gen=30)
+    assert result.passed, result.message
+    assert len(result.tokens) == 7  # stopped at the full window
+
+
+@pytest.mark.parametrize("settings", [None, dict(temperature=1.0)])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_exact_max_gen_and_eos(target, name, settings):
+    generate = partial(speculative_sampling if settings else speculative_sampling_greedy, target,
+                       DRAFTERS[name](target), gamma=3)
+    result = check_stopping(generate, PROMPT, max_gens=range(1, 8), settings=settings, seeds=range(2))
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_caches_and_features_equal_a_fresh_forward_after_every_round(target, name):
+    drafter = DRAFTERS[name](target)
+    checking = FeatureChecking(drafter)
+    result = check_caches_after_every_round(partial(speculative_sampling, target, drafter, gamma=3),
+                                            target, None, PROMPT, 30, dict(temperature=1.0))
+    assert result.passed, result.message
+    assert max(s.round for s in result.snapshots) > 4 and checking.checked > 4
+
+
+# ------------------------------------------------------------------------------ lossless
+
+@pytest.fixture(scope="module")
+def tiny_target(make_checkpoint):
+    return load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
+
+
+def lossless_check(target, drafter, settings, gamma, samples, seed=0):
+    drafted = []
+
+    def generate(prompt, max_gen, **kwargs):
+        result = speculative_sampling(target, drafter, prompt, max_gen, gamma, **kwargs)
+        drafted.append((result.stats.tokens_drafted, result.stats.tokens_accepted))
+        return result
+
+    result = check_lossless(generate, target, LOSSLESS_PROMPT, 3, settings, samples=samples, seed=seed)
+    return result, [sum(column) for column in zip(*drafted)]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_sampling_is_lossless(tiny_target, name, setting):
+    settings = SETTINGS[setting][0]
+    result, (drafted, accepted) = lossless_check(tiny_target, DRAFTERS[name](tiny_target), settings, 2, SAMPLES)
+    # The first round is the prompt's plain target step (no feature yet), so of 3 tokens the second
+    # round drafts one: accepted or not, then a bonus or a correction, all exercised.
+    assert drafted == SAMPLES and 0.1 * drafted < accepted < 0.9 * drafted
+    assert result.passed and result.p_value > 1e-3, f"{name}: {result.message}"
+
+
+def bonus_by_argmax(real):
+    """The planted bug: when every draft token is accepted, take the bonus token as p's argmax
+    instead of drawing it from p."""
+
+    def verify(target_probs, draft_probs, draft_tokens, generator=None):
+        verdict = real(target_probs, draft_probs, draft_tokens, generator)
+        if draft_tokens and verdict.n_accepted == len(draft_tokens):
+            verdict.next_token = int(target_probs[len(draft_tokens)].argmax())
+        return verdict
+
+    return verify
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, name, monkeypatch):
+    monkeypatch.setattr(spec_decoding.speculative, "accept_or_resample",
+                        bonus_by_argmax(spec_decoding.speculative.accept_or_resample))
+    result, _ = lossless_check(tiny_target, DRAFTERS[name](tiny_target), dict(temperature=1.0), 2, SAMPLES)
+    assert not result.passed and result.p_value < 1e-6, result.message
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def test_medusa_heads_for_another_target_are_refused(target, tiny_target):
+    with pytest.raises(ValueError, match="trained for another target"):
+        MedusaDrafter(target, MedusaHeads(tiny_target, 2))
+    with pytest.raises(ValueError, match="num_heads must be an int >= 1"):
+        MedusaHeads(target, 0)
