@@ -229,3 +229,89 @@ def test_medusa_heads_for_another_target_are_refused(target, tiny_target):
         MedusaDrafter(target, MedusaHeads(tiny_target, 2))
     with pytest.raises(ValueError, match="num_heads must be an int >= 1"):
         MedusaHeads(target, 0)
+
+
+# ------------------------------------------------------------------------------ training
+
+TRAIN = dict(steps=20, batch_size=2, learning_rate=3e-3, warmup_steps=5, seed=0)
+
+
+def train_tiny(target_dir, kind, out, **kwargs):
+    from conftest import stdlib_texts
+
+    from gpt2.train_pair import TrainSettings
+    from offline.train_drafter import train_drafter
+
+    settings = TrainSettings(**{**TRAIN, **kwargs.pop("settings", {})})
+    return train_drafter(target_dir, kind, out, stdlib_texts()[:3], settings, log=lambda *a: None, **kwargs)
+
+
+@pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=2)), ("eagle", dict(draft_vocab=3000))])
+def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
+                                                                          options, monkeypatch):
+    from spec_decoding.feature_files import load_feature_drafter
+
+    monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
+    target_dir = trained_pair_dirs[0]
+    module, info = train_tiny(target_dir, kind, tmp_path / kind, **options)
+    assert len(info["losses"]) == TRAIN["steps"]
+    assert info["held_out_loss"]["after"] < 0.97 * info["held_out_loss"]["before"]  # same held-out windows
+    assert {p.name for p in (tmp_path / kind).iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    if kind == "medusa":
+        accuracies = info["head_accuracies"]
+        assert len(accuracies) == 2 and all(0 <= a <= b <= 1 for row in accuracies for a, b in zip(row, row[1:]))
+        assert "top-1" in (tmp_path / kind / "README.md").read_text()
+
+    target = load_gpt2(target_dir, dtype="float32")
+    reloaded = load_feature_drafter(tmp_path / kind, target, kind)
+    fresh = (MedusaDrafter(target, module) if kind == "medusa"
+             else EagleDrafter(target, module, reloaded.draft_vocab))
+    prompt = [464, 1332, 318, 257, 220]
+    for drafter in (reloaded, fresh):
+        drafter.result = speculative_sampling(target, drafter, prompt, 30, 3, temperature=1.0,
+                                              generator=torch.Generator().manual_seed(0))
+    assert reloaded.result.tokens == fresh.result.tokens
+    assert reloaded.result.stats.token_sources == fresh.result.stats.token_sources
+    assert reloaded.result.stats.tokens_accepted > 0  # trained a little: it drafts something useful
+
+    # seedable: the same seed gives the same weights
+    again, _ = train_tiny(target_dir, kind, tmp_path / "again", **options, settings=dict(steps=1))
+    once_more, _ = train_tiny(target_dir, kind, tmp_path / "once-more", **options, settings=dict(steps=1))
+    for a, b in zip(again.state_dict().values(), once_more.state_dict().values()):
+        assert torch.equal(a, b)
+
+    other = load_gpt2(trained_pair_dirs[1])  # the draft model: another network, another target
+    with pytest.raises(ValueError, match="trained for another target"):
+        load_feature_drafter(tmp_path / kind, other)
+
+
+def test_an_interrupted_run_leaves_nothing_half_written(trained_pair_dirs, tmp_path, monkeypatch):
+    import offline.train_drafter
+
+    def interrupted(folder, info):
+        assert (folder / "model.safetensors").is_file()  # the weights are already written, unnamed
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
+    monkeypatch.setattr(offline.train_drafter, "write_readme", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_tiny(trained_pair_dirs[0], "medusa", tmp_path / "out", num_heads=1, settings=dict(steps=1))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
+    from offline.train_drafter import TrainDrafterError, main
+
+    with pytest.raises(TrainDrafterError, match="no GPT-2 folder there"):
+        train_tiny(tmp_path / "nothing", "medusa", tmp_path / "out")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    from offline.train_drafter import train_drafter
+    with pytest.raises(TrainDrafterError, match="corpus is empty or too small"):
+        train_drafter(trained_pair_dirs[0], "medusa", tmp_path / "out", [str(empty)], log=lambda *a: None)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("mine")
+    with pytest.raises(TrainDrafterError, match="already holds files"):
+        train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "full")
+    assert (tmp_path / "full" / "mine.txt").read_text() == "mine"  # never overwritten
+    assert main(["--target", str(tmp_path / "nothing"), "--kind", "eagle", "--out", str(tmp_path / "o")]) == 2
