@@ -12,7 +12,7 @@ from conftest import TINY, TINY_VOCAB
 
 import spec_decoding.speculative
 from gpt2 import load_gpt2
-from gpt2.random_weights import save_agreeing_pair
+from offline.random_weights import save_agreeing_pair
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 from spec_decoding.bug_zoo import BUGS, run_check
 

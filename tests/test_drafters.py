@@ -14,7 +14,7 @@ from transformers import GPT2LMHeadModel
 import spec_decoding.greedy
 import spec_decoding.speculative
 from gpt2 import load_gpt2
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.bug_zoo import DrafterReportingUnfilteredQ  # samples after top-k, reports q before

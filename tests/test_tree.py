@@ -11,7 +11,7 @@ from conftest import AGREEING_TARGET, TINY, TINY_VOCAB
 
 import spec_decoding.tree as tree_module
 from gpt2 import GPT2, load_gpt2
-from gpt2.random_weights import save_random_checkpoint
+from offline.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
                            speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
