@@ -6,7 +6,6 @@ temperature, top-k and top-p).
 """
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -16,67 +15,10 @@ from .decoding import (check_sampling_args, record_round, roll_back, round_gamma
 from .drafters import Drafter, as_drafter
 from .gamma import make_policy
 from .greedy import speculative_sampling_greedy
+from .rejection import modified_rejection_sampling, point_masses
 from .result import GenerationResult
-from .sampling import logits_to_probs, sample
+from .sampling import logits_to_probs
 from .trace import Trace
-
-
-def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)), [V]: where to sample after rejecting a draft token. If p <= q
-    everywhere (only possible when p == q up to rounding) it is empty, and p itself is used."""
-    residual = torch.clamp(target_probs - draft_probs, min=0)
-    total = residual.sum()
-    return residual / total if total > 0 else target_probs
-
-
-@dataclass
-class Verdict:
-    """What one round's accept/resample step decided (and what a trace shows of it)."""
-
-    n_accepted: int  # draft tokens accepted, a prefix of the proposal
-    next_token: int  # drawn from the residual after a rejection, or from p (the bonus)
-    uniforms: list[float]  # the uniform draw r_i each judged draft token was tested with
-    residual: torch.Tensor | None  # [V] norm(max(0, p - q)) at the rejection, if there was one
-
-
-def accept_or_resample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                       draft_tokens: list[int], generator: torch.Generator | None = None) -> Verdict:
-    """One round's accept/resample step.
-
-    target_probs [g + 1, V]: p after each prefix (row g follows all draft tokens).
-    draft_probs [g, V]: q, the distributions the draft tokens were sampled from.
-    draft_tokens: the g draft tokens.
-    Draft token x_i is accepted with probability min(1, p_i(x)/q_i(x)); at the first rejection
-    the next token is drawn from norm(max(0, p_i - q_i)); if all g are accepted, a bonus token is
-    drawn from p_g.
-    """
-    uniforms = []
-    for i, x in enumerate(draft_tokens):
-        r = torch.rand((), generator=generator, device=target_probs.device)
-        uniforms.append(float(r))
-        if r * draft_probs[i, x] < target_probs[i, x]:  # r < p/q, written without dividing
-            continue
-        residual = residual_distribution(target_probs[i], draft_probs[i])
-        return Verdict(i, int(sample(residual, generator)), uniforms, residual)
-    g = len(draft_tokens)
-    return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)
-
-
-def modified_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                                draft_tokens: list[int], generator: torch.Generator | None = None):
-    """accept_or_resample, returning just (n accepted, next token)."""
-    verdict = accept_or_resample(target_probs, draft_probs, draft_tokens, generator)
-    return verdict.n_accepted, verdict.next_token
-
-
-def point_masses(draft_tokens: list[int], vocab_size: int, device=None) -> torch.Tensor:
-    """q for a deterministic proposal, [len(draft_tokens), V]: row i is one-hot on draft_tokens[i].
-
-    With q(x) = 1, modified rejection sampling accepts x with probability min(1, p(x) / 1) = p(x),
-    and after a rejection draws from norm(max(0, p - q)): p with x removed, renormalised. That is
-    exactly lossless, and it is not the same as pretending q = p (which would accept everything)."""
-    q = torch.zeros(len(draft_tokens), vocab_size, device=device)
-    return q.scatter_(1, torch.tensor(draft_tokens, dtype=torch.long, device=device).view(-1, 1), 1.0)
 
 
 @torch.inference_mode()
@@ -119,8 +61,8 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
         target_probs = logits_to_probs(target_forward(target, target_cache, tokens, draft_tokens),
                                        temperature, top_k, top_p)
 
-        # 3. Accept or resample.
-        verdict = accept_or_resample(target_probs, draft_probs, draft_tokens, generator)
+        # 3. Accept a prefix of the draft tokens, then draw one token more (spec_decoding.rejection).
+        verdict = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
         new_tokens, sources = round_output(draft_tokens, verdict.n_accepted, verdict.next_token)
         record_round(stats, len(draft_tokens), verdict.n_accepted, drafter.forward_calls)
         policy.update(len(draft_tokens), verdict.n_accepted)

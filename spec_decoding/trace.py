@@ -115,7 +115,7 @@ class Trace:
 
     def record_sampled_round(self, draft_tokens: list[int], draft_probs: torch.Tensor,
                              target_probs: torch.Tensor, verdict, n_out: int) -> None:
-        """draft_probs [g, V] q, target_probs [g + 1, V] p, verdict: speculative.Verdict;
+        """draft_probs [g, V] q, target_probs [g + 1, V] p, verdict: rejection.Verdict;
         n_out: output length after the round."""
         n = verdict.n_accepted
         drafted = []
@@ -240,7 +240,7 @@ def sampled_tree_nodes(tree, target_probs: torch.Tensor, path: list[int],
     in draws are the ones judged). target_probs [N + 1, V].
     Returns the nodes and the distribution the target's token came from ([V]): the last p' at the
     stop node after a rejection, p there after a leaf (the bonus)."""
-    from .speculative import residual_distribution  # here: speculative imports this module
+    from .rejection import residual_distribution
 
     adjusted, final = {}, None
     for node in [ROOT_NODE] + path:

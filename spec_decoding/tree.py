@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt2 import GPT2
-from . import speculative
 from .decoding import (check_drafter, check_positive_int, check_sampling_args, forward_new_tokens,
                        new_cache, prompt_to_list, record_round, round_gamma, take_tokens)
 from .drafters import ModelDrafter
+from .rejection import multi_draft_rejection_sampling
 from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                      GenerationResult, GenerationStats)
 from .sampling import logits_to_probs, sample
@@ -210,40 +210,6 @@ def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[li
         path.append(node)
 
 
-def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                                   draft_tokens: list[int], generator=None,
-                                   draws: list | None = None) -> tuple[int | None, int | None]:
-    """SpecInfer's multi-draft rejection sampling at one node (Miao et al. 2023, "multi-step
-    speculative sampling", for children drawn independently from q).
-
-    target_probs p [V] and draft_probs q [V] at the node; draft_tokens x_1..x_b were drawn
-    independently from q. Children are tried one after the other: x_i is accepted with probability
-    min(1, r(x_i) / q(x_i)) where r is the current target, starting at r = p; after a rejection
-    r becomes norm(max(0, r - q)). If all are rejected the token is drawn from the final r.
-    Returns (i, None) when child i was accepted, (None, token) otherwise. draws: a list that gets
-    the uniform draw of each child tried, in order (for trace=True), or None.
-
-    Why the token is distributed exactly as p. Let S(r, k) be this procedure with target r and k
-    children left. Claim: S(r, k) outputs a token distributed as r. k = 0: it draws from r. k > 0:
-    the first child is one step of ordinary speculative sampling with target r: draw x from q,
-    accept with min(1, r(x)/q(x)), and on rejection draw from norm(max(0, r - q)). That step
-    outputs exactly r (Leviathan et al. 2023, Theorem 1), whatever does the drawing after a
-    rejection, as long as it follows norm(max(0, r - q)). Here S(norm(max(0, r - q)), k - 1) does,
-    by the claim for k - 1. So S(p, b) outputs p. The update after each rejection is essential:
-    testing every child against the unchanged p accepts too often (a token the draft likes gets
-    b chances), and tests/test_tree.py shows that variant fails the exactness test.
-    """
-    residual = target_probs
-    for i, x in enumerate(draft_tokens):
-        r = torch.rand((), generator=generator, device=target_probs.device)
-        if draws is not None:
-            draws.append(float(r))
-        if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing
-            return i, None
-        residual = speculative.residual_distribution(residual, draft_probs)
-    return None, int(sample(residual, generator))
-
-
 def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=None,
                          draws: dict | None = None) -> tuple[list[int], int]:
     """target_probs [N + 1, V]: p after the root (row 0) and after each node (row 1 + i).
@@ -261,14 +227,13 @@ def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=
         p = target_probs[node + 1]
         if not children:
             return path, int(sample(p, generator))
-        tried = None if draws is None else []
-        accepted, token = multi_draft_rejection_sampling(
-            p, tree.draft_probs[node], tree.path_tokens(children), generator, tried)
+        verdict = multi_draft_rejection_sampling(p, tree.draft_probs[node], tree.path_tokens(children),
+                                                 generator)
         if draws is not None:
-            draws.update(zip(children, tried))  # the children tried, in order: a prefix
-        if accepted is None:
-            return path, token
-        node = children[accepted]
+            draws.update(zip(children, verdict.uniforms))  # the children tried, in order: a prefix
+        if verdict.accepted is None:
+            return path, verdict.next_token
+        node = children[verdict.accepted]
         path.append(node)
 
 

@@ -75,10 +75,10 @@ def test_the_greedy_generator_passes_the_checks_too(pair, check):
 
 def test_planting_restores_the_library(pair):
     target, draft = pair
-    residual = spec_decoding.speculative.residual_distribution
+    residual = spec_decoding.rejection.residual_distribution
     with BUGS["resample from p"].planted():
-        assert spec_decoding.speculative.residual_distribution is not residual
-    assert spec_decoding.speculative.residual_distribution is residual
+        assert spec_decoding.rejection.residual_distribution is not residual
+    assert spec_decoding.rejection.residual_distribution is residual
 
 
 def test_half_precision_mismatch_sits_on_a_near_tie(tmp_path):
