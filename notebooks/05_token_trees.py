@@ -154,7 +154,8 @@ assert worst < 1e-3
 # Exactly the tokens the target alone would have produced, greedily.
 
 # %%
-path, next_token = verify_tree_greedy(tree, target_logits)
+verdict = verify_tree_greedy(tree, target_logits)
+path, next_token = verdict.path, verdict.next_token
 print("accepted path:", [f"{i}:{label(tree.tokens[i])}" for i in path], "then the target's", label(next_token))
 
 
@@ -299,7 +300,7 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 from IPython.display import HTML, display
 
 from spec_decoding.result import FROM_DRAFT_BRANCH
-from spec_decoding.trace import iframe_html
+from spec_decoding.trace_page import iframe_html
 
 result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
                                    generator=torch.Generator().manual_seed(0), trace=True)

@@ -299,8 +299,8 @@ def test_two_levels_of_a_synthetic_tree():
             for token in sample(q_next[tree.tokens[parent]].expand(2, -1), g).tolist():
                 tree.add(token, parent)
         rows = [p_root] + [p_next[t] for t in tree.tokens[:2]] + [torch.full((V,), 1.0 / V)] * 4
-        path, token = verify_tree_sampling(tree, torch.stack(rows), g)
-        out = tree.path_tokens(path) + [token]
+        verdict = verify_tree_sampling(tree, torch.stack(rows), g)
+        out = tree.path_tokens(verdict.path) + [verdict.next_token]
         first[out[0]] += 1
         if len(out) >= 2:
             pairs[out[0], out[1]] += 1
