@@ -4,7 +4,7 @@
         [--minutes 4] [--steps N] [--text PATH ...] [--seed 0] [--heads 4] [--draft-vocab N]
 
 The target is frozen: each step runs it on a batch of windows of the corpus (by default the Python
-standard library's sources, as gpt2.train_pair; the same corpus discovery, imported) and keeps its
+standard library's sources, as offline.train_pair; the same corpus discovery, imported) and keeps its
 features (the residual stream before ln_f, GPT2.forward(return_features=True)) and the tokens.
 Only the drafter learns, from what the target computed:
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from gpt2 import GPT2, load_gpt2
 # The corpus and the atomic write are train_pair's: one corpus discovery for every offline tool.
-from gpt2.train_pair import (TrainPairError, TrainSettings, corpus_files, learning_rate, split_documents,
+from .train_pair import (TrainPairError, TrainSettings, corpus_files, learning_rate, split_documents,
                              stop_on_sigterm, tokenize_files, write_pair_atomically)
 from spec_decoding.eagle import EagleNet
 from spec_decoding.feature_files import KINDS, save_feature_drafter, target_fingerprint
@@ -57,7 +57,7 @@ def load_target(folder) -> GPT2:
     path = Path(folder).expanduser()
     if not (path / "config.json").is_file():
         raise TrainDrafterError(f"--target {folder}: no GPT-2 folder there (config.json missing). Give the "
-                                f"target's folder, e.g. runs/pair/target from python -m gpt2.train_pair.")
+                                f"target's folder, e.g. runs/pair/target from python -m offline.train_pair.")
     target = load_gpt2(path, dtype="float32")
     target.requires_grad_(False)
     return target.eval()
