@@ -72,6 +72,7 @@ from spec_decoding import (autoregressive_generate, speculative_sampling, specul
 from spec_decoding.tree import TokenTree, branching_label, parse_branching, score_tree, tree_size
 from spec_decoding.decoding import check_drafter
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from spec_decoding.feature_files import load_feature_drafter, parse_drafter_spec
 from spec_decoding.costs import CostModel
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
 from spec_decoding.theory import predicted_speedup, predicted_tree_speedup
@@ -125,13 +126,19 @@ def non_negative_int(text):
 def drafter_spec(text):
     """model, ngram, ngram:N or layerskip:K -> the canonical name (ngram is ngram:3)."""
     kind, _, number = text.partition(":")
+    try:
+        if parse_drafter_spec(text):  # medusa:DIR, eagle:DIR
+            return text
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if kind == "model" and not number:
         return "model"
     if kind in ("ngram", "layerskip") and (number.isdigit() and int(number) >= 1 or kind == "ngram" and not number):
         return f"{kind}:{number or 3}"
     raise argparse.ArgumentTypeError(
-        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens) or "
-        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1")
+        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens), "
+        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1, or medusa:DIR / "
+        f"eagle:DIR (a feature drafter from python -m offline.train_drafter)")
 
 
 def temperature_value(text):
@@ -297,6 +304,8 @@ def make_drafters(names, target, draft) -> dict:
                 drafters[name] = ModelDrafter(draft)
             elif kind == "ngram":
                 drafters[name] = NGramDrafter(max_ngram=int(number))
+            elif feature := parse_drafter_spec(name):
+                drafters[name] = load_feature_drafter(feature[1], target, feature[0])
             else:
                 drafters[name] = LayerSkipDrafter(target, int(number))
         except ValueError as e:

@@ -4,6 +4,7 @@
     python spec_decoding_generate.py --prompt "The meaning of life is" --max-gen 60
     python spec_decoding_generate.py --drafter ngram --ngram 3       # prompt lookup, no draft model
     python spec_decoding_generate.py --drafter layerskip --draft-layers 6   # the target's first 6 blocks
+    python spec_decoding_generate.py --target DIR --drafter medusa:DIR2   # offline.train_drafter's heads
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
@@ -15,8 +16,9 @@ each, and the target (default gpt2-large, 774M) scores all of them in a single f
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
 it follows the target's distribution exactly. Only the speed changes. --drafter picks what proposes
 the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
-copy what followed the last n tokens earlier in the text) or the target's own first blocks
-(layerskip).
+copy what followed the last n tokens earlier in the text), the target's own first blocks
+(layerskip), or a feature drafter trained for the target (medusa:DIR, eagle:DIR; made by
+python -m offline.train_drafter).
 --gamma auto chooses each round's draft length from the measured costs and the acceptance so far
 (0: no drafting while it does not pay); --gamma heuristic uses transformers' schedule
 (spec_decoding/gamma.py).
@@ -41,6 +43,7 @@ from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.decoding import check_drafter
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from spec_decoding.feature_files import load_feature_drafter, parse_drafter_spec
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
 from spec_decoding.trace_page import write_html
 from spec_decoding.tree import parse_branching
@@ -94,6 +97,16 @@ def gamma_value(text: str):
             f"must be an integer >= 1, auto or heuristic, got {text}") from None
 
 
+def drafter_value(text: str) -> str:
+    """--drafter: model, ngram, layerskip, medusa:DIR or eagle:DIR."""
+    try:
+        if text in DRAFTERS or parse_drafter_spec(text):
+            return text
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(DRAFTERS)}, medusa:DIR or eagle:DIR, got {text!r}")
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not (value >= 0 and math.isfinite(value)):
@@ -123,10 +136,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
                "folder with config.json + model.safetensors, or a .safetensors file.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
-    parser.add_argument("--drafter", choices=DRAFTERS, default="model",
+    parser.add_argument("--drafter", type=drafter_value, default="model",
                         help="what proposes the draft tokens: model (--draft, the default), ngram "
-                             "(prompt lookup, no second model) or layerskip (the target's first "
-                             "--draft-layers blocks)")
+                             "(prompt lookup, no second model), layerskip (the target's first "
+                             "--draft-layers blocks), medusa:DIR or eagle:DIR (a feature drafter "
+                             "trained for the target by python -m offline.train_drafter)")
     parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2; --drafter model)")
     parser.add_argument("--ngram", type=positive_int, metavar="N",
                         help="--drafter ngram: the longest n-gram looked up (default: 3)")
@@ -231,6 +245,10 @@ def make_drafter(args, target, device: torch.device, dtype: str):
         except ValueError as e:
             raise ValueError(f"--draft-layers {k}: {e}") from None
         return drafter, f"layerskip (the target's first {k} of {n_layer} blocks)"
+    if feature := parse_drafter_spec(args.drafter):
+        kind, folder = feature
+        drafter = load_feature_drafter(folder, target, kind)
+        return drafter, f"{kind} ({folder}, reading the target's features)"
     return ModelDrafter(load_model("draft", args.draft, device, dtype, args.draft_quantize)), f"model {args.draft}"
 
 

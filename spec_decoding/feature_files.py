@@ -46,6 +46,17 @@ def save_feature_drafter(folder: Path, kind: str, module: torch.nn.Module, targe
     (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def parse_drafter_spec(text: str) -> tuple[str, str] | None:
+    """"medusa:DIR" or "eagle:DIR" (command lines' --drafter) -> (kind, DIR); None for other text."""
+    kind, sep, folder = text.partition(":")
+    if kind not in KINDS:
+        return None
+    if not folder:
+        raise ValueError(f"--drafter {kind} needs the drafter's folder: {kind}:DIR (made by "
+                         f"python -m offline.train_drafter --kind {kind} --out DIR)")
+    return kind, folder
+
+
 def read_config(folder) -> dict:
     folder = Path(folder).expanduser()
     path = folder / "config.json"

@@ -316,3 +316,57 @@ def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
         train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "full")
     assert (tmp_path / "full" / "mine.txt").read_text() == "mine"  # never overwritten
     assert main(["--target", str(tmp_path / "nothing"), "--kind", "eagle", "--out", str(tmp_path / "o")]) == 2
+
+
+# ------------------------------------------------------------------------------ command lines
+
+@pytest.fixture(scope="module")
+def saved_drafters(text_pair, tmp_path_factory):
+    """Untrained Medusa heads and EAGLE drafter for the text pair's target, saved as the trainer does."""
+    from spec_decoding.feature_files import save_feature_drafter
+
+    target = text_pair[0]
+    root = tmp_path_factory.mktemp("feature-drafters")
+    for kind, module in (("medusa", randomize(MedusaHeads(target, 3), 0, std=0.02)),
+                         ("eagle", randomize(EagleNet(target), 0, std=0.02))):
+        (root / kind).mkdir()
+        save_feature_drafter(root / kind, kind, module, target, {"num_heads": 3} if kind == "medusa" else {})
+    return root
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_generate_script_drafts_with_a_saved_feature_drafter(text_pair_dirs, text_pair, saved_drafters, kind,
+                                                            tmp_path, capsys):
+    import json
+
+    import spec_decoding_generate as script
+    from gpt2 import encode
+
+    html = tmp_path / "trace.html"
+    args = ["--target", str(text_pair_dirs[0]), "--drafter", f"{kind}:{saved_drafters / kind}", "--prompt",
+            "The capital of France is", "--max-gen", "12", "--gamma", "3", "--dtype", "float32", "--json",
+            "--html", str(html)]
+    assert script.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = autoregressive_generate(text_pair[0], encode("The capital of France is"), 12).tokens
+    assert out["tokens"] == want
+    assert out["stats"]["tokens_drafted"] > 0
+    assert html.is_file() and "round" in html.read_text().lower()
+
+
+def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, saved_drafters, capsys):
+    import benchmark
+    import spec_decoding_generate as script
+
+    args = ["--target", str(text_pair_dirs[1]), "--drafter", f"medusa:{saved_drafters / 'medusa'}", "--max-gen", "4"]
+    assert script.main(args) == 2
+    assert "was trained for another target" in capsys.readouterr().err
+    assert script.main(["--target", str(text_pair_dirs[0]), "--drafter", f"eagle:{saved_drafters / 'medusa'}",
+                        "--max-gen", "4"]) == 2
+    assert "holds a medusa drafter, not eagle" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.parse_args(["--drafter", "medusa"])
+    assert "medusa needs the drafter's folder" in capsys.readouterr().err
+    assert benchmark.drafter_spec(f"eagle:{saved_drafters}") == f"eagle:{saved_drafters}"
+    with pytest.raises(SystemExit, match="trained for another target"):
+        benchmark.make_drafters([f"eagle:{saved_drafters / 'eagle'}"], load_gpt2(text_pair_dirs[1]), None)
