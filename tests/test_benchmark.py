@@ -311,9 +311,9 @@ def test_drafters_are_a_grid_axis(drafters_run):
 @pytest.mark.parametrize("spec, canonical", [("model", "model"), ("ngram", "ngram:3"), ("ngram:5", "ngram:5"),
                                              ("layerskip:6", "layerskip:6")])
 def test_drafter_specs(spec, canonical):
-    import benchmark
+    from spec_decoding.cli import drafter_spec
 
-    assert benchmark.drafter_spec(spec) == canonical
+    assert drafter_spec(spec) == canonical
 
 
 @pytest.mark.parametrize("spec", ["bogus", "layerskip", "layerskip:0", "ngram:x", "model:2", "ngram:-1"])
