@@ -64,8 +64,8 @@ def gamma_value(text: str):
     try:
         return positive_int(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (nor one of "
-                                         f"{', '.join(POLICY_NAMES)})") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1, "
+                                         f"{' or '.join(POLICY_NAMES)}") from None
 
 
 def branching(text: str) -> tuple[int, ...]:
