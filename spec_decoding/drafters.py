@@ -104,15 +104,21 @@ class ModelDrafter(Drafter):
         self.forward_calls += 1
         return forward_new_tokens(self.model, self.cache, tokens)[-1]
 
+    def draw(self, logits: torch.Tensor, temperature: float, top_k=None, top_p=None,
+             generator=None) -> tuple[int, torch.Tensor | None]:
+        """One draft token from the draft's logits [V], and the q [V] it was drawn from (None when
+        greedy: the argmax)."""
+        if temperature == 0:
+            return int(logits.argmax()), None
+        q = logits_to_probs(logits, temperature, top_k, top_p)  # [V], as the target's p
+        return int(sample(q, generator)), q
+
     def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
         draft_tokens, draft_probs = [], []
         for _ in range(num_tokens):
-            logits = self.next_logits(tokens + draft_tokens)
-            if temperature == 0:
-                draft_tokens.append(int(logits.argmax()))
-            else:
-                q = logits_to_probs(logits, temperature, top_k, top_p)  # [V], as the target's p
-                draft_tokens.append(int(sample(q, generator)))
+            token, q = self.draw(self.next_logits(tokens + draft_tokens), temperature, top_k, top_p, generator)
+            draft_tokens.append(token)
+            if q is not None:
                 draft_probs.append(q)
         return draft_tokens, torch.stack(draft_probs) if draft_probs else None
 
