@@ -156,7 +156,8 @@ def parse_args(argv=None):
 
 def make_standins(directory: Path, seed: int) -> tuple[Path, Path]:
     """A gpt2-large-shaped target and a draft of its first 4 blocks (save_agreeing_pair). Damping
-    0.35 with embeddings of std 0.3 makes them agree on ~75% of tokens, near real GPT-2 pairs."""
+    0.35 with embeddings of std 0.3 makes them agree about as often as real GPT-2 pairs
+    (docs/performance.md has the measured rate)."""
     from offline.random_weights import save_agreeing_pair
 
     recipe = {"what": "random-weight stand-ins: they time like the real models; text and acceptance are not real",
