@@ -65,7 +65,7 @@ from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import gamma_order, timed
-from gpt2.device import dtype_note, resolve_device, resolve_dtype
+from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import peek_config
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
@@ -699,8 +699,8 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, flush=True)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stdout)
     prompts = read_prompts(args.prompts)
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
     configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
@@ -714,7 +714,7 @@ def main(argv=None) -> None:
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    # dtype "auto" is decided per model, by its size (gpt2.device.auto_dtype).
+    # dtype "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format).
     draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize) if uses_draft else None
     target = load_model("target", str(args.target), device, args.dtype, args.quantize)
     dtype = target.wte.weight.dtype

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
-from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
+from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.decoding import check_drafter
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
@@ -204,7 +204,7 @@ def encode_prompt(prompt: str) -> list[int]:
 
 
 def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None):
-    """dtype: a --dtype choice; "auto" is decided per model, by its size (gpt2.device.auto_dtype)."""
+    """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format)."""
     print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -404,8 +404,8 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
 
 def generate(args) -> None:
     device = resolve_device(args.device)
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, file=sys.stderr)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, args.dtype, args.quantize)

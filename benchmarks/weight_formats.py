@@ -41,9 +41,9 @@ from pathlib import Path
 
 import torch
 
-import gpt2.fast_linear
+import gpt2.kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.model import linear
+from gpt2.kernels import linear
 from gpt2.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
@@ -61,16 +61,16 @@ FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()
 
 
 class fast_kernels:
-    """with fast_kernels(on): run gpt2.model.linear() with or without gpt2/fast_linear.py."""
+    """with fast_kernels(on): run gpt2.kernels.linear() with or without the kernels gpt2.kernels attached."""
 
     def __init__(self, on: bool):
         self.on = on
 
     def __enter__(self):
-        self.saved, gpt2.fast_linear.ENABLED = gpt2.fast_linear.ENABLED, self.on
+        self.saved, gpt2.kernels.ENABLED = gpt2.kernels.ENABLED, self.on
 
     def __exit__(self, *exc):
-        gpt2.fast_linear.ENABLED = self.saved
+        gpt2.kernels.ENABLED = self.saved
 
 
 def format_bytes(model, fmt) -> int:
@@ -78,7 +78,7 @@ def format_bytes(model, fmt) -> int:
     total = weight_bytes_per_token(model)
     stored = {"int8": 1, "fp16w": 2}.get(fmt.split("+")[0])
     if stored and not fmt.endswith("-plain"):
-        for w in gpt2.fast_linear.linear_weights(model):
+        for w in gpt2.kernels.linear_weights(model):
             total -= w.numel() * (w.element_size() - stored)
     return total
 
@@ -94,7 +94,7 @@ def forward_seconds(model, cache, context_len, tokens):
 @torch.inference_mode()
 def linears_alone_seconds(model) -> float:
     """Every linear layer of one decoding step (4 per block, then the head), in order, one row
-    each, through gpt2.model.linear(): the step's matrix work without anything between."""
+    each, through gpt2.kernels.linear(): the step's matrix work without anything between."""
     layers = [lin for b in model.h for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
     dtype = model.wte.weight.dtype
     x = {n: torch.randn(1, 1, n, dtype=dtype) for n in {lin.in_features for lin in layers}}
