@@ -275,6 +275,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
     model.load_state_dict(state, assign=True)
     params = dict(model.named_parameters())
     attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
+    model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
 
 
