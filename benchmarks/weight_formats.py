@@ -12,6 +12,8 @@ Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6
   int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/fast_linear.py)
   fp16w  load_gpt2(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
   fp16   load_gpt2(path, dtype="float16")       (a float16 model: F.linear, no fast path)
+  auto   load_gpt2(path)                        (dtype "auto": the format gpt2.kernels measures
+                                                 fastest on this machine, said in one line)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
 and measures, interleaving the formats round by round (medians; the machine may be shared):
@@ -54,7 +56,8 @@ from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_
 FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
            "int8": {"dtype": "float32", "quantize": "int8"}, "fp16w": {"dtype": "float32", "quantize": "fp16"},
            "fp16": {"dtype": "float16"},
-           "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
+           "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"},
+           "auto": {"dtype": "auto"}}  # what gpt2.kernels measures fastest here (one of the above)
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
 FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()) if name != "fp32"})
@@ -76,7 +79,8 @@ class fast_kernels:
 def format_bytes(model, fmt) -> int:
     """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight, fp16w 2."""
     total = weight_bytes_per_token(model)
-    stored = {"int8": 1, "fp16w": 2}.get(fmt.split("+")[0])
+    quantize = {"fp16": "fp16w"}.get(getattr(model, "quantize", None), getattr(model, "quantize", None))
+    stored = {"int8": 1, "fp16w": 2}.get(quantize if fmt == "auto" else fmt.split("+")[0])
     if stored and not fmt.endswith("-plain"):
         for w in gpt2.kernels.linear_weights(model):
             total -= w.numel() * (w.element_size() - stored)
