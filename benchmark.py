@@ -177,8 +177,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto (default): per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                        "Small and larger, else float32; bfloat16/float16 on a GPU")
+                   help="auto (default): per model, the format measured fastest on this CPU for its "
+                        "shapes (float32, float16 weights or bfloat16; python -m gpt2.kernel_report); "
+                        "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")

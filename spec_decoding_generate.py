@@ -156,9 +156,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="auto (default: per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                             "Small and larger, else float32; bfloat16/float16 on a GPU), float32, "
-                             "bfloat16 or float16")
+                        help="auto (default: per model, the format measured fastest on this CPU for "
+                             "its shapes: float32, float16 weights or bfloat16, see python -m "
+                             "gpt2.kernel_report; bfloat16/float16 on a GPU), float32, bfloat16 or float16")
     parser.add_argument("--quantize", choices=["int8", "fp16"],
                         help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
