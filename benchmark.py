@@ -63,7 +63,7 @@ from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import gamma_order, timed
-from gpt2.device import dtype_note, resolve_device, resolve_dtype
+from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import peek_config
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
@@ -119,8 +119,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto (default): per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                        "Small and larger, else float32; bfloat16/float16 on a GPU")
+                   help="auto (default): per model, the format measured fastest on this CPU for its "
+                        "shapes (float32, float16 weights or bfloat16; python -m gpt2.kernel_report); "
+                        "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
@@ -594,8 +595,8 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, flush=True)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stdout)
     prompts = read_prompts(args.prompts)
     uses_draft = any(cli.needs_draft_model(name) for name in args.drafters)
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
@@ -609,7 +610,7 @@ def main(argv=None) -> None:
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    # dtype "auto" is decided per model, by its size (gpt2.device.auto_dtype).
+    # dtype "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format).
     draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize) if uses_draft else None
     target = load_model("target", str(args.target), device, args.dtype, args.quantize)
     dtype = target.wte.weight.dtype

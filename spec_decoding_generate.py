@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
-from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
+from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.decoding import check_drafter
 from spec_decoding import cli
@@ -114,9 +114,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="auto (default: per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                             "Small and larger, else float32; bfloat16/float16 on a GPU), float32, "
-                             "bfloat16 or float16")
+                        help="auto (default: per model, the format measured fastest on this CPU for "
+                             "its shapes: float32, float16 weights or bfloat16, see python -m "
+                             "gpt2.kernel_report; bfloat16/float16 on a GPU), float32, bfloat16 or float16")
     parser.add_argument("--quantize", choices=["int8", "fp16"],
                         help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
@@ -162,7 +162,7 @@ def encode_prompt(prompt: str) -> list[int]:
 
 
 def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None):
-    """dtype: a --dtype choice; "auto" is decided per model, by its size (gpt2.device.auto_dtype)."""
+    """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format)."""
     print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -362,8 +362,8 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
 
 def generate(args) -> None:
     device = resolve_device(args.device)
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, file=sys.stderr)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, args.dtype, args.quantize)
