@@ -260,7 +260,7 @@ def read_prompts(path: Path) -> list[list[int]]:
         sys.exit(f"error: {path} holds no prompts (one per line)")
     try:
         return [encode(t) for t in texts]
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         sys.exit(f"error: {e}")
 
 

@@ -69,7 +69,7 @@ STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|
 
 
 class UsageError(Exception):
-    """A problem the user can fix: tokenizer files missing offline."""
+    """A problem the user can fix: e.g. the tokenizer's files missing from the package."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def encode_prompt(prompt: str) -> list[int]:
     try:
         return encode(prompt)
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         raise UsageError(str(e)) from None
 
 
