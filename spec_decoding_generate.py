@@ -38,6 +38,7 @@ import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
+from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.decoding import check_drafter
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
@@ -121,7 +122,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Speculative decoding with GPT-2: a small draft model proposes tokens, a "
                     "large target model verifies them.",
         epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
-               "folder with config.json + model.safetensors, or a .safetensors file.")
+               "folder with config.json + model.safetensors, or a .safetensors file. Offline (no "
+               f"hub), train a small pair first: {TRAIN_PAIR_COMMAND} (about 10 minutes on 2 CPU "
+               "cores), then pass --target runs/trained_pair/target --draft runs/trained_pair/draft.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
     parser.add_argument("--drafter", choices=DRAFTERS, default="model",
                         help="what proposes the draft tokens: model (--draft, the default), ngram "
@@ -197,6 +200,25 @@ def encode_prompt(prompt: str) -> list[int]:
         return encode(prompt)
     except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         raise UsageError(str(e)) from None
+
+
+def check_before_loading(prompt_ids: list[int], args) -> None:
+    """What can be checked before any weights load, reading at most config.json: a local --target or
+    --draft path that is missing or names a folder of models, and a prompt longer than a model's
+    context window (where its config is cheap to read: gpt2.loading.peek_config)."""
+    names = [("target", args.target)] + ([("draft", args.draft)] if args.drafter == "model" else [])
+    for role, name in names:
+        try:
+            check_local_checkpoint(name)
+        except CheckpointError as e:  # say which of the two models failed
+            raise CheckpointError(f"--{role} {name}: {e}") from None
+    for role, name in names:
+        config = peek_config(name)
+        if config is not None and len(prompt_ids) >= config.n_positions:
+            raise UsageError(
+                f"--prompt has {len(prompt_ids)} tokens, but the {role}'s context window ({name}: "
+                f"n_positions={config.n_positions}) holds {config.n_positions}. Shorten the prompt "
+                f"to fewer than {config.n_positions} tokens, to leave room for the new ones.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,6 +429,7 @@ def generate(args) -> None:
     if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
         print(note, file=sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
+    check_before_loading(prompt_ids, args)
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, args.dtype, args.quantize)
     drafter, drafter_line = make_drafter(args, target, device, args.dtype)
