@@ -366,7 +366,7 @@ def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, s
     assert "holds a medusa drafter, not eagle" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         script.parse_args(["--drafter", "medusa"])
-    assert "medusa needs the drafter's folder" in capsys.readouterr().err
-    assert benchmark.drafter_spec(f"eagle:{saved_drafters}") == f"eagle:{saved_drafters}"
+    assert "'medusa' needs a folder: medusa:DIR" in capsys.readouterr().err
+    assert benchmark.parse_args(["--drafters", f"eagle:{saved_drafters}"]).drafters == [f"eagle:{saved_drafters}"]
     with pytest.raises(SystemExit, match="trained for another target"):
         benchmark.make_drafters([f"eagle:{saved_drafters / 'eagle'}"], load_gpt2(text_pair_dirs[1]), None)
