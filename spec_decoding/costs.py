@@ -170,17 +170,11 @@ class CostModel:
             context_len = min(context_len, (draft.n_positions or context_len + 2) - 2)
         context = torch.randint(vocab, (context_len,), generator=g).tolist()
 
-<<<<<<< HEAD
-        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1)
+        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1,
+                                           extra_slots=max([tree_size(b) for b in trees], default=0))
         _, features = target(torch.tensor([context], device=device), target_cache, num_last_logits=1,
                              return_features=True)
         draft_step = _draft_stepper(draft, context, device, features[0])
-=======
-        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1,
-                                           extra_slots=max([tree_size(b) for b in trees], default=0))
-        target(torch.tensor([context], device=device), target_cache, num_last_logits=1)
-        draft_step = _draft_stepper(draft, context, device)
->>>>>>> main
 
         def target_score(k):
             new = torch.randint(vocab, (1, k), generator=g).to(device)
