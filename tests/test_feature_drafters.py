@@ -370,3 +370,14 @@ def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, s
     assert benchmark.parse_args(["--drafters", f"eagle:{saved_drafters}"]).drafters == [f"eagle:{saved_drafters}"]
     with pytest.raises(SystemExit, match="trained for another target"):
         benchmark.make_drafters([f"eagle:{saved_drafters / 'eagle'}"], load_gpt2(text_pair_dirs[1]), None)
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle"])
+def test_the_cost_model_times_a_real_feature_drafter_step(target, name):
+    """CostModel.calibrate hands the drafter the context's features, as the generators do: without
+    them a feature drafter proposes nothing and its 'step' would time an empty call."""
+    from spec_decoding.costs import CostModel
+
+    drafter = DRAFTERS[name](target)
+    cost = CostModel.calibrate(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
+    assert drafter.forward_calls >= 3 and cost.draft_step_s > 0
