@@ -63,8 +63,8 @@ from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import gamma_order, timed
-from gpt2.device import dtype_note, resolve_device, resolve_dtype
-from gpt2.loading import peek_config
+from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
+from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.tree import branching_label, parse_branching, tree_size
@@ -95,7 +95,11 @@ def fixed_gammas(gammas) -> list[int]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"Offline (no hub): train a small real pair first, {TRAIN_PAIR_COMMAND}\n"
+                                       f"(about 10 minutes on 2 CPU cores), then --target runs/trained_pair/target "
+                                       f"--draft runs/trained_pair/draft;\nor time random-weight stand-ins of the "
+                                       f"real shapes with --make-standins DIR.")
     p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2), for the model drafter")
     p.add_argument("--drafters", type=cli.drafter_spec, nargs="+", default=["model"], metavar="D",
                    help="what drafts: model (--draft), ngram[:N] (prompt lookup), layerskip:K (the "
@@ -119,8 +123,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto (default): per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                        "Small and larger, else float32; bfloat16/float16 on a GPU")
+                   help="auto (default): per model, the format measured fastest on this CPU for its "
+                        "shapes (float32, float16 weights or bfloat16; python -m gpt2.kernel_report); "
+                        "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
@@ -203,7 +208,7 @@ def read_prompts(path: Path) -> list[list[int]]:
         sys.exit(f"error: {path} holds no prompts (one per line)")
     try:
         return [encode(t) for t in texts]
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         sys.exit(f"error: {e}")
 
 
@@ -594,22 +599,29 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, flush=True)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stdout)
     prompts = read_prompts(args.prompts)
     uses_draft = any(cli.needs_draft_model(name) for name in args.drafters)
+    if not args.make_standins:  # a mistyped local path fails now, not after the other model loads
+        for role, name in [("target", args.target)] + ([("draft", args.draft)] if uses_draft else []):
+            try:
+                check_local_checkpoint(name)
+            except CheckpointError as e:
+                sys.exit(f"error: --{role} {name}: {e}")
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
     configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
                [c for c in (peek_config(args.target), peek_config(args.draft) if uses_draft else None)
                 if c is not None])
     if configs:
+        check_prompts_fit(prompts, min(c.vocab_size for c in configs), min(c.n_positions for c in configs))
         args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    # dtype "auto" is decided per model, by its size (gpt2.device.auto_dtype).
+    # dtype "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format).
     draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize) if uses_draft else None
     target = load_model("target", str(args.target), device, args.dtype, args.quantize)
     dtype = target.wte.weight.dtype

@@ -33,8 +33,10 @@ def describe_model(model) -> str:
     (ModelDrafter) is described as that GPT-2; another drafter by its class and settings."""
     if isinstance(model, GPT2):
         c, w = model.config, model.wte.weight
+        # int8 / float16 weights (load_gpt2's quantize) cost what their bytes cost, not the dtype's
+        weights = f", {model.quantize} weights" if getattr(model, "quantize", None) else ""
         return (f"GPT2(n_layer={c.n_layer}, n_head={c.n_head}, n_embd={c.n_embd}, "
-                f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}, {w.device.type})")
+                f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}{weights}, {w.device.type})")
     if type(model).__name__ == "ModelDrafter" and isinstance(getattr(model, "model", None), GPT2):
         return describe_model(model.model)
     settings = {k: v for k, v in vars(model).items()
