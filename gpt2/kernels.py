@@ -224,7 +224,7 @@ def describe_choice(paths: list[tuple[float, str]]) -> str:
     parts, low = [], 1
     for max_rows, path in paths:
         rows = f"{low}+" if math.isinf(max_rows) else (f"{low}" if low == max_rows else f"{low}-{max_rows}")
-        parts.append(f"{rows} rows: {path}")
+        parts.append(f"{rows} {'row' if rows == '1' else 'rows'}: {path}")
         low = max_rows + 1 if not math.isinf(max_rows) else low
     return ", ".join(parts)
 
@@ -281,8 +281,12 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             continue
         large = [w for w in weights if w.numel() >= ONEDNN_MIN_WEIGHTS]
         if large and ENABLED and len(paths) > 1:
-            shape = max((tuple(w.shape) for w in large), key=lambda s: s[0] * s[1])
-            sample = [w for w in large if tuple(w.shape) == shape]
+            # The shape whose weights a step reads most of (in GPT-2, the MLP's; not the head,
+            # the largest single matrix but read once per step).
+            by_shape: dict[tuple, list[torch.Tensor]] = {}
+            for w in large:
+                by_shape.setdefault(tuple(w.shape), []).append(w)
+            shape, sample = max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
             key = (fmt, shape, weights[0].dtype, torch.get_num_threads())
             if choose is not None:
                 choice = choose(fmt, sample, paths, int8)
