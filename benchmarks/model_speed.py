@@ -47,7 +47,7 @@ import gpt2.kernels
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
 from spec_decoding import autoregressive_generate
 
-from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, machine_info, markdown_table,
+from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_checkpoint, timed,
                      weight_bytes_per_token, write_results)
 
@@ -408,9 +408,7 @@ def main(argv=None):
                         "the reference), e.g. --dtypes float32 bfloat16 float16")
     p.add_argument("--dtype-model", default="gpt2-large", choices=list(OFFICIAL_CONFIGS))
     p.add_argument("--dtype-rounds", type=int, default=15)
-    p.add_argument("--out", type=Path, default=Path("runs/model_speed"))
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: gpt2 only, 16 new tokens, 1 repeat, gpt2 load measured once")
+    add_output_options(p, "model_speed", "gpt2 only, 16 new tokens, 1 repeat, gpt2 load measured once")
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.repeats, args.steps = ["gpt2"], 1, 3

@@ -37,7 +37,7 @@ from spec_decoding import (CostModel, autoregressive_generate, speculative_sampl
                            speculative_sampling_greedy)
 from spec_decoding.theory import predicted_speedup
 
-from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, median, random_prompt,
+from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table, median, random_prompt,
                      standin_pair, timed, write_results)
 
 
@@ -297,9 +297,7 @@ def main(argv=None):
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--mkl-gamma", type=int, default=4, help="gamma for the MKL comparison (0: skip)")
     p.add_argument("--mkl-repeats", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/speculative_speed"))
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: gpt2-shaped target, 2-block draft, 16 tokens, 1 prompt")
+    add_output_options(p, "speculative_speed", "gpt2-shaped target, 2-block draft, 16 tokens, 1 prompt")
     args = p.parse_args(argv)
     if args.quick:
         args.target_model, args.draft_layers, args.new_tokens = "gpt2", 2, 16

@@ -49,7 +49,7 @@ from gpt2.kernels import linear
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
-from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_info, markdown_table,
+from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, has_checkpoint, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_pair, timed,
                      weight_bytes_per_token, write_results)
 
@@ -163,8 +163,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2, help="timed generation rounds (prompts)")
     p.add_argument("--gen-warmup", type=int, default=1, help="untimed generation rounds first")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
-    p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
+    add_output_options(p, "weight_formats", "gpt2-shaped pair, 2-block draft, few repeats")
     p.add_argument("--attention", action="store_true",
                    help="also time attention over the cache in bf16/fp16 as is and with a float32 cache")
     p.add_argument("--breakdown", action="store_true",

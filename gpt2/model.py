@@ -117,9 +117,12 @@ class GPT2(nn.Module):
             x = x[:, -num_last_logits:]
         return linear(self.ln_f(x), self.wte.weight, None)
 
-    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0) -> KVCache:
+    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
+                     n_layer: int | None = None) -> KVCache:
         """An empty cache with room for max_len positions (default: n_positions), plus
-        extra_slots: a token tree scores several tokens at the same position, each in a slot."""
+        extra_slots: a token tree scores several tokens at the same position, each in a slot.
+        n_layer: the first blocks it holds (default: all; a forward with exit_layer=n_layer needs
+        only those)."""
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
         if not 1 <= max_len <= c.n_positions:
@@ -131,7 +134,7 @@ class GPT2(nn.Module):
         # float32 for one new token (README, "Weight formats on CPU"): there the keys and values
         # of a half-precision model are kept, and attended to, in float32.
         dtype = torch.float32 if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) else w.dtype
-        return KVCache(c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, dtype)
+        return KVCache(n_layer or c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, dtype)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -38,6 +38,7 @@ import sys
 import time
 
 from .costs import CostModel, describe_model
+from .decoding import check_positive_int
 from .theory import expected_tokens_by_position
 
 DEFAULT_GAMMA_MAX = 8
@@ -63,7 +64,7 @@ class GammaPolicy:
 
 class FixedGamma(GammaPolicy):
     def __init__(self, gamma: int):
-        _check_int("gamma", gamma)
+        check_positive_int("gamma", gamma)
         self.gamma = self.gamma_max = gamma
 
     def next_gamma(self) -> int:
@@ -79,7 +80,7 @@ class HeuristicGamma(GammaPolicy):
     speculation off) and here never above gamma_max."""
 
     def __init__(self, gamma_max: int = DEFAULT_GAMMA_MAX, start: int | None = None):
-        _check_int("gamma_max", gamma_max)
+        check_positive_int("gamma_max", gamma_max)
         self.gamma_max = gamma_max
         self.gamma = gamma_max if start is None else max(1, min(start, gamma_max))
 
@@ -126,7 +127,7 @@ class AutoGamma(GammaPolicy):
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
         gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
-        _check_int("gamma_max", gamma_max)
+        check_positive_int("gamma_max", gamma_max)
         if gamma_max > cost_model.gamma_max:
             raise ValueError(f"gamma_max={gamma_max} but the CostModel covers gamma up to "
                              f"{cost_model.gamma_max}: calibrate it with gamma_max={gamma_max}")
@@ -258,7 +259,7 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
     GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
     CostModel's, or 8)."""
     if gamma_max is not None:
-        _check_int("gamma_max", gamma_max)
+        check_positive_int("gamma_max", gamma_max)
     if isinstance(gamma, GammaPolicy):
         return gamma
     if isinstance(gamma, str):
@@ -285,8 +286,3 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
         return FixedGamma(gamma)
     raise ValueError(f"gamma must be an int >= 1, \"auto\" or \"heuristic\" (or a GammaPolicy); "
                      f"got {gamma!r}")
-
-
-def _check_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")

@@ -50,9 +50,9 @@ def test_logits_close_to_fp32(medium_dir, name):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_model_keeps_a_float32_cache_on_cpu(medium_dir, dtype):
-    """PyTorch's CPU attention is slow in half precision for one query (README, "Weight formats
-    on CPU"), so there a half-precision model's cache, and its attention, are float32; the rest of
-    the model and its logits stay in the model's dtype."""
+    """PyTorch's CPU attention is slow in half precision for one query (docs/precision.md,
+    "Attention in half precision"), so there a half-precision model's cache, and its attention, are
+    float32; the rest of the model and its logits stay in the model's dtype."""
     model = load_gpt2(medium_dir, dtype=dtype)
     cache = model.new_kv_cache(max_len=16)
     assert cache.keys[0].dtype == cache.values[0].dtype == torch.float32

@@ -260,6 +260,25 @@ def test_calibrate_measures_every_shape():
     costs.check_models(target, draft)
 
 
+def test_calibrate_times_token_trees_too(monkeypatch, tmp_path):
+    """The CostModel is the one home of per-call timing, token trees included: each shape given is
+    scored (spec_decoding.tree.score_tree, the tree's root and every node) in the same rounds."""
+    import spec_decoding.costs as costs_module
+
+    scored = []
+    real = costs_module.score_tree
+    monkeypatch.setattr(costs_module, "score_tree", lambda model, cache, tree, sequence: scored.append(
+        (len(tree), cache.length, len(sequence))) or real(model, cache, tree, sequence))
+    target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
+    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=16, budget_s=0.05, trees=[(2, 1), (3,)])
+    assert {n for n, _, _ in scored} == {4, 3}  # the nodes of (2, 1) and of (3,)
+    assert all(length == context - 1 for _, length, context in scored)  # the root is the context's last token
+    assert costs.tree_verify_cost((2, 1)) > 0 and costs.tree_verify_cost([3]) > 0
+    assert CostModel.load(costs.save(tmp_path / "c.json")).tree_verify_cost((2, 1)) == costs.tree_verify_cost((2, 1))
+    with pytest.raises(ValueError, match="no timing for the tree 2,2"):
+        costs.tree_verify_cost((2, 2))
+
+
 def test_expected_tokens_by_position_generalises_the_constant_alpha_formula():
     assert expected_tokens_by_position([0.7] * 5) == pytest.approx(expected_tokens_per_round(0.7, 5))
     assert expected_tokens_by_position([]) == 1.0
