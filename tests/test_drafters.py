@@ -122,6 +122,26 @@ def test_layerskip_drafts_exactly_like_the_equal_draft_model(pair):
     assert 0 < a.stats.tokens_accepted < a.stats.tokens_drafted
 
 
+def test_layerskip_cache_is_made_by_the_targets_own_factory(tmp_path):
+    """In bfloat16 on a CPU, GPT2.new_kv_cache keeps keys and values in float32. LayerSkipDrafter
+    used to build its cache itself in the model's dtype: its attention then ran in bfloat16, and it
+    drafted differently from the equal draft model. Now it holds float32 keys for its n_layers
+    blocks only, and proposes exactly what the equal bfloat16 draft model proposes."""
+    dirs = save_agreeing_pair(tmp_path / "target", tmp_path / "draft", TARGET_CFG, draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+    target, draft = (load_gpt2(d, device="cpu", dtype="bfloat16") for d in dirs)
+    skip, model = LayerSkipDrafter(target, 2), ModelDrafter(draft)
+    for drafter in (skip, model):
+        drafter.start(PROMPT, 20)
+    assert skip.cache.keys[0].dtype == target.new_kv_cache().keys[0].dtype == torch.float32
+    assert len(skip.cache.keys) == 2
+    tokens = list(PROMPT)
+    for _ in range(10):  # one token at a time, as the draft steps: the logits agree exactly
+        a, b = skip.next_logits(tokens), model.next_logits(tokens)
+        assert torch.equal(a, b)
+        tokens.append(int(a.argmax()))
+
+
 def test_layerskip_shares_the_targets_weights(pair):
     target, _ = pair
     drafter = LayerSkipDrafter(target, 2)
@@ -346,3 +366,22 @@ def test_draft_must_be_a_model_or_a_drafter(pair):
 def test_a_drafter_without_propose_says_so(pair):
     with pytest.raises(NotImplementedError, match="Drafter must implement propose"):
         speculative_sampling_greedy(pair[0], Drafter(), PROMPT, 10, 4)
+
+
+def test_a_new_drafter_kind_is_added_once_and_both_scripts_take_it(monkeypatch, pair, tmp_path):
+    """spec_decoding.cli.DRAFTER_KINDS is the one list: a kind registered there is accepted by
+    benchmark.py --drafters and spec_decoding_generate.py --drafter, and built by name."""
+    import benchmark
+    import spec_decoding_generate
+    from spec_decoding import cli
+
+    target, _ = pair
+    monkeypatch.setitem(cli.DRAFTER_KINDS, "lookup", cli.DrafterKind(
+        build=lambda n, target, draft: NGramDrafter(max_ngram=n), describe=lambda n: f"lookup of {n}",
+        number="the n-gram length", default=2))
+    assert benchmark.parse_args(["--drafters", "lookup", "lookup:4", "--out", str(tmp_path)]).drafters == [
+        "lookup:2", "lookup:4"]
+    args = spec_decoding_generate.parse_args(["--drafter", "lookup"])
+    drafter, line = spec_decoding_generate.make_drafter(args, target, target.wte.weight.device, "auto")
+    assert isinstance(drafter, NGramDrafter) and drafter.max_ngram == 2 and line == "lookup:2 (lookup of 2)"
+    assert benchmark.make_drafters(["lookup:4"], target, None)["lookup:4"].max_ngram == 4
