@@ -1,38 +1,46 @@
 """Course assignments built on this project: strip functions for students, grade their copies.
 
-    python -m assignments make --functions spec_decoding.speculative.residual_distribution --out DIR
-    python -m assignments make --assignment rejection_sampling --out DIR
-    python -m assignments grade DIR
+    python -m assignments make --assignment rejection_sampling --out DIR      # the student's copy
+    python -m assignments grade DIR [--json]                                  # the instructor's grade
+    python -m assignments check                      # the student, inside their copy: visible checks
+    python -m assignments export gradescope rejection_sampling --out hw.zip
+    python -m assignments export github-classroom rejection_sampling --out DIR
 
-The ready-made assignments (a README each in assignments/<name>/) are listed in ASSIGNMENTS.
+Each ready-made assignment is a folder here (assignments/<name>/: README.md, instructor.md and
+__init__.py defining ASSIGNMENT: its functions, checks, points). docs/instructor_guide.md is the
+instructor's guide.
 """
 
-# name -> the functions the student writes
-ASSIGNMENTS = {
-    "kv_cache": ["gpt2.kv_cache.KVCache.update", "gpt2.kv_cache.KVCache.truncate",
-                 "gpt2.model.CausalSelfAttention.forward"],
-    "greedy_speculative": ["spec_decoding.greedy.speculative_sampling_greedy"],
-    "rejection_sampling": ["spec_decoding.speculative.modified_rejection_sampling",
-                           "spec_decoding.speculative.residual_distribution"],
-}
+import importlib
 
-# function -> the grader's checks that exercise it (assignments/run_checks.py). A function not
-# listed gets every end-to-end check.
-CHECKS_FOR = {
-    "gpt2.kv_cache.KVCache.update": ["cache_one_by_one", "cache_chunks", "cache_truncate", "baseline_greedy"],
-    "gpt2.kv_cache.KVCache.advance": ["cache_one_by_one", "cache_chunks", "cache_truncate"],
-    "gpt2.kv_cache.KVCache.truncate": ["cache_truncate", "greedy_caches"],
-    "gpt2.model.CausalSelfAttention.forward": ["model_forward", "cache_one_by_one", "cache_chunks",
-                                               "cache_truncate", "baseline_greedy"],
-    "gpt2.model.GPT2.forward": ["model_forward", "cache_one_by_one", "cache_chunks", "cache_truncate",
-                                "baseline_greedy"],
-    "spec_decoding.greedy.speculative_sampling_greedy": ["greedy_equals_target", "greedy_unrelated_draft",
-                                                         "greedy_draft_is_target", "greedy_caches",
-                                                         "greedy_stopping"],
-    "spec_decoding.speculative.residual_distribution": ["residual", "lossless"],
-    "spec_decoding.speculative.modified_rejection_sampling": ["one_round", "lossless"],
-    "spec_decoding.speculative.speculative_sampling": ["lossless", "sampling_caches", "sampling_stopping"],
-    "spec_decoding.drafters.ModelDrafter.propose": ["greedy_equals_target", "lossless", "greedy_caches"],
-}
-END_TO_END = ["model_forward", "baseline_greedy", "greedy_equals_target", "greedy_caches", "greedy_stopping",
-              "lossless", "sampling_stopping"]
+from .definition import Assignment, Check, Failed
+
+READY_MADE = ("kv_cache", "greedy_speculative", "rejection_sampling")
+
+ASSIGNMENTS: dict[str, Assignment] = {
+    name: importlib.import_module(f"{__name__}.{name}").ASSIGNMENT for name in READY_MADE}
+
+
+def all_checks() -> dict[str, Check]:
+    """Every check of every ready-made assignment, by name (names are unique)."""
+    return {c.name: c for a in ASSIGNMENTS.values() for c in a.checks}
+
+
+def custom_assignment(functions: list[str]) -> Assignment:
+    """An assignment made of the named functions and every check that exercises one of them.
+    A function no check exercises is refused: nothing would grade it."""
+    from .make import AssignmentError
+
+    checks = {c.name: c for c in all_checks().values() if set(c.exercises) & set(functions)}
+    unchecked = [f for f in functions if not any(f in c.exercises for c in checks.values())]
+    if unchecked:
+        covered = sorted({f for c in all_checks().values() for f in c.exercises})
+        raise AssignmentError(f"no check exercises {', '.join(unchecked)}, so nothing would grade it "
+                              f"(an end-to-end check that never calls it would give the stub full marks). "
+                              f"Functions with checks: {', '.join(covered)}; or add checks for it in "
+                              f"assignments/<name>/__init__.py")
+    removed = tuple(dict.fromkeys(r for a in ASSIGNMENTS.values() if set(a.functions) & set(functions)
+                                  for r in a.removed if r not in functions))
+    dropped = tuple(dict.fromkeys(d for a in ASSIGNMENTS.values() if set(a.functions) & set(functions)
+                                  for d in a.dropped))
+    return Assignment(None, tuple(functions), tuple(checks.values()), removed, dropped)

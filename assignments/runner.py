@@ -1,0 +1,55 @@
+"""The child process of one check, run inside the student's copy (its cwd and sys.path[0]):
+
+    python -m assignments.runner CHECK DATA_DIR FD     (the check's inputs as JSON on stdin)
+
+It calls the check's probe, which calls the student's functions, and writes one JSON object to
+file descriptor FD, a pipe the grader opened: {"values": ...} or {"error": "..."}. It never
+judges: the grader compares the values with the reference in its own process. Everything the
+student's code prints goes to stdout/stderr, which the grader only shows (truncated).
+"""
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+
+def explain(error: BaseException) -> str:
+    """The student's exception in one line, with where in their copy it was raised."""
+    if isinstance(error, NotImplementedError):
+        return f"not implemented yet ({error})"
+    here = str(Path.cwd().resolve())
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if f.filename.startswith(here) and "/assignments/" not in f.filename]
+    where = f" at {Path(frames[-1].filename).relative_to(here)}:{frames[-1].lineno}" if frames else ""
+    return f"raised {type(error).__name__}: {error}{where}"
+
+
+def main(argv) -> None:
+    check_name, data, fd = argv[0], Path(argv[1]), int(argv[2])
+    inputs = json.loads(sys.stdin.read())
+    import torch
+
+    torch.set_num_threads(1)
+    message = {}
+    try:
+        from assignments import all_checks
+
+        check = all_checks()[check_name]
+        message = {"values": check.probe(inputs, data)}
+    except BaseException as error:  # noqa: BLE001  (whatever the student's code does is a verdict)
+        message = {"error": explain(error)}
+    try:
+        text = json.dumps(message)
+    except (TypeError, ValueError) as error:
+        text = json.dumps({"error": f"the values could not be sent back: {error}"})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with os.fdopen(fd, "w") as channel:
+        channel.write(text)
+    os._exit(0)  # no atexit hooks: nothing the student's code registered runs after the probe
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
