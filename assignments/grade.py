@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -111,35 +112,81 @@ def child_env(home: Path) -> dict:
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | None = None) -> ChildRun:
-    """Run the check's probe on the code in `tree`, in a new process; return what it sent back."""
+class Zygote:
+    """assignments/zygote.py, started in the grading tree: forks one child per check."""
+
+    def __init__(self, tree: Path):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen(
+            [sys.executable, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())], cwd=tree,
+            env=child_env(tree.parent), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+
+    def fork(self, tree: Path, check: str, data: Path, stdin: int, output: int, answer: int) -> int:
+        """The child's pid (it leads its own session; its cwd and sys.path[0] are `tree`)."""
+        socket.send_fds(self.sock, [json.dumps({"check": check, "data": str(data), "tree": str(tree)}).encode()],
+                        [stdin, output, answer])
+        reply = self.sock.recv(4096)
+        if not reply:
+            raise OSError("the zygote process ended")
+        return json.loads(reply)["pid"]
+
+    def close(self):
+        self.sock.close()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | None = None,
+              zygote: Zygote | None = None) -> ChildRun:
+    """Run the check's probe on the code in `tree`, in a new process (forked from the zygote, or
+    started afresh); return what it sent back."""
     timeout = timeout or check.timeout
-    read_end, write_end = os.pipe()
-    command = [sys.executable, "-E", "-s", "-m", "assignments.runner", check.name, str(data), str(write_end)]
-    start = time.perf_counter()
-    child = subprocess.Popen(command, cwd=tree, env=child_env(tree.parent), stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(write_end,),
-                             start_new_session=True)
-    os.close(write_end)
+    answer_read, answer_write = os.pipe()
+    if zygote is not None:
+        stdin_read, stdin_write = os.pipe()
+        output_read, output_write = os.pipe()
+        pid = zygote.fork(tree, check.name, data, stdin_read, output_write, answer_write)
+        start = time.perf_counter()
+        for fd in (stdin_read, output_write, answer_write):
+            os.close(fd)
+        stdin, output_stream, process = os.fdopen(stdin_write, "wb"), os.fdopen(output_read, "rb"), None
+    else:
+        command = [sys.executable, "-E", "-s", "-m", "assignments.runner", check.name, str(data), str(answer_write)]
+        process = subprocess.Popen(command, cwd=tree, env=child_env(tree.parent), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(answer_write,),
+                                   start_new_session=True)
+        os.close(answer_write)
+        pid, stdin, output_stream = process.pid, process.stdin, process.stdout
+        start = time.perf_counter()
     output, answer = [], []
-    threads = [threading.Thread(target=_drain, args=(child.stdout, output, OUTPUT_HEAD)),
-               threading.Thread(target=_read_all, args=(read_end, answer))]
+    threads = [threading.Thread(target=_drain, args=(output_stream, output, OUTPUT_HEAD)),
+               threading.Thread(target=_read_all, args=(answer_read, answer))]
     for t in threads:
         t.start()
     try:
-        child.stdin.write(json.dumps(inputs).encode())
-        child.stdin.close()
+        stdin.write(json.dumps(inputs).encode())
+        stdin.close()
     except BrokenPipeError:
         pass
-    hung = False
-    try:
-        child.wait(timeout)
-    except subprocess.TimeoutExpired:
-        hung = True
-        os.killpg(child.pid, signal.SIGKILL)  # the whole group: nothing the child started survives
-        child.wait()
+    # Done when the child closed its ends of the pipes (it exited), or at the timeout.
+    deadline = time.perf_counter() + timeout
     for t in threads:
-        t.join(10)
+        t.join(max(0.0, deadline - time.perf_counter()))
+    hung = any(t.is_alive() for t in threads)
+    if hung:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the whole session: nothing the child started survives
+        except ProcessLookupError:
+            pass
+        for t in threads:
+            t.join(10)
+    if process is not None:
+        process.wait()
     run = ChildRun(seconds=time.perf_counter() - start)
     if output:
         head, tail, total = output[0]
@@ -150,12 +197,12 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
     elif size > MAX_VALUES_BYTES:
         run.error = f"sent back {size:,} bytes of values (at most {MAX_VALUES_BYTES:,})"
     elif not data_bytes:
-        run.error = (f"the process ended (exit status {child.returncode}) before the check could "
-                     f"report: did your code call exit() or crash Python?")
+        run.error = ("the process ended before the check could report: did your code call exit(), "
+                     "kill itself or crash Python?")
     else:
         try:
             message = json.loads(data_bytes)
-            if not isinstance(message, dict) or not ({"values"} <= message.keys() or "error" in message):
+            if not isinstance(message, dict) or not ("values" in message or "error" in message):
                 raise ValueError("not a probe's answer")
         except ValueError:
             run.error = "the check's answer was garbled (did your code write to file descriptors it did not open?)"
@@ -263,19 +310,28 @@ class _InFolder:
 
 
 def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], data: Path, refs: dict,
-               only: list[str] | None = None, timeout: float | None = None, notes=()) -> Report:
+               only: list[str] | None = None, timeout: float | None = None, notes=(),
+               zygote: Zygote | None = None) -> Report:
+    """Grade the stripped copy `pristine` with the student's `files` put in. zygote: one to share
+    between several gradings of the same assignment (else one is started for this one)."""
     start = time.perf_counter()
     report = Report(assignment.name, list(assignment.functions), notes=list(notes))
     with tempfile.TemporaryDirectory(prefix="grading-") as tmp:
         tmp = Path(tmp)
         tree = build_tree(pristine, files, tmp)
         with _InFolder(tmp):
-            for check in assignment.checks:
-                if check.name not in refs or (only and check.name not in only):
-                    continue
-                entry = refs[check.name]
-                run = run_child(tree, check, entry["inputs"], data, timeout)
-                report.results.append(judge(check, entry["inputs"], entry["reference"], run))
+            own = zygote is None
+            zygote = Zygote(tree) if own else zygote
+            try:
+                for check in assignment.checks:
+                    if check.name not in refs or (only and check.name not in only):
+                        continue
+                    entry = refs[check.name]
+                    run = run_child(tree, check, entry["inputs"], data, timeout, zygote)
+                    report.results.append(judge(check, entry["inputs"], entry["reference"], run))
+            finally:
+                if own:
+                    zygote.close()
     report.seconds = time.perf_counter() - start
     return report
 

@@ -2,6 +2,8 @@
 
     python -m assignments.runner CHECK DATA_DIR FD     (the check's inputs as JSON on stdin)
 
+(or forked by assignments/zygote.py, which has torch imported already: the same, faster).
+
 It calls the check's probe, which calls the student's functions, and writes one JSON object to
 file descriptor FD, a pipe the grader opened: {"values": ...} or {"error": "..."}. It never
 judges: the grader compares the values with the reference in its own process. Everything the
@@ -26,9 +28,8 @@ def explain(error: BaseException) -> str:
     return f"raised {type(error).__name__}: {error}{where}"
 
 
-def main(argv) -> None:
-    check_name, data, fd = argv[0], Path(argv[1]), int(argv[2])
-    inputs = json.loads(sys.stdin.read())
+def run(check_name: str, data: Path, fd: int, inputs_text: str) -> None:
+    """Run one check's probe and write its answer to fd; never returns (os._exit)."""
     import torch
 
     torch.set_num_threads(1)
@@ -37,18 +38,24 @@ def main(argv) -> None:
         from assignments import all_checks
 
         check = all_checks()[check_name]
-        message = {"values": check.probe(inputs, data)}
+        message = {"values": check.probe(json.loads(inputs_text), data)}
     except BaseException as error:  # noqa: BLE001  (whatever the student's code does is a verdict)
         message = {"error": explain(error)}
     try:
         text = json.dumps(message)
     except (TypeError, ValueError) as error:
         text = json.dumps({"error": f"the values could not be sent back: {error}"})
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with os.fdopen(fd, "w") as channel:
-        channel.write(text)
-    os._exit(0)  # no atexit hooks: nothing the student's code registered runs after the probe
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with os.fdopen(fd, "w") as channel:
+            channel.write(text)
+    finally:
+        os._exit(0)  # no atexit hooks: nothing the student's code registered runs after the probe
+
+
+def main(argv) -> None:
+    run(argv[0], Path(argv[1]), int(argv[2]), sys.stdin.read())
 
 
 if __name__ == "__main__":

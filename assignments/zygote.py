@@ -1,0 +1,62 @@
+"""A process with torch imported that forks one child per check (python -m assignments.zygote FD).
+
+Importing torch costs about a second of CPU; every check paying it again would make grading
+(and this project's tests) slow. The grader starts one zygote in the temporary copy, with the
+same scrubbed environment a check gets; it imports torch and the grader's check definitions
+(assignments/, never the student's files) and waits. For each check the grader sends it three
+file descriptors over a Unix socket: the child's stdin (the inputs), its stdout/stderr, and the
+pipe for its answer. The zygote forks; the child starts its own session (so the grader can kill
+it and all it started on a timeout), imports the student's code fresh and runs the probe
+(assignments/runner.py). So every check still runs in its own process, with its own timeout.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+
+def serve(sock: socket.socket) -> None:
+    import torch
+
+    import assignments  # noqa: F401  (the check definitions: the grader's files, not the student's)
+
+    # The student's modules must be imported fresh by each check's child, never here.
+    assert not {m.split(".")[0] for m in sys.modules} & {"gpt2", "spec_decoding"}, "zygote imported project code"
+
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 65536, 3)
+        except OSError:
+            return
+        if not message:
+            return  # the grader closed its end: done
+        request = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            os.setsid()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            stdin, output, answer = fds
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            os.close(output)
+            os.chdir(request["tree"])
+            sys.path[0] = request["tree"]
+            from pathlib import Path
+
+            from .runner import run
+
+            with os.fdopen(stdin) as inputs:
+                text = inputs.read()
+            run(request["check"], Path(request["data"]), answer, text)
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps({"pid": pid}).encode())
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))
