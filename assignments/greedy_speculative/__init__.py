@@ -30,7 +30,14 @@ def equals_inputs(seed):
 
 
 def equals_probe(inputs, data, draft="draft"):
-    return [tokens_of(_generate(data, draft, inputs["prompt"], inputs["max_gen"], g)) for g in inputs["gammas"]]
+    """The output for each gamma, and where each token came from (on_tokens' sources)."""
+    out = []
+    for gamma in inputs["gammas"]:
+        sources = []
+        result = _generate(data, draft, inputs["prompt"], inputs["max_gen"], gamma,
+                           on_tokens=lambda tokens, where: sources.extend(str(s) for s in where))
+        out.append({"tokens": tokens_of(result), "sources": sources})
+    return out
 
 
 def equals_reference(inputs, data):
@@ -38,10 +45,18 @@ def equals_reference(inputs, data):
 
 
 def equals_judge(inputs, ref, got, what="with a draft that mostly agrees"):
-    for gamma, tokens in zip(inputs["gammas"], got):
-        problem = first_difference(tokens, ref)
+    for gamma, run in zip(inputs["gammas"], got):
+        problem = first_difference(run["tokens"], ref)
         if problem:
-            raise Failed(f"gamma={gamma}, {what}: the output {problem}")
+            i = next((i for i, (a, b) in enumerate(zip(run["tokens"], ref)) if a != b), None)
+            source = run["sources"][i] if i is not None and i < len(run["sources"]) else None
+            why = {"draft": " (a draft token the target's argmax disagrees with was kept: keep draft tokens "
+                            "only while each equals the target's argmax after the tokens before it)",
+                   "correction": " (the target's own token is wrong: after n accepted draft tokens it is the "
+                                 "argmax of row n of the target's logits)",
+                   "bonus": " (the bonus token is wrong: after all draft tokens are accepted it is the argmax "
+                            "of the target's last row)"}.get(source, "")
+            raise Failed(f"gamma={gamma}, {what}: the output {problem}{why}")
 
 
 def unrelated_probe(inputs, data):
@@ -100,51 +115,61 @@ def _key_digest(keys: torch.Tensor) -> list[float]:
 
 
 def caches_probe(inputs, data):
-    """Before every target forward that reuses the cache, and at the end: the cache's length and
-    its last layer's keys (they must be a fresh forward's over the accepted tokens)."""
-    target, draft = load(data, "target"), load(data, "draft")
-    seen, snapshots = {}, []
+    """Before every forward that reuses a cache, and at the end: the cache's length and its last
+    layer's keys, for the target and the draft model. Each must hold what a fresh forward over
+    the accepted tokens gives."""
+    models = {"target": load(data, "target"), "draft": load(data, "draft")}
+    seen, snapshots = {}, {"target": [], "draft": []}
 
-    def snapshot(cache):
-        snapshots.append({"length": cache.length, "digest": _key_digest(cache.keys[-1][:, :, :cache.length])})
+    def snapshot(role, cache):
+        snapshots[role].append({"length": cache.length,
+                                "digest": _key_digest(cache.keys[-1][:, :, :cache.length])})
 
-    def before_forward(module, args):
-        if len(args) > 1 and args[1] is not None:
-            seen["cache"] = args[1]
-            if args[1].length > 0:
-                snapshot(args[1])
-    target.register_forward_pre_hook(before_forward)
-    result = function(GREEDY)(target, draft, inputs["prompt"], inputs["max_gen"], inputs["gamma"])
-    if "cache" in seen:
-        snapshot(seen["cache"])
-    return {"tokens": tokens_of(result), "rounds": snapshots}
+    def watch(role):
+        def before_forward(module, args):
+            if len(args) > 1 and args[1] is not None:
+                seen[role] = args[1]
+                if args[1].length > 0:
+                    snapshot(role, args[1])
+        models[role].register_forward_pre_hook(before_forward)
+
+    watch("target")
+    watch("draft")
+    result = function(GREEDY)(models["target"], models["draft"], inputs["prompt"], inputs["max_gen"], inputs["gamma"])
+    for role, cache in seen.items():
+        snapshot(role, cache)
+    return {"tokens": tokens_of(result), "snapshots": snapshots}
 
 
 def caches_reference(inputs, data):
     tokens = target_greedy(inputs["prompt"], inputs["max_gen"], data)
-    target = load(data, "target")
-    cache = target.new_kv_cache()
-    with torch.inference_mode():
-        target(torch.tensor([inputs["prompt"] + tokens]), cache)
-    return {"tokens": tokens, "digest": _key_digest(cache.keys[-1][:, :, :cache.length])}
+    digests = {}
+    for role in ("target", "draft"):
+        model = load(data, role)
+        cache = model.new_kv_cache()
+        with torch.inference_mode():
+            model(torch.tensor([inputs["prompt"] + tokens]), cache)
+        digests[role] = _key_digest(cache.keys[-1][:, :, :cache.length])
+    return {"tokens": tokens, "digests": digests}
 
 
 def caches_judge(inputs, ref, got):
+    mine, want = inputs["prompt"] + got["tokens"], inputs["prompt"] + ref["tokens"]
+    agree = next((i for i, (a, b) in enumerate(zip(mine, want)) if a != b), min(len(mine), len(want)))
+    if not got["snapshots"]["target"]:
+        raise Failed("the target never ran a forward on a cache it had filled before: reuse its KV cache "
+                     "across rounds (target_forward does), rolling it back after each round")
+    for role in ("target", "draft"):
+        for i, snap in enumerate(got["snapshots"][role]):
+            length = min(snap["length"], agree)  # compare where the sequence is the reference's
+            if max_difference(snap["digest"][:length], ref["digests"][role][:length]) > 1e-3:
+                raise Failed(f"the {role}'s KV cache, at its forward number {i + 2}, does not hold what a fresh "
+                             f"forward over the accepted tokens gives: rejected draft tokens are still in it. Roll "
+                             f"back the target's cache AND the drafter after every round (roll_back does both; the "
+                             f"bug zoo's 'cache not rolled back')")
     problem = first_difference(got["tokens"], ref["tokens"])
     if problem:
         raise Failed(f"the output {problem}")
-    if not got["rounds"]:
-        raise Failed("the target never ran a forward on a cache it had filled before: reuse its KV cache "
-                     "across rounds (target_forward does), rolling it back after each round")
-    for i, r in enumerate(got["rounds"]):
-        length = r["length"]
-        if length > len(ref["digest"]):
-            raise Failed(f"at round {i + 1} the target's cache holds {length} positions, more than the "
-                         f"whole sequence: roll the cache back to the accepted tokens")
-        if max_difference(r["digest"], ref["digest"][:length]) > 1e-3:
-            raise Failed(f"at round {i + 1} the target's cache does not hold what a fresh forward over the "
-                         f"accepted tokens gives (rejected draft tokens still in it?): roll it back after every "
-                         f"round (the bug zoo's 'cache not rolled back')")
 
 
 # ---- stopping ---------------------------------------------------------------------------------------
