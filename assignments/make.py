@@ -10,6 +10,7 @@ import difflib
 import json
 import shutil
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,11 +169,20 @@ def _pieces(tree: ast.Module):
         yield "<module-level code>", _tokens(loose)
 
 
-def similarity(reference: list[str], other: list[str]) -> float:
+def similarity(reference: list[str], other: list[str], matcher: difflib.SequenceMatcher | None = None) -> float:
     """The share of the reference's tokens found in `other` in the same order, in runs of at least
-    6 tokens (single common tokens such as a call or a name do not count)."""
-    blocks = difflib.SequenceMatcher(None, reference, other, autojunk=False).get_matching_blocks()
-    return sum(b.size for b in blocks if b.size >= 6) / max(len(reference), 1)
+    6 tokens (single common tokens such as a call or a name do not count). matcher: one already
+    holding `other` as its second sequence (it indexes it once)."""
+    if matcher is None:
+        matcher = difflib.SequenceMatcher(None, autojunk=False)
+        matcher.set_seq2(other)
+    matcher.set_seq1(reference)
+    return sum(b.size for b in matcher.get_matching_blocks() if b.size >= 6) / max(len(reference), 1)
+
+
+def _at_most(reference: Counter, other: Counter, length: int) -> float:
+    """An upper bound of similarity() from token counts alone (cheap: skips most pairs)."""
+    return sum(min(n, other[t]) for t, n in reference.items()) / max(length, 1)
 
 
 @dataclass
@@ -185,6 +195,8 @@ class Leak:
 def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str, str]]) -> list[Leak]:
     """Every function (or notebook code) in the copy whose syntax holds most of a stripped
     function's reference body. references: name -> tokens of the instructor's body."""
+    references = {name: (tokens, Counter(tokens)) for name, tokens in references.items()
+                  if len(tokens) >= LEAK_MIN_TOKENS}
     leaks = []
     for file in sorted(copy.rglob("*.py")):
         rel = file.relative_to(copy).as_posix()
@@ -197,11 +209,16 @@ def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str
         for qualname, tokens in _pieces(tree):
             if (rel, qualname) in skip:
                 continue
-            for name, reference in references.items():
-                if len(reference) >= LEAK_MIN_TOKENS:
-                    score = similarity(reference, tokens)
-                    if score >= LEAK_THRESHOLD:
-                        leaks.append(Leak(name, f"{rel}:{qualname}", score))
+            counts, matcher = Counter(tokens), None
+            for name, (reference, reference_counts) in references.items():
+                if _at_most(reference_counts, counts, len(reference)) < LEAK_THRESHOLD:
+                    continue
+                if matcher is None:
+                    matcher = difflib.SequenceMatcher(None, autojunk=False)
+                    matcher.set_seq2(tokens)
+                score = similarity(reference, tokens, matcher)
+                if score >= LEAK_THRESHOLD:
+                    leaks.append(Leak(name, f"{rel}:{qualname}", score))
     return leaks
 
 
