@@ -237,7 +237,7 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
 def make_data(folder: Path) -> Path:
     """The small random checkpoints the checks run on (made with the project's random_weights)."""
     from gpt2 import GPT2Config
-    from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+    from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 
     folder.mkdir(parents=True, exist_ok=True)
     tiny = GPT2Config(n_layer=4, n_head=2, n_embd=32, n_positions=64, vocab_size=100)

@@ -12,9 +12,9 @@ layer that we never read. Files written by transformers' save_pretrained prefix 
 "transformer." and may hold "lm_head.weight" (a copy of wte.weight). Both load.
 
 device and dtype are checked before anything is read or downloaded (gpt2.device): dtype "auto"
-(the default) is decided per model once its size is known: on CPU bfloat16 for GPT-2 Small and
-larger where the CPU has bf16 instructions, else float32; bfloat16/float16 on CUDA, float16 on
-MPS; names as strings work.
+(the default) is decided per model once its shapes are known: on CPU the format measured fastest
+on this machine for those shapes (float32, float16 weights, or bfloat16; gpt2.kernels), with one
+line saying which and why; bfloat16/float16 on CUDA, float16 on MPS; names as strings work.
 
 When a name looks like a hub repo id but the hub cannot be reached, loading fails within seconds
 (one quick probe of the endpoint instead of huggingface_hub's retry ladder) unless the files are
@@ -36,8 +36,9 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
 from .config import GPT2Config
-from .fast_linear import QUANTIZE_CHOICES, attach_fast_kernels, dequantize_int8, int8_per_channel
-from .device import resolve_device, resolve_dtype
+from .device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
+from .fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
+from .kernels import attach_kernels
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -64,9 +65,11 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
-    dtype: "auto" (gpt2.device.auto_dtype: on CPU bfloat16 for GPT-2 Small and larger where the
-    CPU has bfloat16 instructions, else float32), "float32", "bfloat16", "float16" or the torch dtype;
-    None keeps the dtype stored in the file. A bad or unavailable choice is a ValueError.
+    dtype: "auto" (gpt2.device.auto_format: on CPU the format measured fastest here for this
+    model's shapes, which may be float16 weights in a float32 model, i.e. quantize="fp16"),
+    "float32", "bfloat16", "float16" or the torch dtype; None keeps the dtype stored in the file.
+    A bad choice is a ValueError; a 16-bit dtype without a fast path on this CPU runs on PyTorch's
+    plain path, with one line saying so and what is faster here.
     quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
     symmetric per output channel, computed from the file's weights at load time. The
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
@@ -244,8 +247,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                   f"the folder.", file=sys.stderr)
         with torch.device("meta"), no_weight_init():
             model = GPT2(config)  # shapes only, no memory
-        # "auto" depends on the model's size (gpt2.device.auto_dtype), known now.
-        dtype = resolve_dtype(dtype, device, model.num_parameters())
+        dtype, quantize = resolve_format(dtype, quantize, device, config, path)
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
         state, int8 = {}, {}
@@ -272,8 +274,25 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         ) from None
     model.load_state_dict(state, assign=True)
     params = dict(model.named_parameters())
-    attach_fast_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
+    attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
+    model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
+
+
+def resolve_format(dtype, quantize, device, config: GPT2Config, path) -> tuple[torch.dtype | None, str | None]:
+    """(dtype, quantize) to load with, now that the model's shapes are known. "auto" without a
+    quantize option is decided here (gpt2.device.auto_format) and said in one line; a 16-bit dtype
+    without a fast path on this CPU gets its one-line note."""
+    if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
+        dtype, quantize, why = auto_format(device, config)
+        if why is not None and device.type == "cpu":
+            name = "float16 weights (float32 math)" if quantize == "fp16" else str(dtype).removeprefix("torch.")
+            note_once(f"note: dtype auto for {Path(path).parent.name or path}: {name}, {why}", sys.stderr)
+        return dtype, quantize
+    dtype = resolve_dtype(dtype, device, config)
+    if dtype is not None and quantize != "int8":
+        note_once(dtype_note(dtype, device), sys.stderr)
+    return dtype, quantize
 
 
 @contextlib.contextmanager

@@ -1,12 +1,13 @@
 """Pieces the three generators share: checking their inputs, feeding a model the tokens its cache
-has not seen, and the bookkeeping of a speculative round (how many tokens to draft, what the round
-outputs, counting it, rolling back)."""
+has not seen, the bookkeeping of a speculative round (how many tokens to draft, what the round
+outputs, counting it, rolling back), and handing each round to its observers."""
 
 import torch
 
 from gpt2 import GPT2
 from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
                      STOP_EOS, STOP_MAX_GEN, GenerationStats)
+from .trace import Trace
 
 
 def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
@@ -65,24 +66,27 @@ def check_drafter(target: GPT2, drafter) -> None:
         )
 
 
-def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int):
+def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int, extra_slots: int = 0):
     """Check the inputs and set up a speculative generation: returns (tokens, target_cache,
-    stats), tokens being the whole sequence (prompt first), which grows as tokens are taken."""
+    stats), tokens being the whole sequence (prompt first), which grows as tokens are taken.
+    gamma: draft positions per round (a token tree: its depth); extra_slots: target cache slots
+    for a token tree's nodes."""
     check_drafter(target, drafter)
     check_positive_int("max_gen", max_gen)
     check_positive_int("gamma", gamma)
     tokens = prompt_to_list(prompt_ids, target)
-    target_cache = new_cache(target, len(tokens), max_gen)
+    target_cache = new_cache(target, len(tokens), max_gen, extra_slots)
     drafter.start(list(tokens), max_gen)
     stats = GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
     return tokens, target_cache, stats
 
 
-def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0):
+def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0, n_layer: int | None = None):
     """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
-    for a token tree's nodes, which share positions)."""
+    for a token tree's nodes, which share positions), made by the model's own factory
+    (GPT2.new_kv_cache: it decides the cache's dtype). n_layer: only the first blocks' (default: all)."""
     return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
-                              extra_slots=extra_slots)
+                              extra_slots=extra_slots, n_layer=n_layer)
 
 
 def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
@@ -173,3 +177,23 @@ def roll_back(target_cache, drafter, seq_len: int) -> None:
     token (the next round feeds it). O(1) for caches: only their lengths move."""
     target_cache.truncate(seq_len - 1)
     drafter.roll_back(seq_len - 1)
+
+
+def round_observers(on_round, trace: bool, tokens: list[int], gamma: int, temperature: float,
+                    top_k: int | None = None, top_p: float | None = None, branching=None):
+    """Who sees each round of a generation: the caller's on_round(report), and with trace=True a
+    Trace recorder subscribed the same way (the generators never call the trace themselves).
+
+    Returns (notify, trace): notify(report) hands one RoundReport to every observer (None when
+    there is no observer, so a generation without one builds no report); trace is the Trace for
+    GenerationResult.trace, or None."""
+    recorder = Trace(list(tokens), gamma, temperature, top_k, top_p, branching=branching) if trace else None
+    observers = [f for f in (on_round, recorder) if f is not None]
+    if not observers:
+        return None, None
+
+    def notify(report) -> None:
+        for observe in observers:
+            observe(report)
+
+    return notify, recorder

@@ -129,11 +129,11 @@ PLANTED = {
          "while n < len(draft_tokens):", "greedy_equals_target", "a draft token the target's argmax disagrees with was kept"),
     ],
     "rejection_sampling": [
-        ("spec_decoding/speculative.py", "return residual / total if total > 0 else target_probs",
+        ("spec_decoding/rejection.py", "return residual / total if total > 0 else target_probs",
          "return target_probs", "first_token", "draws from p instead of norm(max(0, p - q))"),
-        ("spec_decoding/speculative.py", "if r * draft_probs[i, x] < target_probs[i, x]:",
+        ("spec_decoding/rejection.py", "if r * draft_probs[i, x] < target_probs[i, x]:",
          "if r * target_probs[i, x] < draft_probs[i, x]:", "first_token", "min(1, q/p) instead of min(1, p/q)"),
-        ("spec_decoding/speculative.py", "return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)",
+        ("spec_decoding/rejection.py", "return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)",
          "return Verdict(g, int(sample(target_probs[g - 1], generator)), uniforms, None)", "bonus_token",
          "drawn from row 1 of p"),
     ],
@@ -154,7 +154,7 @@ def test_planted_mistakes_fail_their_check_with_a_message_naming_them(kits, name
 def test_the_residual_mistake_is_named_by_the_residual_check_too(kits):
     kit = kits("rejection_sampling")
     texts = kit.reference()
-    file = "spec_decoding/speculative.py"
+    file = "spec_decoding/rejection.py"
     texts[file] = replaced(texts[file], "return residual / total if total > 0 else target_probs", "return target_probs")
     result = results_by_check(kit.grade(texts, only=["residual"]))["residual"]
     assert not result.passed and "returned p itself" in result.message and "resample from p" in result.message
@@ -189,8 +189,8 @@ SHORTCUTS = {
          "greedy_speculates", "removed in this assignment"),
     ],
     "rejection_sampling": [
-        ("spec_decoding/speculative.py", "accept_or_resample",
-         "from .tree import multi_draft_rejection_sampling\n"
+        ("spec_decoding/rejection.py", "modified_rejection_sampling",
+         "from spec_decoding.rejection import multi_draft_rejection_sampling\n"
          "    return multi_draft_rejection_sampling(target_probs[0], draft_probs[0], draft_tokens[:1], generator)",
          "first_token", "removed in this assignment"),
     ],
@@ -227,7 +227,7 @@ def test_a_forged_verdict_printed_at_exit_changes_nothing(kits, name):
 
 def test_debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kits):
     kit = kits("rejection_sampling")
-    file = "spec_decoding/speculative.py"
+    file = "spec_decoding/rejection.py"
     text = kit.reference()[file]
     # A debug print of a dict (crashed the old grader), 1 MB printed each round, and a hang that
     # only the residual check reaches (p == q exactly).
@@ -291,10 +291,10 @@ def test_make_refuses_a_function_no_check_exercises(tmp_path):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("spec_decoding.speculative.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
+    ("spec_decoding.rejection.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
     ("no_such_module.f", "no module 'no_such_module'"),
     ("gpt2.kv_cache.KVCache", "is a class, not a function: name the methods.*gpt2.kv_cache.KVCache.truncate"),
-    ("spec_decoding.speculative", "is a module, not a function"),
+    ("spec_decoding.rejection", "is a module, not a function"),
     ("spec_decoding", "is a package, not a function"),
     ("not a name", "not a dotted Python name"),
 ])
@@ -308,7 +308,7 @@ def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert cli.main(["make", "--functions", "spec_decoding.speculative.residual_distribution", "--out", str(out)]) == 2
+    assert cli.main(["make", "--functions", "spec_decoding.rejection.residual_distribution", "--out", str(out)]) == 2
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "mine"
     assert cli.main(["grade", str(out)]) == 2

@@ -14,7 +14,7 @@ from transformers import GPT2LMHeadModel
 import spec_decoding.greedy
 import spec_decoding.speculative
 from gpt2 import load_gpt2
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.bug_zoo import DrafterReportingUnfilteredQ  # samples after top-k, reports q before
@@ -23,7 +23,7 @@ from spec_decoding.checks import (check_caches_after_every_round, check_lossless
 from spec_decoding.drafters import (Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter,
                                     as_drafter)
 from spec_decoding.result import FROM_DRAFT
-from spec_decoding.speculative import modified_rejection_sampling, point_masses
+from spec_decoding.rejection import modified_rejection_sampling, point_masses
 
 TARGET_CFG = TINY.with_(n_layer=4)
 PROMPT = [5, 17, 42, 8, 99, 3]  # no token repeats: the n-gram drafter's first round finds nothing
@@ -120,6 +120,26 @@ def test_layerskip_drafts_exactly_like_the_equal_draft_model(pair):
     assert a.tokens == b.tokens
     assert a.stats.token_sources == b.stats.token_sources
     assert 0 < a.stats.tokens_accepted < a.stats.tokens_drafted
+
+
+def test_layerskip_cache_is_made_by_the_targets_own_factory(tmp_path):
+    """In bfloat16 on a CPU, GPT2.new_kv_cache keeps keys and values in float32. LayerSkipDrafter
+    used to build its cache itself in the model's dtype: its attention then ran in bfloat16, and it
+    drafted differently from the equal draft model. Now it holds float32 keys for its n_layers
+    blocks only, and proposes exactly what the equal bfloat16 draft model proposes."""
+    dirs = save_agreeing_pair(tmp_path / "target", tmp_path / "draft", TARGET_CFG, draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+    target, draft = (load_gpt2(d, device="cpu", dtype="bfloat16") for d in dirs)
+    skip, model = LayerSkipDrafter(target, 2), ModelDrafter(draft)
+    for drafter in (skip, model):
+        drafter.start(PROMPT, 20)
+    assert skip.cache.keys[0].dtype == target.new_kv_cache().keys[0].dtype == torch.float32
+    assert len(skip.cache.keys) == 2
+    tokens = list(PROMPT)
+    for _ in range(10):  # one token at a time, as the draft steps: the logits agree exactly
+        a, b = skip.next_logits(tokens), model.next_logits(tokens)
+        assert torch.equal(a, b)
+        tokens.append(int(a.argmax()))
 
 
 def test_layerskip_shares_the_targets_weights(pair):
@@ -225,7 +245,8 @@ def test_point_mass_round_accepts_with_probability_p_and_resamples_p_without_x()
     torch.testing.assert_close(q, torch.tensor([[0.0, 0, 0, 0, 1, 0]]))
     n_rounds, accepted, replacements = 20000, 0, []
     for _ in range(n_rounds):
-        n, token = modified_rejection_sampling(p, q, [4], g)
+        verdict = modified_rejection_sampling(p, q, [4], g)
+        n, token = verdict.n_accepted, verdict.next_token
         accepted += n
         if n == 0:
             replacements.append(token)

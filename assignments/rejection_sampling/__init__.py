@@ -12,10 +12,9 @@ import torch
 from ..definition import Assignment, Check, Failed, as_floats
 from ..probing import function, max_difference, random_distributions, seeded
 
-RESIDUAL = "spec_decoding.speculative.residual_distribution"
-# The rejection step the generators call (issue 21 moves it to spec_decoding/rejection.py as
-# modified_rejection_sampling; change this name when it does).
-REJECTION = "spec_decoding.speculative.accept_or_resample"
+RESIDUAL = "spec_decoding.rejection.residual_distribution"
+# The rejection step every generator calls.
+REJECTION = "spec_decoding.rejection.modified_rejection_sampling"
 VOCAB, GAMMA, ROUNDS = 6, 2, 4000
 
 
@@ -213,7 +212,7 @@ ASSIGNMENT = Assignment(
     name="rejection_sampling",
     functions=(RESIDUAL, REJECTION),
     # The token tree's multi-draft step is this step when every node has one child.
-    removed=("spec_decoding.tree.multi_draft_rejection_sampling",),
+    removed=("spec_decoding.rejection.multi_draft_rejection_sampling",),
     # Notebook 05 tests a naive multi-draft rule whose accept line is this step's.
     dropped=("notebooks/05_token_trees.*",),
     readme="assignments/rejection_sampling/README.md",

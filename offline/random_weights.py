@@ -1,7 +1,7 @@
 """Random-weight GPT-2 checkpoints in the exact hub layout, for tests and benchmarks offline.
 
-    python -m gpt2.random_weights --size gpt2-large --out checkpoints/large      # one model
-    python -m gpt2.random_weights --size tiny --draft-layers 2 --out checkpoints/tiny-pair
+    python -m offline.random_weights --size gpt2-large --out checkpoints/large      # one model
+    python -m offline.random_weights --size tiny --draft-layers 2 --out checkpoints/tiny-pair
     python spec_decoding_generate.py --target checkpoints/tiny-pair/target \
         --draft checkpoints/tiny-pair/draft
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config import OFFICIAL_CONFIGS, GPT2Config
+from gpt2.config import OFFICIAL_CONFIGS, GPT2Config
 
 LAYOUTS = ("hub", "transformers")
 SIZES = {"tiny": GPT2Config(n_layer=4, n_head=4, n_embd=128), **OFFICIAL_CONFIGS}
@@ -95,7 +95,8 @@ def save_agreeing_pair(target_dir, draft_dir, target_config: GPT2Config, draft_n
     The draft is the target's embeddings, first draft_n_layer blocks and final LayerNorm. The
     target's later blocks have their output projections scaled by `damping`, so they nudge the
     residual stream a little. With the defaults, at the gpt2-large shape with a 4-block draft,
-    the two agree on about 75% of next tokens of real text (teacher-forced). On text they generate
+    the two agree on most next tokens of real text (teacher-forced; docs/performance.md has the
+    measured rate). On text they generate
     themselves random models soon fall into loops that both predict, so acceptance there is near
     1: such a pair shows what the costs allow, not GPT-2's real acceptance. A larger embedding_std
     makes both models near-deterministic copiers (they then agree always).
@@ -126,7 +127,7 @@ def file_bytes(config: GPT2Config) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpt2.random_weights",
+        prog="python -m offline.random_weights",
         description="Write a random-weight GPT-2 checkpoint (config.json + model.safetensors, the "
                     "hub's layout) of an official shape, or a draft/target pair. It runs as fast "
                     "as the real model; its text and acceptance rates are not real.")
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the folder to write")
     parser.add_argument("--draft-layers", type=int, metavar="K",
                         help="write a pair instead: OUT/target of --size and OUT/draft made of its "
-                             "first K blocks, agreeing often (gpt2.random_weights.save_agreeing_pair)")
+                             "first K blocks, agreeing often (offline.random_weights.save_agreeing_pair)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="overwrite a checkpoint already in --out")
     args = parser.parse_args(argv)
