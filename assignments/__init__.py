@@ -15,7 +15,8 @@ import importlib
 
 from .definition import Assignment, Check, Failed
 
-READY_MADE = ("kv_cache", "greedy_speculative", "rejection_sampling")
+READY_MADE = ("kv_cache", "greedy_speculative", "rejection_sampling", "ngram_drafter", "tree_verify",
+              "gamma_cost_model")
 
 ASSIGNMENTS: dict[str, Assignment] = {
     name: importlib.import_module(f"{__name__}.{name}").ASSIGNMENT for name in READY_MADE}

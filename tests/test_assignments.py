@@ -23,7 +23,7 @@ import assignments
 from assignments import ASSIGNMENTS, __main__ as cli
 from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade_tree, gradescope_results, make_data, references,
                                student_files)
-from assignments.make import MANIFEST, AssignmentError, find_leaks, make, resolve, _tokens
+from assignments.make import MANIFEST, AssignmentError, _definitions, _tokens, find_leaks, make, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,6 +137,31 @@ PLANTED = {
          "return Verdict(g, int(sample(target_probs[g - 1], generator)), uniforms, None)", "bonus_token",
          "drawn from row 1 of p"),
     ],
+    "ngram_drafter": [
+        ("spec_decoding/drafters.py", "for start in range(len(tokens) - n - 1, -1, -1):",
+         "for start in range(0, len(tokens) - n):", "ngram_lookup", "MOST RECENT occurrence"),
+        ("spec_decoding/drafters.py", "for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):",
+         "for n in [min(self.max_ngram, len(tokens) - 1)]:", "ngram_lookup", "fall back to shorter n-grams"),
+    ],
+    "tree_verify": [
+        ("spec_decoding/rejection.py",  # SpecInfer's rule without the update: every child against p
+         "if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing\n"
+         "            return MultiDraftVerdict(i, None, uniforms, adjusted_p, residual)\n"
+         "        residual = residual_distribution(residual, draft_probs)",
+         "if r * draft_probs[x] < target_probs[x]:\n"
+         "            return MultiDraftVerdict(i, None, uniforms, adjusted_p, residual)\n"
+         "        residual = residual_distribution(target_probs, draft_probs)",
+         "multi_draft_output", "tested against the unchanged p"),
+        ("spec_decoding/rejection.py", "if r * draft_probs[x] < residual[x]:", "if True:",
+         "multi_draft_output", "the first child is always accepted"),
+    ],
+    "gamma_cost_model": [
+        ("spec_decoding/theory.py", "all_kept *= alpha", "all_kept = alpha", "tokens_by_position",
+         "it adds the alphas"),
+        ("spec_decoding/costs.py", "return gamma * self.draft_step_s + self.target_score_s[gamma]",
+         "return gamma * self.draft_step_s + self.target_score_s[0]", "round_seconds",
+         "the target's cost is always one step's"),
+    ],
 }
 
 
@@ -193,6 +218,21 @@ SHORTCUTS = {
          "from spec_decoding.rejection import multi_draft_rejection_sampling\n"
          "    return multi_draft_rejection_sampling(target_probs[0], draft_probs[0], draft_tokens[:1], generator)",
          "first_token", "removed in this assignment"),
+    ],
+    "tree_verify": [
+        ("spec_decoding/rejection.py", "multi_draft_rejection_sampling",
+         "for i, x in enumerate(draft_tokens):\n"
+         "        v = modified_rejection_sampling(target_probs[None].expand(2, -1), draft_probs[None], [x], generator)\n"
+         "        if v.n_accepted:\n"
+         "            return MultiDraftVerdict(i, None, [], [], target_probs)\n"
+         "        target_probs = v.residual\n"
+         "    return MultiDraftVerdict(None, int(sample(target_probs, generator)), [], [], target_probs)",
+         "multi_draft_output", "removed in this assignment"),
+    ],
+    "gamma_cost_model": [
+        ("spec_decoding/theory.py", "best_gamma",
+         "lo = break_even_alpha(c, verify_cost)\n    return max(gammas)",
+         "best_gamma_choice", "removed in this assignment"),
     ],
 }
 
@@ -260,9 +300,7 @@ def test_the_copy_holds_no_answer(kits, name):
         assert not list(copy.glob(dropped))
     for function in kit.assignment.functions + kit.assignment.removed:
         t = resolve(function)
-        node = next(n for n in ast.walk(ast.parse((copy / t.file).read_text()))
-                    if isinstance(n, ast.FunctionDef) and n.name == t.qualname.split(".")[-1]
-                    and n.lineno >= 1 and ast.get_docstring(n) == ast.get_docstring(t.node))
+        node = _definitions(ast.parse((copy / t.file).read_text()))[t.qualname]
         body = node.body[1:] if ast.get_docstring(node) else node.body
         assert len(body) == 1 and "NotImplementedError" in ast.unparse(body[0])
     bodies = {f: _tokens(resolve(f).node.body) for f in kit.assignment.functions}
