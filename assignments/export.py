@@ -15,7 +15,6 @@ with `python -m assignments grade`.
 """
 
 import json
-import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -83,7 +82,7 @@ def export_gradescope(name: str, out: Path, seed: int = 1, root: Path = ROOT) ->
 def autograde(source: Path, submission: Path, results: Path) -> int:
     """Gradescope's run: grade the submission against hidden.json, write results.json. Always
     writes a results.json (a failure to grade is reported in it), and returns 0."""
-    from .grade import Report, grade_tree, gradescope_results, student_files
+    from .grade import grade_tree, gradescope_results, student_files
     from .make import MANIFEST, assignment_of
 
     source, results = Path(source).resolve(), Path(results)

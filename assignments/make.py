@@ -7,6 +7,7 @@ everything else stay as they are. The teaching code needs no markers.
 
 import ast
 import difflib
+import functools
 import json
 import shutil
 import sys
@@ -169,6 +170,13 @@ def _pieces(tree: ast.Module):
         yield "<module-level code>", _tokens(loose)
 
 
+@functools.lru_cache(maxsize=1024)
+def _file_pieces(text: str) -> tuple:
+    """(qualname, tokens, token counts) of each piece of a file's source (cached: copies of the
+    project share almost every file)."""
+    return tuple((q, tokens, Counter(tokens)) for q, tokens in _pieces(ast.parse(text)))
+
+
 def similarity(reference: list[str], other: list[str], matcher: difflib.SequenceMatcher | None = None) -> float:
     """The share of the reference's tokens found in `other` in the same order, in runs of at least
     6 tokens (single common tokens such as a call or a name do not count). matcher: one already
@@ -203,13 +211,13 @@ def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str
         if rel.startswith(SHIPPED):
             continue
         try:
-            tree = ast.parse(file.read_text(), filename=rel)
-        except (SyntaxError, UnicodeDecodeError):
+            pieces = _file_pieces(file.read_text())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        for qualname, tokens in _pieces(tree):
+        for qualname, tokens, counts in pieces:
             if (rel, qualname) in skip:
                 continue
-            counts, matcher = Counter(tokens), None
+            matcher = None
             for name, (reference, reference_counts) in references.items():
                 if _at_most(reference_counts, counts, len(reference)) < LEAK_THRESHOLD:
                     continue

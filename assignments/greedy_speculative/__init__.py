@@ -1,6 +1,5 @@
 """Assignment 2: greedy speculative decoding (README.md here; instructor.md: the notes)."""
 
-from functools import partial
 
 import torch
 

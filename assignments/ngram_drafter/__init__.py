@@ -3,7 +3,7 @@
 import torch
 
 from ..definition import Assignment, Check, Failed
-from ..probing import PROMPT, first_difference, function, load, seeded, tokens_of
+from ..probing import PROMPT, first_difference, load, seeded, tokens_of
 
 NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
 
