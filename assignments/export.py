@@ -79,9 +79,10 @@ def export_gradescope(name: str, out: Path, seed: int = 1, root: Path = ROOT) ->
     return out
 
 
-def autograde(source: Path, submission: Path, results: Path) -> int:
+def autograde(source: Path, submission: Path, results: Path, zygote=None) -> int:
     """Gradescope's run: grade the submission against hidden.json, write results.json. Always
-    writes a results.json (a failure to grade is reported in it), and returns 0."""
+    writes a results.json (a failure to grade is reported in it), and returns 0. zygote: one to
+    reuse (grade.Zygote), else one is started."""
     from .grade import grade_tree, gradescope_results, student_files
     from .make import MANIFEST, assignment_of
 
@@ -94,7 +95,7 @@ def autograde(source: Path, submission: Path, results: Path) -> int:
         manifest = json.loads((source / "copy" / MANIFEST).read_text())
         assignment = assignment_of(manifest)
         files, notes = student_files(Path(submission), manifest["files"])
-        report = grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes)
+        report = grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote)
         payload = gradescope_results(report)
     except (OSError, ValueError, AssignmentError) as error:
         payload = {"score": 0, "output": f"The autograder could not grade this submission: {error}",

@@ -366,7 +366,8 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
         return grade_tree(assignment, tmp / "pristine", files, data, refs, only, timeout, notes)
 
 
-def check_locally(copy: Path, only: list[str] | None = None, timeout: float | None = None) -> Report:
+def check_locally(copy: Path, only: list[str] | None = None, timeout: float | None = None,
+                  zygote: Zygote | None = None) -> Report:
     """The student's own run inside their copy: the visible checks, against the reference values
     shipped with the copy (never rebuilt from the student's code)."""
     copy = Path(copy).resolve()
@@ -378,7 +379,7 @@ def check_locally(copy: Path, only: list[str] | None = None, timeout: float | No
     assignment = assignment_of(manifest)
     refs = json.loads((shipped / "visible.json").read_text())
     files = {rel: copy / rel for rel in manifest["files"]}
-    return grade_tree(assignment, copy, files, shipped / "data", refs, only, timeout)
+    return grade_tree(assignment, copy, files, shipped / "data", refs, only, timeout, zygote=zygote)
 
 
 # ------------------------------------------------------------------------------------------------

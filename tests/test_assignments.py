@@ -274,7 +274,8 @@ def test_debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(
     text = replaced(text, "    uniforms = []\n", "    uniforms = []\n    print({'check': 'debug', 'passed': False})\n")
     text = replaced(text, "    residual = torch.clamp(target_probs - draft_probs, min=0)\n",
                     "    residual = torch.clamp(target_probs - draft_probs, min=0)\n"
-                    "    if torch.equal(target_probs, draft_probs):\n        while True:\n            pass\n")
+                    "    if torch.equal(target_probs, draft_probs):\n        import time\n        while True:\n"
+                    "            time.sleep(1)\n")
     text = replaced(text, "    g = len(draft_tokens)\n", "    g = len(draft_tokens)\n    if torch.rand(()) < 0.002:\n"
                     "        print('x' * 1_000_000)\n")
     report = kit.grade({file: text}, only=["residual", "first_token", "bonus_token"], timeout=4)
@@ -357,7 +358,7 @@ def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
 # The student's local check, grade --json, the exports
 # ------------------------------------------------------------------------------------------------
 
-def test_the_students_local_check_uses_the_shipped_references(tmp_path):
+def test_the_students_local_check_uses_the_shipped_references(tmp_path, kits):
     """`python -m assignments check` inside a fresh copy: the visible checks fail cleanly; with
     the reference solution in, they pass; and a wrong attention fails there too (the references
     come with the copy, they are not rebuilt from the student's code)."""
@@ -376,10 +377,11 @@ def test_the_students_local_check_uses_the_shipped_references(tmp_path):
     assert report["points"] == 0 and all("not implemented yet" in c["message"] for c in report["checks"])
     for rel in ("gpt2/kv_cache.py", "gpt2/model.py"):
         shutil.copyfile(ROOT / rel, copy / rel)
-    assert check_locally(copy).passed  # what `check` runs, in this process
+    zygote = kits("kv_cache").zygote  # forks for any tree (it holds no project code)
+    assert check_locally(copy, zygote=zygote).passed  # what `check` runs, in this process
     model = copy / "gpt2/model.py"
     model.write_text(replaced(model.read_text(), "attn_mask=attn_mask)", "attn_mask=attn_mask, scale=1.0)"))
-    result = check_locally(copy, only=["attention_forward"]).results[0]
+    result = check_locally(copy, only=["attention_forward"], zygote=zygote).results[0]
     assert not result.passed and "not divided by sqrt(head_dim)" in result.message
 
 
@@ -409,7 +411,7 @@ def valid_gradescope_results(results: dict, checks) -> None:
 
 
 @pytest.mark.parametrize("name", list(ASSIGNMENTS))
-def test_gradescope_export_grades_a_fake_autograder_folder(tmp_path, name):
+def test_gradescope_export_grades_a_fake_autograder_folder(tmp_path, name, kits):
     """The autograder laid out in a folder like /autograder (source, submission, results); the
     submission is just the edited files, flat; run_autograder writes results.json. One
     assignment goes through the real zip and shell script, the others through the function the
@@ -441,7 +443,8 @@ def test_gradescope_export_grades_a_fake_autograder_folder(tmp_path, name):
         done = subprocess.run(["bash", str(source / "run_autograder")], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     else:
-        assert autograde(source, autograder / "submission", autograder / "results" / "results.json") == 0
+        assert autograde(source, autograder / "submission", autograder / "results" / "results.json",
+                         zygote=kits(name).zygote) == 0
     results = json.loads((autograder / "results" / "results.json").read_text())
     valid_gradescope_results(results, checks)
     assert all(t["status"] == "passed" for t in results["tests"]), results

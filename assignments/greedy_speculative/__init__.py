@@ -1,6 +1,5 @@
 """Assignment 2: greedy speculative decoding (README.md here; instructor.md: the notes)."""
 
-
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
