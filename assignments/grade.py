@@ -360,7 +360,7 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         tmp = Path(tmp)
         make(list(assignment.functions), tmp / "pristine", root=root, assignment=manifest["assignment"],
-             ship_visible=False, quiet=True)
+             ship_visible=False)
         data = make_data(tmp / "data")
         refs = references(assignment, data, seed, [c for c in assignment.checks if not only or c.name in only])
         return grade_tree(assignment, tmp / "pristine", files, data, refs, only, timeout, notes)

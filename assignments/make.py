@@ -257,7 +257,7 @@ def _drop(out: Path, patterns) -> list[str]:
 
 
 def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | None = None,
-         ship_visible: bool = True, allow_leaks: bool = False, quiet: bool = False) -> list[Target]:
+         ship_visible: bool = True, allow_leaks: bool = False) -> list[Target]:
     """Copy the project at `root` into `out` (which must be empty or absent) with the named
     functions' bodies removed, and whatever else would answer them (the assignment's `removed`
     siblings and `dropped` files, the instructor's tests). Writes out/.assignment.json for the

@@ -106,7 +106,9 @@ def lossless_judge(inputs, ref, got):
     from ..rejection_sampling import _named
 
     _named(got, ref, {}, f"speculative sampling with your drafter: {inputs['samples']} samples of "
-                         f"{inputs['n_tokens']} tokens do not follow the target's exactly enumerated distribution")
+                         f"{inputs['n_tokens']} tokens do not follow the target's exactly enumerated distribution",
+           hint="a deterministic proposal is a point mass: return None for q (the generator then uses "
+                "q(x) = 1), never a q the tokens were not drawn from")
 
 
 ASSIGNMENT = Assignment(

@@ -128,8 +128,13 @@ def _test(counts, probs) -> float:
     return chi_square_p_value(torch.tensor(counts, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
 
 
-def _named(counts, probs, mistakes: dict, what: str):
-    """Raise Failed if the counts do not follow probs, naming a mistake whose distribution fits."""
+HINT = ("accept draft token x with probability min(1, p(x)/q(x)); at the first rejection draw from "
+        "norm(max(0, p - q)); if all are accepted draw the bonus from the last row of p")
+
+
+def _named(counts, probs, mistakes: dict, what: str, hint: str = HINT):
+    """Raise Failed if the counts do not follow probs, naming a mistake whose distribution fits
+    (else giving the hint)."""
     from spec_decoding.checks import P_VALUE_THRESHOLD, total_variation
 
     p_value = _test(counts, probs)
@@ -137,9 +142,7 @@ def _named(counts, probs, mistakes: dict, what: str):
         return
     tv = total_variation(torch.tensor(counts, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
     fits = [words for words, alternative in mistakes.items() if _test(counts, alternative) >= P_VALUE_THRESHOLD]
-    cause = (f"the counts fit a known mistake: {fits[0]}" if fits else
-             "accept draft token x with probability min(1, p(x)/q(x)); at the first rejection draw from "
-             "norm(max(0, p - q)); if all are accepted draw the bonus from the last row of p")
+    cause = f"the counts fit a known mistake: {fits[0]}" if fits else hint
     raise Failed(f"{what}: total variation {tv:.3f} from the exact distribution, chi-square p = {p_value:.1g} "
                  f"(threshold {P_VALUE_THRESHOLD:g}; {sum(counts)} samples): {cause}")
 

@@ -10,6 +10,8 @@ from ..rejection_sampling import _named
 MULTI = "spec_decoding.rejection.multi_draft_rejection_sampling"
 RESIDUAL = "spec_decoding.rejection.residual_distribution"
 VOCAB, ROUNDS = 6, 4000
+HINT = ("try the children in turn: accept x_i with probability min(1, r(x_i)/q(x_i)), r starting at p and "
+        "becoming norm(max(0, r - q)) after each rejection; if all are rejected draw from the final r")
 
 
 def node_inputs(seed, children=3):
@@ -66,7 +68,7 @@ def node_reference(inputs, data):
 
 def output_judge(inputs, ref, got):
     _named(got["out"], ref["p"], ref["mistakes"],
-           f"the token a node outputs ({inputs['children']} children) does not follow p")
+           f"the token a node outputs ({inputs['children']} children) does not follow p", hint=HINT)
 
 
 def rejected_judge(inputs, ref, got):
@@ -102,7 +104,7 @@ def lossless_reference(inputs, data):
 def lossless_judge(inputs, ref, got):
     _named(got, ref, {}, f"token-tree sampling (branching {inputs['branching']}) with your step: "
                          f"{inputs['samples']} samples of {inputs['n_tokens']} tokens do not follow the target's "
-                         f"exactly enumerated distribution")
+                         f"exactly enumerated distribution", hint=HINT)
 
 
 ASSIGNMENT = Assignment(
