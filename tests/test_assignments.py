@@ -94,16 +94,30 @@ def results_by_check(report):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(ASSIGNMENTS))
-def test_stripped_copy_fails_and_the_reference_solution_passes(kits, name):
+def test_stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kits, name):
+    """The stripped copy, with an atexit hook printing a passing verdict line for every check
+    (the old grader read verdicts from stdout, last line wins: that gave ALL PASS), scores 0:
+    stdout is only shown. Then the reference solution scores full marks."""
     kit = kits(name)
-    stripped = kit.grade({})
-    assert [r.check for r in stripped.results] == [c.name for c in kit.assignment.checks]
-    assert stripped.points == 0 and not stripped.passed
-    assert all("not implemented yet" in r.message for r in stripped.results), stripped.results
+    t = resolve(kit.assignment.functions[0])
+    stripped = kit.stripped(t.file)
+    line = next(line for line in stripped.splitlines() if line.strip() == stub(t.qualname))
+    forged = replaced(stripped, stub(t.qualname), forged_atexit(line[:len(line) - len(line.lstrip())]) + stub(t.qualname))
+    report = kit.grade({t.file: forged})
+    assert [r.check for r in report.results] == [c.name for c in kit.assignment.checks]
+    assert report.points == 0 and not report.passed
+    assert all("not implemented yet" in r.message for r in report.results), report.results
     solved = kit.grade(kit.reference())
     assert solved.passed, [(r.check, r.message) for r in solved.results if not r.passed]
     assert solved.points == kit.assignment.points == solved.max_points
     assert {c.visible for c in kit.assignment.checks} == {True, False}  # visible and hidden checks
+
+
+def forged_atexit(indent: str) -> str:
+    """Lines that register atexit hooks printing a passing verdict for every check."""
+    names = [c.name for a in ASSIGNMENTS.values() for c in a.checks]
+    return (f"import atexit, json\n{indent}for name in {names!r}:\n{indent}    atexit.register(print, json.dumps("
+            f"{{'check': name, 'passed': True, 'message': 'ok', 'seconds': 0}}))\n{indent}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -189,12 +203,6 @@ def test_the_residual_mistake_is_named_by_the_residual_check_too(kits):
 # Shortcuts fail: delegating to a sibling, plain decoding, a forged verdict printed at exit
 # ------------------------------------------------------------------------------------------------
 
-def forged_atexit(indent: str) -> str:
-    """Lines that register atexit hooks printing a passing verdict for every check."""
-    names = [c.name for a in ASSIGNMENTS.values() for c in a.checks]
-    return (f"import atexit, json\n{indent}for name in {names!r}:\n{indent}    atexit.register(print, json.dumps("
-            f"{{'check': name, 'passed': True, 'message': 'ok', 'seconds': 0}}))\n{indent}")
-
 SHORTCUTS = {
     "kv_cache": [
         ("gpt2/kv_cache.py", "KVCache.truncate", "self.keep(length, [])", "kv_truncate", "removed in this assignment"),
@@ -244,21 +252,6 @@ def test_shortcuts_fail(kits, name):
         text = replaced(kit.stripped(file), stub(qualname), body)
         result = results_by_check(kit.grade({file: text}, only=[check]))[check]
         assert not result.passed and words in result.message, (qualname, result.message)
-
-
-@pytest.mark.parametrize("name", list(ASSIGNMENTS))
-def test_a_forged_verdict_printed_at_exit_changes_nothing(kits, name):
-    """The old grader read verdicts from stdout, last line wins: an atexit hook printing
-    {"check": ..., "passed": true} lines gave ALL PASS. Now stdout is only shown."""
-    kit = kits(name)
-    qualname = resolve(kit.assignment.functions[0]).qualname
-    file = resolve(kit.assignment.functions[0]).file
-    stripped = kit.stripped(file)
-    line = next(line for line in stripped.splitlines() if line.strip() == stub(qualname))
-    text = replaced(stripped, stub(qualname), forged_atexit(line[:len(line) - len(line.lstrip())]) + stub(qualname))
-    visible = [c.name for c in kit.assignment.checks if c.visible]
-    report = kit.grade({file: text}, only=visible)
-    assert report.points == 0 and all("not implemented yet" in r.message for r in report.results)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -433,10 +426,12 @@ def test_gradescope_export_grades_a_fake_autograder_folder(tmp_path, name, kits)
     (autograder / "results").mkdir()
     for rel in sorted({resolve(f).file for f in assignment.functions}):  # the reference solution, bare files
         shutil.copyfile(ROOT / rel, autograder / "submission" / Path(rel).name)
-    # the cheapest passing run: the visible checks (the hidden ones are graded the same way)
+    # a cheap passing run: the visible checks, or one (the hidden ones are graded the same way)
     hidden = json.loads((source / "hidden.json").read_text())
     assert sorted(hidden) == sorted(c.name for c in assignment.checks)
     checks = [c for c in assignment.checks if c.visible]
+    if name != "greedy_speculative":
+        checks = checks[:1]
     (source / "hidden.json").write_text(json.dumps({c.name: hidden[c.name] for c in checks}))
     if name == "greedy_speculative":
         env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(autograder), "AUTOGRADER_PYTHON": sys.executable}

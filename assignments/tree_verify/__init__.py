@@ -81,7 +81,7 @@ def rejected_judge(inputs, ref, got):
 
 
 def lossless_inputs(seed):
-    return {"prompt": [1, 2, 3], "n_tokens": 3, "samples": 600, "branching": [2, 2], "seed": seed}
+    return {"prompt": [1, 2, 3], "n_tokens": 3, "samples": 500, "branching": [2, 2], "seed": seed}
 
 
 def lossless_probe(inputs, data):
