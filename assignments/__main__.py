@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import ASSIGNMENTS
-from .make import AssignmentError
+from .definition import AssignmentError
+from .registry import ASSIGNMENTS
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+class AssignmentError(ValueError):
+    """Bad input to make/grade/export: the message says what was wrong and how to fix it."""
+
+
 class Failed(Exception):
     """A check's verdict, in plain words for the student."""
 

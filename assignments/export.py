@@ -19,8 +19,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from . import ASSIGNMENTS
-from .make import ROOT, AssignmentError, make
+from .definition import AssignmentError
+from .make import ROOT, make
+from .registry import ASSIGNMENTS
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, when the autograder image is built (Ubuntu base image).
@@ -51,7 +52,7 @@ def _new_folder(out: Path) -> None:
 
 def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT) -> Path:
     """Lay out what Gradescope unpacks into /autograder/source."""
-    from .grade import make_data, references
+    from .references import make_data, references
 
     assignment = ASSIGNMENTS[name]
     make(list(assignment.functions), source / "copy", root=root, assignment=name, ship_visible=False)
@@ -84,7 +85,8 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None) -> int
     writes a results.json (a failure to grade is reported in it), and returns 0. zygote: one to
     reuse (grade.Zygote), else one is started."""
     from .grade import grade_tree, gradescope_results, student_files
-    from .make import MANIFEST, assignment_of
+    from .make import MANIFEST
+    from .registry import assignment_of
 
     source, results = Path(source).resolve(), Path(results)
     results.parent.mkdir(parents=True, exist_ok=True)

@@ -24,13 +24,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .definition import Assignment, Check, ChildRun, Failed
-from .make import MANIFEST, ROOT, AssignmentError, assignment_of
+from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
+from .make import IGNORE, MANIFEST, ROOT, make
+from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
+from .registry import assignment_of
 
 OUTPUT_HEAD, OUTPUT_TAIL = 6000, 2000  # characters of a child's output kept (start and end)
 MAX_VALUES_BYTES = 16 * 2**20  # a probe's answer larger than this is refused
-HIDDEN_SEED = 1  # the instructor's inputs; the visible ones (shipped with the copy) use seed 0
-VISIBLE_SEED = 0
 
 
 @dataclass
@@ -234,37 +234,6 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
 # Data, references, trees
 # ------------------------------------------------------------------------------------------------
 
-def make_data(folder: Path) -> Path:
-    """The small random checkpoints the checks run on (made with the project's random_weights)."""
-    from gpt2 import GPT2Config
-    from offline.random_weights import save_agreeing_pair, save_random_checkpoint
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tiny = GPT2Config(n_layer=4, n_head=2, n_embd=32, n_positions=64, vocab_size=100)
-    vocab = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=16)
-    save_agreeing_pair(folder / "target", folder / "draft", tiny, draft_n_layer=2, damping=0.1, seed=11,
-                       std=0.2, embedding_std=0.3)
-    save_random_checkpoint(folder / "unrelated", tiny.with_(n_layer=2), seed=9, std=0.2, embedding_std=0.3)
-    # A 16-token pair that agrees about half the time, for exact enumeration.
-    save_random_checkpoint(folder / "vocab_target", vocab, seed=21, std=0.2, embedding_std=0.3)
-    save_random_checkpoint(folder / "vocab_draft", vocab, seed=22, std=0.2, embedding_std=0.3)
-    return folder
-
-
-def references(assignment: Assignment, data: Path, seed: int, checks=None) -> dict:
-    """{check: {"inputs", "reference"}}, computed in this process with this project's code (the
-    instructor's: never the student's)."""
-    import torch
-
-    torch.set_num_threads(1)
-    out = {}
-    for check in checks or assignment.checks:
-        inputs = check.make_inputs(seed)
-        reference = (check.reference or check.probe)(inputs, data)
-        out[check.name] = {"inputs": inputs, "reference": json.loads(json.dumps(reference))}
-    return out
-
-
 def student_files(submission: Path, files: list[str]) -> tuple[dict[str, Path], list[str]]:
     """The student's versions of the assignment's files: at their path in the submission, or
     (a submission of just the edited files) the one file of that name anywhere in it."""
@@ -285,8 +254,6 @@ def student_files(submission: Path, files: list[str]) -> tuple[dict[str, Path], 
 
 def build_tree(pristine: Path, files: dict[str, Path], where: Path) -> Path:
     """The folder the student's code runs in: the stripped copy plus the student's files."""
-    from .make import IGNORE
-
     tree = where / "copy"
     shutil.copytree(pristine, tree, ignore=IGNORE)
     shutil.rmtree(tree / ".assignment", ignore_errors=True)  # shipped references: not the child's business
@@ -352,8 +319,6 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
           only: list[str] | None = None) -> Report:
     """The instructor's grade of a student's copy (or a folder of just the edited files plus the
     copy's .assignment.json): every check, hidden inputs, references from this project's code."""
-    from .make import make
-
     manifest = read_manifest(student)
     assignment = assignment_of(manifest)
     files, notes = student_files(Path(student), manifest["files"])

@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from .definition import AssignmentError
+
 ROOT = Path(__file__).resolve().parents[1]  # the project: the folder holding gpt2/ and spec_decoding/
 MANIFEST = ".assignment.json"  # written into the student's copy: what was removed, for `grade`
 SHIPPED = ".assignment"  # in the copy: the visible checks' inputs and reference values, their checkpoints
@@ -26,10 +28,6 @@ LEAK_MIN_TOKENS = 25  # bodies shorter than this are too generic to compare
 # Not copied: version control, caches, run outputs.
 IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache", ".ipynb_checkpoints",
                                 "runs", "*.egg-info", "build", "dist", ".venv", "venv")
-
-
-class AssignmentError(ValueError):
-    """Bad input to make/grade: the message says what was wrong and how to fix it."""
 
 
 @dataclass
@@ -234,19 +232,6 @@ def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str
 # make
 # ------------------------------------------------------------------------------------------------
 
-def assignment_of(manifest: dict):
-    """The Assignment a copy's manifest names: a ready-made one, or one made of the checks that
-    exercise the named functions."""
-    from . import ASSIGNMENTS, custom_assignment
-
-    if manifest.get("assignment"):
-        if manifest["assignment"] not in ASSIGNMENTS:
-            raise AssignmentError(f"no ready-made assignment {manifest['assignment']!r}; "
-                                  f"they are {', '.join(sorted(ASSIGNMENTS))}")
-        return ASSIGNMENTS[manifest["assignment"]]
-    return custom_assignment(manifest["functions"])
-
-
 def _drop(out: Path, patterns) -> list[str]:
     gone = []
     for pattern in patterns:
@@ -264,7 +249,7 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     grader and, with ship_visible, the visible checks' inputs and reference values (computed with
     this project's code) in out/.assignment/. Refuses functions no check exercises, and (unless
     allow_leaks) a copy in which the leak check still finds a stripped function's body."""
-    from . import ASSIGNMENTS, custom_assignment
+    from .registry import ASSIGNMENTS, custom_assignment
 
     if not functions:
         raise AssignmentError("name at least one function: --functions spec_decoding.rejection.residual_distribution ...")
@@ -304,7 +289,7 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
                                   f"Nothing was written.")
         print(f"WARNING: the copy still holds the answer (leak check):\n{listing}", file=sys.stderr)
     if ship_visible:
-        from .grade import VISIBLE_SEED, make_data, references
+        from .references import VISIBLE_SEED, make_data, references
 
         data = make_data(out / SHIPPED / "data")
         refs = references(definition, data, VISIBLE_SEED, [c for c in definition.checks if c.visible])

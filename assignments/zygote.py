@@ -19,7 +19,7 @@ import sys
 def serve(sock: socket.socket) -> None:
     import torch
 
-    import assignments  # noqa: F401  (the check definitions: the grader's files, not the student's)
+    import assignments.registry  # noqa: F401  (the check definitions: the grader's files, not the student's)
 
     # The student's modules must be imported fresh by each check's child, never here.
     assert not {m.split(".")[0] for m in sys.modules} & {"gpt2", "spec_decoding"}, "zygote imported project code"

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from assignments import ASSIGNMENTS, __main__ as cli
+from assignments import __main__ as cli
+from assignments.registry import ASSIGNMENTS
 from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade_tree, gradescope_results, make_data, references,
                                student_files)
 from assignments.export import autograde, gradescope_source
