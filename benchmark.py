@@ -64,7 +64,7 @@ from tqdm import tqdm
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import gamma_order, timed
 from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
-from gpt2.loading import peek_config
+from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.tree import branching_label, parse_branching, tree_size
@@ -95,7 +95,11 @@ def fixed_gammas(gammas) -> list[int]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"Offline (no hub): train a small real pair first, {TRAIN_PAIR_COMMAND}\n"
+                                       f"(about 10 minutes on 2 CPU cores), then --target runs/trained_pair/target "
+                                       f"--draft runs/trained_pair/draft;\nor time random-weight stand-ins of the "
+                                       f"real shapes with --make-standins DIR.")
     p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2), for the model drafter")
     p.add_argument("--drafters", type=cli.drafter_spec, nargs="+", default=["model"], metavar="D",
                    help="what drafts: model (--draft), ngram[:N] (prompt lookup), layerskip:K (the "
@@ -204,7 +208,7 @@ def read_prompts(path: Path) -> list[list[int]]:
         sys.exit(f"error: {path} holds no prompts (one per line)")
     try:
         return [encode(t) for t in texts]
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         sys.exit(f"error: {e}")
 
 
@@ -599,11 +603,19 @@ def main(argv=None) -> None:
         note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stdout)
     prompts = read_prompts(args.prompts)
     uses_draft = any(cli.needs_draft_model(name) for name in args.drafters)
+    if not args.make_standins:  # a mistyped local path fails now, not after the other model loads
+        for role, name in [("target", args.target)] + ([("draft", args.draft)] if uses_draft else []):
+            try:
+                check_local_checkpoint(name)
+            except CheckpointError as e:
+                sys.exit(f"error: --{role} {name}: {e}")
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
     configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
                [c for c in (peek_config(args.target), peek_config(args.draft) if uses_draft else None)
                 if c is not None])
     if configs:
+        if len({c.vocab_size for c in configs}) == 1:  # else: a mismatched pair, named once loaded
+            check_prompts_fit(prompts, configs[0].vocab_size, min(c.n_positions for c in configs))
         args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)

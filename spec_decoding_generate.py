@@ -37,6 +37,7 @@ import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
+from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.decoding import check_drafter
 from spec_decoding import cli
@@ -67,7 +68,7 @@ STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|
 
 
 class UsageError(Exception):
-    """A problem the user can fix: tokenizer files missing offline."""
+    """A problem the user can fix: e.g. the tokenizer's files missing from the package."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,7 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Speculative decoding with GPT-2: a small draft model proposes tokens, a "
                     "large target model verifies them.",
         epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
-               "folder with config.json + model.safetensors, or a .safetensors file.")
+               "folder with config.json + model.safetensors, or a .safetensors file. Offline (no "
+               f"hub), train a small pair first: {TRAIN_PAIR_COMMAND} (about 10 minutes on 2 CPU "
+               "cores), then pass --target runs/trained_pair/target --draft runs/trained_pair/draft.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
     parser.add_argument("--drafter", choices=list(cli.DRAFTER_KINDS), default="model",
                         help="what proposes the draft tokens: model (--draft, the default), ngram "
@@ -153,8 +156,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 def encode_prompt(prompt: str) -> list[int]:
     try:
         return encode(prompt)
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         raise UsageError(str(e)) from None
+
+
+def check_before_loading(prompt_ids: list[int], args) -> None:
+    """What can be checked before any weights load, reading at most config.json: a local --target or
+    --draft path that is missing or names a folder of models, and a prompt longer than a model's
+    context window (where its config is cheap to read: gpt2.loading.peek_config)."""
+    names = [("target", args.target)] + ([("draft", args.draft)] if args.drafter == "model" else [])
+    for role, name in names:
+        try:
+            check_local_checkpoint(name)
+        except CheckpointError as e:  # say which of the two models failed
+            raise CheckpointError(f"--{role} {name}: {e}") from None
+    for role, name in names:
+        config = peek_config(name)
+        if config is not None and len(prompt_ids) >= config.n_positions:
+            raise UsageError(
+                f"--prompt has {len(prompt_ids)} tokens, but the {role}'s context window ({name}: "
+                f"n_positions={config.n_positions}) holds {config.n_positions}. Shorten the prompt "
+                f"to fewer than {config.n_positions} tokens, to leave room for the new ones.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,6 +387,7 @@ def generate(args) -> None:
     if args.dtype != "auto":  # said once, before the loads (which would say it too)
         note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stderr)
     prompt_ids = encode_prompt(args.prompt)
+    check_before_loading(prompt_ids, args)
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, args.dtype, args.quantize)
     drafter, drafter_line = make_drafter(args, target, device, args.dtype)

@@ -26,6 +26,7 @@ the weights.
 """
 
 import contextlib
+import difflib
 import json
 import re
 import sys
@@ -55,6 +56,9 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 HUB_PROBE_TIMEOUT = 4.0
 # Tensors a checkpoint may carry that the model does not need.
 IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
+# The ways to a pair with no hub (the offline/ tools), named in every error that may mean "no hub".
+TRAIN_PAIR_COMMAND = "python -m offline.train_pair --out runs/trained_pair"
+STANDINS_COMMAND = "python -m offline.random_weights --size tiny --draft-layers 2 --out runs/standins"
 
 
 class CheckpointError(Exception):
@@ -111,8 +115,7 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
     """Find (and if needed download) the weights. Returns (config or None to infer, weights path)."""
     text = str(name_or_path)
     path = Path(text).expanduser()
-    is_hub_name = text in OFFICIAL_REPOS or (
-        re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None and not text.endswith(".safetensors"))
+    is_hub_name = looks_like_hub_name(text)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(
@@ -120,6 +123,9 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
                 f".bin/.pt files can run code when loaded); pass a model.safetensors file or its folder."
             )
         return None, path
+    # A folder of models (e.g. runs/trained_pair, holding target/ and draft/) is local whatever its name.
+    if path.is_dir() and not (path / WEIGHTS_NAME).is_file() and model_subfolders(path):
+        raise CheckpointError(f"The folder {path} has no {WEIGHTS_NAME}: {which_subfolder(path)}")
     # A local folder wins over a hub name only if it holds weights (this repo has a gpt2/ folder).
     if path.is_dir() and ((path / WEIGHTS_NAME).is_file() or not is_hub_name):
         weights = path / WEIGHTS_NAME
@@ -135,14 +141,83 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
             return download_from_hub(OFFICIAL_REPOS[text])
         # "checkpoints/target" is a valid repo id too: every hub error also says what is local.
         local = (f"the folder {path} here has no {WEIGHTS_NAME}" if path.is_dir()
-                 else f"there is no folder {path} here")
+                 else f"there is no folder {path} here{did_you_mean(path)}")
         return download_from_hub(text, local_note=local)
-    if text.endswith(".safetensors") or text.startswith(("/", ".", "~")) or "\\" in text:
-        raise CheckpointError(f"No such file or folder: {path}")
+    if text.endswith(".safetensors") or "/" in text or text.startswith((".", "~")) or "\\" in text:
+        raise CheckpointError(f"No such file or folder: {path}{did_you_mean(path)}")
+    close = difflib.get_close_matches(text, list(OFFICIAL_REPOS) + local_names(Path(".")), n=1)
     raise CheckpointError(
         f"Unknown model {text!r}. Use one of {', '.join(OFFICIAL_REPOS)}, a hub repo id "
         f"'owner/name', a local folder with {CONFIG_NAME} + {WEIGHTS_NAME}, or a .safetensors file."
+        + (f" Did you mean {close[0]}?" if close else "")
     )
+
+
+def local_names(folder: Path) -> list[str]:
+    """The names in a folder (hidden ones left out), or [] if it cannot be listed."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def closest_existing_path(path: Path) -> Path | None:
+    """The existing path nearest to a missing one, for "did you mean": from the deepest folder of
+    path that exists, each further part replaced by the closest name there (difflib). None if some
+    part has no close name."""
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.exists():
+        return None
+    guess = base
+    for part in path.parts[len(base.parts):]:
+        close = difflib.get_close_matches(part, local_names(guess), n=1)
+        if not close:
+            return None
+        guess = guess / close[0]
+    return guess
+
+
+def model_subfolders(folder: Path) -> list[Path]:
+    """The subfolders of folder that hold a model (model.safetensors), e.g. a pair's target/, draft/."""
+    return [folder / name for name in local_names(folder) if (folder / name / WEIGHTS_NAME).is_file()]
+
+
+def which_subfolder(folder: Path) -> str:
+    """What to pass instead of a folder of models: the pair's two halves, or one of its models."""
+    names = [sub.name for sub in model_subfolders(folder)]
+    if "target" in names and "draft" in names:
+        return (f"it holds a pair (target/ and draft/), not one model. Pass {folder / 'target'} as "
+                f"the target and {folder / 'draft'} as the draft, e.g. --target {folder / 'target'} "
+                f"--draft {folder / 'draft'}.")
+    return f"it holds {len(names)} model folder(s): pass one of {', '.join(str(folder / n) for n in names)}."
+
+
+def did_you_mean(path: Path) -> str:
+    """" (did you mean X?)" for a missing path when a close one exists, else ""."""
+    guess = closest_existing_path(path)
+    if guess is None or guess == path:
+        return ""
+    if guess.is_dir() and not (guess / WEIGHTS_NAME).is_file() and model_subfolders(guess):
+        return f" (did you mean {guess}? {which_subfolder(guess)})"
+    return f" (did you mean {guess}?)"
+
+
+def looks_like_hub_name(text: str) -> bool:
+    """An official name, or "owner/name" (which may also be a local folder: resolve_checkpoint decides)."""
+    return text in OFFICIAL_REPOS or (
+        re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None and not text.endswith(".safetensors"))
+
+
+def check_local_checkpoint(name_or_path) -> None:
+    """Raise now the CheckpointError that load_gpt2 would raise for a local path (missing, a folder
+    of models, no weights), reading at most its config.json: the scripts check both models this way
+    before loading either. Hub names are left to load_gpt2."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if not looks_like_hub_name(text) or (path.is_dir() and model_subfolders(path)):
+        resolve_checkpoint(text)
 
 
 def download_from_hub(repo_id: str, local_note: str | None = None) -> tuple[GPT2Config, Path]:
@@ -181,14 +256,24 @@ def download_from_hub(repo_id: str, local_note: str | None = None) -> tuple[GPT2
 
 
 def offline_ways_forward(repo_id: str) -> str:
+    """The ways forward with no hub, as exact command lines: train a small real pair here, make
+    random-weight stand-ins of the real shapes, or bring the files from elsewhere."""
     short = repo_id.split("/")[-1]
-    ways = (f"Ways forward: download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} elsewhere and pass "
-            f"their folder instead, e.g. load_gpt2('/path/to/{short}') or --target/--draft "
-            f"/path/to/folder on the command line")
-    if hub_offline():
-        return ways + "."
-    return ways + ("; or, where the hub cache holds the files, set HF_HUB_OFFLINE=1 so that "
-                   "nothing is asked of the network.")
+    ways = [
+        f"  - train a small real target/draft pair on this machine (about 10 minutes on 2 CPU "
+        f"cores, no download):\n      {TRAIN_PAIR_COMMAND}\n"
+        f"    then pass --target runs/trained_pair/target --draft runs/trained_pair/draft",
+        f"  - or make a random-weight stand-in pair (seconds; --size gpt2-large for the real shape, "
+        f"which times like the real model; their drafts agree almost always, unlike real models):\n"
+        f"      {STANDINS_COMMAND}\n"
+        f"    then pass --target runs/standins/target --draft runs/standins/draft",
+        f"  - or download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} elsewhere and pass their "
+        f"folder instead, e.g. load_gpt2('/path/to/{short}') or --target/--draft /path/to/folder",
+    ]
+    if not hub_offline():
+        ways.append("  - or, where the hub cache holds the files, set HF_HUB_OFFLINE=1 so that "
+                    "nothing is asked of the network")
+    return "Ways forward:\n" + "\n".join(ways)
 
 
 def hub_offline() -> bool:

@@ -181,13 +181,12 @@ def test_missing_tokenizer_files_are_a_clear_error_not_a_traceback(monkeypatch, 
     import benchmark
 
     def offline_encode(text):
-        raise RuntimeError("Could not load tiktoken's 'gpt2' encoding (offline); point "
-                           "TIKTOKEN_CACHE_DIR at a folder that holds them")
+        raise RuntimeError("GPT-2's tokenizer file .../vocab.bpe is missing: reinstall the package")
 
     monkeypatch.setattr(benchmark, "encode", offline_encode)
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--draft", "x", "--target", "y", "--out", str(tmp_path / "out")])
-    assert "error: Could not load tiktoken's 'gpt2' encoding" in str(exit_info.value)
+    assert "error: GPT-2's tokenizer file .../vocab.bpe is missing" in str(exit_info.value)
     assert not (tmp_path / "out").exists()
     with pytest.raises(SystemExit) as exit_info:
         benchmark.read_prompts(tmp_path / "no-such-prompts.txt")

@@ -33,7 +33,6 @@ STATS_KEYS = {"target_calls", "draft_calls", "rounds", "tokens_drafted", "tokens
 
 def script_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
-    env["TIKTOKEN_CACHE_DIR"] = os.environ.get("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken_cache"))
     env["HF_HUB_OFFLINE"] = "1"
     env.update(extra)
     return env
@@ -236,11 +235,11 @@ def test_unavailable_device_is_a_clear_error(device, text_pair_dirs, capsys):
 
 def test_missing_tokenizer_files_are_a_clear_error(monkeypatch, capsys):
     def no_tokenizer(text):
-        raise RuntimeError("Could not load tiktoken's 'gpt2' encoding (...). Point TIKTOKEN_CACHE_DIR ...")
+        raise RuntimeError("GPT-2's tokenizer file .../vocab.bpe is missing: reinstall the package ...")
     monkeypatch.setattr(script, "encode", no_tokenizer)
     code, out, err = run_main(["--device", "cpu"], capsys)
     assert code == 2
-    assert err.startswith("error: Could not load tiktoken") and "Traceback" not in err
+    assert err.startswith("error: GPT-2's tokenizer file") and "Traceback" not in err
 
 
 def test_mismatched_vocabularies_are_a_clear_error(text_pair_dirs, make_checkpoint, capsys):
