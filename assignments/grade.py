@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
-from .make import IGNORE, MANIFEST, ROOT, make
+from .make import IGNORE, MANIFEST, ROOT, make, refuse_a_students_copy
 from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
 from .registry import assignment_of
 
@@ -319,6 +319,7 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
           only: list[str] | None = None) -> Report:
     """The instructor's grade of a student's copy (or a folder of just the edited files plus the
     copy's .assignment.json): every check, hidden inputs, references from this project's code."""
+    refuse_a_students_copy(root, "grade")
     manifest = read_manifest(student)
     assignment = assignment_of(manifest)
     files, notes = student_files(Path(student), manifest["files"])

@@ -241,6 +241,14 @@ def _drop(out: Path, patterns) -> list[str]:
     return gone
 
 
+def refuse_a_students_copy(root: Path, command: str) -> None:
+    """make and grade need the instructor's project: its reference code computes the answers."""
+    if (Path(root) / MANIFEST).is_file():
+        raise AssignmentError(f"{root} is a student's copy (it has {MANIFEST}): `{command}` needs the "
+                              f"instructor's project, whose code computes the reference values. Inside a "
+                              f"copy, run `python -m assignments check` (the visible checks).")
+
+
 def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | None = None,
          ship_visible: bool = True, allow_leaks: bool = False) -> list[Target]:
     """Copy the project at `root` into `out` (which must be empty or absent) with the named
@@ -259,6 +267,7 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
                               f"(nothing there is overwritten)")
     if out.resolve().is_relative_to(root.resolve()):
         raise AssignmentError(f"{out} is inside the project ({root}): put the student's copy elsewhere")
+    refuse_a_students_copy(root, "make")
     targets = [resolve(name, root) for name in dict.fromkeys(functions)]
     definition = ASSIGNMENTS[assignment] if assignment else custom_assignment([t.name for t in targets])
     removed = [resolve(name, root) for name in definition.removed if name not in functions]

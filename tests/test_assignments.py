@@ -21,7 +21,7 @@ import pytest
 
 from assignments import __main__ as cli
 from assignments.registry import ASSIGNMENTS
-from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade_tree, gradescope_results, make_data, references,
+from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, gradescope_results, make_data, references,
                                student_files)
 from assignments.export import autograde, gradescope_source
 from assignments.make import MANIFEST, AssignmentError, _definitions, make, resolve
@@ -383,6 +383,9 @@ def test_grade_json(kits, capsys, tmp_path):
     kit = kits("greedy_speculative")
     student = tmp_path / "student"
     shutil.copytree(kit.pristine, student)
+    # `grade` run inside a student's copy would take the stripped code as the reference: refused
+    with pytest.raises(AssignmentError, match="is a student's copy.*python -m assignments check"):
+        grade(student, root=student)
     assert cli.main(["grade", str(student), "--json", "--only", "greedy_stopping"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["max_points"] == 2 and report["points"] == 0
