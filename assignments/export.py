@@ -35,12 +35,12 @@ python3 -m venv /autograder/venv
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for every submission: grade /autograder/submission, write results.json.
-cd "$(dirname "$0")/copy"
-PYTHON="${AUTOGRADER_PYTHON:-/autograder/venv/bin/python}"
-exec "$PYTHON" -m assignments autograde --source "$(dirname "$0")" \\
-    --submission "${AUTOGRADER_ROOT:-/autograder}/submission" \\
-    --results "${AUTOGRADER_ROOT:-/autograder}/results/results.json"
+# Gradescope runs this for every submission (it copies it to /autograder/run_autograder, so the
+# paths are /autograder's, not this file's): grade the submission, write results.json.
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+cd "$ROOT/source/copy"
+exec "${AUTOGRADER_PYTHON:-/autograder/venv/bin/python}" -m assignments autograde --source "$ROOT/source" \\
+    --submission "$ROOT/submission" --results "$ROOT/results/results.json"
 """
 
 
