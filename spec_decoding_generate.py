@@ -4,6 +4,7 @@
     python spec_decoding_generate.py --prompt "The meaning of life is" --max-gen 60
     python spec_decoding_generate.py --drafter ngram --ngram 3       # prompt lookup, no draft model
     python spec_decoding_generate.py --drafter layerskip --draft-layers 6   # the target's first 6 blocks
+    python spec_decoding_generate.py --target DIR --drafter medusa:DIR2   # heads from offline.train_drafter
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
@@ -15,8 +16,8 @@ each, and the target (default gpt2-large, 774M) scores all of them in a single f
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
 it follows the target's distribution exactly. Only the speed changes. --drafter picks what proposes
 the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
-copy what followed the last n tokens earlier in the text) or the target's own first blocks
-(layerskip).
+copy what followed the last n tokens earlier in the text), the target's own first blocks
+(layerskip), or a drafter reading the target's features (medusa:DIR, eagle:DIR: docs/feature_drafters.md).
 --gamma auto chooses each round's draft length from the measured costs and the acceptance so far
 (0: no drafting while it does not pay); --gamma heuristic uses transformers' schedule
 (spec_decoding/gamma.py).
@@ -84,10 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                f"hub), train a small pair first: {TRAIN_PAIR_COMMAND} (about 10 minutes on 2 CPU "
                "cores), then pass --target runs/trained_pair/target --draft runs/trained_pair/draft.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
-    parser.add_argument("--drafter", choices=list(cli.DRAFTER_KINDS), default="model",
+    parser.add_argument("--drafter", type=cli.drafter_choice, default="model",
                         help="what proposes the draft tokens: model (--draft, the default), ngram "
-                             "(prompt lookup, no second model) or layerskip (the target's first "
-                             "--draft-layers blocks)")
+                             "(prompt lookup, no second model), layerskip (the target's first "
+                             "--draft-layers blocks), or medusa:DIR / eagle:DIR (trained for the "
+                             "target by python -m offline.train_drafter)")
     parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2; --drafter model)")
     parser.add_argument("--ngram", type=cli.positive_int, metavar="N",
                         help="--drafter ngram: the longest n-gram looked up (default: 3)")
@@ -204,7 +206,7 @@ def make_drafter(args, target, device: torch.device, dtype: str):
     if args.drafter == "layerskip" and number is None:
         number = max(1, target.config.n_layer // 4)  # the default: a quarter of the target's blocks
     spec = cli.drafter_spec(args.drafter if number is None else f"{args.drafter}:{number}")
-    if cli.DRAFTER_KINDS[args.drafter].needs_draft_model:
+    if cli.needs_draft_model(spec):
         draft = load_model("draft", args.draft, device, dtype, args.draft_quantize)
         return cli.make_drafter(spec, target, draft), f"{spec} {args.draft}"
     try:
