@@ -36,13 +36,16 @@ Both return a BatchedResult: one GenerationResult per prompt (tokens and stats, 
 single-sequence generators return) and the batch's forward passes and wall time.
 """
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from gpt2 import GPT2, KVCache
+from gpt2.device import synchronize
 from gpt2.model import linear
+from .costs import BatchCostModel, describe_model
 from .decoding import (check_drafter, check_positive_int, check_sampling_args, prompt_to_list,
                        record_round, round_gamma, round_output, take_tokens)
 from .result import FROM_TARGET, GenerationResult, GenerationStats
@@ -403,3 +406,44 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
     batch.seconds = time.perf_counter() - start
     _finish(results, stops, start)
     return batch
+
+
+@torch.inference_mode()
+def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len: int = 128,
+                          repeats: int = 3) -> BatchCostModel:
+    """Time one forward of n rows (n sequences, one new token each, context_len tokens in each
+    one's cache) in the target and in the draft, for n = 1, 2, 4, ... up to max_rows. The models
+    take turns at every n and each cost is the median of `repeats` timings after a warm-up, so a
+    busy machine slows them alike. A forward over B sequences of gamma + 1 new tokens each costs
+    about what one over B * (gamma + 1) rows costs (the same weights, as many rows of arithmetic)."""
+    check_positive_int("max_rows", max_rows)
+    rows = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
+    device = target.wte.weight.device
+    context_len = max(1, min(context_len, target.config.n_positions - 2, draft.config.n_positions - 2))
+    g = torch.Generator().manual_seed(0)
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    context = torch.randint(vocab, (1, context_len), generator=g).to(device)
+    seconds = {"target": [], "draft": []}
+    for n in rows:
+        for role, model in (("target", target), ("draft", draft)):
+            # One sequence's cache, copied to n rows: timing does not depend on the values.
+            one = model.new_kv_cache(max_len=context_len)
+            model(context, one, num_last_logits=1)
+            cache = BatchedKVCache(model.new_kv_cache(n, max_len=context_len + 1))
+            for dst, src in zip(cache.keys + cache.values, one.keys + one.values):
+                dst[:, :, :context_len] = src
+            cache.lengths.fill_(context_len)
+            times = []
+            for i in range(repeats + 1):
+                tokens = torch.randint(vocab, (n, 1), generator=g).tolist()
+                synchronize(device)
+                t0 = time.perf_counter()
+                forward_rows(model, cache, tokens)
+                synchronize(device)
+                if i > 0:  # the first call warms up
+                    times.append(time.perf_counter() - t0)
+                cache.truncate([context_len] * n)
+            seconds[role].append(statistics.median(times))
+    return BatchCostModel(describe_model(target), describe_model(draft), rows, seconds["target"],
+                          seconds["draft"], context_len,
+                          notes={"threads": torch.get_num_threads(), "device": str(device), "repeats": repeats})

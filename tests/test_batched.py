@@ -24,10 +24,12 @@ from gpt2 import load_gpt2
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 from spec_decoding import batched
 from spec_decoding.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
-                                   batched_speculative_sampling)
+                                   batched_speculative_sampling, calibrate_batch_costs)
+from spec_decoding.costs import BatchCostModel
 from spec_decoding.checks import check_lossless
 from spec_decoding.result import STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN
 from spec_decoding.sampling import sample
+from spec_decoding.theory import crossover_batch_size, predicted_speedup
 
 # Prompts of different lengths for the 64-position, 100-token agreeing pair (conftest); the last
 # one is 50 tokens long, so with MAX_GEN = 20 it reaches the context window's edge.
@@ -204,3 +206,31 @@ def test_bad_input_gives_clear_errors(target, draft):
         batched_speculative_sampling(target, copy.deepcopy(draft).to("meta"), [[1]], 4, 2)
     with pytest.raises(ValueError, match="prompts is empty"):
         batched_autoregressive_generate(target, [], 4)
+
+
+# ------------------------------------------------------------------------------------------------
+# The batch's cost model
+# ------------------------------------------------------------------------------------------------
+
+def test_batch_cost_model_by_hand():
+    """A forward costs a fixed 10 ms (reading the weights) up to 8 rows, then 1.25 ms per row: at
+    batch 1 verifying 4 tokens is nearly free, at batch 16 it costs (gamma + 1) steps."""
+    rows = [1, 8, 16, 32, 64, 128]
+    target = [0.010, 0.010, 0.020, 0.040, 0.080, 0.160]
+    model = BatchCostModel("t", "d", rows, target, [t / 10 for t in target])
+    assert model.verify_cost(1, 3) == pytest.approx(1.0)  # 4 rows: still 10 ms
+    assert model.verify_cost(16, 3) == pytest.approx(4.0)  # 64 rows vs 16
+    assert model.target_seconds(12) == pytest.approx(0.015)  # interpolated
+    alpha = 0.8
+    by_batch = {b: max(model.predicted_speedup(alpha, g, b) for g in (1, 2, 3)) for b in (1, 2, 4, 8, 16, 32)}
+    assert by_batch[1] == pytest.approx(predicted_speedup(alpha, 3, 0.1, 1.0))
+    assert crossover_batch_size(by_batch) == 8  # 8 rows x (g + 1) already costs more than a step
+    assert crossover_batch_size({1: 2.0, 2: 1.5}) is None
+    with pytest.raises(ValueError, match="outside the measured range"):
+        model.verify_cost(64, 3)
+
+
+def test_calibrate_batch_costs(target, draft, tmp_path):
+    model = calibrate_batch_costs(target, draft, max_rows=6, repeats=1)
+    assert model.rows == [1, 2, 4, 6] and min(model.target_s) > 0 and min(model.draft_s) > 0
+    assert BatchCostModel.load(model.save(tmp_path / "costs.json")) == model
