@@ -413,8 +413,8 @@ def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len:
                           repeats: int = 3) -> BatchCostModel:
     """Time one forward of n rows (n sequences, one new token each, context_len tokens in each
     one's cache) in the target and in the draft, for n = 1, 2, 4, ... up to max_rows. The models
-    take turns at every n and each cost is the median of `repeats` timings after a warm-up, so a
-    busy machine slows them alike. A forward over B sequences of gamma + 1 new tokens each costs
+    take turns at every n and each cost is the median of `repeats` timings after two warm-up
+    calls, so a busy machine slows them alike. A forward over B sequences of gamma + 1 new tokens each costs
     about what one over B * (gamma + 1) rows costs (the same weights, as many rows of arithmetic)."""
     check_positive_int("max_rows", max_rows)
     rows = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
@@ -434,13 +434,13 @@ def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len:
                 dst[:, :, :context_len] = src
             cache.lengths.fill_(context_len)
             times = []
-            for i in range(repeats + 1):
+            for i in range(repeats + 2):
                 tokens = torch.randint(vocab, (n, 1), generator=g).tolist()
                 synchronize(device)
                 t0 = time.perf_counter()
                 forward_rows(model, cache, tokens)
                 synchronize(device)
-                if i > 0:  # the first call warms up
+                if i > 1:  # the first calls of a shape set up its kernels
                     times.append(time.perf_counter() - t0)
                 cache.truncate([context_len] * n)
             seconds[role].append(statistics.median(times))

@@ -234,3 +234,62 @@ def test_calibrate_batch_costs(target, draft, tmp_path):
     model = calibrate_batch_costs(target, draft, max_rows=6, repeats=1)
     assert model.rows == [1, 2, 4, 6] and min(model.target_s) > 0 and min(model.draft_s) > 0
     assert BatchCostModel.load(model.save(tmp_path / "costs.json")) == model
+
+
+# ------------------------------------------------------------------------------------------------
+# The command line: spec_decoding_generate.py --prompts-file, benchmark.py --batch
+# ------------------------------------------------------------------------------------------------
+
+CLI_PROMPTS = ["The capital of France is", "", "Once upon a time there was a very long prompt that", "Hi"]
+
+
+def test_generate_script_prompts_file(text_pair_dirs, text_pair, tmp_path, capsys):
+    import json
+
+    import spec_decoding_generate as script
+    from gpt2 import EOT_ID, encode
+
+    prompts_file = tmp_path / "prompts.txt"
+    prompts_file.write_text("\n".join(CLI_PROMPTS) + "\n")
+    pair = ["--target", str(text_pair_dirs[0]), "--draft", str(text_pair_dirs[1])]
+    assert script.main(pair + ["--prompts-file", str(prompts_file), "--max-gen", "8", "--gamma", "3",
+                               "--json", "--compare-baseline"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    prompts = [p for p in CLI_PROMPTS if p]  # the blank line is skipped
+    assert [r["prompt"] for r in report["rows"]] == prompts
+    for prompt, row in zip(prompts, report["rows"]):
+        assert row["tokens"] == autoregressive_generate(text_pair[0], encode(prompt), 8, eos_id=EOT_ID).tokens
+    assert report["identical_to_baseline"] and report["summed"]["tokens_generated"] == 8 * len(prompts)
+
+    assert script.main(pair + ["--prompts-file", str(prompts_file), "--max-gen", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "--- prompt 2:" in out and "tokens generated (sum): 12" in out
+
+    for extra, words in ((["--tree", "2,1"], "drop --tree"), (["--gamma", "auto"], "drop --gamma auto")):
+        with pytest.raises(SystemExit) as e:
+            script.main(pair + ["--prompts-file", str(prompts_file)] + extra)
+        assert e.value.code == 2 and words in capsys.readouterr().err
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(SystemExit):
+        script.main(pair + ["--prompts-file", str(tmp_path / "blank.txt")])
+    assert "holds no prompts" in capsys.readouterr().err
+
+
+def test_benchmark_batch(text_pair_dirs, tmp_path, capsys):
+    import json
+
+    import benchmark
+
+    out = tmp_path / "out"
+    benchmark.main(["--target", str(text_pair_dirs[0]), "--draft", str(text_pair_dirs[1]), "--batch", "1", "2",
+                    "--gammas", "1", "2", "--max-gens", "4", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert [e["batch"] for e in results["by_batch"]] == [1, 2]
+    for e in results["by_batch"]:
+        assert e["best_gamma"] in (1, 2) and e["speedup_measured"] > 0 and e["speedup_predicted"] > 0
+    assert results["by_batch"][0]["single_ar_tokens_per_s"] > 0
+    assert all(c["ar_tokens"] == 4 * c["batch"] and c["spec_tokens"] == 4 * c["batch"] for c in results["cells"])
+    assert "Crossover" in (out / "summary.md").read_text() and "Crossover" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        benchmark.main(["--batch", "2", "--gammas", "auto", "--out", str(tmp_path / "o2")])
+    assert "fixed gammas only" in capsys.readouterr().err
