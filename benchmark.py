@@ -39,7 +39,7 @@ with their runs, costs, environment), summary.md (the table printed at the end) 
 On a CPU that other programs keep busy, --threads 1 times more steadily than one thread per core
 (threads that wait for each other slow every step down when a core is taken).
 Offline? Pass local folders (config.json + model.safetensors) with --draft/--target: for real
-acceptance, the small pair trained here by `python -m gpt2.train_pair --out runs/trained_pair`
+acceptance, the small pair trained here by `python -m offline.train_pair --out runs/trained_pair`
 (--target runs/trained_pair/target --draft runs/trained_pair/draft); for the real models' costs,
 random-weight stand-ins of the real shapes with --make-standins DIR (their speed is the real
 models' speed; their text and acceptance are not: they accept almost everything).
@@ -223,7 +223,7 @@ def parse_args(argv=None):
 def make_standins(directory: Path, seed: int) -> tuple[Path, Path]:
     """A gpt2-large-shaped target and a draft of its first 4 blocks (save_agreeing_pair). Damping
     0.35 with embeddings of std 0.3 makes them agree on ~75% of tokens, near real GPT-2 pairs."""
-    from gpt2.random_weights import save_agreeing_pair
+    from offline.random_weights import save_agreeing_pair
 
     recipe = {"what": "random-weight stand-ins: they time like the real models; text and acceptance are not real",
               "target": "gpt2-large shape (36 blocks, width 1280)",

@@ -48,7 +48,7 @@ from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generat
 from spec_decoding.decoding import check_drafter
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
-from spec_decoding.trace import write_html
+from spec_decoding.trace_page import write_html
 from spec_decoding.tree import parse_branching
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)

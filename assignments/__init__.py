@@ -1,6 +1,6 @@
 """Course assignments built on this project: strip functions for students, grade their copies.
 
-    python -m assignments make --functions spec_decoding.speculative.residual_distribution --out DIR
+    python -m assignments make --functions spec_decoding.rejection.residual_distribution --out DIR
     python -m assignments make --assignment rejection_sampling --out DIR
     python -m assignments grade DIR
 
@@ -12,8 +12,8 @@ ASSIGNMENTS = {
     "kv_cache": ["gpt2.kv_cache.KVCache.update", "gpt2.kv_cache.KVCache.truncate",
                  "gpt2.model.CausalSelfAttention.forward"],
     "greedy_speculative": ["spec_decoding.greedy.speculative_sampling_greedy"],
-    "rejection_sampling": ["spec_decoding.speculative.modified_rejection_sampling",
-                           "spec_decoding.speculative.residual_distribution"],
+    "rejection_sampling": ["spec_decoding.rejection.modified_rejection_sampling",
+                           "spec_decoding.rejection.residual_distribution"],
 }
 
 # function -> the grader's checks that exercise it (assignments/run_checks.py). A function not
@@ -29,8 +29,8 @@ CHECKS_FOR = {
     "spec_decoding.greedy.speculative_sampling_greedy": ["greedy_equals_target", "greedy_unrelated_draft",
                                                          "greedy_draft_is_target", "greedy_caches",
                                                          "greedy_stopping"],
-    "spec_decoding.speculative.residual_distribution": ["residual", "lossless"],
-    "spec_decoding.speculative.modified_rejection_sampling": ["one_round", "lossless"],
+    "spec_decoding.rejection.residual_distribution": ["residual", "lossless"],
+    "spec_decoding.rejection.modified_rejection_sampling": ["one_round", "lossless"],
     "spec_decoding.speculative.speculative_sampling": ["lossless", "sampling_caches", "sampling_stopping"],
     "spec_decoding.drafters.ModelDrafter.propose": ["greedy_equals_target", "lossless", "greedy_caches"],
 }

@@ -78,7 +78,7 @@ def make_setup(folder: Path) -> Path:
     """Small checkpoints and the references the checks compare with, computed with the
     instructor's code. Returns the setup file for run_checks."""
     from gpt2 import GPT2Config, load_gpt2
-    from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+    from offline.random_weights import save_agreeing_pair, save_random_checkpoint
     from spec_decoding import autoregressive_generate
 
     from .run_checks import PROMPT

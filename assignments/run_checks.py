@@ -143,7 +143,7 @@ def _stopping(ctx, generate, settings):
 # ------------------------------------------------------------------------------------------------
 
 def residual(ctx):
-    from spec_decoding.speculative import residual_distribution
+    from spec_decoding.rejection import residual_distribution
 
     p = torch.tensor([0.5, 0.3, 0.2, 0.0])
     q = torch.tensor([0.2, 0.5, 0.1, 0.2])
@@ -161,10 +161,18 @@ def residual(ctx):
                      f"zero; return p itself (it is never sampled from in exact arithmetic, but rounding happens)")
 
 
+def _n_and_token(verdict):
+    """(n accepted, next token) of what the student's modified_rejection_sampling returned."""
+    if not (hasattr(verdict, "n_accepted") and hasattr(verdict, "next_token")):
+        raise Failed(f"modified_rejection_sampling returned {type(verdict).__name__}: it must return a "
+                     f"Verdict(n_accepted, next_token, uniforms, residual) (spec_decoding.rejection.Verdict)")
+    return verdict.n_accepted, verdict.next_token
+
+
 def one_round(ctx):
     """Leviathan's theorem on random p and q: the round's first token follows p[0], the first
     draft token is accepted with probability sum(min(p[0], q[0])), and the bonus token follows p[g]."""
-    from spec_decoding.speculative import modified_rejection_sampling
+    from spec_decoding.rejection import modified_rejection_sampling
 
     g = torch.Generator().manual_seed(0)
     def dist(seed, rows):
@@ -174,7 +182,7 @@ def one_round(ctx):
     first, accepted, n_rounds = [], 0, 6000
     for _ in range(n_rounds):
         draft_tokens = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)]
-        n, token = modified_rejection_sampling(p, q, draft_tokens, g)
+        n, token = _n_and_token(modified_rejection_sampling(p, q, draft_tokens, g))
         if not (isinstance(n, int) and 0 <= n <= 2):
             raise Failed(f"modified_rejection_sampling returned n = {n!r}: it must be the number of "
                          f"accepted draft tokens, an int between 0 and {len(draft_tokens)}")
@@ -196,7 +204,7 @@ def one_round(ctx):
     bonus = []
     for _ in range(3000):
         draft_tokens = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(2)]
-        n, token = modified_rejection_sampling(p, p[:2], draft_tokens, g)
+        n, token = _n_and_token(modified_rejection_sampling(p, p[:2], draft_tokens, g))
         if n != 2:
             raise Failed(f"with q == p every draft token must be accepted (min(1, p/q) = 1), but only {n} of 2 were")
         bonus.append(int(token))

@@ -1,7 +1,7 @@
 """Helpers the benchmark scripts share: stand-in checkpoints, timing, memory bandwidth, tables.
 
 The Hugging Face hub is out of reach here, so every checkpoint is a random-weight stand-in of the
-official shape, written in the hub's exact layout by gpt2.random_weights. How long a forward pass
+official shape, written in the hub's exact layout by offline.random_weights. How long a forward pass
 takes does not depend on the weight values, so the timings are those of the real models.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from gpt2 import OFFICIAL_CONFIGS
 from gpt2.device import synchronize
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 
 DEFAULT_CHECKPOINTS = Path("checkpoints/standins")
 BYTES_PER_GB = 1e9
@@ -36,7 +36,7 @@ def standin_checkpoint(name: str, root: Path = DEFAULT_CHECKPOINTS, seed: int = 
 def standin_pair(root: Path, target_name: str, draft_n_layer: int, damping: float,
                  embedding_std: float, seed: int = 0) -> tuple[Path, Path]:
     """A target of an official shape and a draft made of its first draft_n_layer blocks
-    (gpt2.random_weights.save_agreeing_pair), under a folder named after the settings."""
+    (offline.random_weights.save_agreeing_pair), under a folder named after the settings."""
     folder = Path(root) / f"pair-{target_name}-K{draft_n_layer}-d{damping:g}-e{embedding_std:g}-s{seed}"
     target_dir, draft_dir = folder / "target", folder / "draft"
     if not (has_checkpoint(target_dir) and has_checkpoint(draft_dir)):

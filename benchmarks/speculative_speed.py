@@ -4,7 +4,7 @@
     python -m benchmarks.speculative_speed --quick        # a fast smoke run on small shapes
 
 The pair: a gpt2-large-shaped target and a draft made of its first --draft-layers blocks
-(gpt2.random_weights.save_agreeing_pair; the target's later blocks are damped so that the two
+(offline.random_weights.save_agreeing_pair; the target's later blocks are damped so that the two
 often, but not always, agree). Random weights: the timings are those of the real shapes, the
 acceptance rate is whatever this pair gives (printed; tune it with --damping).
 

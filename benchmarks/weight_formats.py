@@ -44,7 +44,7 @@ import torch
 import gpt2.fast_linear
 from gpt2 import GPT2Config, load_gpt2
 from gpt2.model import linear
-from gpt2.random_weights import save_random_checkpoint
+from offline.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_info, markdown_table,

@@ -37,7 +37,7 @@
 #
 # **Offline** (no hub), the default is a small pair of real language models trained on this
 # machine from the Python standard library's sources: make it once with
-# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# `python -m offline.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
 # Python-like code, and their draft and target really disagree: you will see rejections and real
 # residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
 # rejection.) The project's tests run these notebooks on such a pair trained for only seconds.

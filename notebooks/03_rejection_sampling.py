@@ -40,7 +40,7 @@
 #
 # **Offline** (no hub), the default is a small pair of real language models trained on this
 # machine from the Python standard library's sources: make it once with
-# `python -m gpt2.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
+# `python -m offline.train_pair --out runs/trained_pair` (about 10 minutes on 2 CPU cores). They write
 # Python-like code, and their draft and target really disagree: you will see rejections and real
 # residual distributions. (Random-weight stand-ins would agree almost always and teach nothing about
 # rejection.) The project's tests run these notebooks on such a pair trained for only seconds.
@@ -112,7 +112,7 @@ plt.show()
 # ## One round, drawn
 #
 # gamma = 1: the draft samples x from q; `modified_rejection_sampling` accepts it with probability
-# min(1, p(x)/q(x)) or resamples from the residual. Its `target_probs` has gamma + 1 = 2 rows (row
+# min(1, p(x)/q(x)) or resamples from the residual, and returns its `Verdict` (`n_accepted`, `next_token`, the draws). Its `target_probs` has gamma + 1 = 2 rows (row
 # 1 would give the bonus token after x; here we only look at the first token, so p is repeated).
 
 # %%
@@ -120,8 +120,9 @@ gen = torch.Generator().manual_seed(0)
 target_probs = torch.stack([p, p])  # [gamma + 1, V]
 for _ in range(8):
     x_tok = int(torch.multinomial(q, 1, generator=gen))
-    n, next_tok = modified_rejection_sampling(target_probs, q[None], [x_tok], gen)
-    outcome = "accepted" if n == 1 else f"rejected -> resampled {label(next_tok)} from the residual"
+    verdict = modified_rejection_sampling(target_probs, q[None], [x_tok], gen)
+    next_tok = verdict.next_token
+    outcome = "accepted" if verdict.n_accepted == 1 else f"rejected -> resampled {label(next_tok)} from the residual"
     print(f"draft drew {label(x_tok):>14}: q = {q[x_tok]:.3f}, p = {p[x_tok]:.3f}, "
           f"accept with prob {min(1.0, (p[x_tok] / q[x_tok]).item()):.3f}: {outcome}")
 
@@ -151,9 +152,9 @@ counts = torch.zeros(len(support))
 n_accepted = 0
 t0 = time.perf_counter()
 for x_tok in proposals:
-    n, next_tok = modified_rejection_sampling(ps2, qs[None], [x_tok], gen)
-    counts[x_tok if n == 1 else next_tok] += 1
-    n_accepted += n
+    verdict = modified_rejection_sampling(ps2, qs[None], [x_tok], gen)
+    counts[x_tok if verdict.n_accepted == 1 else verdict.next_token] += 1
+    n_accepted += verdict.n_accepted
 print(f"{N} rounds on {len(support)} support tokens in {time.perf_counter() - t0:.1f} s")
 
 empirical = counts / N
@@ -200,7 +201,7 @@ plt.show()
 from IPython.display import HTML, display
 
 from spec_decoding import speculative_sampling
-from spec_decoding.trace import iframe_html
+from spec_decoding.trace_page import iframe_html
 
 result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4, temperature=1.0,
                               generator=torch.Generator().manual_seed(0), trace=True)

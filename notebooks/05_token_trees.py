@@ -154,7 +154,8 @@ assert worst < 1e-3
 # Exactly the tokens the target alone would have produced, greedily.
 
 # %%
-path, next_token = verify_tree_greedy(tree, target_logits)
+verdict = verify_tree_greedy(tree, target_logits)
+path, next_token = verdict.path, verdict.next_token
 print("accepted path:", [f"{i}:{label(tree.tokens[i])}" for i in path], "then the target's", label(next_token))
 
 
@@ -250,8 +251,7 @@ for name, result in runs.items():
 
 # %%
 from spec_decoding.sampling import sample
-from spec_decoding.speculative import residual_distribution
-from spec_decoding.tree import multi_draft_rejection_sampling
+from spec_decoding.rejection import MultiDraftVerdict, multi_draft_rejection_sampling, residual_distribution
 
 g = torch.Generator().manual_seed(0)
 p = torch.tensor([0.45, 0.25, 0.15, 0.10, 0.05])
@@ -261,8 +261,8 @@ q = torch.tensor([0.10, 0.50, 0.20, 0.05, 0.15])
 def naive(p, q, children, generator):  # the bug: every child against the unchanged p
     for i, x in enumerate(children):
         if torch.rand((), generator=generator) * q[x] < p[x]:
-            return i, None
-    return None, int(sample(residual_distribution(p, q), generator))
+            return MultiDraftVerdict(i, None, [], [], p)
+    return MultiDraftVerdict(None, int(sample(residual_distribution(p, q), generator)), [], [], p)
 
 
 counts = {}
@@ -270,8 +270,8 @@ for name, rule in (("SpecInfer", multi_draft_rejection_sampling), ("naive", naiv
     out = []
     for _ in range(6000):
         children = sample(q.expand(3, -1), g).tolist()
-        i, token = rule(p, q, children, g)
-        out.append(children[i] if i is not None else token)
+        verdict = rule(p, q, children, g)
+        out.append(children[verdict.accepted] if verdict.accepted is not None else verdict.next_token)
     counts[name] = torch.bincount(torch.tensor(out), minlength=5) / 6000
 
 fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -300,7 +300,7 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 from IPython.display import HTML, display
 
 from spec_decoding.result import FROM_DRAFT_BRANCH
-from spec_decoding.trace import iframe_html
+from spec_decoding.trace_page import iframe_html
 
 result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
                                    generator=torch.Generator().manual_seed(0), trace=True)

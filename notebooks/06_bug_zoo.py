@@ -43,7 +43,7 @@ import torch
 # %matplotlib inline
 
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 from spec_decoding.bug_zoo import BUGS, run_check
 from spec_decoding.checks import exact_distribution

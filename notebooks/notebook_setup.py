@@ -11,7 +11,7 @@ config.json + model.safetensors, or a single .safetensors file.
 
 Defaults: with the Hugging Face hub reachable, the real gpt2-large (target) and gpt2 (draft).
 Offline (HF_HUB_OFFLINE=1, or the hub cannot be reached), the small pair trained on this machine by
-`python -m gpt2.train_pair --out runs/trained_pair` (GPT2_TRAINED_PAIR names another folder): real
+`python -m offline.train_pair --out runs/trained_pair` (GPT2_TRAINED_PAIR names another folder): real
 language models of Python code that disagree the way real drafts and targets do.
 """
 
@@ -54,7 +54,7 @@ def default_pair() -> tuple[str, str]:
         raise RuntimeError(
             f"The Hugging Face hub is unreachable and there is no trained pair in {TRAINED_PAIR}. "
             f"Make one (about 10 minutes on 2 CPU cores), from the repo root:\n"
-            f"    python -m gpt2.train_pair --out {TRAINED_PAIR}\n"
+            f"    python -m offline.train_pair --out {TRAINED_PAIR}\n"
             f"or set GPT2_TARGET and GPT2_DRAFT to local checkpoint folders.")
     return str(TRAINED_PAIR / "target"), str(TRAINED_PAIR / "draft")
 
@@ -69,7 +69,7 @@ DEVICE = os.environ.get("DEVICE") or ("cuda" if torch.cuda.is_available() else "
 
 
 def is_code_model(name: str) -> bool:
-    """A pair made by gpt2.train_pair (trained on Python code) leaves a train_pair.json beside it."""
+    """A pair made by offline.train_pair (trained on Python code) leaves a train_pair.json beside it."""
     return (Path(name).parent / "train_pair.json").is_file()
 
 

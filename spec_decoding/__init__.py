@@ -11,7 +11,8 @@ from .gamma import AutoGamma, FixedGamma, GammaPolicy, HeuristicGamma
 from .greedy import speculative_sampling_greedy
 from .result import GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
-from .speculative import modified_rejection_sampling, residual_distribution, speculative_sampling
+from .rejection import modified_rejection_sampling, residual_distribution
+from .speculative import speculative_sampling
 from .tree import tree_speculative_sampling
 
 __all__ = [

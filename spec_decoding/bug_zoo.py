@@ -19,7 +19,7 @@ from unittest.mock import patch
 
 import torch
 
-from . import decoding, drafters, greedy, speculative
+from . import decoding, drafters, greedy, rejection, speculative
 from .greedy import speculative_sampling_greedy
 from .result import STOP_EOS
 from .sampling import logits_to_probs, sample
@@ -34,7 +34,7 @@ from .speculative import speculative_sampling
 @contextmanager
 def resample_from_p():
     """After a rejection, draw the replacement from p instead of norm(max(0, p - q))."""
-    with patch.object(speculative, "residual_distribution",
+    with patch.object(rejection, "residual_distribution",
                       lambda target_probs, draft_probs: target_probs):
         yield
 

@@ -1,12 +1,13 @@
 """Pieces the three generators share: checking their inputs, feeding a model the tokens its cache
-has not seen, and the bookkeeping of a speculative round (how many tokens to draft, what the round
-outputs, counting it, rolling back)."""
+has not seen, the bookkeeping of a speculative round (how many tokens to draft, what the round
+outputs, counting it, rolling back), and handing each round to its observers."""
 
 import torch
 
 from gpt2 import GPT2
 from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
                      STOP_EOS, STOP_MAX_GEN, GenerationStats)
+from .trace import Trace
 
 
 def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
@@ -173,3 +174,23 @@ def roll_back(target_cache, drafter, seq_len: int) -> None:
     token (the next round feeds it). O(1) for caches: only their lengths move."""
     target_cache.truncate(seq_len - 1)
     drafter.roll_back(seq_len - 1)
+
+
+def round_observers(on_round, trace: bool, tokens: list[int], gamma: int, temperature: float,
+                    top_k: int | None = None, top_p: float | None = None, branching=None):
+    """Who sees each round of a generation: the caller's on_round(report), and with trace=True a
+    Trace recorder subscribed the same way (the generators never call the trace themselves).
+
+    Returns (notify, trace): notify(report) hands one RoundReport to every observer (None when
+    there is no observer, so a generation without one builds no report); trace is the Trace for
+    GenerationResult.trace, or None."""
+    recorder = Trace(list(tokens), gamma, temperature, top_k, top_p, branching=branching) if trace else None
+    observers = [f for f in (on_round, recorder) if f is not None]
+    if not observers:
+        return None, None
+
+    def notify(report) -> None:
+        for observe in observers:
+            observe(report)
+
+    return notify, recorder

@@ -5,19 +5,18 @@ import time
 import torch
 
 from gpt2 import GPT2
-from .decoding import (record_round, roll_back, round_gamma, round_output, start_generation,
-                       take_tokens, target_forward)
+from .decoding import (record_round, roll_back, round_gamma, round_observers, round_output,
+                       start_generation, take_tokens, target_forward)
 from .drafters import Drafter, as_drafter
 from .gamma import make_policy
-from .result import GenerationResult
-from .trace import Trace
+from .result import GenerationResult, RoundReport
 
 
 @torch.inference_mode()
 def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_gen: int,
                                 gamma, eos_id: int | None = None, on_tokens=None,
                                 gamma_max: int | None = None, cost_model=None,
-                                trace: bool = False) -> GenerationResult:
+                                trace: bool = False, on_round=None) -> GenerationResult:
     """Each round the drafter proposes up to gamma tokens (a draft model: its argmax, one forward
     each), the target scores them all in one forward, and draft tokens are kept while they equal
     the target's argmax; then the target's own argmax is appended (a correction, or a bonus if all
@@ -29,12 +28,13 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
     gamma: an int, or a policy that chooses each round's draft length from the rounds before it
     (spec_decoding/gamma.py): "auto" (from the measured costs, cost_model, and the acceptance so
     far), "heuristic" (transformers' schedule) or a GammaPolicy; gamma_max bounds them.
-    trace=True records every round in result.trace (spec_decoding.trace).
+    trace=True records every round in result.trace (spec_decoding.trace); on_round(report) gets
+    every round as a RoundReport (spec_decoding.result).
     """
     drafter = as_drafter(draft)
     policy = make_policy(gamma, gamma_max, cost_model, target, drafter)
     tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, policy.gamma_max)
-    round_trace = Trace(list(tokens), policy.gamma_max, temperature=0.0) if trace else None
+    notify, round_trace = round_observers(on_round, trace, tokens, policy.gamma_max, temperature=0.0)
     out = []
     start = time.perf_counter()
     stop = None
@@ -57,8 +57,8 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
         policy.update(len(draft_tokens), n)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
                            target.config.n_positions, on_tokens)
-        if round_trace is not None:
-            round_trace.record_greedy_round(draft_tokens, target_logits, n, len(out))
+        if notify:
+            notify(RoundReport(draft_tokens, target_logits, n, target_choice[n], len(out), 0.0))
 
         # 4. Roll the target's cache and the drafter back to the accepted sequence.
         roll_back(target_cache, drafter, len(tokens))

@@ -1,4 +1,5 @@
-"""What the generators return: the new tokens and statistics about how they were made."""
+"""What the generators return (the new tokens and statistics about how they were made) and what
+they hand their observers after each round (RoundReport)."""
 
 from dataclasses import asdict, dataclass, field
 
@@ -12,6 +13,30 @@ FROM_DRAFT_BRANCH = "draft_branch"  # token trees: an accepted draft token from 
 STOP_MAX_GEN = "max_gen"
 STOP_EOS = "eos"
 STOP_CONTEXT_FULL = "context_full"
+
+ROOT = -1  # token trees: the parent of the depth-1 nodes (the sequence's last token)
+
+
+@dataclass
+class RoundReport:
+    """One round, as a generator hands it to its observers: the on_round callback, and the trace
+    recorder (spec_decoding.trace) with trace=True. The tensors are the round's own: an observer
+    reads them and must not change them.
+
+    A chain of g draft tokens: target_logits [g + 1, V]. A token tree of N nodes: target_logits
+    [N + 1, V] (row 0 after the root, row 1 + i after node i) and draft_tokens = tree.tokens.
+    """
+
+    draft_tokens: list[int]
+    target_logits: "torch.Tensor"  # the target's logits after each prefix (each tree node)
+    n_accepted: int  # draft tokens accepted (a tree: the length of the accepted path)
+    next_token: int  # the target's own token: a correction, a bonus, or a plain step's token
+    n_out: int  # the output's length after the round
+    temperature: float  # 0: greedy
+    target_probs: "torch.Tensor | None" = None  # sampling: p, as the rejection step used it
+    draft_probs: "torch.Tensor | None" = None  # chain sampling: q [g, V] (point masses if not sampled)
+    verdict: object = None  # sampling: rejection.Verdict (a chain); a tree: tree.TreeVerdict
+    tree: object = None  # a tree round: its tree.TokenTree (draft_probs per node are in it)
 
 
 @dataclass

@@ -6,77 +6,18 @@ temperature, top-k and top-p).
 """
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from gpt2 import GPT2
-from .decoding import (check_sampling_args, record_round, roll_back, round_gamma, round_output,
-                       start_generation, take_tokens, target_forward)
+from .decoding import (check_sampling_args, record_round, roll_back, round_gamma, round_observers,
+                       round_output, start_generation, take_tokens, target_forward)
 from .drafters import Drafter, as_drafter
 from .gamma import make_policy
 from .greedy import speculative_sampling_greedy
-from .result import GenerationResult
-from .sampling import logits_to_probs, sample
-from .trace import Trace
-
-
-def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)), [V]: where to sample after rejecting a draft token. If p <= q
-    everywhere (only possible when p == q up to rounding) it is empty, and p itself is used."""
-    residual = torch.clamp(target_probs - draft_probs, min=0)
-    total = residual.sum()
-    return residual / total if total > 0 else target_probs
-
-
-@dataclass
-class Verdict:
-    """What one round's accept/resample step decided (and what a trace shows of it)."""
-
-    n_accepted: int  # draft tokens accepted, a prefix of the proposal
-    next_token: int  # drawn from the residual after a rejection, or from p (the bonus)
-    uniforms: list[float]  # the uniform draw r_i each judged draft token was tested with
-    residual: torch.Tensor | None  # [V] norm(max(0, p - q)) at the rejection, if there was one
-
-
-def accept_or_resample(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                       draft_tokens: list[int], generator: torch.Generator | None = None) -> Verdict:
-    """One round's accept/resample step.
-
-    target_probs [g + 1, V]: p after each prefix (row g follows all draft tokens).
-    draft_probs [g, V]: q, the distributions the draft tokens were sampled from.
-    draft_tokens: the g draft tokens.
-    Draft token x_i is accepted with probability min(1, p_i(x)/q_i(x)); at the first rejection
-    the next token is drawn from norm(max(0, p_i - q_i)); if all g are accepted, a bonus token is
-    drawn from p_g.
-    """
-    uniforms = []
-    for i, x in enumerate(draft_tokens):
-        r = torch.rand((), generator=generator, device=target_probs.device)
-        uniforms.append(float(r))
-        if r * draft_probs[i, x] < target_probs[i, x]:  # r < p/q, written without dividing
-            continue
-        residual = residual_distribution(target_probs[i], draft_probs[i])
-        return Verdict(i, int(sample(residual, generator)), uniforms, residual)
-    g = len(draft_tokens)
-    return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)
-
-
-def modified_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                                draft_tokens: list[int], generator: torch.Generator | None = None):
-    """accept_or_resample, returning just (n accepted, next token)."""
-    verdict = accept_or_resample(target_probs, draft_probs, draft_tokens, generator)
-    return verdict.n_accepted, verdict.next_token
-
-
-def point_masses(draft_tokens: list[int], vocab_size: int, device=None) -> torch.Tensor:
-    """q for a deterministic proposal, [len(draft_tokens), V]: row i is one-hot on draft_tokens[i].
-
-    With q(x) = 1, modified rejection sampling accepts x with probability min(1, p(x) / 1) = p(x),
-    and after a rejection draws from norm(max(0, p - q)): p with x removed, renormalised. That is
-    exactly lossless, and it is not the same as pretending q = p (which would accept everything)."""
-    q = torch.zeros(len(draft_tokens), vocab_size, device=device)
-    return q.scatter_(1, torch.tensor(draft_tokens, dtype=torch.long, device=device).view(-1, 1), 1.0)
+from .rejection import modified_rejection_sampling, point_masses
+from .result import GenerationResult, RoundReport
+from .sampling import logits_to_probs
 
 
 @torch.inference_mode()
@@ -84,7 +25,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
                          temperature: float = 1.0, top_k: int | None = None,
                          top_p: float | None = None, generator: torch.Generator | None = None,
                          eos_id: int | None = None, on_tokens=None, gamma_max: int | None = None,
-                         cost_model=None, trace: bool = False) -> GenerationResult:
+                         cost_model=None, trace: bool = False, on_round=None) -> GenerationResult:
     """Sample up to max_gen tokens that follow the target's distribution exactly, with the drafter
     proposing up to gamma tokens per round. temperature 0 is greedy (speculative_sampling_greedy).
 
@@ -94,15 +35,16 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
     gamma: an int, "auto", "heuristic" or a GammaPolicy, as in speculative_sampling_greedy. The
     policy sees only earlier rounds, so the output still follows the target's distribution exactly.
     trace=True records every round in result.trace (spec_decoding.trace: p, q, the draws, ...).
+    on_round(report) gets every round as a RoundReport (spec_decoding.result): p, q, the Verdict.
     """
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
         return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id, on_tokens,
-                                           gamma_max, cost_model, trace)
+                                           gamma_max, cost_model, trace, on_round)
     drafter = as_drafter(draft)
     policy = make_policy(gamma, gamma_max, cost_model, target, drafter)
     tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, policy.gamma_max)
-    round_trace = Trace(list(tokens), policy.gamma_max, temperature, top_k, top_p) if trace else None
+    notify, round_trace = round_observers(on_round, trace, tokens, policy.gamma_max, temperature, top_k, top_p)
     out = []
     start = time.perf_counter()
     stop = None
@@ -116,18 +58,19 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
             draft_probs = point_masses(draft_tokens, target.config.vocab_size, target.wte.weight.device)
 
         # 2. The target gives p after every prefix in one forward: [len(draft_tokens) + 1, V].
-        target_probs = logits_to_probs(target_forward(target, target_cache, tokens, draft_tokens),
-                                       temperature, top_k, top_p)
+        target_logits = target_forward(target, target_cache, tokens, draft_tokens)
+        target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
 
-        # 3. Accept or resample.
-        verdict = accept_or_resample(target_probs, draft_probs, draft_tokens, generator)
+        # 3. Accept a prefix of the draft tokens, then draw one token more (spec_decoding.rejection).
+        verdict = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
         new_tokens, sources = round_output(draft_tokens, verdict.n_accepted, verdict.next_token)
         record_round(stats, len(draft_tokens), verdict.n_accepted, drafter.forward_calls)
         policy.update(len(draft_tokens), verdict.n_accepted)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
                            target.config.n_positions, on_tokens)
-        if round_trace is not None:
-            round_trace.record_sampled_round(draft_tokens, draft_probs, target_probs, verdict, len(out))
+        if notify:
+            notify(RoundReport(draft_tokens, target_logits, verdict.n_accepted, verdict.next_token, len(out),
+                               temperature, target_probs, draft_probs, verdict))
 
         # 4. Roll the target's cache and the drafter back to the accepted sequence.
         roll_back(target_cache, drafter, len(tokens))

@@ -35,16 +35,13 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt2 import GPT2
-from . import speculative
 from .decoding import (check_drafter, check_positive_int, check_sampling_args, forward_new_tokens,
-                       new_cache, prompt_to_list, record_round, round_gamma, take_tokens)
+                       new_cache, prompt_to_list, record_round, round_gamma, round_observers, take_tokens)
 from .drafters import ModelDrafter
-from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
-                     GenerationResult, GenerationStats)
+from .rejection import multi_draft_rejection_sampling
+from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT,
+                     GenerationResult, GenerationStats, RoundReport)
 from .sampling import logits_to_probs, sample
-from .trace import Trace
-
-ROOT = -1  # the parent of the depth-1 nodes: the last token of the sequence
 
 
 @dataclass
@@ -194,82 +191,58 @@ def build_draft_tree(draft: GPT2, draft_cache, tokens: list[int], branching, tem
     return tree
 
 
-def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+@dataclass
+class TreeVerdict:
+    """What the walk down a round's tree decided (and what a trace shows of it)."""
+
+    path: list[int]  # the accepted nodes, from the root down
+    next_token: int  # the target's own token after the path: a correction or a bonus
+    draws: dict = field(default_factory=dict)  # sampling: node -> the uniform draw it was tested with
+    adjusted_p: dict = field(default_factory=dict)  # sampling: node -> p'(x), the target it faced
+    next_distribution: torch.Tensor | None = None  # sampling: [V] what next_token was drawn from
+
+
+def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> TreeVerdict:
     """target_logits [N + 1, V]: row 0 after the root, row 1 + i after node i.
 
     Walk down from the root while one of the children is the target's own argmax there (the
-    children are distinct, so at most one is). Returns (accepted path, the target's next token):
-    exactly what the target's greedy decoding would have produced, token by token."""
+    children are distinct, so at most one is). The verdict's path and next_token are exactly what
+    the target's greedy decoding would have produced, token by token."""
     choice = target_logits.argmax(dim=-1).tolist()
     path, node = [], ROOT
     while True:
         match = [c for c in tree.children(node) if tree.tokens[c] == choice[node + 1]]
         if not match:
-            return path, choice[node + 1]
+            return TreeVerdict(path, choice[node + 1])
         node = match[0]
         path.append(node)
 
 
-def multi_draft_rejection_sampling(target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                                   draft_tokens: list[int], generator=None,
-                                   draws: list | None = None) -> tuple[int | None, int | None]:
-    """SpecInfer's multi-draft rejection sampling at one node (Miao et al. 2023, "multi-step
-    speculative sampling", for children drawn independently from q).
-
-    target_probs p [V] and draft_probs q [V] at the node; draft_tokens x_1..x_b were drawn
-    independently from q. Children are tried one after the other: x_i is accepted with probability
-    min(1, r(x_i) / q(x_i)) where r is the current target, starting at r = p; after a rejection
-    r becomes norm(max(0, r - q)). If all are rejected the token is drawn from the final r.
-    Returns (i, None) when child i was accepted, (None, token) otherwise. draws: a list that gets
-    the uniform draw of each child tried, in order (for trace=True), or None.
-
-    Why the token is distributed exactly as p. Let S(r, k) be this procedure with target r and k
-    children left. Claim: S(r, k) outputs a token distributed as r. k = 0: it draws from r. k > 0:
-    the first child is one step of ordinary speculative sampling with target r: draw x from q,
-    accept with min(1, r(x)/q(x)), and on rejection draw from norm(max(0, r - q)). That step
-    outputs exactly r (Leviathan et al. 2023, Theorem 1), whatever does the drawing after a
-    rejection, as long as it follows norm(max(0, r - q)). Here S(norm(max(0, r - q)), k - 1) does,
-    by the claim for k - 1. So S(p, b) outputs p. The update after each rejection is essential:
-    testing every child against the unchanged p accepts too often (a token the draft likes gets
-    b chances), and tests/test_tree.py shows that variant fails the exactness test.
-    """
-    residual = target_probs
-    for i, x in enumerate(draft_tokens):
-        r = torch.rand((), generator=generator, device=target_probs.device)
-        if draws is not None:
-            draws.append(float(r))
-        if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing
-            return i, None
-        residual = speculative.residual_distribution(residual, draft_probs)
-    return None, int(sample(residual, generator))
-
-
-def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=None,
-                         draws: dict | None = None) -> tuple[list[int], int]:
+def verify_tree_sampling(tree: TokenTree, target_probs: torch.Tensor, generator=None) -> TreeVerdict:
     """target_probs [N + 1, V]: p after the root (row 0) and after each node (row 1 + i).
 
     From the root down: run multi-draft rejection sampling over the node's children; move to the
     accepted child, or stop with the token drawn from the residual. At a leaf, the bonus token is
     drawn from p there. Each output token follows p given the tokens before it, so the round's
     output follows the target's distribution (the tree below a rejected child is never used).
-    Returns (accepted path, the next token). draws: a dict that gets node -> the uniform draw it
-    was tested with, for every node judged (for trace=True), or None.
+    The verdict also keeps, for every node judged, its draw and the target p'(x) it faced.
     """
-    path, node = [], ROOT
+    verdict = TreeVerdict([], -1)
+    node = ROOT
     while True:
         children = tree.children(node)
         p = target_probs[node + 1]
-        if not children:
-            return path, int(sample(p, generator))
-        tried = None if draws is None else []
-        accepted, token = multi_draft_rejection_sampling(
-            p, tree.draft_probs[node], tree.path_tokens(children), generator, tried)
-        if draws is not None:
-            draws.update(zip(children, tried))  # the children tried, in order: a prefix
-        if accepted is None:
-            return path, token
-        node = children[accepted]
-        path.append(node)
+        if not children:  # a leaf: the bonus token, from p there
+            verdict.next_token, verdict.next_distribution = int(sample(p, generator)), p
+            return verdict
+        step = multi_draft_rejection_sampling(p, tree.draft_probs[node], tree.path_tokens(children), generator)
+        verdict.draws.update(zip(children, step.uniforms))  # the children tried, in order: a prefix
+        verdict.adjusted_p.update(zip(children, step.adjusted_p))
+        if step.accepted is None:
+            verdict.next_token, verdict.next_distribution = step.next_token, step.residual
+            return verdict
+        node = children[step.accepted]
+        verdict.path.append(node)
 
 
 def keep_accepted_path(target_cache, draft_cache, seq_len: int, path: list[int]) -> None:
@@ -308,7 +281,8 @@ def draft_model(draft) -> GPT2:
 def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_ids, max_gen: int, branching,
                               temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None, generator: torch.Generator | None = None,
-                              eos_id: int | None = None, on_tokens=None, trace: bool = False) -> GenerationResult:
+                              eos_id: int | None = None, on_tokens=None, trace: bool = False,
+                              on_round=None) -> GenerationResult:
     """Speculative decoding with a token tree: each round the draft builds a tree with
     branching[d] children per node at depth d + 1 (one draft forward per depth), the target
     scores all its nodes in one forward, and the longest acceptable path plus one target token
@@ -325,7 +299,8 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     Stats: as the chains, counting depths as positions (tokens_drafted: depths drafted,
     acceptance_by_position: per depth), plus nodes_verified and accepted_depths per round.
     trace=True records every round's tree in result.trace (spec_decoding.trace: each node's p, q,
-    draw and verdict, the accepted path, the target's token).
+    draw and verdict, the accepted path, the target's token). on_round(report) gets every round
+    as a RoundReport (spec_decoding.result), with the tree and its TreeVerdict.
     """
     draft = draft_model(draft)
     drafter = ModelDrafter(draft)  # its checks and limits only: the tree drives the model itself
@@ -337,8 +312,8 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     n_nodes = tree_size(branching)
     target_cache = new_cache(target, len(tokens), max_gen, extra_slots=n_nodes)
     draft_cache = new_cache(draft, len(tokens), max_gen, extra_slots=n_nodes)
-    round_trace = (Trace(list(tokens), len(branching), temperature, top_k, top_p, branching=branching)
-                   if trace else None)
+    notify, round_trace = round_observers(on_round, trace, tokens, len(branching), temperature, top_k, top_p,
+                                          branching)
     out = []
     stats = GenerationStats(drafted_by_position=[0] * len(branching), accepted_by_position=[0] * len(branching))
     start = time.perf_counter()
@@ -357,18 +332,20 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
         target_logits = score_tree(target, target_cache, tree, tokens)
 
         # 3. The accepted path and the target's own next token.
-        draws = None if round_trace is None else {}  # node -> its uniform draw, for the trace
+        target_probs = None
         if temperature == 0:
-            path, next_token = verify_tree_greedy(tree, target_logits)
+            verdict = verify_tree_greedy(tree, target_logits)
         else:
             target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
-            path, next_token = verify_tree_sampling(tree, target_probs, generator, draws)
+            verdict = verify_tree_sampling(tree, target_probs, generator)
+        path = verdict.path
         record_round(stats, depth, len(path), stats.draft_calls + depth, n_nodes=len(tree))
-        stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [next_token],
+        stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [verdict.next_token],
                            output_sources(tree, path, depth), eos_id, max_gen,
                            target.config.n_positions, on_tokens)
-        if round_trace is not None:
-            round_trace.record_tree_round(tree, target_logits, path, next_token, draws, len(out))
+        if notify:
+            notify(RoundReport(tree.tokens, target_logits, len(path), verdict.next_token, len(out),
+                               temperature, target_probs, None, verdict, tree))
 
         # 4. Both caches keep the accepted path only.
         keep_accepted_path(target_cache, draft_cache, seq_len, path)

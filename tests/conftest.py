@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpt2 import GPT2Config, load_gpt2  # noqa: E402
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint  # noqa: E402
+from offline.random_weights import save_agreeing_pair, save_random_checkpoint  # noqa: E402
 
 # The test models are tiny: threads buy nothing and, on a busy 2-core machine, cost a lot.
 torch.set_num_threads(1)
@@ -86,7 +86,7 @@ def generator():
     return torch.Generator().manual_seed(1234)
 
 
-# A trained pair in seconds (gpt2.train_pair with tiny sizes on a few standard-library modules): real
+# A trained pair in seconds (offline.train_pair with tiny sizes on a few standard-library modules): real
 # language models that disagree now and then, for tests that need real rejections.
 TRAIN_TEXTS = ["argparse.py", "textwrap.py", "string.py", "shlex.py", "heapq.py", "difflib.py",
                "calendar.py", "fractions.py", "bisect.py", "colorsys.py", "configparser.py"]
@@ -103,8 +103,8 @@ def stdlib_texts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def trained_pair_dirs(tmp_path_factory):
-    """(target_dir, draft_dir) of a pair trained for a few seconds by gpt2.train_pair."""
-    from gpt2.train_pair import TrainSettings, train_pair
+    """(target_dir, draft_dir) of a pair trained for a few seconds by offline.train_pair."""
+    from offline.train_pair import TrainSettings, train_pair
 
     out = tmp_path_factory.mktemp("trained") / "pair"
     train_pair(out, stdlib_texts(), TrainSettings(steps=60, batch_size=8, seed=0),

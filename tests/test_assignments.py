@@ -93,7 +93,7 @@ def test_stripped_copies_fail_and_the_reference_solutions_pass(tmp_path, capsys)
 
 @pytest.mark.parametrize("assignment, plant, expected", [
     ("rejection_sampling",
-     ("spec_decoding/speculative.py", "return residual / total if total > 0 else target_probs",
+     ("spec_decoding/rejection.py", "return residual / total if total > 0 else target_probs",
       "return target_probs"),
      ["resample from p", "your sampler's distribution differs from the target's: total variation"]),
     ("greedy_speculative",
@@ -111,7 +111,7 @@ def test_a_planted_bug_zoo_bug_is_caught_and_named(tmp_path, assignment, plant, 
 
 
 @pytest.mark.parametrize("name, message", [
-    ("spec_decoding.speculative.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
+    ("spec_decoding.rejection.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
     ("no_such_module.f", "no module 'no_such_module'"),
     ("gpt2.kv_cache.KVCache", "is a class, not a function: name the methods.*gpt2.kv_cache.KVCache.truncate"),
     ("spec_decoding.speculative", "is a module, not a function"),
@@ -128,7 +128,7 @@ def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert cli.main(["make", "--functions", "spec_decoding.speculative.residual_distribution", "--out", str(out)]) == 2
+    assert cli.main(["make", "--functions", "spec_decoding.rejection.residual_distribution", "--out", str(out)]) == 2
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "mine"
     assert cli.main(["grade", str(out)]) == 2
@@ -144,7 +144,7 @@ def test_the_command_line(tmp_path):
                            "--out", str(tmp_path / "x")], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "is a class, not a function" in done.stderr and "Traceback" not in done.stderr
     done = subprocess.run([sys.executable, "-m", "assignments", "make", "--functions",
-                           "spec_decoding.speculative.residual_distribution", "--out", str(tmp_path / "y")],
+                           "spec_decoding.rejection.residual_distribution", "--out", str(tmp_path / "y")],
                           cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "python -m assignments grade" in done.stdout
     shutil.rmtree(tmp_path / "y")

@@ -12,7 +12,7 @@ from conftest import TINY, TINY_VOCAB
 
 import spec_decoding.speculative
 from gpt2 import load_gpt2
-from gpt2.random_weights import save_agreeing_pair
+from offline.random_weights import save_agreeing_pair
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 from spec_decoding.bug_zoo import BUGS, run_check
 
@@ -75,10 +75,10 @@ def test_the_greedy_generator_passes_the_checks_too(pair, check):
 
 def test_planting_restores_the_library(pair):
     target, draft = pair
-    residual = spec_decoding.speculative.residual_distribution
+    residual = spec_decoding.rejection.residual_distribution
     with BUGS["resample from p"].planted():
-        assert spec_decoding.speculative.residual_distribution is not residual
-    assert spec_decoding.speculative.residual_distribution is residual
+        assert spec_decoding.rejection.residual_distribution is not residual
+    assert spec_decoding.rejection.residual_distribution is residual
 
 
 def test_half_precision_mismatch_sits_on_a_near_tie(tmp_path):

@@ -14,7 +14,7 @@ from transformers import GPT2LMHeadModel
 import spec_decoding.greedy
 import spec_decoding.speculative
 from gpt2 import load_gpt2
-from gpt2.random_weights import save_agreeing_pair, save_random_checkpoint
+from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.bug_zoo import DrafterReportingUnfilteredQ  # samples after top-k, reports q before
@@ -23,7 +23,7 @@ from spec_decoding.checks import (check_caches_after_every_round, check_lossless
 from spec_decoding.drafters import (Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter,
                                     as_drafter)
 from spec_decoding.result import FROM_DRAFT
-from spec_decoding.speculative import modified_rejection_sampling, point_masses
+from spec_decoding.rejection import modified_rejection_sampling, point_masses
 
 TARGET_CFG = TINY.with_(n_layer=4)
 PROMPT = [5, 17, 42, 8, 99, 3]  # no token repeats: the n-gram drafter's first round finds nothing
@@ -225,7 +225,8 @@ def test_point_mass_round_accepts_with_probability_p_and_resamples_p_without_x()
     torch.testing.assert_close(q, torch.tensor([[0.0, 0, 0, 0, 1, 0]]))
     n_rounds, accepted, replacements = 20000, 0, []
     for _ in range(n_rounds):
-        n, token = modified_rejection_sampling(p, q, [4], g)
+        verdict = modified_rejection_sampling(p, q, [4], g)
+        n, token = verdict.n_accepted, verdict.next_token
         accepted += n
         if n == 0:
             replacements.append(token)

@@ -197,7 +197,7 @@ def test_break_even_alpha():
 def pair(tmp_path_factory):
     """A target and a draft that agree on some tokens, not all (as in test_generation.py)."""
     from gpt2 import load_gpt2
-    from gpt2.random_weights import save_agreeing_pair
+    from offline.random_weights import save_agreeing_pair
     root = tmp_path_factory.mktemp("gamma-pair")
     dirs = save_agreeing_pair(root / "target", root / "draft", TINY.with_(n_layer=4), draft_n_layer=2,
                               damping=0.1, seed=11, std=0.2, embedding_std=0.3)

@@ -11,7 +11,7 @@ from transformers import GPT2LMHeadModel
 
 import spec_decoding.greedy
 from gpt2 import GPT2, load_gpt2
-from gpt2.random_weights import save_random_checkpoint
+from offline.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.checks import check_caches_after_every_round, check_stopping

@@ -87,8 +87,9 @@ def test_one_round_against_random_p_and_q():
     first, second, accepted_first = [], [], 0
     for _ in range(n_rounds):
         draft_tokens = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)]
-        n, next_token = modified_rejection_sampling(p, q, draft_tokens, g)
-        out = draft_tokens[:n] + [next_token]
+        verdict = modified_rejection_sampling(p, q, draft_tokens, g)
+        n = verdict.n_accepted
+        out = draft_tokens[:n] + [verdict.next_token]
         first.append(out[0])
         accepted_first += n >= 1
         if n >= 1:
@@ -108,9 +109,9 @@ def test_bonus_token_when_everything_is_accepted():
     bonus = []
     for _ in range(6000):
         draft_tokens = [int(torch.multinomial(p[i], 1, generator=g)) for i in range(2)]
-        n, token = modified_rejection_sampling(p, p[:2], draft_tokens, g)
-        assert n == 2
-        bonus.append(token)
+        verdict = modified_rejection_sampling(p, p[:2], draft_tokens, g)
+        assert verdict.n_accepted == 2 and verdict.residual is None
+        bonus.append(verdict.next_token)
     assert chi_square_p_value(torch.bincount(torch.tensor(bonus), minlength=6), p[2]) > 1e-3
 
 

@@ -1,4 +1,4 @@
-"""The notebooks run end to end, offline, on a small trained pair (gpt2.train_pair, seconds).
+"""The notebooks run end to end, offline, on a small trained pair (offline.train_pair, seconds).
 
 Each notebook's source is the jupytext percent-format notebooks/NN_name.py; the .ipynb beside it is
 generated from it by notebooks/sync.py and must be in sync. Each notebook is executed in a fresh "python3" Jupyter kernel (this interpreter) with nbclient, with
@@ -33,7 +33,7 @@ KERNEL = "python3"
 
 @pytest.fixture(scope="session")
 def notebook_pair(trained_pair_dirs):
-    """The notebooks' offline default is a pair made by gpt2.train_pair; this one is trained for
+    """The notebooks' offline default is a pair made by offline.train_pair; this one is trained for
     seconds (tests/conftest.py), enough for real rejections and residuals."""
     return trained_pair_dirs
 

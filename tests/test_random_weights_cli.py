@@ -1,4 +1,4 @@
-"""python -m gpt2.random_weights: stand-ins of a chosen size from the command line."""
+"""python -m offline.random_weights: stand-ins of a chosen size from the command line."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpt2 import load_gpt2
-from gpt2.random_weights import SIZES, file_bytes, main
+from offline.random_weights import SIZES, file_bytes, main
 
 
 def test_writes_a_tiny_pair_the_script_can_use(tmp_path, capsys):

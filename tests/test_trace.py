@@ -9,7 +9,8 @@ from gpt2 import encode, load_gpt2
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT_BRANCH, FROM_TARGET
-from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED, render_html
+from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED
+from spec_decoding.trace_page import render_html
 from spec_decoding.tree import tree_size
 
 PROMPT = "def parse(text):\n    "
@@ -267,3 +268,30 @@ def test_tree_page_has_every_round_and_node(tree_sampled):
     assert "token tree 2,2,1" in page and "Acceptance by depth" in page and "depth i in the round" in page
     if FROM_DRAFT_BRANCH in tree_sampled.stats.token_sources:
         assert '<span class="tok draft_branch"' in page
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sampled", "tree greedy", "tree sampled"])
+def test_on_round_sees_every_round_and_the_trace_is_one_such_observer(trained, kind):
+    """The generators hand each round to their observers (on_round; trace=True subscribes a Trace
+    the same way): the reports rebuild the output, one per target call, as the trace records it."""
+    target, draft = trained
+    reports = []
+    settings = dict(max_gen=30, on_round=reports.append, trace=True)
+    if kind.startswith("tree"):
+        temperature = 0.0 if "greedy" in kind else 1.0
+        result = tree_speculative_sampling(target, draft, encode(PROMPT), branching=(2, 2), temperature=temperature,
+                                           generator=torch.Generator().manual_seed(0), **settings)
+    elif kind == "greedy":
+        result = speculative_sampling_greedy(target, draft, encode(PROMPT), gamma=3, **settings)
+    else:
+        result = speculative_sampling(target, draft, encode(PROMPT), gamma=3, temperature=1.0,
+                                      generator=torch.Generator().manual_seed(0), **settings)
+    assert len(reports) == len(result.trace.rounds) == result.stats.target_calls
+    rebuilt = []
+    for report, recorded in zip(reports, result.trace.rounds):
+        accepted = (report.tree.path_tokens(report.verdict.path) if report.tree is not None
+                    else report.draft_tokens[:report.n_accepted])
+        rebuilt += accepted + [report.next_token]
+        assert rebuilt[:report.n_out] == result.tokens[:report.n_out]
+        assert (report.n_accepted, report.next_token) == (recorded.n_accepted, recorded.next_token)
+    assert reports[-1].n_out == len(result.tokens) and rebuilt[:len(result.tokens)] == result.tokens

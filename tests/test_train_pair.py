@@ -1,4 +1,4 @@
-"""gpt2.train_pair: a real (trained) draft/target pair, made offline in seconds here.
+"""offline.train_pair: a real (trained) draft/target pair, made offline in seconds here.
 
 The quality figures of the default 10-minute run are in the README; these tests check the
 mechanics: the kept-vocabulary loss is exactly the saved model's loss over GPT-2's whole
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from conftest import TINY_DRAFT, TINY_TARGET, stdlib_texts
 from gpt2 import load_gpt2
-from gpt2 import train_pair as tp
+from offline import train_pair as tp
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 
 FAST = tp.TrainSettings(steps=3, batch_size=4, seed=0)
@@ -80,7 +80,7 @@ def test_command_line_end_to_end(tmp_path, tiny_sizes, capsys):
         assert sorted(p.name for p in (out / name).iterdir()) == ["config.json", "model.safetensors"]
         load_gpt2(out / name)
     readme = (out / "README.md").read_text()
-    assert "python -m gpt2.train_pair --out" in readme and "unigram" in readme
+    assert "python -m offline.train_pair --out" in readme and "unigram" in readme
     info = json.loads((out / tp.MARKER).read_text())
     assert info["target"]["steps"] == info["draft"]["steps"] == 2
     assert [p.name for p in tmp_path.iterdir()] == ["pair"]  # no temporary folder left behind
@@ -162,10 +162,10 @@ def test_bad_input_is_a_clear_error(tmp_path, tiny_sizes, capsys, make, args, me
 
 def test_evaluate_scores_a_saved_pair_on_other_text(trained_pair_dirs, tmp_path, capsys):
     folder = trained_pair_dirs[0].parent
-    other = [str(p) for p in sorted((tp.Path(tp.__file__).parent).glob("*.py"))[:3]]  # gpt2/*.py
+    other = [str(p) for p in sorted((tp.Path(tp.__file__).parent).glob("*.py"))[:3]]  # offline/*.py
     assert tp.main(["--evaluate", str(folder), "--text", *other]) == 0
     line = capsys.readouterr().out
     numbers = [float(x) for x in re.findall(r"(?:target|draft|unigram) (\d+\.\d+)", line)]
     assert len(numbers) == 3 and all(0 < x < 12 for x in numbers), line
     assert tp.main(["--evaluate", str(tmp_path), "--text", *other]) == 2
-    assert "holds no pair made by gpt2.train_pair" in capsys.readouterr().err
+    assert "holds no pair made by offline.train_pair" in capsys.readouterr().err

@@ -11,14 +11,15 @@ from conftest import AGREEING_TARGET, TINY, TINY_VOCAB
 
 import spec_decoding.tree as tree_module
 from gpt2 import GPT2, load_gpt2
-from gpt2.random_weights import save_random_checkpoint
+from offline.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
                            speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
 from spec_decoding.checks import (cache_difference, check_stopping, chi_square_p_value, counts_of,
                                   exact_distribution)
 from spec_decoding.sampling import sample
-from spec_decoding.tree import (TokenTree, multi_draft_rejection_sampling, tree_attention_mask, tree_size,
+from spec_decoding.rejection import MultiDraftVerdict, multi_draft_rejection_sampling
+from spec_decoding.tree import (TokenTree, tree_attention_mask, tree_size,
                                 verify_tree_sampling)
 
 TARGET_CFG = AGREEING_TARGET  # pair_dirs, target, draft: conftest.py
@@ -244,14 +245,19 @@ def random_distributions(rows, seed, vocab=6, sharpness=2.0):
     return torch.softmax(sharpness * torch.randn(rows, vocab, generator=g, dtype=torch.float64), -1).float()
 
 
-def naive_multi_draft(target_probs, draft_probs, draft_tokens, generator=None, draws=None):
+def naive_multi_draft(target_probs, draft_probs, draft_tokens, generator=None):
     """The bug to catch: every child is tested against the unchanged p (a token the draft likes
     gets b chances), and only after all are rejected is the residual norm(max(0, p - q)) used."""
+    uniforms = []
     for i, x in enumerate(draft_tokens):
         r = torch.rand((), generator=generator)
+        uniforms.append(float(r))
         if r * draft_probs[x] < target_probs[x]:
-            return i, None
-    return None, int(sample(residual_distribution(target_probs, draft_probs), generator))
+            return MultiDraftVerdict(i, None, uniforms, [float(target_probs[t]) for t in draft_tokens[:i + 1]],
+                                     target_probs)
+    residual = residual_distribution(target_probs, draft_probs)
+    return MultiDraftVerdict(None, int(sample(residual, generator)), uniforms,
+                             [float(target_probs[x]) for x in draft_tokens], residual)
 
 
 def one_node_tokens(rule, p, q, b, n, seed):
@@ -259,8 +265,8 @@ def one_node_tokens(rule, p, q, b, n, seed):
     out = []
     for _ in range(n):
         children = sample(q.expand(b, -1), g).tolist()
-        accepted, token = rule(p, q, children, g)
-        out.append(children[accepted] if accepted is not None else token)
+        verdict = rule(p, q, children, g)
+        out.append(children[verdict.accepted] if verdict.accepted is not None else verdict.next_token)
     return torch.bincount(torch.tensor(out), minlength=len(p))
 
 
@@ -293,8 +299,8 @@ def test_two_levels_of_a_synthetic_tree():
             for token in sample(q_next[tree.tokens[parent]].expand(2, -1), g).tolist():
                 tree.add(token, parent)
         rows = [p_root] + [p_next[t] for t in tree.tokens[:2]] + [torch.full((V,), 1.0 / V)] * 4
-        path, token = verify_tree_sampling(tree, torch.stack(rows), g)
-        out = tree.path_tokens(path) + [token]
+        verdict = verify_tree_sampling(tree, torch.stack(rows), g)
+        out = tree.path_tokens(verdict.path) + [verdict.next_token]
         first[out[0]] += 1
         if len(out) >= 2:
             pairs[out[0], out[1]] += 1

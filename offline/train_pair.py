@@ -1,6 +1,6 @@
 """Train a small target and a smaller draft on text every machine has: a real pair, offline.
 
-    python -m gpt2.train_pair --out DIR [--minutes 10] [--text PATH ...] [--seed 0]
+    python -m offline.train_pair --out DIR [--minutes 10] [--text PATH ...] [--seed 0]
 
 By default the corpus is the Python standard library's own source files (code and English
 docstrings, found with sysconfig), so nothing is downloaded. Both models are GPT-2s with GPT-2's
@@ -47,11 +47,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import GPT2Config
-from .loading import CONV1D_SUFFIXES
-from .model import GPT2
+from gpt2.config import GPT2Config
+from gpt2.loading import CONV1D_SUFFIXES
+from gpt2.model import GPT2
+from gpt2.tokenizer import EOT_ID, decode, encode, get_tokenizer
+
 from .random_weights import save_checkpoint
-from .tokenizer import EOT_ID, decode, encode, get_tokenizer
 
 GPT2_VOCAB_SIZE = 50257
 # The default sizes: trained for 10 minutes on 2 CPU cores (see README.md for what they reach).
@@ -329,7 +330,7 @@ def check_output_folder(out: Path, overwrite: bool) -> None:
     held = sorted(p.name for p in out.iterdir())
     raise TrainPairError(
         f"{out} already holds other files ({', '.join(held[:5])}{', ...' if len(held) > 5 else ''}), "
-        f"not a pair made by gpt2.train_pair. Choose a new or empty --out folder; nothing was written.")
+        f"not a pair made by offline.train_pair. Choose a new or empty --out folder; nothing was written.")
 
 
 def write_pair_atomically(out: Path, write) -> None:
@@ -369,7 +370,7 @@ def sample_text(model: GPT2, prompt: str, n_tokens: int, seed: int) -> str:
 
 README_TEMPLATE = """# A small trained draft/target pair
 
-Made by `python -m gpt2.train_pair {command}` on {date}.
+Made by `python -m offline.train_pair {command}` on {date}.
 
 | model | path | layers x width | parameters | held-out loss (nats/token) |
 |---|---|---|---|---|
@@ -495,11 +496,11 @@ def full_model(model: GPT2, vocab: Vocabulary) -> GPT2:
 def evaluate_pair(folder, texts: list[str], log=print) -> dict:
     """Losses (nats per token) of a saved pair, and of the unigram model of its training text, on
     other text: e.g. this project's own modules, which are in no training corpus."""
-    from .loading import load_gpt2
+    from gpt2.loading import load_gpt2
 
     folder = Path(folder).expanduser()
     if not (folder / MARKER).is_file():
-        raise TrainPairError(f"{folder} holds no pair made by gpt2.train_pair ({MARKER} is missing).")
+        raise TrainPairError(f"{folder} holds no pair made by offline.train_pair ({MARKER} is missing).")
     info = json.loads((folder / MARKER).read_text())
     trained_on = info.get("texts") or None
     train_ids, _ = split_documents(tokenize_files(corpus_files(trained_on)))
@@ -520,7 +521,7 @@ def stop_on_sigterm(signum, frame):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpt2.train_pair",
+        prog="python -m offline.train_pair",
         description="Train a small target and draft GPT-2 (GPT-2's tokenizer) on text every machine "
                     "has, for real speculative decoding offline.")
     parser.add_argument("--out", help="folder to create (holds target/ and draft/)")

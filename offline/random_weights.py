@@ -1,7 +1,7 @@
 """Random-weight GPT-2 checkpoints in the exact hub layout, for tests and benchmarks offline.
 
-    python -m gpt2.random_weights --size gpt2-large --out checkpoints/large      # one model
-    python -m gpt2.random_weights --size tiny --draft-layers 2 --out checkpoints/tiny-pair
+    python -m offline.random_weights --size gpt2-large --out checkpoints/large      # one model
+    python -m offline.random_weights --size tiny --draft-layers 2 --out checkpoints/tiny-pair
     python spec_decoding_generate.py --target checkpoints/tiny-pair/target \
         --draft checkpoints/tiny-pair/draft
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config import OFFICIAL_CONFIGS, GPT2Config
+from gpt2.config import OFFICIAL_CONFIGS, GPT2Config
 
 LAYOUTS = ("hub", "transformers")
 SIZES = {"tiny": GPT2Config(n_layer=4, n_head=4, n_embd=128), **OFFICIAL_CONFIGS}
@@ -126,7 +126,7 @@ def file_bytes(config: GPT2Config) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpt2.random_weights",
+        prog="python -m offline.random_weights",
         description="Write a random-weight GPT-2 checkpoint (config.json + model.safetensors, the "
                     "hub's layout) of an official shape, or a draft/target pair. It runs as fast "
                     "as the real model; its text and acceptance rates are not real.")
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the folder to write")
     parser.add_argument("--draft-layers", type=int, metavar="K",
                         help="write a pair instead: OUT/target of --size and OUT/draft made of its "
-                             "first K blocks, agreeing often (gpt2.random_weights.save_agreeing_pair)")
+                             "first K blocks, agreeing often (offline.random_weights.save_agreeing_pair)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="overwrite a checkpoint already in --out")
     args = parser.parse_args(argv)
