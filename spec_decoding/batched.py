@@ -50,7 +50,7 @@ from .decoding import (check_drafter, check_positive_int, check_sampling_args, p
                        record_round, round_gamma, round_output, take_tokens)
 from .result import FROM_TARGET, GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
-from .speculative import accept_or_resample
+from .rejection import modified_rejection_sampling
 
 # The largest batch accepted. Every row keeps a KV cache of the whole window in both models, and
 # the tests and benchmarks here go to 16; a larger batch is a typo more often than a plan.
@@ -196,6 +196,18 @@ class BatchedModelDrafter:
 
 
 @dataclass
+class BatchRoundReport:
+    """One round of a batch, as batched_speculative_sampling hands it to on_round (after the
+    roll-back, before finished rows leave). Read it; do not change it."""
+    sequences: list[list[int]]  # every prompt followed by its output so far
+    active: list[int]  # active[i]: the prompt in cache row i
+    gammas: list[int]  # draft tokens of each cache row this round
+    n_accepted: list[int]  # accepted draft tokens of each cache row
+    target_cache: BatchedKVCache
+    draft_cache: BatchedKVCache
+
+
+@dataclass
 class BatchedResult:
     rows: list[GenerationResult]  # one per prompt, in the prompts' order
     target_forwards: int = 0  # batched forward passes of the target
@@ -317,10 +329,10 @@ def greedy_verdict(target_logits: torch.Tensor, draft_tokens: list[int], draft_p
 
 
 def sampling_verdict(target_probs: torch.Tensor, draft_tokens: list[int], draft_probs, generator=None):
-    """One row's modified rejection sampling (spec_decoding.speculative): target_probs [g + 1, V],
+    """One row's modified rejection sampling (spec_decoding.rejection): target_probs [g + 1, V],
     draft_probs [g, V] (None when g = 0) -> (n accepted, next token). Each row draws its own
     uniforms."""
-    verdict = accept_or_resample(target_probs, draft_probs, draft_tokens, generator)
+    verdict = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
     return verdict.n_accepted, verdict.next_token
 
 
@@ -346,8 +358,8 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
     position), the target scores every row's draft in one batched forward, every row accepts its
     own prefix and adds the target's token, and every row's caches roll back to its own length.
     prompts: a list of prompts (lists of ints or 1-D LongTensors) of any lengths.
-    on_round(sequences, target_cache, drafter, active), if given, is called after each round's
-    roll-back: sequences[r] is prompt r with its output so far, active[i] the prompt in cache row i.
+    on_round(report), if given, sees every round (a BatchRoundReport: the sequences, the rows, the
+    caches), as the single-sequence generators' observers do.
     """
     check_positive_int("max_gen", max_gen)
     check_positive_int("gamma", gamma)
@@ -399,7 +411,8 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
         target_cache.truncate(keep)
         drafter.roll_back(keep)
         if on_round is not None:
-            on_round(sequences, target_cache, drafter, list(active))
+            on_round(BatchRoundReport(sequences, list(active), gammas, [n for n, _ in verdicts],
+                                      target_cache, drafter.cache))
 
         # 5. Finished rows leave the batch.
         active = _drop_finished(active, stops, [target_cache, drafter])

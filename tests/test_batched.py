@@ -94,15 +94,16 @@ def check_caches(target, draft, settings, seed=0):
     """Run a batch and check every cache row after every round: returns the problems found."""
     problems, rounds = [], [0]
 
-    def on_round(sequences, target_cache, drafter, active):
+    def on_round(report):
         rounds[0] += 1
-        for i, r in enumerate(active):
-            seq = sequences[r]
-            if int(target_cache.lengths[i]) != len(seq) - 1 or int(drafter.cache.lengths[i]) > len(seq) - 1:
+        target_cache, draft_cache = report.target_cache, report.draft_cache
+        for i, r in enumerate(report.active):
+            seq = report.sequences[r]
+            if int(target_cache.lengths[i]) != len(seq) - 1 or int(draft_cache.lengths[i]) > len(seq) - 1:
                 problems.append(f"round {rounds[0]} row {r}: cache lengths "
-                                f"{int(target_cache.lengths[i])}, {int(drafter.cache.lengths[i])} "
+                                f"{int(target_cache.lengths[i])}, {int(draft_cache.lengths[i])} "
                                 f"for {len(seq)} tokens")
-            for role, model, cache in (("target", target, target_cache), ("draft", draft, drafter.cache)):
+            for role, model, cache in (("target", target, target_cache), ("draft", draft, draft_cache)):
                 if (diff := row_cache_difference(model, cache, i, seq)) > 1e-5:
                     problems.append(f"round {rounds[0]} row {r}: {role} cache off by {diff:.2g}")
 
