@@ -46,16 +46,19 @@ def _timed(device, fn):
 
 
 def run_batch_grid(target, draft, prompts, batch_sizes, gammas, max_gen: int, temperature: float = 0.0,
-                   repeats: int = 1, seed: int = 0, context_len: int | None = None, log=print) -> dict:
+                   repeats: int = 1, seed: int = 0, context_len: int | None = None, log=print,
+                   costs=None) -> dict:
     """Time batched AR and batched speculative decoding for every batch size and gamma. Every run
-    generates max_gen tokens per row (no eos). Returns {"cells": [...], "by_batch": [...],
-    "cost_model": {...}, "crossover": {...}}."""
+    generates max_gen tokens per row (no eos). costs: a BatchCostModel covering
+    max(batch_sizes) * (max(gammas) + 1) rows (None: measured first). Returns {"cells": [...],
+    "by_batch": [...], "cost_model": {...}, "crossover": {...}}."""
     device = target.wte.weight.device
     batch_sizes, gammas = sorted(set(batch_sizes)), sorted(set(gammas))
     if context_len is None:
         context_len = int(statistics.mean(len(p) for p in prompts)) + max_gen // 2
-    log(f"Measuring forward costs by rows (1 .. {max(batch_sizes) * (max(gammas) + 1)}) ...")
-    costs = calibrate_batch_costs(target, draft, max(batch_sizes) * (max(gammas) + 1), context_len, repeats=5)
+    if costs is None:
+        log(f"Measuring forward costs by rows (1 .. {max(batch_sizes) * (max(gammas) + 1)}) ...")
+        costs = calibrate_batch_costs(target, draft, max(batch_sizes) * (max(gammas) + 1), context_len, repeats=5)
     for n, t, d in zip(costs.rows, costs.target_s, costs.draft_s):
         log(f"  {n:4d} rows: target {1000 * t:8.1f} ms, draft {1000 * d:7.1f} ms")
 
