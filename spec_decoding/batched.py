@@ -132,6 +132,8 @@ def forward_rows(model: GPT2, cache: BatchedKVCache, new_tokens: list[list[int]]
     positions = slots.clamp(max=model.config.n_positions - 1)
     key_slots = torch.arange(int(slots.max()) + 1, device=device)  # every slot any row may read
     attn_mask = (key_slots[None, None, :] <= slots[:, :, None])[:, None]  # [B, 1, T, S]
+    if T == 1 and bool((cache.lengths == cache.lengths[0]).all()):
+        attn_mask = None  # one new token per row, rows of one length: every slot is visible (batch 1)
     x = model.wte(idx) + model.wpe(positions)
     for layer, block in enumerate(model.h):
         x = block(x, attn_mask, cache, layer)
