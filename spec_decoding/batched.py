@@ -427,10 +427,11 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
 def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len: int = 128,
                           repeats: int = 3) -> BatchCostModel:
     """Time one forward of n rows (n sequences, one new token each, context_len tokens in each
-    one's cache) in the target and in the draft, for n = 1, 2, 4, ... up to max_rows. The models
-    take turns at every n and each cost is the median of `repeats` timings after two warm-up
-    calls, so a busy machine slows them alike. A forward over B sequences of gamma + 1 new tokens each costs
-    about what one over B * (gamma + 1) rows costs (the same weights, as many rows of arithmetic)."""
+    one's cache) in the target and in the draft, for n = 1, 2, 4, ... up to max_rows. Round after
+    round every n takes its turn in both models, so a busy machine slows them alike; each cost is
+    the median over `repeats` rounds after two warm-up rounds. A forward over B sequences of
+    gamma + 1 new tokens each costs about what one over B * (gamma + 1) rows costs (the same
+    weights, as many rows of arithmetic)."""
     check_positive_int("max_rows", max_rows)
     rows = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
     device = target.wte.weight.device
@@ -438,27 +439,36 @@ def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len:
     g = torch.Generator().manual_seed(0)
     vocab = min(target.config.vocab_size, draft.config.vocab_size)
     context = torch.randint(vocab, (1, context_len), generator=g).to(device)
-    seconds = {"target": [], "draft": []}
-    for n in rows:
-        for role, model in (("target", target), ("draft", draft)):
-            # One sequence's cache, copied to n rows: timing does not depend on the values.
-            one = model.new_kv_cache(max_len=context_len)
-            model(context, one, num_last_logits=1)
-            cache = BatchedKVCache(model.new_kv_cache(n, max_len=context_len + 1))
-            for dst, src in zip(cache.keys + cache.values, one.keys + one.values):
-                dst[:, :, :context_len] = src
-            cache.lengths.fill_(context_len)
-            times = []
-            for i in range(repeats + 2):
+    models = {"target": target, "draft": draft}
+    caches = {}
+    for role, model in models.items():
+        # One sequence's cache copied to max_rows rows (timing does not depend on the values);
+        # n rows use the first n of them.
+        one = model.new_kv_cache(max_len=context_len)
+        model(context, one, num_last_logits=1)
+        full = model.new_kv_cache(max_rows, max_len=context_len + 1)
+        for dst, src in zip(full.keys + full.values, one.keys + one.values):
+            dst[:, :, :context_len] = src
+        for n in rows:
+            cache = BatchedKVCache(full)
+            cache.keys, cache.values = [k[:n] for k in full.keys], [v[:n] for v in full.values]
+            cache.lengths = torch.full((n,), context_len, dtype=torch.long, device=device)
+            caches[role, n] = cache
+    times = {key: [] for key in caches}
+    for i in range(repeats + 2):
+        for n in rows:
+            for role, model in models.items():
+                cache = caches[role, n]
                 tokens = torch.randint(vocab, (n, 1), generator=g).tolist()
                 synchronize(device)
                 t0 = time.perf_counter()
                 forward_rows(model, cache, tokens)
                 synchronize(device)
-                if i > 1:  # the first calls of a shape set up its kernels
-                    times.append(time.perf_counter() - t0)
-                cache.truncate([context_len] * n)
-            seconds[role].append(statistics.median(times))
-    return BatchCostModel(describe_model(target), describe_model(draft), rows, seconds["target"],
-                          seconds["draft"], context_len,
-                          notes={"threads": torch.get_num_threads(), "device": str(device), "repeats": repeats})
+                if i > 1:  # the first rounds set up each shape's kernels
+                    times[role, n].append(time.perf_counter() - t0)
+                cache.lengths.fill_(context_len)
+    median = {key: statistics.median(t) for key, t in times.items()}
+    return BatchCostModel(describe_model(target), describe_model(draft), rows,
+                          [median["target", n] for n in rows], [median["draft", n] for n in rows],
+                          context_len, notes={"threads": torch.get_num_threads(), "device": str(device),
+                                              "repeats": repeats})
