@@ -50,12 +50,10 @@ import csv
 import datetime
 import itertools
 import json
-import math
 import platform
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -65,15 +63,15 @@ from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import gamma_order, timed
-from gpt2.device import dtype_note, resolve_device, resolve_dtype
-from gpt2.loading import peek_config
+from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
+from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
-from spec_decoding.tree import TokenTree, branching_label, parse_branching, score_tree, tree_size
+from spec_decoding.tree import branching_label, parse_branching, tree_size
 from spec_decoding.decoding import check_drafter
-from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from spec_decoding import cli
 from spec_decoding.costs import CostModel
-from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
+from spec_decoding.gamma import DEFAULT_GAMMA_MAX
 from spec_decoding.theory import predicted_speedup, predicted_tree_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -91,97 +89,46 @@ CSV_COLUMNS = [
 
 # ---------------------------------------------------------------- command line
 
-def positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
-def gamma_value(text):
-    """A fixed gamma (int >= 1) or a policy name (auto, heuristic)."""
-    if text in POLICY_NAMES:
-        return text
-    try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1 (nor one of "
-                                         f"{', '.join(POLICY_NAMES)})") from None
-
-
 def fixed_gammas(gammas) -> list[int]:
     return [g for g in gammas if isinstance(g, int)]
 
 
-def non_negative_int(text):
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return int(text)
-
-
-def drafter_spec(text):
-    """model, ngram, ngram:N or layerskip:K -> the canonical name (ngram is ngram:3)."""
-    kind, _, number = text.partition(":")
-    if kind == "model" and not number:
-        return "model"
-    if kind in ("ngram", "layerskip") and (number.isdigit() and int(number) >= 1 or kind == "ngram" and not number):
-        return f"{kind}:{number or 3}"
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens) or "
-        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1")
-
-
-def temperature_value(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a temperature >= 0 (0 means greedy)")
-    return value
-
-
-def tree_value(text):
-    try:
-        return parse_branching(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"Offline (no hub): train a small real pair first, {TRAIN_PAIR_COMMAND}\n"
+                                       f"(about 10 minutes on 2 CPU cores), then --target runs/trained_pair/target "
+                                       f"--draft runs/trained_pair/draft;\nor time random-weight stand-ins of the "
+                                       f"real shapes with --make-standins DIR.")
     p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2), for the model drafter")
-    p.add_argument("--drafters", type=drafter_spec, nargs="+", default=["model"], metavar="D",
+    p.add_argument("--drafters", type=cli.drafter_spec, nargs="+", default=["model"], metavar="D",
                    help="what drafts: model (--draft), ngram[:N] (prompt lookup), layerskip:K (the "
                         "target's first K blocks); several make a grid axis (default model)")
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
-    p.add_argument("--gammas", type=gamma_value, nargs="+", default=[1, 2, 4, 8], metavar="G",
+    p.add_argument("--gammas", type=cli.gamma_value, nargs="+", default=[1, 2, 4, 8], metavar="G",
                    help="draft tokens per round (default 1 2 4 8), or a policy choosing them each "
                         "round: auto (from the measured costs and acceptance), heuristic (transformers')")
-    p.add_argument("--gamma-max", type=positive_int, default=DEFAULT_GAMMA_MAX,
+    p.add_argument("--gamma-max", type=cli.positive_int, default=DEFAULT_GAMMA_MAX,
                    help=f"the most tokens auto and heuristic draft per round (default {DEFAULT_GAMMA_MAX})")
-    p.add_argument("--trees", type=tree_value, nargs="+", default=[], metavar="B1,B2,...",
+    p.add_argument("--trees", type=cli.branching, nargs="+", default=[], metavar="B1,B2,...",
                    help="token trees to time beside the gammas (model drafter), e.g. 2,2,1 3,1,1 "
                         "(children per depth)")
-    p.add_argument("--max-gens", type=positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
+    p.add_argument("--max-gens", type=cli.positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
                    help="new tokens per generation (default 50 100 200 500)")
-    p.add_argument("--temperatures", type=temperature_value, nargs="+", default=[0.0], metavar="T",
+    p.add_argument("--temperatures", type=cli.temperature, nargs="+", default=[0.0], metavar="T",
                    help="0 = greedy (default), > 0 = speculative sampling")
     p.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="text file, one prompt per line")
-    p.add_argument("--repeats", type=positive_int, default=1, help="timed runs per prompt and cell")
-    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed warm-up rounds first")
+    p.add_argument("--repeats", type=cli.positive_int, default=1, help="timed runs per prompt and cell")
+    p.add_argument("--warmup", type=cli.non_negative_int, default=1, help="untimed warm-up rounds first")
     p.add_argument("--seed", type=int, default=0, help="seeds the sampling generators (temperature > 0)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto (default): per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                        "Small and larger, else float32; bfloat16/float16 on a GPU")
+                   help="auto (default): per model, the format measured fastest on this CPU for its "
+                        "shapes (float32, float16 weights or bfloat16; python -m gpt2.kernel_report); "
+                        "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
-    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: its own choice)")
+    p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
     p.add_argument("--make-standins", type=Path, metavar="DIR",
@@ -222,7 +169,8 @@ def parse_args(argv=None):
 
 def make_standins(directory: Path, seed: int) -> tuple[Path, Path]:
     """A gpt2-large-shaped target and a draft of its first 4 blocks (save_agreeing_pair). Damping
-    0.35 with embeddings of std 0.3 makes them agree on ~75% of tokens, near real GPT-2 pairs."""
+    0.35 with embeddings of std 0.3 makes them agree about as often as real GPT-2 pairs
+    (docs/performance.md has the measured rate)."""
     from offline.random_weights import save_agreeing_pair
 
     recipe = {"what": "random-weight stand-ins: they time like the real models; text and acceptance are not real",
@@ -268,7 +216,7 @@ def read_prompts(path: Path) -> list[list[int]]:
         sys.exit(f"error: {path} holds no prompts (one per line)")
     try:
         return [encode(t) for t in texts]
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         sys.exit(f"error: {e}")
 
 
@@ -299,81 +247,36 @@ def make_drafters(names, target, draft) -> dict:
     """name -> Drafter for the --drafters given (draft: the loaded --draft model, or None)."""
     drafters = {}
     for name in names:
-        kind, _, number = name.partition(":")
         try:
-            if kind == "model":
-                drafters[name] = ModelDrafter(draft)
-            elif kind == "ngram":
-                drafters[name] = NGramDrafter(max_ngram=int(number))
-            else:
-                drafters[name] = LayerSkipDrafter(target, int(number))
+            drafters[name] = cli.make_drafter(name, target, draft)
         except ValueError as e:
             sys.exit(f"error: --drafters {name}: {e}")
     return drafters
 
 
-def measure_costs(target, drafters: dict, gammas, gamma_max, context_len, device, trees=()) -> tuple[dict, dict]:
+def measure_costs(target, drafters: dict, gammas, gamma_max, context_len, trees=()) -> tuple[dict, dict]:
     """(costs for the tables and results.json, {drafter name: CostModel}).
 
     Each drafter's CostModel (spec_decoding/costs.py, the one place per-call costs are timed) is
     what gamma="auto" chooses from and what prices every run's rounds for the cost-model speedup;
     c and the verification costs of the tables are read from them (verification from the first
     drafter's, whose target timings are as good as any). Token trees add the target scoring each
-    tree, timed here beside a target step (tree_verify_costs)."""
+    tree, timed by the first drafter's CostModel beside its target steps."""
     gamma_max = max([gamma_max, *gammas])
-    cost_models = {name: CostModel.calibrate(target, drafter, gamma_max, context_len, min_rounds=4)
+    first_name = next(iter(drafters))  # top-level c: the first drafter's (notebook 4 reads it)
+    cost_models = {name: CostModel.calibrate(target, drafter, gamma_max, context_len, min_rounds=4,
+                                             trees=trees if name == first_name else ())
                    for name, drafter in drafters.items()}
     by_drafter = {name: {"c": cm.c, "draft_step_ms": 1000 * cm.draft_step_s} for name, cm in cost_models.items()}
-    first_name = next(iter(drafters))  # top-level c: the first drafter's (notebook 4 reads it)
     first = cost_models[first_name]
     costs = {"verify_cost_by_gamma": {gamma: first.verify_cost(gamma) for gamma in gammas},
-             "verify_cost_by_tree": tree_verify_costs(target, trees, context_len, device) if trees else {},
+             "verify_cost_by_tree": {branching_label(b): first.tree_verify_cost(b) for b in trees},
              "context_len": context_len, "target_step_ms": 1000 * first.target_step_s,
              "drafters": by_drafter, "c": by_drafter[first_name]["c"],
              "draft_step_ms": by_drafter[first_name]["draft_step_ms"],
              "cost_models": {name: asdict(cm) for name, cm in cost_models.items()},
              "break_even_alpha": {name: cm.break_even_alpha() for name, cm in cost_models.items()}}
     return costs, cost_models
-
-
-@torch.inference_mode()
-def tree_verify_costs(target, trees, context_len, device, budget_s=3.0) -> dict:
-    """The target scoring each tree's root and nodes under its tree mask, relative to one target
-    step on the same warm cache (context_len tokens, rolled back after each call); the shapes take
-    turns round after round, so a busy machine slows them alike; medians over the rounds."""
-    g = torch.Generator().manual_seed(0)
-    context = torch.randint(target.config.vocab_size, (1, context_len), generator=g).to(device)
-    context_list = context[0].tolist()
-    cache = target.new_kv_cache(max_len=context_len + 1, extra_slots=max(tree_size(b) for b in trees))
-    target(context, cache, num_last_logits=1)
-
-    def step():
-        cache.truncate(context_len)
-        return timed(device, target, context[:, -1:], cache, num_last_logits=1)[1]
-
-    def tree_step(branching):  # the root (the context's last token) and the nodes, in one forward
-        cache.truncate(context_len - 1)
-        tree = random_tree(branching, target.config.vocab_size, g)
-        return timed(device, score_tree, target, cache, tree, context_list)[1]
-
-    steps = {"step": step, **{b: (lambda b=b: tree_step(b)) for b in trees}}
-    times = {shape: [] for shape in steps}
-    start, rounds = time.perf_counter(), 0
-    while rounds < 5 or (time.perf_counter() - start < budget_s and rounds < 30):
-        for shape, run in steps.items():
-            times[shape].append(run())
-        rounds += 1
-    median = {shape: float(np.median(t[1:])) for shape, t in times.items()}  # round 1 warms up
-    return {branching_label(b): median[b] / median["step"] for b in trees}
-
-
-def random_tree(branching, vocab_size, generator) -> TokenTree:
-    """A tree of the given shape with random tokens (the verification cost does not depend on them)."""
-    tree, parents = TokenTree(root=0), [-1]
-    for b in branching:
-        parents = [tree.add(int(torch.randint(vocab_size, (), generator=generator)), parent)
-                   for parent in parents for _ in range(b)]
-    return tree
 
 
 def speculate(target, drafter, prompt, max_gen, gamma, temperature, generator, args=None, cost_model=None):
@@ -560,12 +463,9 @@ def fmt(x, spec=".2f", none="-"):
 
 def drafter_label(name: str, env: dict) -> str:
     """model -> "model gpt2"; ngram:3 -> "ngram:3 (prompt lookup)"; layerskip:6 -> "layerskip:6 (...)"."""
-    kind, _, number = name.partition(":")
-    if kind == "model":
+    if name == "model":
         return f"model {env['draft']}"
-    if kind == "ngram":
-        return f"{name} (prompt lookup, n-grams of up to {number} tokens)"
-    return f"{name} (the target's first {number} blocks)"
+    return f"{name} ({cli.describe_drafter(name)})"
 
 
 def drafters_side_by_side(results: dict) -> list[str]:
@@ -707,22 +607,29 @@ def main(argv=None) -> None:
         device = resolve_device(args.device)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, flush=True)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stdout)
     prompts = read_prompts(args.prompts)
+    uses_draft = any(cli.needs_draft_model(name) for name in args.drafters)
+    if not args.make_standins:  # a mistyped local path fails now, not after the other model loads
+        for role, name in [("target", args.target)] + ([("draft", args.draft)] if uses_draft else []):
+            try:
+                check_local_checkpoint(name)
+            except CheckpointError as e:
+                sys.exit(f"error: --{role} {name}: {e}")
     # Before any model is loaded (or stand-in written), where the configs are known cheaply.
     configs = ([GPT2Config.from_name("gpt2-large")] if args.make_standins else
-               [c for c in (peek_config(args.target), peek_config(args.draft) if "model" in args.drafters else None)
+               [c for c in (peek_config(args.target), peek_config(args.draft) if uses_draft else None)
                 if c is not None])
     if configs:
+        check_prompts_fit(prompts, min(c.vocab_size for c in configs), min(c.n_positions for c in configs))
         args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)
-    uses_draft = "model" in args.drafters
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    # dtype "auto" is decided per model, by its size (gpt2.device.auto_dtype).
+    # dtype "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format).
     draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize) if uses_draft else None
     target = load_model("target", str(args.target), device, args.dtype, args.quantize)
     dtype = target.wte.weight.dtype
@@ -744,7 +651,7 @@ def main(argv=None) -> None:
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
                       n_positions - max(fixed_gammas(args.gammas) + [args.gamma_max]) - 1)
     costs, cost_models = measure_costs(target, drafters, fixed_gammas(args.gammas) or [1], args.gamma_max,
-                                       context_len, device, trees=args.trees)
+                                       context_len, trees=args.trees)
     for name, cm in cost_models.items():
         print(f"{name}: {cm}", flush=True)
     print(f"Warming up ({args.warmup} round(s)) ...", flush=True)

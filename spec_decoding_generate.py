@@ -33,7 +33,6 @@ printed per prompt and summed. It takes the model drafter and a fixed --gamma.
 import argparse
 import codecs
 import json
-import math
 import os
 import sys
 import time
@@ -42,20 +41,20 @@ from pathlib import Path
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
-from gpt2.device import DTYPES, dtype_note, resolve_device, resolve_dtype
+from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
+from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
 from spec_decoding.decoding import check_drafter
-from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
-from spec_decoding.gamma import DEFAULT_GAMMA_MAX, POLICY_NAMES
+from spec_decoding import cli
+from spec_decoding.drafters import ModelDrafter
+from spec_decoding.gamma import DEFAULT_GAMMA_MAX
 from spec_decoding.trace_page import write_html
-from spec_decoding.tree import parse_branching
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
                   "remote, previously unexplored valley in the Andes Mountains.")
-DRAFTERS = ("model", "ngram", "layerskip")
 
 # ANSI escape codes: the colour of a token says where it came from.
 RESET, BOLD = "\033[0m", "\033[1m"
@@ -75,51 +74,11 @@ STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|
 
 
 class UsageError(Exception):
-    """A problem the user can fix: tokenizer files missing offline."""
+    """A problem the user can fix: e.g. the tokenizer's files missing from the package."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def gamma_value(text: str):
-    """--gamma: draft tokens per round (an int >= 1), or a policy name (auto, heuristic)."""
-    if text in POLICY_NAMES:
-        return text
-    try:
-        return positive_int(text)
-    except (ValueError, argparse.ArgumentTypeError):
-        raise argparse.ArgumentTypeError(
-            f"must be an integer >= 1, auto or heuristic, got {text}") from None
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0 means greedy), got {text}")
-    return value
-
-
-def branching(text: str) -> tuple[int, ...]:
-    """--tree 2,2,1 -> (2, 2, 1): children per node at each depth."""
-    try:
-        return parse_branching(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def probability(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -127,44 +86,46 @@ def parse_args(argv=None) -> argparse.Namespace:
         description="Speculative decoding with GPT-2: a small draft model proposes tokens, a "
                     "large target model verifies them.",
         epilog="Models: gpt2, gpt2-medium, gpt2-large, gpt2-xl, a hub repo id 'owner/name', a "
-               "folder with config.json + model.safetensors, or a .safetensors file.")
+               "folder with config.json + model.safetensors, or a .safetensors file. Offline (no "
+               f"hub), train a small pair first: {TRAIN_PAIR_COMMAND} (about 10 minutes on 2 CPU "
+               "cores), then pass --target runs/trained_pair/target --draft runs/trained_pair/draft.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
-    parser.add_argument("--drafter", choices=DRAFTERS, default="model",
+    parser.add_argument("--drafter", choices=list(cli.DRAFTER_KINDS), default="model",
                         help="what proposes the draft tokens: model (--draft, the default), ngram "
                              "(prompt lookup, no second model) or layerskip (the target's first "
                              "--draft-layers blocks)")
     parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2; --drafter model)")
-    parser.add_argument("--ngram", type=positive_int, metavar="N",
+    parser.add_argument("--ngram", type=cli.positive_int, metavar="N",
                         help="--drafter ngram: the longest n-gram looked up (default: 3)")
-    parser.add_argument("--draft-layers", type=positive_int, metavar="K",
+    parser.add_argument("--draft-layers", type=cli.positive_int, metavar="K",
                         help="--drafter layerskip: how many of the target's blocks draft "
                              "(default: a quarter of them)")
     parser.add_argument("--target", default="gpt2-large", help="the large model (default: gpt2-large)")
-    parser.add_argument("--gamma", type=gamma_value, default=4,
+    parser.add_argument("--gamma", type=cli.gamma_value, default=4,
                         help="draft tokens proposed per round (default: 4), or auto (chosen each "
                              "round from the measured costs and the acceptance so far) or heuristic")
-    parser.add_argument("--gamma-max", type=positive_int, default=DEFAULT_GAMMA_MAX,
+    parser.add_argument("--gamma-max", type=cli.positive_int, default=DEFAULT_GAMMA_MAX,
                         help=f"the most draft tokens per round for auto/heuristic (default: {DEFAULT_GAMMA_MAX})")
     parser.add_argument("--cost-model", metavar="FILE",
                         help="--gamma auto: the per-call costs, a JSON file (read if it exists, "
                              "else measured now and written there, for reproducible runs)")
-    parser.add_argument("--tree", type=branching, metavar="B1,B2,...",
+    parser.add_argument("--tree", type=cli.branching, metavar="B1,B2,...",
                         help="draft a token tree instead of a chain: children per node at each depth, "
                              "e.g. 2,2,1 (10 nodes, verified in one target forward); replaces --gamma")
-    parser.add_argument("--max-gen", type=positive_int, default=100,
+    parser.add_argument("--max-gen", type=cli.positive_int, default=100,
                         help="maximum number of new tokens (default: 100)")
-    parser.add_argument("--temperature", type=non_negative_float, default=0.0,
+    parser.add_argument("--temperature", type=cli.temperature, default=0.0,
                         help="0 is greedy (the default); > 0 samples")
-    parser.add_argument("--top-k", type=positive_int, help="sample among the k most likely tokens")
-    parser.add_argument("--top-p", type=probability,
+    parser.add_argument("--top-k", type=cli.positive_int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=cli.probability,
                         help="sample among the most likely tokens holding this much probability")
     parser.add_argument("--seed", type=int, help="random seed, for reproducible sampling")
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="auto (default: per model, bfloat16 on a CPU with bf16 instructions for GPT-2 "
-                             "Small and larger, else float32; bfloat16/float16 on a GPU), float32, "
-                             "bfloat16 or float16")
+                        help="auto (default: per model, the format measured fastest on this CPU for "
+                             "its shapes: float32, float16 weights or bfloat16, see python -m "
+                             "gpt2.kernel_report; bfloat16/float16 on a GPU), float32, bfloat16 or float16")
     parser.add_argument("--quantize", choices=["int8", "fp16"],
                         help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
@@ -229,8 +190,27 @@ def read_prompts_file(parser, args) -> list[str]:
 def encode_prompt(prompt: str) -> list[int]:
     try:
         return encode(prompt)
-    except RuntimeError as e:  # tiktoken could not get its BPE files; the message says what to do
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
         raise UsageError(str(e)) from None
+
+
+def check_before_loading(prompt_ids: list[int], args) -> None:
+    """What can be checked before any weights load, reading at most config.json: a local --target or
+    --draft path that is missing or names a folder of models, and a prompt longer than a model's
+    context window (where its config is cheap to read: gpt2.loading.peek_config)."""
+    names = [("target", args.target)] + ([("draft", args.draft)] if args.drafter == "model" else [])
+    for role, name in names:
+        try:
+            check_local_checkpoint(name)
+        except CheckpointError as e:  # say which of the two models failed
+            raise CheckpointError(f"--{role} {name}: {e}") from None
+    for role, name in names:
+        config = peek_config(name)
+        if config is not None and len(prompt_ids) >= config.n_positions:
+            raise UsageError(
+                f"--prompt has {len(prompt_ids)} tokens, but the {role}'s context window ({name}: "
+                f"n_positions={config.n_positions}) holds {config.n_positions}. Shorten the prompt "
+                f"to fewer than {config.n_positions} tokens, to leave room for the new ones.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +218,7 @@ def encode_prompt(prompt: str) -> list[int]:
 
 
 def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None):
-    """dtype: a --dtype choice; "auto" is decided per model, by its size (gpt2.device.auto_dtype)."""
+    """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format)."""
     print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -253,19 +233,19 @@ def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=
 
 
 def make_drafter(args, target, device: torch.device, dtype: str):
-    """(drafter, a line saying what it is) for --drafter; only --drafter model loads --draft."""
-    if args.drafter == "ngram":
-        n = args.ngram if args.ngram is not None else 3
-        return NGramDrafter(max_ngram=n), f"ngram (prompt lookup, n-grams of up to {n} tokens)"
-    if args.drafter == "layerskip":
-        n_layer = target.config.n_layer
-        k = args.draft_layers if args.draft_layers is not None else max(1, n_layer // 4)
-        try:
-            drafter = LayerSkipDrafter(target, k)
-        except ValueError as e:
-            raise ValueError(f"--draft-layers {k}: {e}") from None
-        return drafter, f"layerskip (the target's first {k} of {n_layer} blocks)"
-    return ModelDrafter(load_model("draft", args.draft, device, dtype, args.draft_quantize)), f"model {args.draft}"
+    """(drafter, a line saying what it is) for --drafter; only a drafter that needs it loads --draft."""
+    number = {"ngram": args.ngram, "layerskip": args.draft_layers}.get(args.drafter)
+    if args.drafter == "layerskip" and number is None:
+        number = max(1, target.config.n_layer // 4)  # the default: a quarter of the target's blocks
+    spec = cli.drafter_spec(args.drafter if number is None else f"{args.drafter}:{number}")
+    if cli.DRAFTER_KINDS[args.drafter].needs_draft_model:
+        draft = load_model("draft", args.draft, device, dtype, args.draft_quantize)
+        return cli.make_drafter(spec, target, draft), f"{spec} {args.draft}"
+    try:
+        drafter = cli.make_drafter(spec, target)
+    except ValueError as e:
+        raise ValueError(f"--drafter {spec}: {e}") from None
+    return drafter, f"{spec} ({cli.describe_drafter(spec)})"
 
 
 @torch.inference_mode()
@@ -500,11 +480,12 @@ def generate_batch(args, device: torch.device) -> None:
 
 def generate(args) -> None:
     device = resolve_device(args.device)
-    if args.dtype != "auto" and (note := dtype_note(resolve_dtype(args.dtype, device), device)):
-        print(note, file=sys.stderr)
+    if args.dtype != "auto":  # said once, before the loads (which would say it too)
+        note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stderr)
     if args.prompts_file:
         return generate_batch(args, device)
     prompt_ids = encode_prompt(args.prompt)
+    check_before_loading(prompt_ids, args)
     # The target first: it is the big download, and the likelier one to fail.
     target = load_model("target", args.target, device, args.dtype, args.quantize)
     drafter, drafter_line = make_drafter(args, target, device, args.dtype)

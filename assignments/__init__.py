@@ -33,6 +33,7 @@ CHECKS_FOR = {
     "spec_decoding.rejection.modified_rejection_sampling": ["one_round", "lossless"],
     "spec_decoding.speculative.speculative_sampling": ["lossless", "sampling_caches", "sampling_stopping"],
     "spec_decoding.drafters.ModelDrafter.propose": ["greedy_equals_target", "lossless", "greedy_caches"],
+    "spec_decoding.drafters.ModelDrafter.draw": ["greedy_equals_target", "lossless"],
 }
 END_TO_END = ["model_forward", "baseline_greedy", "greedy_equals_target", "greedy_caches", "greedy_stopping",
               "lossless", "sampling_stopping"]

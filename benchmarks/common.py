@@ -20,6 +20,13 @@ DEFAULT_CHECKPOINTS = Path("checkpoints/standins")
 BYTES_PER_GB = 1e9
 
 
+def add_output_options(parser, name: str, quick: str) -> None:
+    """The options every benchmark script has: --out (default runs/NAME) and --quick, a smoke run
+    (quick says what it shrinks)."""
+    parser.add_argument("--out", type=Path, default=Path("runs") / name, help=f"output folder (default runs/{name})")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {quick}")
+
+
 def has_checkpoint(folder: Path) -> bool:
     return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
 

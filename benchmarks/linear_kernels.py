@@ -55,6 +55,11 @@ def _flinear(x, s):
     return F.linear(x, s[0], s[1])
 
 
+def _mm(x, s):
+    """torch.mm(W, x.T): the weight as the left operand (gpt2.kernels' "mm" path)."""
+    return torch.mm(s[0], x.T).T + s[1]
+
+
 def _cast(dtype):
     return lambda w, b: (w.to(dtype), b.to(dtype))
 
@@ -181,7 +186,9 @@ CANDIDATES = {
     # name: (prepare, run, activation dtype, what it is)
     "fp32_onednn": (lambda w, b: (w, b), _onednn, torch.float32, "fp32, oneDNN (linear()'s float32 path)"),
     "fp32_mkl": (lambda w, b: (w, b), _flinear, torch.float32, "fp32, F.linear (MKL)"),
+    "fp32_mm": (lambda w, b: (w, b), _mm, torch.float32, "fp32, torch.mm(W, x.T) (gpt2.kernels' mm path)"),
     "bf16_flinear": (_cast(torch.bfloat16), _flinear, torch.bfloat16, "bf16, F.linear"),
+    "bf16_mm": (_cast(torch.bfloat16), _mm, torch.bfloat16, "bf16, torch.mm(W, x.T)"),
     "bf16_onednn": (_cast(torch.bfloat16), _onednn, torch.bfloat16, "bf16, oneDNN, plain weights (GPT2_FAST_LINEAR=0)"),
     "bf16_onednn_packed1": (_prepacked_bf16(1), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed for M=1 (dtype=\"bfloat16\")"),
     "bf16_onednn_packed": (_prepacked_bf16(None), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed (no M hint)"),

@@ -11,7 +11,7 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
 
 1. Greedy decoding tokens/s, batch 1, fp32, CPU, same prompt and number of new tokens, for
      - ours:             spec_decoding.autoregressive_generate (linears through oneDNN, the default)
-     - ours, MKL:        the same with gpt2.model.USE_ONEDNN = False (plain F.linear -> MKL)
+     - ours, MKL:        the same with gpt2.kernels.USE_ONEDNN = False (plain F.linear -> MKL)
      - HF transformers:  GPT2LMHeadModel.from_pretrained(same folder).generate(do_sample=False)
    after a warm-up, repeats interleaved (ours, MKL, HF, ours, ...) so that machine noise hits
    all alike; medians. It checks that ours and HF produce the same tokens.
@@ -43,11 +43,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import gpt2.model
+import gpt2.kernels
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
 from spec_decoding import autoregressive_generate
 
-from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, machine_info, markdown_table,
+from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_checkpoint, timed,
                      weight_bytes_per_token, write_results)
 
@@ -60,11 +60,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------------------
 
 def ours_generate(model, prompt, new_tokens, onednn=True):
-    gpt2.model.USE_ONEDNN = onednn  # read at call time by gpt2.model.linear
+    gpt2.kernels.ENABLED = gpt2.kernels.USE_ONEDNN = onednn  # read at call time by gpt2.kernels.linear
     try:
         return autoregressive_generate(model, prompt, new_tokens).tokens
     finally:
-        gpt2.model.USE_ONEDNN = True
+        gpt2.kernels.ENABLED = gpt2.kernels.USE_ONEDNN = True
 
 
 def hf_generate(hf_model, prompt, new_tokens):
@@ -86,13 +86,13 @@ def decode_step_seconds(model, prompt, context_len, steps):
     try:
         for i in range(steps + 2):
             for mode in times:
-                gpt2.model.USE_ONEDNN = mode == "onednn"
+                gpt2.kernels.ENABLED = gpt2.kernels.USE_ONEDNN = mode == "onednn"
                 _, seconds = timed(None, model, one, cache)
                 cache.truncate(context_len)
                 if i >= 2:  # the first two rounds are warm-up
                     times[mode].append(seconds)
     finally:
-        gpt2.model.USE_ONEDNN = True
+        gpt2.kernels.ENABLED = gpt2.kernels.USE_ONEDNN = True
     return {mode: median(t) for mode, t in times.items()}
 
 
@@ -408,9 +408,7 @@ def main(argv=None):
                         "the reference), e.g. --dtypes float32 bfloat16 float16")
     p.add_argument("--dtype-model", default="gpt2-large", choices=list(OFFICIAL_CONFIGS))
     p.add_argument("--dtype-rounds", type=int, default=15)
-    p.add_argument("--out", type=Path, default=Path("runs/model_speed"))
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: gpt2 only, 16 new tokens, 1 repeat, gpt2 load measured once")
+    add_output_options(p, "model_speed", "gpt2 only, 16 new tokens, 1 repeat, gpt2 load measured once")
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.repeats, args.steps = ["gpt2"], 1, 3

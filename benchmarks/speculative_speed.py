@@ -19,7 +19,7 @@ It measures, in one run, interleaved so that machine noise hits everything alike
    hooks) equal the counts in the stats, and target calls per token = 1 / tokens per target call.
 3. transformers' assisted generation on the same two checkpoints (greedy, num_assistant_tokens =
    gamma, constant schedule, no confidence cut-off): its time, and whether its tokens equal ours.
-4. The same with gpt2.model.USE_ONEDNN = False (plain F.linear -> MKL) for one gamma: how
+4. The same with gpt2.kernels.USE_ONEDNN = False (plain F.linear -> MKL) for one gamma: how
    verification cost and the speed-up collapse under MKL's small-M kernels on this CPU.
 
 Writes <out>/results.json and <out>/results.md and prints the table.
@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import gpt2.model
+import gpt2.kernels
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
 from spec_decoding import (CostModel, autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.theory import predicted_speedup
 
-from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, median, random_prompt,
+from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table, median, random_prompt,
                      standin_pair, timed, write_results)
 
 
@@ -53,7 +53,7 @@ class ForwardCounter:
 
 
 def set_onednn(on: bool):
-    gpt2.model.USE_ONEDNN = on  # read at call time by gpt2.model.linear
+    gpt2.kernels.ENABLED = gpt2.kernels.USE_ONEDNN = on  # read at call time by gpt2.kernels.linear
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def report(res) -> str:
               f"{sum(r['same_tokens_as_ours'])}/{len(r['same_tokens_as_ours'])}",
               ", ".join(str(f) for f in r["first_mismatch_vs_our_baseline"])] for r in res["hf"]]))
     if res.get("mkl_summary"):
-        md.append("\n## The same with MKL (gpt2.model.USE_ONEDNN = False)\n")
+        md.append("\n## The same with MKL (gpt2.kernels.USE_ONEDNN = False)\n")
         md.append(spec_table(res["mkl_summary"]))
         md.append("\n(ideal uses the MKL per-call costs above)\n")
     return "\n".join(md) + "\n"
@@ -297,9 +297,7 @@ def main(argv=None):
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--mkl-gamma", type=int, default=4, help="gamma for the MKL comparison (0: skip)")
     p.add_argument("--mkl-repeats", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/speculative_speed"))
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: gpt2-shaped target, 2-block draft, 16 tokens, 1 prompt")
+    add_output_options(p, "speculative_speed", "gpt2-shaped target, 2-block draft, 16 tokens, 1 prompt")
     args = p.parse_args(argv)
     if args.quick:
         args.target_model, args.draft_layers, args.new_tokens = "gpt2", 2, 16

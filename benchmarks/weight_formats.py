@@ -12,6 +12,8 @@ Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6
   int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/fast_linear.py)
   fp16w  load_gpt2(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
   fp16   load_gpt2(path, dtype="float16")       (a float16 model: F.linear, no fast path)
+  auto   load_gpt2(path)                        (dtype "auto": the format gpt2.kernels measures
+                                                 fastest on this machine, said in one line)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
 and measures, interleaving the formats round by round (medians; the machine may be shared):
@@ -41,44 +43,46 @@ from pathlib import Path
 
 import torch
 
-import gpt2.fast_linear
+import gpt2.kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.model import linear
+from gpt2.kernels import linear
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
-from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, has_checkpoint, machine_info, markdown_table,
+from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, has_checkpoint, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_pair, timed,
                      weight_bytes_per_token, write_results)
 
 FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
            "int8": {"dtype": "float32", "quantize": "int8"}, "fp16w": {"dtype": "float32", "quantize": "fp16"},
            "fp16": {"dtype": "float16"},
-           "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"}}
+           "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"},
+           "auto": {"dtype": "auto"}}  # what gpt2.kernels measures fastest here (one of the above)
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
 FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()) if name != "fp32"})
 
 
 class fast_kernels:
-    """with fast_kernels(on): run gpt2.model.linear() with or without gpt2/fast_linear.py."""
+    """with fast_kernels(on): run gpt2.kernels.linear() with or without the kernels gpt2.kernels attached."""
 
     def __init__(self, on: bool):
         self.on = on
 
     def __enter__(self):
-        self.saved, gpt2.fast_linear.ENABLED = gpt2.fast_linear.ENABLED, self.on
+        self.saved, gpt2.kernels.ENABLED = gpt2.kernels.ENABLED, self.on
 
     def __exit__(self, *exc):
-        gpt2.fast_linear.ENABLED = self.saved
+        gpt2.kernels.ENABLED = self.saved
 
 
 def format_bytes(model, fmt) -> int:
     """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight, fp16w 2."""
     total = weight_bytes_per_token(model)
-    stored = {"int8": 1, "fp16w": 2}.get(fmt.split("+")[0])
+    quantize = {"fp16": "fp16w"}.get(getattr(model, "quantize", None), getattr(model, "quantize", None))
+    stored = {"int8": 1, "fp16w": 2}.get(quantize if fmt == "auto" else fmt.split("+")[0])
     if stored and not fmt.endswith("-plain"):
-        for w in gpt2.fast_linear.linear_weights(model):
+        for w in gpt2.kernels.linear_weights(model):
             total -= w.numel() * (w.element_size() - stored)
     return total
 
@@ -94,7 +98,7 @@ def forward_seconds(model, cache, context_len, tokens):
 @torch.inference_mode()
 def linears_alone_seconds(model) -> float:
     """Every linear layer of one decoding step (4 per block, then the head), in order, one row
-    each, through gpt2.model.linear(): the step's matrix work without anything between."""
+    each, through gpt2.kernels.linear(): the step's matrix work without anything between."""
     layers = [lin for b in model.h for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
     dtype = model.wte.weight.dtype
     x = {n: torch.randn(1, 1, n, dtype=dtype) for n in {lin.in_features for lin in layers}}
@@ -159,8 +163,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=2, help="timed generation rounds (prompts)")
     p.add_argument("--gen-warmup", type=int, default=1, help="untimed generation rounds first")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("runs/weight_formats"))
-    p.add_argument("--quick", action="store_true", help="gpt2-shaped pair, 2-block draft, few repeats")
+    add_output_options(p, "weight_formats", "gpt2-shaped pair, 2-block draft, few repeats")
     p.add_argument("--attention", action="store_true",
                    help="also time attention over the cache in bf16/fp16 as is and with a float32 cache")
     p.add_argument("--breakdown", action="store_true",

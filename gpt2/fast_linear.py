@@ -1,34 +1,31 @@
-"""Faster CPU kernels for GPT-2's linear layers in 16- and 8-bit weight formats.
+"""The CPU kernels a linear layer can run on: x @ W.T + bias, each a callable (x, bias) -> y built
+once from a weight [out, in]. gpt2/kernels.py decides which of them works on this CPU and which is
+fastest for each number of rows; this file only says how each one computes.
 
 Decoding one token reads every weight once, so on a CPU a step takes (bytes of weights) / (memory
-bandwidth): halving the bytes should halve the step. PyTorch's stock 16-bit paths did not get
-there in earlier measurements (a bf16 step took as long as fp32). The kernels used here are the
-candidates `python -m benchmarks.linear_kernels` found most promising:
+bandwidth): halving the bytes should halve the step. The kernels here are the candidates
+`python -m benchmarks.linear_kernels` found most promising (docs/linear_kernels.md):
 
+  - float32: oneDNN on the plain weights (OneDNNLinear), PyTorch's F.linear (PlainLinear, MKL on
+    x86), or torch.mm(W, x.T) (TransposedMM: a matrix times a few columns, which some CPUs run
+    faster than oneDNN once there are 2 or more rows).
   - bfloat16: oneDNN with the weights reordered ONCE into its blocked layout
-    (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call.
+    (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call. Needs
+    AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/kernels.py probes for it.
   - int8 (weight-only, per output channel, symmetric): torch._weight_int8pack_mm with bfloat16
     activations (its fp32-activation path is several times slower for a few rows).
   - float16 weights in a float32 model (quantize="fp16"): fbgemm's fp16 GEMM
     (torch.ops.quantized.linear_dynamic_fp16), which reads the 16-bit weights and multiplies in
-    float32, on any x86 CPU with AVX2. On the quiet machine it read weights at the full memory
-    bandwidth at one row (README, "Weight formats on CPU").
+    float32, on any x86 CPU with AVX2.
 
-`python -m benchmarks.weight_formats` measures them end to end against float32.
-
-`attach_fast_kernels(model)` gives each linear weight (and the tied output head, wte.weight) a
-`fast_linear` attribute: a callable (x, bias) -> x @ W.T + bias in that format.
-gpt2.model.linear() uses it when present, on CPU, in inference; set GPT2_FAST_LINEAR=0 to run the
-plain path (F.linear / oneDNN on the parameters themselves) instead. The parameters stay ordinary
-tensors holding the same values, so both paths compute the same function up to rounding, and
-anything that makes new tensors (model.to(...), load_state_dict) simply drops the fast kernels.
+The parameters of a model stay ordinary tensors holding the same values, so every kernel computes
+the same function up to rounding, and anything that makes new tensors (model.to(...),
+load_state_dict) simply drops the kernels.
 """
 
-import os
-
 import torch
+import torch.nn.functional as F
 
-ENABLED = os.environ.get("GPT2_FAST_LINEAR", "1") != "0"
 QUANTIZE_CHOICES = (None, "int8", "fp16")
 # _weight_int8pack_mm is fast with bf16 activations only: an fp32 model's int8 layers round their
 # inputs to bf16 (the tests' tolerances include this).
@@ -46,6 +43,41 @@ def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (q.float() * scale[:, None]).to(dtype)
+
+
+class PlainLinear:
+    """F.linear on the weight as it is (PyTorch's default: MKL for float32 on x86)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] -> [..., out], in x's dtype (the weight's)."""
+        return F.linear(x, self.weight, bias)
+
+
+class OneDNNLinear:
+    """oneDNN's inner product on the plain [out, in] weight (float32, or bfloat16 where the CPU
+    has the instructions). Inference only: the op has no autograd formula."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+
+
+class TransposedMM:
+    """y.T = W @ x.T: the weight as the left operand, the few rows of x as columns. The same
+    product as F.linear with the operands swapped, which BLAS libraries route to other kernels."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # [M, in]
+        y = torch.mm(self.weight, rows.T).T.reshape(*x.shape[:-1], -1)  # [..., out]
+        return y if bias is None else y + bias
 
 
 class OneDNNPackedWeight:
@@ -73,14 +105,10 @@ class FP16Weight:
         return y if bias is None else y + bias
 
 
-def fbgemm_available() -> bool:
-    return "fbgemm" in torch.backends.quantized.supported_engines
-
-
 class Int8Weight:
     """Weight-only int8: y = (x @ q.T) * scale + bias, computed by torch._weight_int8pack_mm."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
         self.q, self.scale, self.dtype = q.contiguous(), scale.to(dtype), dtype
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -88,37 +116,3 @@ class Int8Weight:
         y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(self.dtype), self.q, self.scale)
         y = y.view(*x.shape[:-1], -1).to(x.dtype)
         return y if bias is None else y + bias
-
-
-def linear_weights(model):
-    """The weights that go through gpt2.model.linear(): every Linear's, and wte (the head)."""
-    from .model import Linear
-
-    yield model.wte.weight
-    for module in model.modules():
-        if isinstance(module, Linear):
-            yield module.weight
-
-
-def attach_fast_kernels(model, int8: dict | None = None, fp16: bool = False) -> int:
-    """Give each linear weight of a CPU model its fast kernel (see the module docstring).
-
-    int8: parameter -> (q, scale) for weights quantized at load time (their parameters hold the
-    dequantized values). fp16: the float32 model's linear weights were rounded to float16 at load
-    time; they get fbgemm's fp16 kernel. bf16 weights get oneDNN pre-packed copies. Other formats
-    keep the plain path. Returns how many weights got a kernel."""
-    count = 0
-    for weight in linear_weights(model):
-        if weight.device.type != "cpu":
-            continue
-        if int8 is not None and weight in int8:
-            weight.fast_linear = Int8Weight(*int8[weight], dtype=INT8_ACTIVATION_DTYPE)
-        elif fp16 and weight.dtype == torch.float32 and fbgemm_available():
-            weight.fast_linear = FP16Weight(weight)
-        elif weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
-            weight.fast_linear = OneDNNPackedWeight(weight)
-        else:
-            continue
-        count += 1
-    return count
-

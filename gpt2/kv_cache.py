@@ -64,10 +64,6 @@ class KVCache:
                 cache.index_copy_(2, dst, cache.index_select(2, src))
         self.length = length + len(slots)
 
-    def room(self) -> int:
-        """How many more positions fit."""
-        return self.max_len - self.length
-
     def __repr__(self):
         k = self.keys[0]
         return (

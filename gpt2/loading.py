@@ -12,9 +12,9 @@ layer that we never read. Files written by transformers' save_pretrained prefix 
 "transformer." and may hold "lm_head.weight" (a copy of wte.weight). Both load.
 
 device and dtype are checked before anything is read or downloaded (gpt2.device): dtype "auto"
-(the default) is decided per model once its size is known: on CPU bfloat16 for GPT-2 Small and
-larger where the CPU has bf16 instructions, else float32; bfloat16/float16 on CUDA, float16 on
-MPS; names as strings work.
+(the default) is decided per model once its shapes are known: on CPU the format measured fastest
+on this machine for those shapes (float32, float16 weights, or bfloat16; gpt2.kernels), with one
+line saying which and why; bfloat16/float16 on CUDA, float16 on MPS; names as strings work.
 
 When a name looks like a hub repo id but the hub cannot be reached, loading fails within seconds
 (one quick probe of the endpoint instead of huggingface_hub's retry ladder) unless the files are
@@ -26,6 +26,7 @@ the weights.
 """
 
 import contextlib
+import difflib
 import json
 import re
 import sys
@@ -36,8 +37,9 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
 from .config import GPT2Config
-from .fast_linear import QUANTIZE_CHOICES, attach_fast_kernels, dequantize_int8, int8_per_channel
-from .device import resolve_device, resolve_dtype
+from .device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
+from .fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
+from .kernels import attach_kernels
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -54,6 +56,9 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 HUB_PROBE_TIMEOUT = 4.0
 # Tensors a checkpoint may carry that the model does not need.
 IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
+# The ways to a pair with no hub (the offline/ tools), named in every error that may mean "no hub".
+TRAIN_PAIR_COMMAND = "python -m offline.train_pair --out runs/trained_pair"
+STANDINS_COMMAND = "python -m offline.random_weights --size tiny --draft-layers 2 --out runs/standins"
 
 
 class CheckpointError(Exception):
@@ -64,9 +69,11 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
-    dtype: "auto" (gpt2.device.auto_dtype: on CPU bfloat16 for GPT-2 Small and larger where the
-    CPU has bfloat16 instructions, else float32), "float32", "bfloat16", "float16" or the torch dtype;
-    None keeps the dtype stored in the file. A bad or unavailable choice is a ValueError.
+    dtype: "auto" (gpt2.device.auto_format: on CPU the format measured fastest here for this
+    model's shapes, which may be float16 weights in a float32 model, i.e. quantize="fp16"),
+    "float32", "bfloat16", "float16" or the torch dtype; None keeps the dtype stored in the file.
+    A bad choice is a ValueError; a 16-bit dtype without a fast path on this CPU runs on PyTorch's
+    plain path, with one line saying so and what is faster here.
     quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
     symmetric per output channel, computed from the file's weights at load time. The
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
@@ -108,8 +115,7 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
     """Find (and if needed download) the weights. Returns (config or None to infer, weights path)."""
     text = str(name_or_path)
     path = Path(text).expanduser()
-    is_hub_name = text in OFFICIAL_REPOS or (
-        re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None and not text.endswith(".safetensors"))
+    is_hub_name = looks_like_hub_name(text)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(
@@ -117,6 +123,9 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
                 f".bin/.pt files can run code when loaded); pass a model.safetensors file or its folder."
             )
         return None, path
+    # A folder of models (e.g. runs/trained_pair, holding target/ and draft/) is local whatever its name.
+    if path.is_dir() and not (path / WEIGHTS_NAME).is_file() and model_subfolders(path):
+        raise CheckpointError(f"The folder {path} has no {WEIGHTS_NAME}: {which_subfolder(path)}")
     # A local folder wins over a hub name only if it holds weights (this repo has a gpt2/ folder).
     if path.is_dir() and ((path / WEIGHTS_NAME).is_file() or not is_hub_name):
         weights = path / WEIGHTS_NAME
@@ -132,14 +141,83 @@ def resolve_checkpoint(name_or_path) -> tuple[GPT2Config | None, Path]:
             return download_from_hub(OFFICIAL_REPOS[text])
         # "checkpoints/target" is a valid repo id too: every hub error also says what is local.
         local = (f"the folder {path} here has no {WEIGHTS_NAME}" if path.is_dir()
-                 else f"there is no folder {path} here")
+                 else f"there is no folder {path} here{did_you_mean(path)}")
         return download_from_hub(text, local_note=local)
-    if text.endswith(".safetensors") or text.startswith(("/", ".", "~")) or "\\" in text:
-        raise CheckpointError(f"No such file or folder: {path}")
+    if text.endswith(".safetensors") or "/" in text or text.startswith((".", "~")) or "\\" in text:
+        raise CheckpointError(f"No such file or folder: {path}{did_you_mean(path)}")
+    close = difflib.get_close_matches(text, list(OFFICIAL_REPOS) + local_names(Path(".")), n=1)
     raise CheckpointError(
         f"Unknown model {text!r}. Use one of {', '.join(OFFICIAL_REPOS)}, a hub repo id "
         f"'owner/name', a local folder with {CONFIG_NAME} + {WEIGHTS_NAME}, or a .safetensors file."
+        + (f" Did you mean {close[0]}?" if close else "")
     )
+
+
+def local_names(folder: Path) -> list[str]:
+    """The names in a folder (hidden ones left out), or [] if it cannot be listed."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def closest_existing_path(path: Path) -> Path | None:
+    """The existing path nearest to a missing one, for "did you mean": from the deepest folder of
+    path that exists, each further part replaced by the closest name there (difflib). None if some
+    part has no close name."""
+    base = path
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.exists():
+        return None
+    guess = base
+    for part in path.parts[len(base.parts):]:
+        close = difflib.get_close_matches(part, local_names(guess), n=1)
+        if not close:
+            return None
+        guess = guess / close[0]
+    return guess
+
+
+def model_subfolders(folder: Path) -> list[Path]:
+    """The subfolders of folder that hold a model (model.safetensors), e.g. a pair's target/, draft/."""
+    return [folder / name for name in local_names(folder) if (folder / name / WEIGHTS_NAME).is_file()]
+
+
+def which_subfolder(folder: Path) -> str:
+    """What to pass instead of a folder of models: the pair's two halves, or one of its models."""
+    names = [sub.name for sub in model_subfolders(folder)]
+    if "target" in names and "draft" in names:
+        return (f"it holds a pair (target/ and draft/), not one model. Pass {folder / 'target'} as "
+                f"the target and {folder / 'draft'} as the draft, e.g. --target {folder / 'target'} "
+                f"--draft {folder / 'draft'}.")
+    return f"it holds {len(names)} model folder(s): pass one of {', '.join(str(folder / n) for n in names)}."
+
+
+def did_you_mean(path: Path) -> str:
+    """" (did you mean X?)" for a missing path when a close one exists, else ""."""
+    guess = closest_existing_path(path)
+    if guess is None or guess == path:
+        return ""
+    if guess.is_dir() and not (guess / WEIGHTS_NAME).is_file() and model_subfolders(guess):
+        return f" (did you mean {guess}? {which_subfolder(guess)})"
+    return f" (did you mean {guess}?)"
+
+
+def looks_like_hub_name(text: str) -> bool:
+    """An official name, or "owner/name" (which may also be a local folder: resolve_checkpoint decides)."""
+    return text in OFFICIAL_REPOS or (
+        re.fullmatch(r"[\w.-]+/[\w.-]+", text) is not None and not text.endswith(".safetensors"))
+
+
+def check_local_checkpoint(name_or_path) -> None:
+    """Raise now the CheckpointError that load_gpt2 would raise for a local path (missing, a folder
+    of models, no weights), reading at most its config.json: the scripts check both models this way
+    before loading either. Hub names are left to load_gpt2."""
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if not looks_like_hub_name(text) or (path.is_dir() and model_subfolders(path)):
+        resolve_checkpoint(text)
 
 
 def download_from_hub(repo_id: str, local_note: str | None = None) -> tuple[GPT2Config, Path]:
@@ -178,14 +256,24 @@ def download_from_hub(repo_id: str, local_note: str | None = None) -> tuple[GPT2
 
 
 def offline_ways_forward(repo_id: str) -> str:
+    """The ways forward with no hub, as exact command lines: train a small real pair here, make
+    random-weight stand-ins of the real shapes, or bring the files from elsewhere."""
     short = repo_id.split("/")[-1]
-    ways = (f"Ways forward: download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} elsewhere and pass "
-            f"their folder instead, e.g. load_gpt2('/path/to/{short}') or --target/--draft "
-            f"/path/to/folder on the command line")
-    if hub_offline():
-        return ways + "."
-    return ways + ("; or, where the hub cache holds the files, set HF_HUB_OFFLINE=1 so that "
-                   "nothing is asked of the network.")
+    ways = [
+        f"  - train a small real target/draft pair on this machine (about 10 minutes on 2 CPU "
+        f"cores, no download):\n      {TRAIN_PAIR_COMMAND}\n"
+        f"    then pass --target runs/trained_pair/target --draft runs/trained_pair/draft",
+        f"  - or make a random-weight stand-in pair (seconds; --size gpt2-large for the real shape, "
+        f"which times like the real model; their drafts agree almost always, unlike real models):\n"
+        f"      {STANDINS_COMMAND}\n"
+        f"    then pass --target runs/standins/target --draft runs/standins/draft",
+        f"  - or download the repo's {CONFIG_NAME} and {WEIGHTS_NAME} elsewhere and pass their "
+        f"folder instead, e.g. load_gpt2('/path/to/{short}') or --target/--draft /path/to/folder",
+    ]
+    if not hub_offline():
+        ways.append("  - or, where the hub cache holds the files, set HF_HUB_OFFLINE=1 so that "
+                    "nothing is asked of the network")
+    return "Ways forward:\n" + "\n".join(ways)
 
 
 def hub_offline() -> bool:
@@ -244,8 +332,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                   f"the folder.", file=sys.stderr)
         with torch.device("meta"), no_weight_init():
             model = GPT2(config)  # shapes only, no memory
-        # "auto" depends on the model's size (gpt2.device.auto_dtype), known now.
-        dtype = resolve_dtype(dtype, device, model.num_parameters())
+        dtype, quantize = resolve_format(dtype, quantize, device, config, path)
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
         state, int8 = {}, {}
@@ -272,8 +359,25 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         ) from None
     model.load_state_dict(state, assign=True)
     params = dict(model.named_parameters())
-    attach_fast_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
+    attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
+    model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
+
+
+def resolve_format(dtype, quantize, device, config: GPT2Config, path) -> tuple[torch.dtype | None, str | None]:
+    """(dtype, quantize) to load with, now that the model's shapes are known. "auto" without a
+    quantize option is decided here (gpt2.device.auto_format) and said in one line; a 16-bit dtype
+    without a fast path on this CPU gets its one-line note."""
+    if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
+        dtype, quantize, why = auto_format(device, config)
+        if why is not None and device.type == "cpu":
+            name = "float16 weights (float32 math)" if quantize == "fp16" else str(dtype).removeprefix("torch.")
+            note_once(f"note: dtype auto for {Path(path).parent.name or path}: {name}, {why}", sys.stderr)
+        return dtype, quantize
+    dtype = resolve_dtype(dtype, device, config)
+    if dtype is not None and quantize != "int8":
+        note_once(dtype_note(dtype, device), sys.stderr)
+    return dtype, quantize
 
 
 @contextlib.contextmanager

@@ -3,48 +3,19 @@ output head tied to the token embedding. Parameter names match the official chec
 (wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), so loading is a rename-free copy.
 """
 
-import os
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import fast_linear
 from .config import GPT2Config
+from .kernels import linear  # which kernel runs each linear layer on this machine
 from .kv_cache import KVCache
-
-# On x86 CPUs PyTorch sends fp32 matmuls to MKL, whose kernels for one or a few rows (batch 1,
-# a handful of tokens) are slow on AMD processors. oneDNN (also inside PyTorch) does these shapes
-# near the speed of reading the weights. Measured on gpt2-large here (python -m
-# benchmarks.speculative_speed): one token 234 ms with MKL vs 147 ms with oneDNN, verifying 5
-# tokens 449 ms vs 204 ms. Same math, same fp32; set GPT2_ONEDNN=0 to compare.
-USE_ONEDNN = os.environ.get("GPT2_ONEDNN", "1") != "0" and torch.backends.mkldnn.is_available()
-# oneDNN sets up each call (~50 us); below this many weights plain F.linear is quicker. Every
-# linear layer of the real GPT-2 sizes is above it; only toy test models are below.
-ONEDNN_MIN_WEIGHTS = 1 << 18
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias, with weight [out, in] as in nn.Linear."""
-    inference = not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-    # bf16 / int8 weights loaded on CPU carry a kernel for their format (gpt2/fast_linear.py);
-    # GPT2_FAST_LINEAR=0 runs the plain path below on the same values instead.
-    fast = getattr(weight, "fast_linear", None)
-    if fast is not None and fast_linear.ENABLED and inference and x.device.type == "cpu":
-        return fast(x, bias)
-    if (
-        USE_ONEDNN
-        and x.device.type == "cpu"
-        and x.dtype in (torch.float32, torch.bfloat16)
-        and weight.numel() >= ONEDNN_MIN_WEIGHTS
-        and inference
-    ):
-        # Inference only: this op has no autograd formula, so training falls back to F.linear.
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
 
 
 class Linear(nn.Linear):
+    """nn.Linear whose forward goes through gpt2.kernels.linear (the same math; on CPU, at
+    inference, the kernel measured fastest here for the number of rows)."""
+
     def forward(self, x):
         return linear(x, self.weight, self.bias)
 
@@ -146,9 +117,12 @@ class GPT2(nn.Module):
             x = x[:, -num_last_logits:]
         return linear(self.ln_f(x), self.wte.weight, None)
 
-    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0) -> KVCache:
+    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
+                     n_layer: int | None = None) -> KVCache:
         """An empty cache with room for max_len positions (default: n_positions), plus
-        extra_slots: a token tree scores several tokens at the same position, each in a slot."""
+        extra_slots: a token tree scores several tokens at the same position, each in a slot.
+        n_layer: the first blocks it holds (default: all; a forward with exit_layer=n_layer needs
+        only those)."""
         c = self.config
         max_len = c.n_positions if max_len is None else max_len
         if not 1 <= max_len <= c.n_positions:
@@ -160,7 +134,7 @@ class GPT2(nn.Module):
         # float32 for one new token (README, "Weight formats on CPU"): there the keys and values
         # of a half-precision model are kept, and attended to, in float32.
         dtype = torch.float32 if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) else w.dtype
-        return KVCache(c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, dtype)
+        return KVCache(n_layer or c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, dtype)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

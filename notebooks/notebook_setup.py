@@ -24,11 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# tiktoken's BPE files, if a copy sits beside the repo (offline machines, CI).
-_BPE_FILES = ROOT.parent / "shared" / "tiktoken_cache"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and _BPE_FILES.is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(_BPE_FILES)
-
 import torch  # noqa: E402  (after the path set-up above)
 
 TRAINED_PAIR = Path(os.environ.get("GPT2_TRAINED_PAIR", ROOT / "runs" / "trained_pair"))

@@ -95,7 +95,8 @@ def save_agreeing_pair(target_dir, draft_dir, target_config: GPT2Config, draft_n
     The draft is the target's embeddings, first draft_n_layer blocks and final LayerNorm. The
     target's later blocks have their output projections scaled by `damping`, so they nudge the
     residual stream a little. With the defaults, at the gpt2-large shape with a 4-block draft,
-    the two agree on about 75% of next tokens of real text (teacher-forced). On text they generate
+    the two agree on most next tokens of real text (teacher-forced; docs/performance.md has the
+    measured rate). On text they generate
     themselves random models soon fall into loops that both predict, so acceptance there is near
     1: such a pair shows what the costs allow, not GPT-2's real acceptance. A larger embedding_std
     makes both models near-deterministic copiers (they then agree always).

@@ -12,7 +12,7 @@ Unlike random-weight stand-ins, these two really disagree now and then: at tempe
 is accepted part of the time, and rejected tokens are replaced from a real residual distribution.
 
 Two tricks make a few CPU minutes enough:
-  * the loss is computed over the vocabulary the corpus uses (its most frequent tokens, about 99%
+  * the loss is computed over the vocabulary the corpus uses (its most frequent tokens, nearly all
     of it) plus one shared "other" row for the rest of GPT-2's 50257 tokens. In the saved model
     every other token's embedding is that row, and training counts the log(number of other tokens)
     that this costs, so the training loss is exactly the saved model's loss over the full
@@ -55,8 +55,8 @@ from gpt2.tokenizer import EOT_ID, decode, encode, get_tokenizer
 from .random_weights import save_checkpoint
 
 GPT2_VOCAB_SIZE = 50257
-# The default sizes: trained for 10 minutes on 2 CPU cores (see README.md for what they reach).
-# The draft is narrow so that its step is cheap: a 64-wide one cost 0.60 of a target step, 32 wide 0.28-0.32.
+# The default sizes: trained for 10 minutes on 2 CPU cores (docs/trained_pair.md: what they reach).
+# The draft is narrow so that its step is cheap next to the target's (docs/trained_pair.md: its c).
 TARGET_CONFIG = GPT2Config(n_layer=3, n_head=2, n_embd=128, n_positions=256)
 DRAFT_CONFIG = GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=256)
 KEPT_VOCAB = 8192  # the corpus's most frequent tokens get their own row; the rest share one

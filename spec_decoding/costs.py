@@ -3,7 +3,8 @@
 Leviathan's speed-up formula needs two costs, measured on the hardware in use:
   c               one draft step relative to one target step (0 for a model-free drafter);
   verify_cost(g)  the target scoring g + 1 tokens in one forward, relative to one target step
-                  (1 in the paper's idealisation; 1.2 to 1.8 on a CPU).
+                  (1 in the paper's idealisation; more on a CPU: docs/ has the measurements).
+A token tree's verification (tree_verify_cost) is timed here too, when calibrate is given trees.
 CostModel.calibrate measures them in a few seconds on warm KV caches; the gamma="auto" policy
 (spec_decoding/gamma.py) and benchmark.py both use it, so this is the one place where per-call
 costs are timed. A CostModel can be printed, saved to JSON and loaded again (reproducible runs); it
@@ -20,7 +21,10 @@ import torch
 
 from gpt2 import GPT2
 from gpt2.device import synchronize
+from .decoding import check_drafter
+from .result import ROOT
 from .theory import break_even_alpha, predicted_speedup
+from .tree import TokenTree, score_tree, tree_size
 
 
 def describe_model(model) -> str:
@@ -29,8 +33,10 @@ def describe_model(model) -> str:
     (ModelDrafter) is described as that GPT-2; another drafter by its class and settings."""
     if isinstance(model, GPT2):
         c, w = model.config, model.wte.weight
+        # int8 / float16 weights (load_gpt2's quantize) cost what their bytes cost, not the dtype's
+        weights = f", {model.quantize} weights" if getattr(model, "quantize", None) else ""
         return (f"GPT2(n_layer={c.n_layer}, n_head={c.n_head}, n_embd={c.n_embd}, "
-                f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}, {w.device.type})")
+                f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}{weights}, {w.device.type})")
     if type(model).__name__ == "ModelDrafter" and isinstance(getattr(model, "model", None), GPT2):
         return describe_model(model.model)
     settings = {k: v for k, v in vars(model).items()
@@ -54,6 +60,7 @@ class CostModel:
     context_len: int = 0  # tokens in the KV caches while timing
     rounds: int = 0  # timing rounds (each cost is a median over them)
     notes: dict = field(default_factory=dict)
+    tree_score_s: dict = field(default_factory=dict)  # "2,2,1" -> the target scoring that tree's root and nodes
 
     def __post_init__(self):
         if not self.target_score_s or min(self.target_score_s) <= 0 or self.draft_step_s < 0:
@@ -79,6 +86,15 @@ class CostModel:
             raise ValueError(f"this CostModel covers gamma 0..{self.gamma_max}, not {gamma}: "
                              f"calibrate it with gamma_max >= {gamma}")
         return self.target_score_s[gamma] / self.target_step_s
+
+    def tree_verify_cost(self, branching) -> float:
+        """The target scoring a token tree's root and nodes in one forward (spec_decoding.tree),
+        relative to one target step."""
+        label = ",".join(map(str, branching))
+        if label not in self.tree_score_s:
+            raise ValueError(f"this CostModel has no timing for the tree {label}: calibrate it with "
+                             f"trees=[({label})]")
+        return self.tree_score_s[label] / self.target_step_s
 
     def round_seconds(self, gamma: int) -> float:
         """Expected wall time of a round that drafts gamma tokens: gamma draft steps + the target
@@ -127,7 +143,7 @@ class CostModel:
     @classmethod
     @torch.inference_mode()
     def calibrate(cls, target: GPT2, draft, gamma_max: int = 8, context_len: int = 128,
-                  budget_s: float = 3.0, min_rounds: int = 3, max_rounds: int = 30) -> "CostModel":
+                  budget_s: float = 3.0, min_rounds: int = 3, max_rounds: int = 30, trees=()) -> "CostModel":
         """Time, on warm KV caches holding context_len tokens: one draft step, and the target
         scoring k = 1 .. gamma_max + 1 new tokens. Every call is rolled back afterwards, so all
         see the same context; the calls take turns round after round, so a busy machine slows
@@ -135,6 +151,9 @@ class CostModel:
         Runs at least min_rounds + 1 rounds and stops after budget_s seconds (or max_rounds).
 
         draft: a GPT2, or any drafter with start/propose/roll_back (spec_decoding.drafters).
+        trees: token-tree shapes, e.g. [(2, 2, 1)], whose verification (the target scoring the
+        tree's root and every node under its tree mask, spec_decoding.tree.score_tree) is timed
+        in the same rounds.
         """
         if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1, got {gamma_max!r}")
@@ -146,13 +165,13 @@ class CostModel:
             vocab = min(vocab, draft.config.vocab_size)
             context_len = min(context_len, draft.config.n_positions - 2)
         else:
-            from .decoding import check_drafter
             check_drafter(target, draft)  # a mismatched pair: the generators' clear error, not torch's
             vocab = min(vocab, draft.vocab_size or vocab)
             context_len = min(context_len, (draft.n_positions or context_len + 2) - 2)
         context = torch.randint(vocab, (context_len,), generator=g).tolist()
 
-        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1)
+        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1,
+                                           extra_slots=max([tree_size(b) for b in trees], default=0))
         target(torch.tensor([context], device=device), target_cache, num_last_logits=1)
         draft_step = _draft_stepper(draft, context, device)
 
@@ -161,8 +180,14 @@ class CostModel:
             target(new, target_cache, num_last_logits=k)
             target_cache.truncate(context_len)
 
+        def tree_score(branching):  # the root (the context's last token) and the nodes, in one forward
+            target_cache.truncate(context_len - 1)
+            score_tree(target, target_cache, random_tree(branching, vocab, g), context)
+            target_cache.truncate(context_len)
+
         calls = [("draft", lambda: draft_step(int(torch.randint(vocab, (), generator=g))))]
         calls += [(k, lambda k=k: target_score(k)) for k in range(1, gamma_max + 2)]
+        calls += [(tuple(b), lambda b=b: tree_score(b)) for b in trees]
         times = {name: [] for name, _ in calls}
         start, rounds = time.perf_counter(), 0
         while rounds <= min_rounds or (time.perf_counter() - start < budget_s and rounds <= max_rounds):
@@ -179,7 +204,17 @@ class CostModel:
                    draft_step_s=median["draft"],
                    target_score_s=[median[k] for k in range(1, gamma_max + 2)],
                    context_len=context_len, rounds=rounds - 1,
-                   notes={"threads": torch.get_num_threads(), "device": str(device)})
+                   notes={"threads": torch.get_num_threads(), "device": str(device)},
+                   tree_score_s={",".join(map(str, b)): median[tuple(b)] for b in trees})
+
+
+def random_tree(branching, vocab_size: int, generator) -> TokenTree:
+    """A tree of the given shape with random tokens (the verification cost does not depend on them)."""
+    tree, parents = TokenTree(root=0), [ROOT]
+    for b in branching:
+        parents = [tree.add(int(torch.randint(vocab_size, (), generator=generator)), parent)
+                   for parent in parents for _ in range(b)]
+    return tree
 
 
 def _draft_stepper(draft, context: list[int], device):

@@ -66,24 +66,27 @@ def check_drafter(target: GPT2, drafter) -> None:
         )
 
 
-def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int):
+def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int, extra_slots: int = 0):
     """Check the inputs and set up a speculative generation: returns (tokens, target_cache,
-    stats), tokens being the whole sequence (prompt first), which grows as tokens are taken."""
+    stats), tokens being the whole sequence (prompt first), which grows as tokens are taken.
+    gamma: draft positions per round (a token tree: its depth); extra_slots: target cache slots
+    for a token tree's nodes."""
     check_drafter(target, drafter)
     check_positive_int("max_gen", max_gen)
     check_positive_int("gamma", gamma)
     tokens = prompt_to_list(prompt_ids, target)
-    target_cache = new_cache(target, len(tokens), max_gen)
+    target_cache = new_cache(target, len(tokens), max_gen, extra_slots)
     drafter.start(list(tokens), max_gen)
     stats = GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
     return tokens, target_cache, stats
 
 
-def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0):
+def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0, n_layer: int | None = None):
     """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
-    for a token tree's nodes, which share positions)."""
+    for a token tree's nodes, which share positions), made by the model's own factory
+    (GPT2.new_kv_cache: it decides the cache's dtype). n_layer: only the first blocks' (default: all)."""
     return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
-                              extra_slots=extra_slots)
+                              extra_slots=extra_slots, n_layer=n_layer)
 
 
 def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:

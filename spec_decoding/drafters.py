@@ -12,7 +12,7 @@ ModelDrafter). To try a new idea, subclass Drafter in this file; the generators 
 
 import torch
 
-from gpt2 import GPT2, KVCache
+from gpt2 import GPT2
 from .decoding import forward_new_tokens, new_cache
 from .sampling import logits_to_probs, sample
 
@@ -84,17 +84,19 @@ class ModelDrafter(Drafter):
     not seen).
     """
 
-    def __init__(self, model: GPT2):
+    def __init__(self, model: GPT2, extra_slots: int = 0):
+        """extra_slots: cache slots beyond the sequence, for a token tree's nodes (spec_decoding.tree)."""
         if not isinstance(model, GPT2):
             raise TypeError(f"ModelDrafter needs a GPT2 model, got {type(model).__name__}")
         self.model = model
+        self.extra_slots = extra_slots
         self.vocab_size = model.config.vocab_size
         self.n_positions = model.config.n_positions
         self.device = model.wte.weight.device
         self.cache = None
 
     def start(self, prompt: list[int], max_gen: int) -> None:
-        self.cache = new_cache(self.model, len(prompt), max_gen)
+        self.cache = new_cache(self.model, len(prompt), max_gen, self.extra_slots)
         self.forward_calls = 0
 
     def next_logits(self, tokens: list[int]) -> torch.Tensor:
@@ -102,15 +104,21 @@ class ModelDrafter(Drafter):
         self.forward_calls += 1
         return forward_new_tokens(self.model, self.cache, tokens)[-1]
 
+    def draw(self, logits: torch.Tensor, temperature: float, top_k=None, top_p=None,
+             generator=None) -> tuple[int, torch.Tensor | None]:
+        """One draft token from the draft's logits [V], and the q [V] it was drawn from (None when
+        greedy: the argmax)."""
+        if temperature == 0:
+            return int(logits.argmax()), None
+        q = logits_to_probs(logits, temperature, top_k, top_p)  # [V], as the target's p
+        return int(sample(q, generator)), q
+
     def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
         draft_tokens, draft_probs = [], []
         for _ in range(num_tokens):
-            logits = self.next_logits(tokens + draft_tokens)
-            if temperature == 0:
-                draft_tokens.append(int(logits.argmax()))
-            else:
-                q = logits_to_probs(logits, temperature, top_k, top_p)  # [V], as the target's p
-                draft_tokens.append(int(sample(q, generator)))
+            token, q = self.draw(self.next_logits(tokens + draft_tokens), temperature, top_k, top_p, generator)
+            draft_tokens.append(token)
+            if q is not None:
                 draft_probs.append(q)
         return draft_tokens, torch.stack(draft_probs) if draft_probs else None
 
@@ -186,10 +194,9 @@ class LayerSkipDrafter(ModelDrafter):
         self.n_layers = n_layers
 
     def start(self, prompt: list[int], max_gen: int) -> None:
-        c = self.model.config
-        w = self.model.wte.weight
-        max_len = min(c.n_positions, len(prompt) + max_gen)
-        self.cache = KVCache(self.n_layers, 1, c.n_head, max_len, c.head_dim, w.device, w.dtype)
+        # The target's own cache factory for its first n_layers blocks: the same dtype rule as
+        # the target's cache (float32 keys and values for a half-precision model on a CPU).
+        self.cache = new_cache(self.model, len(prompt), max_gen, n_layer=self.n_layers)
         self.forward_calls = 0
 
     def next_logits(self, tokens: list[int]) -> torch.Tensor:

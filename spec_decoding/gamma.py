@@ -19,13 +19,26 @@ g * t_draft + t_target(g + 1) seconds (CostModel.round_seconds), so it picks
     g* = argmax_{g in 0..gamma_max}  E(g) / (g t_draft + t_target(g + 1))
 
 which, divided by one target step, is Leviathan's predicted speed-up E(g) / (g c + verify_cost(g))
-(g = 0 gives exactly 1: the target alone). To write your own policy, subclass GammaPolicy and pass
-an instance as gamma=; the generators need no change.
+(g = 0 gives exactly 1: the target alone).
+
+The costs it decides with are re-estimated from the rounds' own wall time as it goes, so a
+CostModel calibrated on another machine, in another format, or while the machine was busy cannot
+keep it drafting where drafting does not pay here. A round drafting g tokens takes about
+t(g) = g d + s V(g), with V(g) the CostModel's target_score_s[g]: AutoGamma fits d (a draft
+step) and s (how much slower or faster the target runs than when calibrated) by least squares
+to the timed rounds (recent ones weigh more), with the CostModel itself as a prior worth a few
+rounds at first, fading as the rounds come in. The timings never touch which tokens come out: sampling stays lossless.
+
+To write your own policy, subclass GammaPolicy and pass an instance as gamma=; the generators
+need no change.
 """
 
 import math
+import sys
+import time
 
 from .costs import CostModel, describe_model
+from .decoding import check_positive_int
 from .theory import expected_tokens_by_position
 
 DEFAULT_GAMMA_MAX = 8
@@ -51,7 +64,7 @@ class GammaPolicy:
 
 class FixedGamma(GammaPolicy):
     def __init__(self, gamma: int):
-        _check_int("gamma", gamma)
+        check_positive_int("gamma", gamma)
         self.gamma = self.gamma_max = gamma
 
     def next_gamma(self) -> int:
@@ -67,7 +80,7 @@ class HeuristicGamma(GammaPolicy):
     speculation off) and here never above gamma_max."""
 
     def __init__(self, gamma_max: int = DEFAULT_GAMMA_MAX, start: int | None = None):
-        _check_int("gamma_max", gamma_max)
+        check_positive_int("gamma_max", gamma_max)
         self.gamma_max = gamma_max
         self.gamma = gamma_max if start is None else max(1, min(start, gamma_max))
 
@@ -100,15 +113,21 @@ class AutoGamma(GammaPolicy):
     nothing to the estimates, so now and then it drafts one token anyway (a probe),
     spending at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
     round_seconds(0) more than a plain step). Accepted probes can switch speculation back on.
+
+    Costs (see the module docstring): with a clock (default time.perf_counter), each round's wall
+    time, from next_gamma() returning to update(), refits the draft step d and the target's scale s;
+    cost_prior_rounds is how many rounds the CostModel counts as at first, cost_decay how fast old
+    rounds (and the prior) fade. clock=None keeps the CostModel's costs as they are (simulations).
     """
 
     def __init__(self, cost_model: CostModel, gamma_max: int | None = None, prior_alpha: float = 0.5,
                  prior_strength: float = 2.0, decay: float = 0.95, probe_budget: float = 0.02,
-                 optimism: float = 2.0):
+                 optimism: float = 2.0, clock=time.perf_counter, cost_prior_rounds: float = 2.0,
+                 cost_decay: float = 0.95):
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
         gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
-        _check_int("gamma_max", gamma_max)
+        check_positive_int("gamma_max", gamma_max)
         if gamma_max > cost_model.gamma_max:
             raise ValueError(f"gamma_max={gamma_max} but the CostModel covers gamma up to "
                              f"{cost_model.gamma_max}: calibrate it with gamma_max={gamma_max}")
@@ -120,9 +139,59 @@ class AutoGamma(GammaPolicy):
         self.optimism = optimism
         self.judged = [0.0] * gamma_max  # decayed counts per draft position
         self.accepted = [0.0] * gamma_max
-        probe_extra = cost_model.round_seconds(1) - cost_model.round_seconds(0)
-        self.probe_every = max(1, math.ceil(probe_extra / (probe_budget * cost_model.round_seconds(0))))
+        self.probe_budget = probe_budget
         self.plain_rounds = 0  # plain rounds chosen since the last drafting round
+        # Costs: a round of g tokens takes g * draft_step_s + target_scale * target_score_s[g].
+        self.clock, self.cost_decay = clock, cost_decay
+        self.draft_step_s, self.target_scale = cost_model.draft_step_s, 1.0
+        # Least-squares sums over timed rounds, x = (g, target_score_s[g]), y = seconds: the
+        # CostModel enters as cost_prior_rounds rounds of g = 0 and of g = 1, as it predicts them.
+        self._prior = [((0.0, cost_model.target_score_s[0]), cost_model.round_seconds(0), cost_prior_rounds),
+                       ((1.0, cost_model.target_score_s[1]), cost_model.round_seconds(1), cost_prior_rounds)]
+        self._xx, self._xy = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0]
+        self._round_start = None
+        self.timed_rounds = 0
+
+    def round_seconds(self, gamma: int) -> float:
+        """The expected wall time of a round drafting gamma tokens, as estimated now."""
+        return gamma * self.draft_step_s + self.target_scale * self.costs.target_score_s[gamma]
+
+    @property
+    def probe_every(self) -> int:
+        """Plain rounds between probes: a probe's extra time is probe_budget of the plain rounds'."""
+        extra = self.round_seconds(1) - self.round_seconds(0)
+        return max(1, math.ceil(extra / (self.probe_budget * self.round_seconds(0))))
+
+    def observe_round(self, drafted: int, seconds: float) -> None:
+        """A round that drafted `drafted` tokens took `seconds`: refit draft_step_s and target_scale."""
+        x = (float(drafted), self.costs.target_score_s[drafted])
+        for i in range(2):
+            self._xy[i] = self.cost_decay * self._xy[i] + x[i] * seconds
+            for j in range(2):
+                self._xx[i][j] = self.cost_decay * self._xx[i][j] + x[i] * x[j]
+        xx = [row[:] for row in self._xx]
+        xy = self._xy[:]
+        # The prior fades like old rounds do (down to a tenth of a round, which keeps the fit
+        # defined while the rounds are all of one g).
+        fade = max(self.cost_decay ** (self.timed_rounds + 1), 0.1 / max(w for _, _, w in self._prior))
+        for p, y, w in self._prior:
+            w *= fade
+            for i in range(2):
+                xy[i] += w * p[i] * y
+                for j in range(2):
+                    xx[i][j] += w * p[i] * p[j]
+        det = xx[0][0] * xx[1][1] - xx[0][1] * xx[1][0]
+        if det > 0:
+            d = (xy[0] * xx[1][1] - xy[1] * xx[0][1]) / det
+            s = (xx[0][0] * xy[1] - xx[1][0] * xy[0]) / det
+            # A draft step costs >= 0 and the target > 0; where noise says otherwise, keep the
+            # total of the timed rounds right with the other term.
+            if d < 0:
+                d, s = 0.0, xy[1] / xx[1][1]
+            elif s <= 0:
+                s, d = 1e-3, max(0.0, (xy[0] - 1e-3 * xx[0][1]) / xx[0][0])
+            self.draft_step_s, self.target_scale = d, s
+        self.timed_rounds += 1
 
     def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
         """[gamma_max]: the current estimate of a_i for each draft position: the mean of its Beta
@@ -138,10 +207,15 @@ class AutoGamma(GammaPolicy):
     def tokens_per_second(self, optimism: float = 0.0) -> list[float]:
         """[gamma_max + 1]: expected tokens per second of a round drafting g = 0..gamma_max."""
         alphas = self.acceptance_by_position(optimism)
-        return [expected_tokens_by_position(alphas[:g]) / self.costs.round_seconds(g)
+        return [expected_tokens_by_position(alphas[:g]) / self.round_seconds(g)
                 for g in range(self.gamma_max + 1)]
 
     def next_gamma(self) -> int:
+        g = self._choose()
+        self._round_start = self.clock() if self.clock is not None else None
+        return g
+
+    def _choose(self) -> int:
         rates = self.tokens_per_second()
         best = max(range(1, self.gamma_max + 1), key=rates.__getitem__)
         if rates[best] > rates[0] or max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
@@ -153,6 +227,9 @@ class AutoGamma(GammaPolicy):
         return 0
 
     def update(self, drafted: int, accepted: int) -> None:
+        if self._round_start is not None and 0 <= drafted <= self.gamma_max:
+            self.observe_round(drafted, self.clock() - self._round_start)
+        self._round_start = None
         if drafted == 0:
             return
         self.plain_rounds = 0
@@ -164,7 +241,8 @@ class AutoGamma(GammaPolicy):
 
     def __repr__(self):
         alphas = ", ".join(f"{a:.2f}" for a in self.acceptance_by_position())
-        return f"AutoGamma(gamma_max={self.gamma_max}, acceptance by position [{alphas}])"
+        return (f"AutoGamma(gamma_max={self.gamma_max}, acceptance by position [{alphas}], "
+                f"c now {self.draft_step_s / self.round_seconds(0):.3f} after {self.timed_rounds} timed rounds)")
 
 
 # CostModels calibrated in this process, by the models they are for: gamma="auto" without a
@@ -176,11 +254,12 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
                 target=None, draft=None) -> GammaPolicy:
     """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
     "auto" (AutoGamma; its CostModel is cost_model, which must be for target and draft, or one
-    calibrated now, once per pair of models in this process), "heuristic" (HeuristicGamma), or a
+    calibrated now, once per pair of models in this process, with one line on stderr saying so),
+    "heuristic" (HeuristicGamma), or a
     GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
     CostModel's, or 8)."""
     if gamma_max is not None:
-        _check_int("gamma_max", gamma_max)
+        check_positive_int("gamma_max", gamma_max)
     if isinstance(gamma, GammaPolicy):
         return gamma
     if isinstance(gamma, str):
@@ -191,7 +270,14 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
                 gamma_max = gamma_max or DEFAULT_GAMMA_MAX
                 key = (describe_model(target), describe_model(draft), gamma_max)
                 if key not in _CALIBRATED:
+                    start = time.perf_counter()
                     _CALIBRATED[key] = CostModel.calibrate(target, draft, gamma_max)
+                    costs = _CALIBRATED[key]
+                    print(f"note: gamma auto: measured this pair's costs here in "
+                          f"{time.perf_counter() - start:.1f} s (c = {costs.c:.3f}, verifying "
+                          f"{min(5, gamma_max + 1)} tokens = {costs.verify_cost(min(4, gamma_max)):.2f} "
+                          f"steps); the rounds' own timings refine them as it runs",
+                          file=sys.stderr, flush=True)
                 cost_model = _CALIBRATED[key]
             elif target is not None:
                 cost_model.check_models(target, draft)
@@ -200,8 +286,3 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
         return FixedGamma(gamma)
     raise ValueError(f"gamma must be an int >= 1, \"auto\" or \"heuristic\" (or a GammaPolicy); "
                      f"got {gamma!r}")
-
-
-def _check_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")

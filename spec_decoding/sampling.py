@@ -34,7 +34,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
 
     Inverse-CDF sampling: draw u uniformly below the total probability and take the first token
     whose cumulative probability exceeds u. Tokens of probability 0 are never picked. (The same
-    law as torch.multinomial, which takes ~10 ms per draw over GPT-2's 50257 tokens on a CPU.)
+    law as torch.multinomial, which is far slower per draw over GPT-2's 50257 tokens on a CPU.)
     """
     cdf = probs.cumsum(dim=-1)
     u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device, dtype=cdf.dtype)

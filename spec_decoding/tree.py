@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt2 import GPT2
-from .decoding import (check_drafter, check_positive_int, check_sampling_args, forward_new_tokens,
-                       new_cache, prompt_to_list, record_round, round_gamma, round_observers, take_tokens)
+from .decoding import (check_sampling_args, forward_new_tokens, record_round, round_gamma, round_observers,
+                       start_generation, take_tokens)
 from .drafters import ModelDrafter
 from .rejection import multi_draft_rejection_sampling
 from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT,
-                     GenerationResult, GenerationStats, RoundReport)
+                     GenerationResult, RoundReport)
 from .sampling import logits_to_probs, sample
 
 
@@ -267,14 +267,19 @@ def output_sources(tree: TokenTree, path: list[int], depth: int) -> list[str]:
 
 
 def draft_model(draft) -> GPT2:
-    """Token trees need a draft model to score a tree level by level: a GPT2, or the model of a
-    ModelDrafter (other Drafters propose chains only)."""
-    if isinstance(draft, ModelDrafter):
+    """Token trees need a draft model to score a tree level by level with full forwards: a GPT2,
+    or the model of a ModelDrafter that drafts with that whole model (other Drafters propose
+    chains only). A LayerSkipDrafter's model is the whole target: drafting a tree with it would
+    silently draft with the target itself, so it is refused like any drafter that computes its
+    logits another way (one that overrides next_logits)."""
+    if isinstance(draft, ModelDrafter) and type(draft).next_logits is ModelDrafter.next_logits:
         return draft.model
     if isinstance(draft, GPT2):
         return draft
-    raise TypeError(f"tree_speculative_sampling needs the draft as a GPT2 model (or a ModelDrafter), "
-                    f"got {type(draft).__name__}: other drafters cannot score a tree")
+    raise TypeError(f"tree_speculative_sampling needs the draft as a GPT2 model (or a ModelDrafter of "
+                    f"one), got {type(draft).__name__}: it scores the tree with the draft model's full "
+                    f"forward, which this drafter does not draft with. Use it with speculative_sampling "
+                    f"(a chain), or pass a separate draft model.")
 
 
 @torch.inference_mode()
@@ -303,19 +308,18 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     as a RoundReport (spec_decoding.result), with the tree and its TreeVerdict.
     """
     draft = draft_model(draft)
-    drafter = ModelDrafter(draft)  # its checks and limits only: the tree drives the model itself
-    check_drafter(target, drafter)  # same vocabulary, same device
-    check_positive_int("max_gen", max_gen)
     check_sampling_args(temperature, top_k, top_p)
     branching = check_branching(branching, target.config.vocab_size)
-    tokens = prompt_to_list(prompt_ids, target)  # the whole sequence, prompt first
     n_nodes = tree_size(branching)
-    target_cache = new_cache(target, len(tokens), max_gen, extra_slots=n_nodes)
-    draft_cache = new_cache(draft, len(tokens), max_gen, extra_slots=n_nodes)
+    # A ModelDrafter for its checks, limits and cache (with a slot per node): the tree then
+    # drives the draft model itself.
+    drafter = ModelDrafter(draft, extra_slots=n_nodes)
+    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, len(branching),
+                                                   extra_slots=n_nodes)
+    draft_cache = drafter.cache
     notify, round_trace = round_observers(on_round, trace, tokens, len(branching), temperature, top_k, top_p,
                                           branching)
     out = []
-    stats = GenerationStats(drafted_by_position=[0] * len(branching), accepted_by_position=[0] * len(branching))
     start = time.perf_counter()
     stop = None
     while not stop:

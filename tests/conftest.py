@@ -1,7 +1,6 @@
 """Shared fixtures. Every checkpoint is made here, on the fly, in temporary folders, in exactly the
 layout of the Hugging Face hub files (random weights: the hub is unreachable offline)."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,11 +15,6 @@ from offline.random_weights import save_agreeing_pair, save_random_checkpoint  #
 
 # The test models are tiny: threads buy nothing and, on a busy 2-core machine, cost a lot.
 torch.set_num_threads(1)
-
-# tiktoken's BPE files: beside the project in ../shared (CI and dev sessions).
-_SHARED_TIKTOKEN = ROOT.parent / "shared" / "tiktoken_cache"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
 
 # A tiny config for fast tests; TINY_VOCAB for exact enumeration of output distributions.
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100)

@@ -122,6 +122,26 @@ def test_layerskip_drafts_exactly_like_the_equal_draft_model(pair):
     assert 0 < a.stats.tokens_accepted < a.stats.tokens_drafted
 
 
+def test_layerskip_cache_is_made_by_the_targets_own_factory(tmp_path):
+    """In bfloat16 on a CPU, GPT2.new_kv_cache keeps keys and values in float32. LayerSkipDrafter
+    used to build its cache itself in the model's dtype: its attention then ran in bfloat16, and it
+    drafted differently from the equal draft model. Now it holds float32 keys for its n_layers
+    blocks only, and proposes exactly what the equal bfloat16 draft model proposes."""
+    dirs = save_agreeing_pair(tmp_path / "target", tmp_path / "draft", TARGET_CFG, draft_n_layer=2,
+                              damping=0.1, seed=11, std=0.2, embedding_std=0.3)
+    target, draft = (load_gpt2(d, device="cpu", dtype="bfloat16") for d in dirs)
+    skip, model = LayerSkipDrafter(target, 2), ModelDrafter(draft)
+    for drafter in (skip, model):
+        drafter.start(PROMPT, 20)
+    assert skip.cache.keys[0].dtype == target.new_kv_cache().keys[0].dtype == torch.float32
+    assert len(skip.cache.keys) == 2
+    tokens = list(PROMPT)
+    for _ in range(10):  # one token at a time, as the draft steps: the logits agree exactly
+        a, b = skip.next_logits(tokens), model.next_logits(tokens)
+        assert torch.equal(a, b)
+        tokens.append(int(a.argmax()))
+
+
 def test_layerskip_shares_the_targets_weights(pair):
     target, _ = pair
     drafter = LayerSkipDrafter(target, 2)

@@ -5,7 +5,7 @@ greedy equality relative to the target as loaded, and clear errors for bad optio
 import pytest
 import torch
 
-import gpt2.fast_linear as fast_linear
+import gpt2.kernels as kernels
 from gpt2 import GPT2Config, load_gpt2
 from gpt2.fast_linear import FP16Weight, Int8Weight, OneDNNPackedWeight, dequantize_int8, int8_per_channel
 from conftest import TINY_VOCAB
@@ -39,8 +39,8 @@ def test_logits_close_to_fp32(medium_dir, name):
     idx = torch.randint(0, MEDIUM.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     reference = logits(load_gpt2(medium_dir), idx)
     model = load_gpt2(medium_dir, **FORMATS[name])
-    kernels = sum(hasattr(w, "fast_linear") for w in fast_linear.linear_weights(model))
-    assert kernels == 4 * MEDIUM.n_layer + 1  # every linear and the head run the format's kernel
+    attached = sum(hasattr(w, "fast_linear") for w in kernels.linear_weights(model))
+    assert attached == 4 * MEDIUM.n_layer + 1  # every linear and the head run the format's kernel
     error = (logits(model, idx) - reference).abs().max() / (reference.max() - reference.min())
     assert 1e-5 < error < TOLERANCE[name]  # not fp32 in disguise, and close
     # Most positions keep the fp32 argmax (the rest are near-ties).
@@ -50,9 +50,9 @@ def test_logits_close_to_fp32(medium_dir, name):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_model_keeps_a_float32_cache_on_cpu(medium_dir, dtype):
-    """PyTorch's CPU attention is slow in half precision for one query (README, "Weight formats
-    on CPU"), so there a half-precision model's cache, and its attention, are float32; the rest of
-    the model and its logits stay in the model's dtype."""
+    """PyTorch's CPU attention is slow in half precision for one query (docs/precision.md,
+    "Attention in half precision"), so there a half-precision model's cache, and its attention, are
+    float32; the rest of the model and its logits stay in the model's dtype."""
     model = load_gpt2(medium_dir, dtype=dtype)
     cache = model.new_kv_cache(max_len=16)
     assert cache.keys[0].dtype == cache.values[0].dtype == torch.float32
@@ -69,19 +69,19 @@ def test_half_precision_model_keeps_a_float32_cache_on_cpu(medium_dir, dtype):
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_fast_kernels_equal_the_plain_path(medium_dir, name, monkeypatch):
-    """The fast kernels compute the model as loaded: the plain F.linear/oneDNN path on the
+    """The kernels chosen here compute the model as loaded: the plain F.linear/oneDNN path on the
     parameters (which hold the dequantized int8 weights) gives the same logits up to rounding."""
     model = load_gpt2(medium_dir, **FORMATS[name])
     idx = torch.randint(0, MEDIUM.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     fast = logits(model, idx)
-    monkeypatch.setattr(fast_linear, "ENABLED", False)
+    monkeypatch.setattr(kernels, "ENABLED", False)
     plain = logits(model, idx)
     spread = (plain.max() - plain.min()).item()
     # bf16 activations round to 2^-8 relative; the plain and fast paths may round differently.
     assert (fast - plain).abs().max() <= (0.01 if "bf16" in name or name == "int8" else 1e-5) * spread
     if name == "fp16":  # the parameters hold the float16 values: fp16 weights, float32 everything else
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        assert all(torch.equal(w, w.half().float()) for w in fast_linear.linear_weights(model))
+        assert all(torch.equal(w, w.half().float()) for w in kernels.linear_weights(model))
 
 
 def test_int8_per_channel_quantization():
@@ -117,6 +117,8 @@ def test_int8_kernel_matches_its_reference():
 
 
 def test_onednn_packed_weight_matches_f_linear():
+    if not kernels.works("onednn-bf16"):
+        pytest.skip(f"this CPU has no oneDNN bfloat16 path: {kernels.probe('onednn-bf16')}")
     g = torch.Generator().manual_seed(4)
     w, b = torch.randn(48, 64, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
     for M in (1, 5, 9):

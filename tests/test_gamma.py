@@ -1,4 +1,4 @@
-"""Gamma policies and the CostModel, with fixed costs (no timing): AutoGamma switches speculation
+"""Gamma policies and the CostModel, with fixed costs or a fake clock (no timing): AutoGamma switches speculation
 off when it does not pay and drafts long when it does, finds Leviathan's best gamma from the
 acceptance it sees, switches back on after a probe; the heuristic follows transformers' schedule;
 bad input is a clear error."""
@@ -42,7 +42,7 @@ def run(policy, accept, rounds, rng=None):
 
 
 def test_never_agreeing_expensive_draft_turns_speculation_off():
-    policy = AutoGamma(cost_model(c=0.3))
+    policy = AutoGamma(cost_model(c=0.3), clock=None)
     chosen = run(policy, accept=lambda i: False, rounds=300)
     assert chosen[0] > 0  # the prior (alpha 0.5) says drafting pays at first ...
     assert chosen[10:].count(0) / len(chosen[10:]) > 0.95  # ... then it stops after a few rejections
@@ -51,13 +51,13 @@ def test_never_agreeing_expensive_draft_turns_speculation_off():
 
 
 def test_a_draft_too_expensive_to_ever_pay_is_never_run():
-    policy = AutoGamma(cost_model(c=1.0))  # a draft step costs a target step: never pays
+    policy = AutoGamma(cost_model(c=1.0), clock=None)  # a draft step costs a target step: never pays
     assert cost_model(c=1.0).break_even_alpha() is None
     assert policy.next_gamma() == 0
 
 
 def test_draft_equal_to_target_with_a_cheap_draft_drafts_gamma_max():
-    policy = AutoGamma(cost_model(c=0.02))
+    policy = AutoGamma(cost_model(c=0.02), clock=None)
     chosen = run(policy, accept=lambda i: True, rounds=20)
     assert chosen[-10:] == [GAMMA_MAX] * 10
 
@@ -82,12 +82,12 @@ def test_as_fast_as_the_best_fixed_gamma_for_any_constant_alpha(c):
     target alone where speculation does not pay). The heuristic, blind to costs, does not."""
     for alpha in (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97):
         for seed in range(3):
-            assert efficiency(AutoGamma(cost_model(c)), alpha, c, seed) > 0.95, (alpha, seed)
+            assert efficiency(AutoGamma(cost_model(c), clock=None), alpha, c, seed) > 0.95, (alpha, seed)
     assert efficiency(HeuristicGamma(GAMMA_MAX), 0.0, c, seed=0) < 0.95  # the test can fail
 
 
 def test_switches_back_on_when_acceptance_recovers():
-    policy = AutoGamma(cost_model(c=0.1))
+    policy = AutoGamma(cost_model(c=0.1), clock=None)
     accept_now = [False]
     off = run(policy, accept=lambda i: accept_now[0], rounds=200)
     assert off[-50:].count(0) > 40
@@ -98,10 +98,95 @@ def test_switches_back_on_when_acceptance_recovers():
 
 def test_probes_cost_at_most_the_budget():
     costs = cost_model(c=0.3)
-    policy = AutoGamma(costs, probe_budget=0.02)
+    policy = AutoGamma(costs, probe_budget=0.02, clock=None)
     chosen = run(policy, accept=lambda i: False, rounds=1000)[20:]
     spent = sum(costs.round_seconds(g) for g in chosen)
     assert spent <= 1.02 * len(chosen) * costs.round_seconds(0)
+
+
+class FakeClock:
+    """A clock that moves only when told: each simulated round advances it by its true cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_timed(policy, clock, true_costs, accept, rounds):
+    """Like run(), but every round takes true_costs.round_seconds(g) on the policy's clock.
+    Returns (gammas chosen, tokens made, seconds spent)."""
+    chosen, tokens, start = [], 0, clock.now
+    for _ in range(rounds):
+        g = policy.next_gamma()
+        n = 0
+        while n < g and accept(n):
+            n += 1
+        clock.now += true_costs.round_seconds(g)
+        policy.update(g, n)
+        chosen.append(g)
+        tokens += n + 1
+    return chosen, tokens, clock.now - start
+
+
+def test_auto_relearns_costs_from_the_rounds_when_its_cost_model_is_wrong():
+    """A CostModel from elsewhere claims the draft costs 0.01 of a target step; here it costs as
+    much as the target (c = 1), so no gamma can pay even though the draft is always accepted.
+    Timing its own rounds, AutoGamma falls back to plain decoding within a few rounds and stays
+    there (but for single-token rounds now and then), at >= 0.95 of plain decoding's speed. With the timings switched
+    off (clock=None), the same wrong CostModel keeps it drafting, slower than plain decoding: the
+    test can fail."""
+    wrong, true = cost_model(c=0.01), cost_model(c=1.0)
+    clock = FakeClock()
+    policy = AutoGamma(wrong, clock=clock)
+    chosen, tokens, seconds = run_timed(policy, clock, true, accept=lambda i: True, rounds=400)
+    assert chosen[0] > 0  # it believed the wrong costs at first
+    # then plain rounds, and single-token rounds now and then (a probe, or the estimate of the
+    # draft's cost drifting back towards the wrong CostModel as timings age), ...
+    assert chosen[20:].count(0) / len(chosen[20:]) > 0.85 and max(chosen[20:]) <= 1
+    assert abs(policy.draft_step_s - true.draft_step_s) < 0.2 * true.draft_step_s
+    # ... which cost less than 5% together
+    plain_rate = 1 / true.round_seconds(0)
+    late = run_timed(policy, clock, true, accept=lambda i: True, rounds=200)
+    assert late[1] / late[2] >= 0.95 * plain_rate
+    blind = AutoGamma(wrong, clock=None)
+    _, tokens_blind, seconds_blind = run_timed(blind, FakeClock(), true, accept=lambda i: True, rounds=200)
+    assert tokens_blind / seconds_blind < 0.93 * plain_rate
+
+
+def test_auto_finds_speculation_again_when_its_cost_model_was_measured_under_load():
+    """The other way round: calibrated while something else slowed the draft (c = 1 claimed, c =
+    0.05 here). It starts plain, its probes' timings show the draft is cheap, and it ends near
+    the best fixed gamma for the true costs."""
+    wrong, true = cost_model(c=1.0), cost_model(c=0.05)
+    clock = FakeClock()
+    policy = AutoGamma(wrong, clock=clock)
+    chosen, _, _ = run_timed(policy, clock, true, accept=lambda i: True, rounds=300)
+    assert chosen[0] == 0 and chosen[-20:] == [GAMMA_MAX] * 20
+    rng = random.Random(0)
+    alpha = 0.8
+    best = max((g for g in range(1, GAMMA_MAX + 1)),
+               key=lambda g: predicted_speedup(alpha, g, 0.05, true.verify_cost(g)))
+    policy = AutoGamma(wrong, clock=(clock := FakeClock()))
+    run_timed(policy, clock, true, accept=lambda i: rng.random() < alpha, rounds=300)
+    _, tokens, seconds = run_timed(policy, clock, true, accept=lambda i: rng.random() < alpha, rounds=400)
+    fixed_clock, fixed = FakeClock(), FixedGamma(best)
+    _, tokens_fixed, seconds_fixed = run_timed(fixed, fixed_clock, true, accept=lambda i: rng.random() < alpha,
+                                               rounds=400)
+    assert tokens / seconds >= 0.9 * tokens_fixed / seconds_fixed
+
+
+def test_auto_calibration_is_said_in_one_line(pair, capsys, monkeypatch):
+    import spec_decoding.gamma as gamma
+    target, draft = pair
+    monkeypatch.setattr(gamma, "_CALIBRATED", {})
+    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, t, d, g: pair_costs(t, d, 0.1)))
+    make_policy("auto", gamma_max=3, target=target, draft=draft)
+    make_policy("auto", gamma_max=3, target=target, draft=draft)  # calibrated once: said once
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("note: gamma auto: measured this pair's costs here")
+    assert "c = 0.100" in lines[0] and "refine" in lines[0]
 
 
 def test_heuristic_follows_transformers_schedule():
@@ -173,6 +258,25 @@ def test_calibrate_measures_every_shape():
     assert len(costs.target_score_s) == 4 and costs.gamma_max == 3
     assert costs.draft_step_s > 0 and min(costs.target_score_s) > 0 and costs.rounds >= 3
     costs.check_models(target, draft)
+
+
+def test_calibrate_times_token_trees_too(monkeypatch, tmp_path):
+    """The CostModel is the one home of per-call timing, token trees included: each shape given is
+    scored (spec_decoding.tree.score_tree, the tree's root and every node) in the same rounds."""
+    import spec_decoding.costs as costs_module
+
+    scored = []
+    real = costs_module.score_tree
+    monkeypatch.setattr(costs_module, "score_tree", lambda model, cache, tree, sequence: scored.append(
+        (len(tree), cache.length, len(sequence))) or real(model, cache, tree, sequence))
+    target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
+    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=16, budget_s=0.05, trees=[(2, 1), (3,)])
+    assert {n for n, _, _ in scored} == {4, 3}  # the nodes of (2, 1) and of (3,)
+    assert all(length == context - 1 for _, length, context in scored)  # the root is the context's last token
+    assert costs.tree_verify_cost((2, 1)) > 0 and costs.tree_verify_cost([3]) > 0
+    assert CostModel.load(costs.save(tmp_path / "c.json")).tree_verify_cost((2, 1)) == costs.tree_verify_cost((2, 1))
+    with pytest.raises(ValueError, match="no timing for the tree 2,2"):
+        costs.tree_verify_cost((2, 2))
 
 
 def test_expected_tokens_by_position_generalises_the_constant_alpha_formula():

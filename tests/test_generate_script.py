@@ -33,7 +33,6 @@ STATS_KEYS = {"target_calls", "draft_calls", "rounds", "tokens_drafted", "tokens
 
 def script_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
-    env["TIKTOKEN_CACHE_DIR"] = os.environ.get("TIKTOKEN_CACHE_DIR", str(ROOT.parent / "shared" / "tiktoken_cache"))
     env["HF_HUB_OFFLINE"] = "1"
     env.update(extra)
     return env
@@ -236,11 +235,11 @@ def test_unavailable_device_is_a_clear_error(device, text_pair_dirs, capsys):
 
 def test_missing_tokenizer_files_are_a_clear_error(monkeypatch, capsys):
     def no_tokenizer(text):
-        raise RuntimeError("Could not load tiktoken's 'gpt2' encoding (...). Point TIKTOKEN_CACHE_DIR ...")
+        raise RuntimeError("GPT-2's tokenizer file .../vocab.bpe is missing: reinstall the package ...")
     monkeypatch.setattr(script, "encode", no_tokenizer)
     code, out, err = run_main(["--device", "cpu"], capsys)
     assert code == 2
-    assert err.startswith("error: Could not load tiktoken") and "Traceback" not in err
+    assert err.startswith("error: GPT-2's tokenizer file") and "Traceback" not in err
 
 
 def test_mismatched_vocabularies_are_a_clear_error(text_pair_dirs, make_checkpoint, capsys):
@@ -353,9 +352,11 @@ def test_top_k_and_top_p_at_temperature_0_are_said_to_be_ignored(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys):
+def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys, monkeypatch):
     import torch
+    import gpt2.device
     from gpt2.device import dtype_note
+    monkeypatch.setattr(gpt2.device, "_NOTES_SHOWN", set())  # said once per process: this one fresh
     target, draft = text_pair_dirs
     argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 3, "--json"]
     code, out, err = run_main(argv, capsys)  # --dtype auto, the default: float32 on a CPU
@@ -374,8 +375,8 @@ def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys):
 
 
 @pytest.mark.parametrize("drafter_args, described", [
-    (["--drafter", "ngram", "--ngram", 2], "ngram (prompt lookup, n-grams of up to 2 tokens)"),
-    (["--drafter", "layerskip", "--draft-layers", 2], "layerskip (the target's first 2 of 4 blocks)"),
+    (["--drafter", "ngram", "--ngram", 2], "ngram:2 (prompt lookup, n-grams of up to 2 tokens)"),
+    (["--drafter", "layerskip", "--draft-layers", 2], "layerskip:2 (the target's first 2 blocks)"),
 ])
 def test_other_drafters_give_the_targets_greedy_output(text_pair_dirs, text_pair, capsys,
                                                        drafter_args, described):
@@ -408,7 +409,7 @@ def test_draft_layers_beyond_the_target_is_a_clear_error(text_pair_dirs, capsys)
     code, out, err = run_main(["--target", target_dir, "--drafter", "layerskip", "--draft-layers", 4,
                                "--max-gen", 2], capsys)
     assert code == 2
-    assert "error: --draft-layers 4: n_layers must be an int between 1 and n_layer - 1 = 3" in err
+    assert "error: --drafter layerskip:4: n_layers must be an int between 1 and n_layer - 1 = 3" in err
     assert "Traceback" not in err
 
 

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 from conftest import ROOT, TINY
+from gpt2 import GPT2Config
 from safetensors.torch import load_file, save_file
 
 from gpt2 import CheckpointError, decode, encode, load_gpt2, EOT_ID
@@ -208,31 +209,51 @@ def test_dtype_names_and_auto(folder):
     assert {p.dtype for p in load_gpt2(folder, dtype="auto", device="cpu").parameters()} == {torch.float32}
 
 
-def test_auto_dtype_on_cpu_is_bfloat16_for_large_models_on_bf16_hardware(make_checkpoint, monkeypatch):
+def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, monkeypatch, capsys):
+    """dtype="auto" on a CPU loads the format that kernels.fastest_format measured fastest for the
+    model's shapes (here its measurement is replaced by chosen times), and says so in one line; a
+    16-bit format that wins by less than the margin, or that has no fast path here, is not picked."""
     import gpt2.device as device
-    cpu = torch.device("cpu")
-    folder = make_checkpoint(TINY)
-    n = load_gpt2(folder, dtype="float32").num_parameters()
-    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: True)
-    assert device.auto_dtype(cpu) == torch.float32  # size unknown
-    assert device.auto_dtype(cpu, device.CPU_BF16_MIN_PARAMETERS - 1) == torch.float32
-    assert device.auto_dtype(cpu, device.CPU_BF16_MIN_PARAMETERS) == torch.bfloat16
-    assert device.auto_dtype(cpu, 774_030_080) == torch.bfloat16  # GPT-2 Large
-    # load_gpt2 decides by the model it loads: lower the bar below this tiny model's size
-    monkeypatch.setattr(device, "CPU_BF16_MIN_PARAMETERS", n)
-    model = load_gpt2(folder)
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert model.wte.weight.fast_linear is not None  # the pre-packed kernel that makes it pay
-    monkeypatch.setattr(device, "CPU_BF16_MIN_PARAMETERS", n + 1)
-    assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
-    # no bfloat16 instructions (emulated bf16 is slower), or the fast kernels switched off: float32
-    monkeypatch.setattr(device, "CPU_BF16_MIN_PARAMETERS", n)
-    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: False)
-    assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
-    assert "no bfloat16 instructions" in device.dtype_note(torch.bfloat16, cpu)
-    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: True)
-    monkeypatch.setattr(device.fast_linear, "ENABLED", False)
-    assert device.auto_dtype(cpu, 774_030_080) == torch.float32
+    import gpt2.kernels as kernels
+    wide = GPT2Config(n_layer=1, n_head=2, n_embd=64, n_positions=16, vocab_size=64)
+    folder = make_checkpoint(wide, seed=3, std=0.1)
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 1)  # measure even this tiny model
+    monkeypatch.setattr(kernels, "_FASTEST", {})
+    monkeypatch.setattr(kernels, "_CHOSEN", {})
+    costs = {}  # format -> seconds of a 1-row and a 5-row pass, whatever the path
+
+    def fake_times(paths_kernels, in_features, dtype, rows=kernels.ROW_COUNTS, repeats=5):
+        fmt = {torch.bfloat16: "bfloat16"}.get(dtype, "fp16" if "fbgemm-fp16" in paths_kernels else "float32")
+        return {p: {m: costs[fmt] for m in rows} for p in paths_kernels}
+
+    monkeypatch.setattr(kernels, "time_kernels", fake_times)
+    has_bf16 = kernels.works("onednn-bf16")  # this CPU's (or GPT2_CPU's) real answer
+    monkeypatch.setattr(kernels, "format_paths", lambda: {"float32": ["onednn"], "fp16": ["fbgemm-fp16"],
+                                                          "bfloat16": ["onednn-bf16"] if has_bf16 else []})
+    for times, expected in [({"float32": 1.0, "fp16": 0.5, "bfloat16": 0.7}, "fp16"),
+                            ({"float32": 1.0, "fp16": 0.8, "bfloat16": 0.6}, "bfloat16" if has_bf16 else "fp16"),
+                            ({"float32": 1.0, "fp16": 0.95, "bfloat16": 0.95}, "float32")]:  # within the margin
+        costs.update(times)
+        kernels._FASTEST.clear()
+        device._NOTES_SHOWN.clear()
+        assert kernels.fastest_format(wide)[0] == expected
+        kernels._FASTEST.clear()
+        model = load_gpt2(folder)
+        err = capsys.readouterr().err
+        notes = [line for line in err.splitlines() if line.startswith("note: dtype auto")]
+        assert len(notes) == 1 and "measured fastest here" in notes[0], err
+        dtype, quantize = kernels.AUTO_FORMATS[expected]
+        assert {p.dtype for p in model.parameters()} == {dtype}
+        if quantize == "fp16":  # float16 weights in a float32 model
+            assert "float16 weights" in notes[0]
+            assert all(torch.equal(w, w.half().float()) for w in kernels.linear_weights(model))
+    # a format without its fast path is never a candidate (a real probe result, not faked)
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "_PROBED", {"onednn-bf16": "absent for this test"})
+    assert kernels.format_paths()["bfloat16"] == []
+    # unmeasured: a model too small for any format to pay, or an unknown size
+    assert kernels.fastest_format(wide)[0] == "float32"
+    assert device.auto_dtype(torch.device("cpu")) == torch.float32
 
 
 def test_auto_dtype_per_device(monkeypatch):
@@ -245,21 +266,20 @@ def test_auto_dtype_per_device(monkeypatch):
     assert auto_dtype(torch.device("cuda")) == torch.float16
 
 
-def test_slower_dtype_note_only_for_half_precision_on_cpu(monkeypatch):
+def test_dtype_note_for_a_16_bit_dtype_without_a_fast_path(monkeypatch):
     import gpt2.device as device
+    import gpt2.kernels as kernels
     cpu = torch.device("cpu")
-    monkeypatch.setattr(device, "cpu_has_bf16_instructions", lambda: True)
     assert device.dtype_note(torch.float32, cpu) is None
     assert device.dtype_note(torch.bfloat16, torch.device("cuda")) is None
-    monkeypatch.setattr(device, "CPU_FLOAT32_VERIFY5", 1.40)
-    monkeypatch.setattr(device, "CPU_MEASURED", {torch.bfloat16: (1.00, 1.30), torch.float16: (0.60, 2.70)})
-    for dtype, step, verify in [(torch.bfloat16, "1.00x", "1.30x"), (torch.float16, "0.60x", "2.70x")]:
-        note = device.dtype_note(dtype, cpu)  # no faster at one of the two: say so, with the factors
-        assert "\n" not in note and note.startswith("note: " + str(dtype).removeprefix("torch."))
-        assert f"step {step} float32's time" in note and f"verifying 5 tokens {verify}" in note
-        assert "(float32: 1.40x)" in note
-    monkeypatch.setattr(device, "CPU_MEASURED", {torch.float16: (0.60, 1.10)})
-    assert device.dtype_note(torch.float16, cpu) is None  # faster at both: nothing to say
+    monkeypatch.setattr(kernels, "_PROBED", {"onednn-bf16": None})
+    assert device.dtype_note(torch.bfloat16, cpu) is None  # the fast path exists: nothing to say
+    monkeypatch.setattr(kernels, "_PROBED", {"onednn-bf16": "RuntimeError: needs avx512bw"})
+    note = device.dtype_note(torch.bfloat16, cpu)
+    assert "\n" not in note and note.startswith("note: bfloat16 has no fast kernel on this CPU")
+    assert "needs avx512bw" in note and "Faster here:" in note
+    note = device.dtype_note(torch.float16, cpu)
+    assert "\n" not in note and note.startswith("note: float16") and "Faster here:" in note
 
 
 @pytest.mark.parametrize("kwargs, words", [

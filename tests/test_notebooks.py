@@ -65,9 +65,6 @@ def notebook_env(monkeypatch, notebook_pair, python3_kernel, tmp_path):
     monkeypatch.setenv("GPT2_DRAFT", str(draft_dir))
     monkeypatch.setenv("DEVICE", "cpu")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    shared_bpe = ROOT.parent / "shared" / "tiktoken_cache"
-    if "TIKTOKEN_CACHE_DIR" not in os.environ and shared_bpe.is_dir():
-        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(shared_bpe))
     # Notebook 4 measures inline unless told where benchmark results are: point it at a missing
     # file so the run does not depend on whether a benchmark has been run in this checkout.
     monkeypatch.setenv("BENCHMARK_RESULTS", str(tmp_path / "no-such-results.json"))

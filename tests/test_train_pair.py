@@ -1,7 +1,7 @@
 """offline.train_pair: a real (trained) draft/target pair, made offline in seconds here.
 
-The quality figures of the default 10-minute run are in the README; these tests check the
-mechanics: the kept-vocabulary loss is exactly the saved model's loss over GPT-2's whole
+The quality figures of the default 10-minute run are in docs/trained_pair.md; these tests check
+the mechanics: the kept-vocabulary loss is exactly the saved model's loss over GPT-2's whole
 vocabulary, the checkpoints load and decode speculatively, writing is atomic, bad input errors.
 """
 

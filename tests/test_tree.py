@@ -15,6 +15,7 @@ from offline.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
                            speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
+from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter
 from spec_decoding.checks import (cache_difference, check_stopping, chi_square_p_value, counts_of,
                                   exact_distribution)
 from spec_decoding.sampling import sample
@@ -367,6 +368,15 @@ def test_the_naive_multi_draft_variant_is_caught(unrelated_pair, monkeypatch, na
 
 
 # ---------------------------------------------------------------- bad input
+
+def test_a_layer_skip_drafter_is_refused_not_the_whole_target(target):
+    """A LayerSkipDrafter is a ModelDrafter whose .model is the whole target: a tree drafted with
+    that model would silently be drafted by the target itself. It is a clear error instead."""
+    with pytest.raises(TypeError, match="got LayerSkipDrafter: it scores the tree with the draft model's full"):
+        tree_speculative_sampling(target, LayerSkipDrafter(target, 2), PROMPT, 8, (2, 1))
+    # a plain ModelDrafter (and its subclasses that draft with their whole model) still works
+    assert len(tree_speculative_sampling(target, ModelDrafter(target), PROMPT, 8, (2, 1)).tokens) == 8
+
 
 @pytest.mark.parametrize("branching, message", [
     ((), "non-empty tuple"), (2, "non-empty tuple"), ((2, 0), "an int between 1 and the vocabulary"),

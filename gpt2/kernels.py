@@ -1,0 +1,421 @@
+"""Which kernel runs GPT-2's linear layers on this CPU: a capability probe, a choice measured per
+number of rows, and linear() itself. The one place that decides kernels; `python -m gpt2.kernel_report`
+prints what it decided and why.
+
+Three questions, each answered on the machine in use, never from a number written into the code:
+
+  1. Which fast paths work here? (`probe`) Each one (pre-packed oneDNN bfloat16, fbgemm's float16
+     weights, int8 packing, ...) is tried once, on a tiny tensor, the first time it is needed, and
+     its result checked against float64. A path that raises, or computes something else, is never
+     used again in this process; the reason is kept for the report. oneDNN's bfloat16 path, for
+     example, needs AVX-512 (or AVX-NE-CONVERT): most laptops' CPUs lack it, and then it raises.
+  2. Which working kernel is fastest for a decode step (1 row) and for a verification (2 to 9
+     rows)? (`attach_kernels`) At load, each candidate runs on the model's own weights, a few
+     layers' worth so they come from memory as in a real step, at ROW_COUNTS rows; each row count
+     gets its winner. Which one wins depends on the CPU (docs/linear_kernels.md).
+  3. Which weight format is fastest here for this model? (`fastest_format`, behind dtype="auto")
+     The same measurement on weights of the model's shapes, once per format that works.
+
+GPT2_CPU=avx2 makes the probe act as on a CPU without AVX-512 and bfloat16 instructions (an AMD
+Zen 2/3 or a recent Intel consumer CPU), so that one machine can test both kinds of paths. Use it
+together with PyTorch's and oneDNN's own switches, which must be set before torch is imported:
+
+    GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.kernel_report
+
+GPT2_FAST_LINEAR=0 runs every layer on the plain path (F.linear, or oneDNN for large float32
+weights; GPT2_ONEDNN=0: F.linear only) on the same values, to compare.
+"""
+
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import fast_linear
+
+ENABLED = os.environ.get("GPT2_FAST_LINEAR", "1") != "0"
+USE_ONEDNN = os.environ.get("GPT2_ONEDNN", "1") != "0"
+EMULATIONS = {"avx2": "a CPU without AVX-512 or bfloat16 instructions (GPT2_CPU=avx2)"}
+# oneDNN sets up each call; below this many weights plain F.linear is quicker, and a layer this
+# small is per-call overhead, not reading weights, so no format or kernel choice pays. Every
+# linear layer of the real GPT-2 sizes is above it; only toy test models are below.
+ONEDNN_MIN_WEIGHTS = 1 << 18
+# Rows timed at load: a decode step, and verifications of 1, 4 and 8 draft tokens. A call with
+# other rows uses the winner of the nearest of these (ROW_LIMITS); above the last, a prompt: the
+# format's default kernel.
+ROW_COUNTS = (1, 2, 5, 9)
+ROW_LIMITS = (1, 3, 7, 16)
+# Bytes of weights each timing pass reads: more than most CPUs' caches hold, so they come from
+# memory, as in a decode step of a real model (a few server CPUs have caches larger still).
+TIMING_BYTES = 256 * 2**20
+# A 16-bit format must beat float32 by this fraction to be picked by "auto": closer than that, the
+# difference is within timing noise and float32 keeps the exact numerics.
+AUTO_MARGIN = 0.1
+
+# Paths: name -> what it is. The kernel each builds from a weight is in KERNELS.
+PATHS = {
+    "linear": "F.linear (PyTorch's default; MKL on x86)",
+    "mm": "torch.mm(W, x.T) (the weight as the left operand)",
+    "onednn": "oneDNN inner product, float32",
+    "onednn-bf16": "oneDNN, bfloat16 weights pre-packed once",
+    "fbgemm-fp16": "fbgemm, float16 weights, float32 math",
+    "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
+}
+KERNELS = {
+    "linear": fast_linear.PlainLinear,
+    "mm": fast_linear.TransposedMM,
+    "onednn": fast_linear.OneDNNLinear,
+    "onednn-bf16": fast_linear.OneDNNPackedWeight,
+    "fbgemm-fp16": fast_linear.FP16Weight,
+}
+# Weight formats -> the paths that can run them, in order of preference when nothing is measured
+# (the first working one is also the default for prompts). A format's kernels all compute the
+# same function of the parameters' values: "fp16" weights are float32 parameters holding
+# float16-rounded values, "int8" ones hold the dequantized values.
+CANDIDATES = {
+    "float32": ("onednn", "mm", "linear"),
+    "bfloat16": ("onednn-bf16", "mm", "linear"),
+    "float16": ("mm", "linear"),
+    "fp16": ("fbgemm-fp16", "onednn", "mm", "linear"),
+    "int8": ("int8pack",),
+}
+# Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize).
+AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
+                "bfloat16": (torch.bfloat16, None)}
+
+
+def emulated_cpu() -> str | None:
+    """The CPU kind GPT2_CPU asks to act as (None: this machine as it is)."""
+    name = os.environ.get("GPT2_CPU", "").strip().lower()
+    if name in ("", "native"):
+        return None
+    if name not in EMULATIONS:
+        raise ValueError(f"GPT2_CPU={name!r} is not known: use GPT2_CPU=avx2 (act as a CPU without "
+                         f"AVX-512/bfloat16) or leave it unset")
+    return name
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's vector-instruction flags that matter here (from /proc/cpuinfo; [] elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return sorted(f for f in set(flags) if f in ("avx2", "fma", "f16c", "avx_ne_convert")
+                  or f.startswith(("avx512", "amx")))
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX); False under
+    GPT2_CPU=avx2. Without them bfloat16 is emulated, slower than float32."""
+    if emulated_cpu() == "avx2":
+        return False
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # an older or non-x86 build of PyTorch
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The probe
+
+_PROBED: dict[str, str | None] = {}  # path -> None (works) or why not
+
+
+def probe(path: str) -> str | None:
+    """None if `path` works on this machine, else why not. Tried once per process, on a tiny
+    weight, and checked against float64."""
+    if path not in _PROBED:
+        _PROBED[path] = _try(path)
+    return _PROBED[path]
+
+
+def works(path: str) -> bool:
+    return probe(path) is None
+
+
+def _try(path: str) -> str | None:
+    if path not in PATHS:
+        raise ValueError(f"unknown kernel path {path!r}: one of {', '.join(PATHS)}")
+    if path.startswith("onednn") and not torch.backends.mkldnn.is_available():
+        return "this PyTorch build has no oneDNN (mkldnn)"
+    if path == "onednn-bf16" and emulated_cpu() == "avx2":
+        return f"acting as {EMULATIONS['avx2']}"
+    if path == "fbgemm-fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        return "this PyTorch build has no fbgemm (x86 only)"
+    g = torch.Generator().manual_seed(0)
+    weight, bias, x = torch.randn(24, 64, generator=g), torch.randn(24, generator=g), torch.randn(3, 64, generator=g)
+    dtype = torch.bfloat16 if path == "onednn-bf16" else torch.float32
+    try:
+        kernel = build_kernel(path, weight.to(dtype))
+        y = kernel(x.to(dtype), bias.to(dtype)).double()
+    except Exception as e:  # whatever the kernel's library raises on this CPU
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+    reference = x.double() @ weight.double().T + bias.double()
+    error = (y - reference).abs().max().item() / reference.abs().max().item()
+    if not error < 0.05:  # bf16 / int8 rounding is far below this; a wrong kernel far above
+        return f"ran, but computed something else (relative error {error:.2g})"
+    return None
+
+
+def build_kernel(path: str, weight: torch.Tensor, int8=None):
+    """The kernel of `path` for one weight [out, in]. int8: (q, scale) for "int8pack" (default:
+    quantized from the weight)."""
+    if path == "int8pack":
+        return fast_linear.Int8Weight(*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
+    return KERNELS[path](weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# linear(): what every linear layer of gpt2/model.py calls
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] @ weight.T + bias, with weight [out, in] as in nn.Linear: on the kernels
+    attach_kernels chose for this weight (in inference, on CPU), else on the plain path."""
+    inference = not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    if inference and x.device.type == "cpu":
+        kernel = getattr(weight, "fast_linear", None)
+        if kernel is not None and ENABLED:
+            return kernel(x, bias)
+        if (USE_ONEDNN and x.dtype == torch.float32 and weight.numel() >= ONEDNN_MIN_WEIGHTS
+                and works("onednn")):
+            # On x86, MKL's kernels for a few rows are slow on AMD processors; oneDNN reads the
+            # weights near memory speed (README, "Speed on CPU"). No autograd formula: inference only.
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class RowsAwareKernel:
+    """One weight's kernels, one per range of row counts: by_rows is [(max_rows, path, kernel)],
+    ascending, the last one for any number of rows."""
+
+    def __init__(self, by_rows: list[tuple[float, str, object]]):
+        self.by_rows = by_rows
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        for max_rows, _, kernel in self.by_rows:
+            if rows <= max_rows:
+                return kernel(x, bias)
+        raise AssertionError("the last range covers every row count")
+
+    def paths(self) -> list[tuple[float, str]]:
+        return [(max_rows, path) for max_rows, path, _ in self.by_rows]
+
+    def __repr__(self):
+        return f"RowsAwareKernel({describe_choice(self.paths())})"
+
+
+def describe_choice(paths: list[tuple[float, str]]) -> str:
+    """[(max_rows, path)] -> "1 row: onednn, 2-3 rows: mm, ..."."""
+    parts, low = [], 1
+    for max_rows, path in paths:
+        rows = f"{low}+" if math.isinf(max_rows) else (f"{low}" if low == max_rows else f"{low}-{max_rows}")
+        parts.append(f"{rows} rows: {path}")
+        low = max_rows + 1 if not math.isinf(max_rows) else low
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Kernels per number of rows, measured at load
+
+
+def linear_weights(model) -> list[torch.Tensor]:
+    """The weights that go through linear(): wte (the tied output head), then every linear layer's."""
+    return [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
+    if int8 is not None and weight in int8:
+        return "int8"
+    if fp16 and weight.dtype == torch.float32:
+        return "fp16"
+    return str(weight.dtype).removeprefix("torch.")
+
+
+def candidates(fmt: str, dtype: torch.dtype) -> list[str]:
+    """The working paths for a weight format ("int8" weights also run on their dtype's paths, on
+    the dequantized values)."""
+    paths = list(CANDIDATES.get(fmt, ()))
+    if fmt == "int8":
+        paths += CANDIDATES.get(str(dtype).removeprefix("torch."), ())
+    return [p for p in paths if works(p)]
+
+
+# (format, weight shape, dtype, threads) -> [(max_rows, path)]: each chosen once per process.
+_CHOSEN: dict[tuple, list[tuple[float, str]]] = {}
+
+
+def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=None) -> int:
+    """Give each linear weight of a CPU model its kernels (a RowsAwareKernel as the weight's
+    `fast_linear` attribute, which linear() runs). int8: parameter -> (q, scale) for weights
+    quantized at load time (their parameters hold the dequantized values); fp16: the float32
+    model's linear weights hold float16-rounded values.
+
+    Per format, the kernel for each range of rows is the fastest of the working candidates,
+    measured on the model's own weights of the largest shape (once per process for a format and
+    shape). choose: a function (format, sample weights, paths, int8) -> [(max_rows, path)] to use
+    instead (tests). Weights below ONEDNN_MIN_WEIGHTS are not measured: a 16-bit or int8 format
+    gets its own kernel, float32 and float16 the plain path. Returns how many weights got kernels."""
+    groups: dict[str, list[torch.Tensor]] = {}
+    for weight in linear_weights(model):
+        if weight.device.type == "cpu":
+            groups.setdefault(weight_format(weight, int8, fp16), []).append(weight)
+    count = 0
+    for fmt, weights in groups.items():
+        paths = candidates(fmt, weights[0].dtype)
+        if not paths:
+            continue
+        large = [w for w in weights if w.numel() >= ONEDNN_MIN_WEIGHTS]
+        if large and ENABLED and len(paths) > 1:
+            shape = max((tuple(w.shape) for w in large), key=lambda s: s[0] * s[1])
+            sample = [w for w in large if tuple(w.shape) == shape]
+            key = (fmt, shape, weights[0].dtype, torch.get_num_threads())
+            if choose is not None:
+                choice = choose(fmt, sample, paths, int8)
+            elif key in _CHOSEN:
+                choice = _CHOSEN[key]
+            else:
+                choice = _CHOSEN[key] = choose_by_rows(sample, paths, int8)[0]
+        else:
+            choice = [(math.inf, paths[0])]
+        for weight in weights:
+            if weight.numel() < ONEDNN_MIN_WEIGHTS and fmt in ("float32", "float16"):
+                continue  # per-call overhead: the plain path
+            small = weight.numel() < ONEDNN_MIN_WEIGHTS
+            weight.fast_linear = _rows_aware(weight, [(math.inf, paths[0])] if small else choice, int8)
+            count += 1
+    return count
+
+
+def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
+    built = {}
+    for _, path in choice:
+        if path not in built:
+            built[path] = build_kernel(path, weight, int8.get(weight) if int8 and path == "int8pack" else None)
+    return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
+
+
+def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows=ROW_COUNTS,
+                   limits=ROW_LIMITS) -> tuple[list[tuple[float, str]], dict]:
+    """Time each path on the sample weights (all of one shape) at each row count; return
+    ([(max_rows, fastest path)], the times {path: {rows: seconds per pass}})."""
+    copies = copies_for_timing(sample)
+    kernels = {p: [build_kernel(p, w, int8.get(w) if int8 and p == "int8pack" else None) for w in copies]
+               for p in paths}
+    times = time_kernels(kernels, copies[0].shape[1], copies[0].dtype, rows)
+    choice = [(limit, min(paths, key=lambda p: times[p][m])) for m, limit in zip(rows, limits)]
+    choice.append((math.inf, paths[0]))
+    merged = [choice[0]]
+    for item in choice[1:]:  # neighbouring ranges with the same winner become one
+        if item[1] == merged[-1][1]:
+            merged[-1] = (item[0], item[1])
+        else:
+            merged.append(item)
+    return merged, times
+
+
+def copies_for_timing(sample: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Enough of the sample weights (repeated if need be) to read TIMING_BYTES per pass."""
+    per_weight = sample[0].numel() * sample[0].element_size()
+    n = max(1, min(math.ceil(TIMING_BYTES / per_weight), 4 * len(sample)))
+    return [sample[i % len(sample)] for i in range(n)]
+
+
+@torch.inference_mode()
+def time_kernels(kernels: dict[str, list], in_features: int, dtype, rows=ROW_COUNTS,
+                 repeats: int = 5) -> dict[str, dict[int, float]]:
+    """{path: [kernel per weight]} -> {path: {M: seconds of one pass over its kernels with M rows,
+    the fastest of `repeats`}}. Every repeat runs every (path, M) once, in turn, so the samples of
+    each are spread over the whole measurement and a busy spell of the machine hits them alike;
+    noise only ever adds time, so the fastest pass is the kernel's own cost. A first pass of each
+    warms up."""
+    g = torch.Generator().manual_seed(0)
+    xs = {m: torch.randn(1, m, in_features, generator=g).to(dtype) for m in rows}
+    times = {p: {m: [] for m in rows} for p in kernels}
+    for repeat in range(repeats + 1):
+        for m, x in xs.items():
+            for path, ks in kernels.items():
+                t0 = time.perf_counter()
+                for k in ks:
+                    k(x, None)
+                if repeat:
+                    times[path][m].append(time.perf_counter() - t0)
+    return {p: {m: min(t) for m, t in by_m.items()} for p, by_m in times.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The weight format dtype="auto" picks on a CPU
+
+_FASTEST: dict[tuple, tuple[str, str]] = {}  # (n_embd, threads, probe results) -> (format, why)
+
+
+def fastest_format(config) -> tuple[str, str | None]:
+    """(format, why; None when nothing was measured): the format of AUTO_FORMATS that runs this model's linear
+    layers fastest here, measured at load on weights of its shapes ([4 n_embd, n_embd], as c_fc)
+    at 1 row (a decode step) and 5 rows (verifying 4 draft tokens). A 16-bit format must win by
+    AUTO_MARGIN. A model whose layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured."""
+    if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS:
+        return "float32", None  # layers this small cost per-call overhead, which no format cuts
+    key = (config.n_embd, torch.get_num_threads(), emulated_cpu())
+    if key not in _FASTEST:
+        _FASTEST[key] = _measure_formats(config)
+    return _FASTEST[key]
+
+
+def timing_weights(config) -> tuple[tuple[int, int], list[torch.Tensor]]:
+    """Random float32 weights of the model's c_fc shape [4 n_embd, n_embd]: as many distinct ones
+    as TIMING_BYTES holds (at most one per layer), so a pass over them reads memory, not cache."""
+    shape = (4 * config.n_embd, config.n_embd)
+    n = max(1, min(math.ceil(TIMING_BYTES / (shape[0] * shape[1] * 4)), config.n_layer))
+    # Constant values: these kernels' speed does not depend on them, and filling is instant.
+    return shape, [torch.full(shape, 0.01 * (i + 1)) for i in range(n)]
+
+
+def format_paths() -> dict[str, list[str]]:
+    """AUTO_FORMATS -> the working paths for each (empty: the format has no fast path here, and a
+    16-bit format on the plain path is not a candidate)."""
+    out = {}
+    for fmt, (dtype, _) in AUTO_FORMATS.items():
+        paths = candidates(fmt, dtype)
+        if fmt != "float32" and (not paths or paths[0] != CANDIDATES[fmt][0]):
+            paths = []
+        out[fmt] = paths
+    return out
+
+
+def _measure_formats(config) -> tuple[str, str]:
+    shape, weights32 = timing_weights(config)
+    n = len(weights32)
+    scores = {}
+    for fmt, paths in format_paths().items():
+        if not paths:
+            continue
+        dtype = AUTO_FORMATS[fmt][0]
+        weights = [w.to(dtype) for w in weights32] if dtype != torch.float32 else weights32
+        if fmt == "fp16":
+            weights = [w.half().float() for w in weights32]
+        kernels = {p: [build_kernel(p, w) for w in weights] for p in paths}
+        times = time_kernels(kernels, shape[1], dtype, rows=(1, 5), repeats=3)
+        scores[fmt] = min(t[1] for t in times.values()) + min(t[5] for t in times.values())
+    best = min(scores, key=scores.get)
+    if best != "float32" and scores[best] > (1 - AUTO_MARGIN) * scores["float32"]:
+        best = "float32"
+    ms = ", ".join(f"{f} {1000 * s:.1f} ms" for f, s in scores.items())
+    missing = [f for f, p in format_paths().items() if not p]
+    why = (f"measured fastest here on {n} weights of this model's c_fc shape {list(shape)}, a "
+           f"1-row plus a 5-row pass: {ms}" + (f"; no fast path here for {', '.join(missing)}" if missing else ""))
+    return best, why

@@ -1,0 +1,140 @@
+"""What the two command-line scripts share (spec_decoding_generate.py and benchmark.py): the types
+of their arguments, and building a drafter from its name.
+
+A drafter is named on a command line as KIND or KIND:N, e.g. model, ngram:3, layerskip:6. A new
+kind of drafter is added once, to DRAFTER_KINDS below: both scripts then accept it.
+"""
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from gpt2 import GPT2
+from .decoding import check_positive_int
+from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from .gamma import POLICY_NAMES
+from .tree import parse_branching
+
+
+# ---------------------------------------------------------------- argument types (argparse's type=)
+
+def positive_int(text: str) -> int:
+    """A whole number >= 1."""
+    try:
+        value = int(text)
+        check_positive_int("value", value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1") from None
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return int(text)
+
+
+def temperature(text: str) -> float:
+    """A temperature: a finite number >= 0 (0 means greedy)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a temperature >= 0 (0 means greedy)")
+    return value
+
+
+def probability(text: str) -> float:
+    """top-p: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability in (0, 1]")
+    return value
+
+
+def gamma_value(text: str):
+    """Draft tokens per round (a whole number >= 1), or a policy name (auto, heuristic)."""
+    if text in POLICY_NAMES:
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1, "
+                                         f"{' or '.join(POLICY_NAMES)}") from None
+
+
+def branching(text: str) -> tuple[int, ...]:
+    """A token tree, "2,2,1" -> (2, 2, 1): children per node at each depth."""
+    try:
+        return parse_branching(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# ---------------------------------------------------------------- drafters by name
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """A kind of drafter the command lines know."""
+
+    build: Callable[[int | None, GPT2, GPT2 | None], Drafter]  # (N, target, draft model) -> drafter
+    describe: Callable[[int | None], str]  # N -> what it is, for the scripts' output
+    number: str | None = None  # what N means in KIND:N (None: the kind takes no number)
+    default: int | None = None  # N when KIND is given alone (None with a number: N is required)
+    needs_draft_model: bool = False  # whether the scripts must load --draft for it
+
+
+DRAFTER_KINDS = {
+    "model": DrafterKind(build=lambda n, target, draft: ModelDrafter(draft),
+                         describe=lambda n: "a smaller model (--draft)", needs_draft_model=True),
+    "ngram": DrafterKind(build=lambda n, target, draft: NGramDrafter(max_ngram=n),
+                         describe=lambda n: f"prompt lookup, n-grams of up to {n} tokens",
+                         number="the longest n-gram looked up", default=3),
+    "layerskip": DrafterKind(build=lambda n, target, draft: LayerSkipDrafter(target, n),
+                             describe=lambda n: f"the target's first {n} blocks",
+                             number="how many of the target's blocks draft"),
+}
+
+
+def drafter_spec(text: str) -> str:
+    """KIND or KIND:N -> the canonical name (ngram is ngram:3). argparse's type= for drafters."""
+    kind, _, number = text.partition(":")
+    found = DRAFTER_KINDS.get(kind)
+    if found is not None and found.number is None and not number:
+        return kind
+    if found is not None and found.number is not None:
+        if number.isdigit() and int(number) >= 1:
+            return f"{kind}:{int(number)}"
+        if not number and found.default is not None:
+            return f"{kind}:{found.default}"
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens) or "
+        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1")
+
+
+def split_drafter_spec(spec: str) -> tuple[str, int | None]:
+    """A canonical name (drafter_spec) -> (kind, N or None)."""
+    kind, _, number = spec.partition(":")
+    return kind, int(number) if number else None
+
+
+def needs_draft_model(spec: str) -> bool:
+    """Whether the drafter a canonical name stands for drafts with the --draft model."""
+    return DRAFTER_KINDS[split_drafter_spec(spec)[0]].needs_draft_model
+
+
+def describe_drafter(spec: str) -> str:
+    kind, number = split_drafter_spec(spec)
+    return DRAFTER_KINDS[kind].describe(number)
+
+
+def make_drafter(spec: str, target: GPT2, draft: GPT2 | None = None) -> Drafter:
+    """The drafter a canonical name stands for. draft: the loaded draft model (kinds that need one).
+    The drafter's own ValueError when it cannot be built (e.g. layerskip:K with K too large)."""
+    kind, number = split_drafter_spec(spec)
+    return DRAFTER_KINDS[kind].build(number, target, draft)

@@ -1,0 +1,155 @@
+"""The README is a short front door, and every link in it and in docs/ leads somewhere real.
+
+A relative link must name an existing file; `#L12` or `#L12-L20` must name lines the file has,
+and when the link's text names code in backticks (`truncate`) that code must be on those lines, so
+a line link that drifts when the code moves fails here; `#some-heading` must name a heading of the
+linked Markdown file (GitHub's anchor for it). The checker is run on planted broken links too, so
+it is shown to fail.
+"""
+
+import re
+from pathlib import Path
+
+from conftest import ROOT
+
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MAX_README_LINES = 260
+
+LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^\s*```.*?^\s*```", re.M | re.S)
+LINE_ANCHOR = re.compile(r"L(\d+)(?:-L(\d+))?")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+# A reading-order row: | [path](path) | line count | what it holds |
+COUNT_ROW = re.compile(r"^\|\s*\[[^\]]*\]\(([^)#]+)\)\s*\|\s*(\d+)\s*\|", re.M)
+
+
+def markdown_links(text: str) -> list[tuple[str, str]]:
+    """(link text, target) for every link and image outside fenced code blocks."""
+    return LINK.findall(FENCE.sub("", text))
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces
+    to hyphens, a repeated heading numbered -1, -2, ..."""
+    anchors, seen = set(), {}
+    for line in FENCE.sub("", text).splitlines():
+        match = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def link_problems(page: Path, root: Path = ROOT) -> list[str]:
+    """What is wrong with the relative links of one Markdown page (empty when nothing is)."""
+    problems = []
+    text = page.read_text(encoding="utf-8")
+    for label, target in markdown_links(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ...: not checked offline
+            continue
+        path_part, _, anchor = target.partition("#")
+        linked = (page.parent / path_part).resolve() if path_part else page
+        where = f"{page.relative_to(root)}: [{label}]({target})"
+        if not linked.exists():
+            problems.append(f"{where}: {path_part} does not exist")
+            continue
+        if not anchor:
+            continue
+        line_anchor = LINE_ANCHOR.fullmatch(anchor)
+        if line_anchor:
+            lines = linked.read_text(encoding="utf-8").splitlines()
+            first = int(line_anchor.group(1))
+            last = int(line_anchor.group(2) or first)
+            if not 1 <= first <= last <= len(lines):
+                problems.append(f"{where}: {linked.name} has {len(lines)} lines")
+                continue
+            code = CODE_SPAN.search(label)
+            if code and code.group(1) not in "\n".join(lines[first - 1:last]):
+                problems.append(f"{where}: `{code.group(1)}` is not on those lines of {linked.name}")
+        elif linked.suffix == ".md":
+            if anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+                problems.append(f"{where}: no heading #{anchor} in {linked.name}")
+        else:
+            problems.append(f"{where}: #{anchor} is neither a line (#L12) nor a Markdown heading")
+    return problems
+
+
+def line_count_problems(page: Path) -> list[str]:
+    """Rows `| [file](file) | N |` whose N is off from the file's real line count by more than
+    15% (or 10 lines): the reading order's counts must follow the code."""
+    problems = []
+    for target, claimed in COUNT_ROW.findall(page.read_text(encoding="utf-8")):
+        actual = len((page.parent / target).read_text(encoding="utf-8").splitlines())
+        if abs(actual - int(claimed)) > max(10, 0.15 * actual):
+            problems.append(f"{page.name}: {target} is said to have {claimed} lines, it has {actual}")
+    return problems
+
+
+def test_readme_is_short():
+    n_lines = len(README.read_text(encoding="utf-8").splitlines())
+    assert n_lines <= MAX_README_LINES, (
+        f"README.md has {n_lines} lines, more than {MAX_README_LINES}: it is the front door; move "
+        f"depth into a docs/ page and link it")
+
+
+def test_every_link_resolves():
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    problems = [p for page in pages for p in link_problems(page)]
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_readme_links_every_docs_page():
+    readme_targets = {(ROOT / t.partition("#")[0]).resolve()
+                      for _, t in markdown_links(README.read_text(encoding="utf-8"))}
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in readme_targets]
+    assert not missing, f"docs pages the README does not link: {missing}"
+
+
+def test_deeper_docs_pages_are_linked_from_somewhere():
+    linked = set()
+    for page in [README, *DOCS.rglob("*.md")]:
+        for _, target in markdown_links(page.read_text(encoding="utf-8")):
+            linked.add((page.parent / target.partition("#")[0]).resolve())
+    orphans = [str(p.relative_to(ROOT)) for p in sorted(DOCS.rglob("*/*.md")) if p.resolve() not in linked]
+    assert not orphans, f"docs pages no page links: {orphans}"
+
+
+def test_reading_order_line_counts_follow_the_code():
+    problems = line_count_problems(README)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checker_catches_broken_links(tmp_path):
+    """Plant each kind of broken link in a page and check that each one is reported."""
+    (tmp_path / "code.py").write_text("def first():\n    pass\n\n\ndef second():\n    pass\n")
+    (tmp_path / "other.md").write_text("# Other page\n\n## A section: with punctuation?\n")
+    good = ("[code](code.py) [`first`](code.py#L1) [`second`](code.py#L4-L6) "
+            "[section](other.md#a-section-with-punctuation) [top](#this-page) "
+            "[web](https://example.com/missing)\n\n```\n[in a code block](nowhere.py)\n```\n")
+    (tmp_path / "page.md").write_text("# This page\n\n" + good)
+    assert link_problems(tmp_path / "page.md", tmp_path) == []
+
+    planted = {
+        "[gone](missing.py)": "does not exist",
+        "[past the end](code.py#L7)": "has 6 lines",
+        "[`second`](code.py#L1-L2)": "is not on those lines",
+        "[section](other.md#no-such-section)": "no heading",
+        "[self](#no-such-heading)": "no heading",
+        "[odd](code.py#somewhere)": "neither a line",
+    }
+    for link, complaint in planted.items():
+        (tmp_path / "page.md").write_text("# This page\n\n" + good + link + "\n")
+        problems = link_problems(tmp_path / "page.md", tmp_path)
+        assert len(problems) == 1 and complaint in problems[0], (link, problems)
+
+
+def test_the_line_count_check_catches_a_stale_count(tmp_path):
+    (tmp_path / "code.py").write_text("x = 1\n" * 100)
+    (tmp_path / "page.md").write_text("| [code.py](code.py) | 98 | fine |\n")
+    assert line_count_problems(tmp_path / "page.md") == []
+    (tmp_path / "page.md").write_text("| [code.py](code.py) | 60 | stale |\n")
+    assert "has 100" in line_count_problems(tmp_path / "page.md")[0]
