@@ -136,7 +136,7 @@ def parse_args(argv=None):
                         "first 4 blocks into DIR/target and DIR/draft (reused if there), benchmark them")
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers' assisted generation (temperature 0) on the same pair")
-    p.add_argument("--batch", type=positive_int, nargs="+", metavar="B",
+    p.add_argument("--batch", type=cli.positive_int, nargs="+", metavar="B",
                    help="batched decoding instead of the grid: for each batch size B, B prompts at once "
                         "(the prompts file cycled), batched autoregressive vs batched speculative at each "
                         "fixed gamma, the first --max-gens and --temperatures (benchmarks/batched_speed.py)")
