@@ -20,6 +20,7 @@ verify_cost(B, gamma)). The crossover is the smallest batch at which the best ga
 
 import statistics
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -27,6 +28,7 @@ from gpt2.device import synchronize
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.batched import (batched_autoregressive_generate, batched_speculative_sampling,
                                    calibrate_batch_costs)
+from spec_decoding.costs import BatchCostModel
 from spec_decoding.theory import crossover_batch_size
 
 from .common import markdown_table
@@ -139,8 +141,7 @@ def run_batch_grid(target, draft, prompts, batch_sizes, gammas, max_gen: int, te
         "predicted": crossover_batch_size({e["batch"]: e["best_speedup_predicted"] for e in by_batch}),
     }
     return {"cells": cells, "by_batch": by_batch, "crossover": crossover,
-            "cost_model": {"rows": costs.rows, "target_s": costs.target_s, "draft_s": costs.draft_s,
-                           "context_len": costs.context_len, "target": costs.target, "draft": costs.draft},
+            "cost_model": asdict(costs),
             "settings": {"batch_sizes": batch_sizes, "gammas": gammas, "max_gen": max_gen,
                          "temperature": temperature, "repeats": repeats, "threads": torch.get_num_threads()}}
 
@@ -170,4 +171,23 @@ def batch_summary_markdown(results: dict) -> str:
         return f"B = {b}" if b is not None else "none within the batch sizes run"
     lines.append(f"Crossover (smallest batch where speculation stops paying): measured {say(c['measured'])}, "
                  f"predicted {say(c['predicted'])}.")
+    lines += ["", predicted_by_alpha_markdown(results)]
     return "\n".join(lines) + "\n"
+
+
+ALPHAS = (0.5, 0.6, 0.75, 0.9)  # what real draft/target pairs reach; random stand-ins agree far more
+
+
+def predicted_by_alpha_markdown(results: dict, alphas=ALPHAS) -> str:
+    """The cost model's best-gamma speed-up by batch size at other acceptance rates: where the
+    crossover would sit for a pair that disagrees more than the one measured."""
+    costs = BatchCostModel(**results["cost_model"])
+    batch_sizes, gammas = results["settings"]["batch_sizes"], results["settings"]["gammas"]
+    rows, crossovers = [], []
+    for alpha in alphas:
+        speedups = {B: max(costs.predicted_speedup(alpha, g, B) for g in gammas) for B in batch_sizes}
+        rows.append([alpha] + [f"{speedups[B]:.2f}" for B in batch_sizes])
+        crossovers.append(crossover_batch_size(speedups))
+    rows = [r + [f"B = {c}" if c else "beyond"] for r, c in zip(rows, crossovers)]
+    return ("Predicted best-gamma speed-up at other alphas (same measured costs):\n\n"
+            + markdown_table(["alpha"] + [f"B={B}" for B in batch_sizes] + ["crossover"], rows))
