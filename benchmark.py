@@ -622,7 +622,8 @@ def main(argv=None) -> None:
                [c for c in (peek_config(args.target), peek_config(args.draft) if uses_draft else None)
                 if c is not None])
     if configs:
-        check_prompts_fit(prompts, min(c.vocab_size for c in configs), min(c.n_positions for c in configs))
+        if len({c.vocab_size for c in configs}) == 1:  # else: a mismatched pair, named once loaded
+            check_prompts_fit(prompts, configs[0].vocab_size, min(c.n_positions for c in configs))
         args.max_gens = clamp_max_gens(args.max_gens, prompts, min(c.n_positions for c in configs))
     if args.make_standins:
         args.target, args.draft = make_standins(args.make_standins, args.seed)

@@ -112,9 +112,12 @@ def drafter_spec(text: str) -> str:
             return f"{kind}:{int(number)}"
         if not number and found.default is not None:
             return f"{kind}:{found.default}"
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not a drafter: use model, ngram, ngram:N (n-grams of up to N tokens) or "
-        f"layerskip:K (the target's first K blocks), N and K whole numbers >= 1")
+    forms, numbers = [], []
+    for name, k in DRAFTER_KINDS.items():
+        forms += [name] if k.number is None else [name, f"{name}:N"] if k.default else [f"{name}:N"]
+        numbers += [] if k.number is None else [f"{name}:N: {k.number}"]
+    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: use {', '.join(forms)} ({'; '.join(numbers)}), "
+                                     f"N a whole number >= 1")
 
 
 def split_drafter_spec(spec: str) -> tuple[str, int | None]:
