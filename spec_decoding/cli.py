@@ -110,9 +110,19 @@ DRAFTER_KINDS = {
                          folder="the drafter's folder (python -m offline.train_drafter --kind eagle)"),
 }
 
-SPEC_HELP = ("use model, ngram, ngram:N (n-grams of up to N tokens), layerskip:K (the target's first K "
-             "blocks), N and K whole numbers >= 1, or medusa:DIR / eagle:DIR (a drafter trained for the "
-             "target by python -m offline.train_drafter)")
+def spec_help() -> str:
+    """How to name a drafter, said from DRAFTER_KINDS (a new kind needs no edit here)."""
+    forms, meanings = [], []
+    for name, kind in DRAFTER_KINDS.items():
+        if kind.folder is not None:
+            forms.append(f"{name}:DIR")
+            meanings.append(f"{name}:DIR: {kind.folder}")
+        elif kind.number is not None:
+            forms += [name, f"{name}:N"] if kind.default else [f"{name}:N"]
+            meanings.append(f"{name}:N: {kind.number}")
+        else:
+            forms.append(name)
+    return f"use {', '.join(forms)} ({'; '.join(meanings)}), N a whole number >= 1"
 
 
 def drafter_spec(text: str) -> str:
@@ -130,7 +140,7 @@ def drafter_spec(text: str) -> str:
             return f"{kind}:{int(number)}"
         if not number and found.default is not None:
             return f"{kind}:{found.default}"
-    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: {SPEC_HELP}")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: {spec_help()}")
 
 
 def drafter_choice(text: str) -> str:
@@ -141,9 +151,8 @@ def drafter_choice(text: str) -> str:
         return drafter_spec(text)
     if text in DRAFTER_KINDS:
         return text
-    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: use "
-                                     f"{', '.join(k for k, v in DRAFTER_KINDS.items() if v.folder is None)}, "
-                                     f"medusa:DIR or eagle:DIR")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: use " + ", ".join(
+        f"{k}:DIR" if v.folder is not None else k for k, v in DRAFTER_KINDS.items()))
 
 
 def split_drafter_spec(spec: str) -> tuple[str, int | str | None]:

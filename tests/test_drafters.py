@@ -366,3 +366,22 @@ def test_draft_must_be_a_model_or_a_drafter(pair):
 def test_a_drafter_without_propose_says_so(pair):
     with pytest.raises(NotImplementedError, match="Drafter must implement propose"):
         speculative_sampling_greedy(pair[0], Drafter(), PROMPT, 10, 4)
+
+
+def test_a_new_drafter_kind_is_added_once_and_both_scripts_take_it(monkeypatch, pair, tmp_path):
+    """spec_decoding.cli.DRAFTER_KINDS is the one list: a kind registered there is accepted by
+    benchmark.py --drafters and spec_decoding_generate.py --drafter, and built by name."""
+    import benchmark
+    import spec_decoding_generate
+    from spec_decoding import cli
+
+    target, _ = pair
+    monkeypatch.setitem(cli.DRAFTER_KINDS, "lookup", cli.DrafterKind(
+        build=lambda n, target, draft: NGramDrafter(max_ngram=n), describe=lambda n: f"lookup of {n}",
+        number="the n-gram length", default=2))
+    assert benchmark.parse_args(["--drafters", "lookup", "lookup:4", "--out", str(tmp_path)]).drafters == [
+        "lookup:2", "lookup:4"]
+    args = spec_decoding_generate.parse_args(["--drafter", "lookup"])
+    drafter, line = spec_decoding_generate.make_drafter(args, target, target.wte.weight.device, "auto")
+    assert isinstance(drafter, NGramDrafter) and drafter.max_ngram == 2 and line == "lookup:2 (lookup of 2)"
+    assert benchmark.make_drafters(["lookup:4"], target, None)["lookup:4"].max_ngram == 4

@@ -76,19 +76,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-# Imports not yet untangled, each with who is untangling it. gpt2.fast_linear imports gpt2.model's
-# Linear lazily while model.py imports fast_linear: the CPU-kernel routing (the "Every CPU" issue)
-# moves that into gpt2/kernels.py. Delete the entry when it lands; the test then covers it.
-PENDING = {("gpt2.fast_linear", "gpt2.model")}
-
-
 def test_no_import_cycles():
     modules = project_modules()
     assert {"spec_decoding.rejection", "spec_decoding.trace_page", "offline.train_pair"} <= set(modules)
-    graph = import_graph(modules)
-    for importer, imported in PENDING:
-        graph[importer].discard(imported)
-    cycle = find_cycle(graph)
+    cycle = find_cycle(import_graph(modules))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
