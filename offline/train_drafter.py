@@ -208,7 +208,7 @@ def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, contex
             truth = window[0, k + 1:T + 1, None]
             hits[k - 1] += (top == truth).cumsum(-1).clamp(max=1).sum(0).float()
             counts[k - 1] += T - k
-    return (hits / counts.clamp(min=1)[:, None]).round(decimals=4).tolist()
+    return [[round(float(a), 4) for a in row] for row in hits / counts.clamp(min=1)[:, None]]
 
 
 README_TEMPLATE = """# A {kind} drafter
