@@ -315,7 +315,10 @@ def test_make_refuses_a_function_no_check_exercises(tmp_path):
     with pytest.raises(AssignmentError, match="no check exercises spec_decoding.drafters.LayerSkipDrafter.next_logits"):
         make(["spec_decoding.drafters.LayerSkipDrafter.next_logits"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    # every check names the student's functions it exercises, and calls them: a stub fails it
+    # every check names the student's functions it exercises, and calls them: a stub fails it;
+    # check names are unique (a check's process finds its check by name)
+    names = [c.name for a in ASSIGNMENTS.values() for c in a.checks]
+    assert len(names) == len(set(names)) and len(ASSIGNMENTS) == 6
     for a in ASSIGNMENTS.values():
         for c in a.checks:
             assert c.exercises and set(c.exercises) <= set(a.functions), c.name
