@@ -123,7 +123,7 @@ def test_rows_aware_kernel_runs_each_call_on_its_rows_kernel():
         k(torch.zeros(1, rows, 8), None)
     k(torch.zeros(2, 1, 8), None)  # 2 sequences of 1 token: 2 rows
     assert seen == [("a", 1), ("b", 2), ("b", 3), ("c", 4), ("c", 40), ("b", 2)]
-    assert kernels.describe_choice(k.paths()) == "1 rows: a, 2-3 rows: b, 4+ rows: c"
+    assert kernels.describe_choice(k.paths()) == "1 row: a, 2-3 rows: b, 4+ rows: c"
 
 
 def test_choose_by_rows_takes_the_fastest_per_row_count(monkeypatch):
