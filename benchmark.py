@@ -13,7 +13,8 @@ with a seeded generator otherwise). The baseline of a (temperature, max_gen, pro
 timed right before the speculative runs of every gamma, so both see the same machine state.
 Generation never stops early at <|endoftext|>: every run makes max_gen tokens. --drafters makes
 the drafter a grid axis too (spec_decoding/drafters.py): model (--draft), ngram[:N] (prompt
-lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks); every
+lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks), medusa:DIR / eagle:DIR (feature drafters,
+docs/feature_drafters.md); every
 drafter runs right after the same baseline.
 
 A run's speed-up is baseline seconds / speculative seconds; a cell reports the median over its

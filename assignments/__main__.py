@@ -1,11 +1,13 @@
-"""python -m assignments {make,grade}: see assignments/__init__.py and the README."""
+"""python -m assignments {make,grade,check,export}: see assignments/__init__.py and
+docs/instructor_guide.md."""
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from . import ASSIGNMENTS
-from .make import AssignmentError, make
+from .definition import AssignmentError
+from .registry import ASSIGNMENTS
 
 
 def main(argv=None) -> int:
@@ -15,31 +17,84 @@ def main(argv=None) -> int:
     which = m.add_mutually_exclusive_group(required=True)
     which.add_argument("--functions", nargs="+", metavar="NAME",
                        help="dotted names, e.g. spec_decoding.rejection.residual_distribution "
-                            "gpt2.kv_cache.KVCache.truncate")
+                            "gpt2.kv_cache.KVCache.truncate (each must be exercised by a check)")
     which.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
                        help="a ready-made assignment (assignments/<name>/README.md)")
     m.add_argument("--out", required=True, type=Path, help="a new or empty folder for the student's copy")
-    g = sub.add_parser("grade", help="grade a student's copy made by `make`")
-    g.add_argument("dir", type=Path, help="the student's copy")
-    g.add_argument("--timeout", type=float, default=300, help="seconds before the checks are stopped (default 300)")
+    m.add_argument("--allow-leaks", action="store_true",
+                   help="make the copy even if the leak check finds a stripped body elsewhere in it (warns)")
+    g = sub.add_parser("grade", help="the instructor's grade of a student's copy: every check, hidden inputs")
+    g.add_argument("dir", type=Path, help="the student's copy (or a folder of their edited files "
+                                          "with the copy's .assignment.json)")
+    g.add_argument("--json", action="store_true", help="print the report as JSON")
+    g.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed (another one re-runs the "
+                                                          "statistical checks on fresh samples)")
+    g.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
+    g.add_argument("--timeout", type=float, default=None, help="seconds per check (default: the check's own)")
+    c = sub.add_parser("check", help="the student's run, inside their copy: the visible checks")
+    c.add_argument("dir", type=Path, nargs="?", default=Path("."), help="the copy (default: here)")
+    c.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    e = sub.add_parser("export", help="an autograder for a course platform")
+    e.add_argument("platform", choices=["gradescope", "github-classroom"])
+    e.add_argument("assignment", choices=sorted(ASSIGNMENTS))
+    e.add_argument("--out", required=True, type=Path,
+                   help="gradescope: the .zip to write; github-classroom: a new or empty folder")
+    e.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed")
+    a = sub.add_parser("autograde", help=argparse.SUPPRESS)  # what an exported run_autograder calls
+    a.add_argument("--source", type=Path, required=True)
+    a.add_argument("--submission", type=Path, required=True)
+    a.add_argument("--results", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        if args.command == "make":
-            functions = args.functions or ASSIGNMENTS[args.assignment]
-            targets = make(functions, args.out, assignment=args.assignment)
-            print(f"Wrote {args.out} with these bodies removed (raise NotImplementedError):")
-            for t in targets:
-                print(f"  {t.name}  ({t.file}:{t.node.lineno})")
-            print(f"Grade it with: python -m assignments grade {args.out}")
-            return 0
-        from .grade import grade, print_report
-        print(f"Grading {args.dir} (small checkpoints made on the fly; about 15 s) ...", file=sys.stderr)
-        report = grade(args.dir, timeout=args.timeout)
-        print_report(report)
-        return 0 if report.passed else 1
+        return run(args)
     except AssignmentError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def run(args) -> int:
+    from .grade import HIDDEN_SEED, check_locally, grade, print_report
+
+    if args.command == "make":
+        from .make import make
+
+        functions = args.functions or list(ASSIGNMENTS[args.assignment].functions)
+        targets = make(functions, args.out, assignment=args.assignment, allow_leaks=args.allow_leaks)
+        print(f"Wrote {args.out} with these bodies removed (raise NotImplementedError):")
+        for t in targets:
+            print(f"  {t.name}  ({t.file}:{t.node.lineno})")
+        print(f"Students check their work with: cd {args.out} && python -m assignments check")
+        print(f"Grade it with: python -m assignments grade {args.out}")
+        return 0
+    if args.command in ("grade", "check"):
+        if args.command == "grade":
+            print(f"Grading {args.dir} (small checkpoints made on the fly) ...", file=sys.stderr)
+            report = grade(args.dir, seed=HIDDEN_SEED if args.seed is None else args.seed, timeout=args.timeout,
+                           only=args.only)
+        else:
+            report = check_locally(args.dir, only=args.only)
+        if args.json:
+            print(json.dumps(report.to_json(), indent=2))
+        else:
+            print_report(report)
+            if args.command == "check":
+                print("(the visible checks only; the grade runs more, on other inputs)")
+        return 0 if report.passed else 1
+    if args.command == "export":
+        from .export import export_github_classroom, export_gradescope
+
+        if args.platform == "gradescope":
+            path = export_gradescope(args.assignment, args.out, seed=HIDDEN_SEED if args.seed is None else args.seed)
+            print(f"Wrote {path}: upload it as the assignment's autograder (Gradescope: "
+                  f"Configure Autograder, zip upload, base image Ubuntu with Python 3)")
+        else:
+            path = export_github_classroom(args.assignment, args.out)
+            print(f"Wrote {path}: the starter repository for the assignment, with .github/workflows/classroom.yml")
+        return 0
+    from .export import autograde
+
+    return autograde(args.source, args.submission, args.results)
 
 
 if __name__ == "__main__":

@@ -6,20 +6,28 @@ everything else stay as they are. The teaching code needs no markers.
 """
 
 import ast
+import difflib
+import functools
 import json
 import shutil
+import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from .definition import AssignmentError
+
 ROOT = Path(__file__).resolve().parents[1]  # the project: the folder holding gpt2/ and spec_decoding/
 MANIFEST = ".assignment.json"  # written into the student's copy: what was removed, for `grade`
+SHIPPED = ".assignment"  # in the copy: the visible checks' inputs and reference values, their checkpoints
+# Left out of every copy: the instructor's tests (they re-implement and exercise the code), the
+# instructor's notes and guide.
+ALWAYS_DROPPED = ("tests", "docs/instructor_guide.md", "assignments/*/instructor.md")
+LEAK_THRESHOLD = 0.7  # share of a stripped body's normalised syntax found, in order, in another function
+LEAK_MIN_TOKENS = 25  # bodies shorter than this are too generic to compare
 # Not copied: version control, caches, run outputs.
 IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache", ".ipynb_checkpoints",
                                 "runs", "*.egg-info", "build", "dist", ".venv", "venv")
-
-
-class AssignmentError(ValueError):
-    """Bad input to make/grade: the message says what was wrong and how to fix it."""
 
 
 @dataclass
@@ -90,9 +98,10 @@ def _example(package_dir: Path, name: str) -> str:
     return f"{name}.<module>.<function>"
 
 
-def strip_bodies(source: str, targets: list[Target]) -> str:
+def strip_bodies(source: str, targets: list[Target], removed: tuple[str, ...] = ()) -> str:
     """The source with each target's body (after its docstring) replaced by one
-    `raise NotImplementedError(...)` line."""
+    `raise NotImplementedError(...)` line. Targets named in `removed` (siblings that would answer
+    the assignment) get a message saying they are not to be used."""
     lines = source.splitlines(keepends=True)
     # Bottom-up, so earlier line numbers stay valid.
     for t in sorted(targets, key=lambda t: t.node.lineno, reverse=True):
@@ -104,7 +113,8 @@ def strip_bodies(source: str, targets: list[Target]) -> str:
         if first_body_line == t.node.lineno:
             raise AssignmentError(f"{t.name}: its body is on the same line as its def; put it on its own lines first")
         indent = lines[first_body_line - 1][:len(lines[first_body_line - 1]) - len(lines[first_body_line - 1].lstrip())]
-        message = f"{t.qualname}: your code here (see the docstring)"
+        message = (f"{t.qualname}: removed in this assignment (write the assignment's functions without it)"
+                   if t.name in removed else f"{t.qualname}: your code here (see the docstring)")
         stub = f"{indent}raise NotImplementedError({message!r})\n"
         if rest:
             start, end = rest[0].lineno - 1, t.node.end_lineno
@@ -117,9 +127,138 @@ def strip_bodies(source: str, targets: list[Target]) -> str:
     return "".join(lines)
 
 
-def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | None = None) -> list[Target]:
+# ------------------------------------------------------------------------------------------------
+# The leak check: is a stripped function's answer still somewhere in the copy?
+# ------------------------------------------------------------------------------------------------
+
+def _tokens(statements) -> list[str]:
+    """A function body's syntax as a token list, with local names, constants and docstrings
+    normalised away (renaming variables does not hide a copy); attribute names are kept."""
+    tokens = []
+
+    def visit(node):
+        if isinstance(node, (ast.Load, ast.Store, ast.Del, ast.expr_context)):
+            return
+        if isinstance(node, ast.Attribute):
+            tokens.append("." + node.attr)
+        elif isinstance(node, ast.Constant):
+            tokens.append("const")
+        elif isinstance(node, ast.Name):
+            tokens.append("name")
+        else:
+            tokens.append(type(node).__name__)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for statement in statements:
+        if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)):
+            visit(statement)
+    return tokens
+
+
+def _pieces(tree: ast.Module):
+    """(qualname, tokens) for every function in a module, and for each run of module-level
+    statements (a notebook's cells)."""
+    for qualname, node in _definitions(tree).items():
+        if not isinstance(node, ast.ClassDef):
+            yield qualname, _tokens(node.body)
+    loose = [s for s in tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                      ast.Import, ast.ImportFrom))]
+    if loose:
+        yield "<module-level code>", _tokens(loose)
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_pieces(text: str) -> tuple:
+    """(qualname, tokens, token counts) of each piece of a file's source (cached: copies of the
+    project share almost every file)."""
+    return tuple((q, tokens, Counter(tokens)) for q, tokens in _pieces(ast.parse(text)))
+
+
+def similarity(reference: list[str], other: list[str], matcher: difflib.SequenceMatcher | None = None) -> float:
+    """The share of the reference's tokens found in `other` in the same order, in runs of at least
+    6 tokens (single common tokens such as a call or a name do not count). matcher: one already
+    holding `other` as its second sequence (it indexes it once)."""
+    if matcher is None:
+        matcher = difflib.SequenceMatcher(None, autojunk=False)
+        matcher.set_seq2(other)
+    matcher.set_seq1(reference)
+    return sum(b.size for b in matcher.get_matching_blocks() if b.size >= 6) / max(len(reference), 1)
+
+
+def _at_most(reference: Counter, other: Counter, length: int) -> float:
+    """An upper bound of similarity() from token counts alone (cheap: skips most pairs)."""
+    return sum(min(n, other[t]) for t, n in reference.items()) / max(length, 1)
+
+
+@dataclass
+class Leak:
+    function: str  # the stripped function
+    where: str  # file:qualname in the copy
+    similarity: float
+
+
+def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str, str]]) -> list[Leak]:
+    """Every function (or notebook code) in the copy whose syntax holds most of a stripped
+    function's reference body. references: name -> tokens of the instructor's body."""
+    references = {name: (tokens, Counter(tokens)) for name, tokens in references.items()
+                  if len(tokens) >= LEAK_MIN_TOKENS}
+    leaks = []
+    for file in sorted(copy.rglob("*.py")):
+        rel = file.relative_to(copy).as_posix()
+        if rel.startswith(SHIPPED):
+            continue
+        try:
+            pieces = _file_pieces(file.read_text())
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for qualname, tokens, counts in pieces:
+            if (rel, qualname) in skip:
+                continue
+            matcher = None
+            for name, (reference, reference_counts) in references.items():
+                if _at_most(reference_counts, counts, len(reference)) < LEAK_THRESHOLD:
+                    continue
+                if matcher is None:
+                    matcher = difflib.SequenceMatcher(None, autojunk=False)
+                    matcher.set_seq2(tokens)
+                score = similarity(reference, tokens, matcher)
+                if score >= LEAK_THRESHOLD:
+                    leaks.append(Leak(name, f"{rel}:{qualname}", score))
+    return leaks
+
+
+# ------------------------------------------------------------------------------------------------
+# make
+# ------------------------------------------------------------------------------------------------
+
+def _drop(out: Path, patterns) -> list[str]:
+    gone = []
+    for pattern in patterns:
+        for path in sorted(out.glob(pattern)):
+            gone.append(path.relative_to(out).as_posix())
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return gone
+
+
+def refuse_a_students_copy(root: Path, command: str) -> None:
+    """make and grade need the instructor's project: its reference code computes the answers."""
+    if (Path(root) / MANIFEST).is_file():
+        raise AssignmentError(f"{root} is a student's copy (it has {MANIFEST}): `{command}` needs the "
+                              f"instructor's project, whose code computes the reference values. Inside a "
+                              f"copy, run `python -m assignments check` (the visible checks).")
+
+
+def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | None = None,
+         ship_visible: bool = True, allow_leaks: bool = False) -> list[Target]:
     """Copy the project at `root` into `out` (which must be empty or absent) with the named
-    functions' bodies removed. Writes out/.assignment.json for the grader."""
+    functions' bodies removed, and whatever else would answer them (the assignment's `removed`
+    siblings and `dropped` files, the instructor's tests). Writes out/.assignment.json for the
+    grader and, with ship_visible, the visible checks' inputs and reference values (computed with
+    this project's code) in out/.assignment/. Refuses functions no check exercises, and (unless
+    allow_leaks) a copy in which the leak check still finds a stripped function's body."""
+    from .registry import ASSIGNMENTS, custom_assignment
+
     if not functions:
         raise AssignmentError("name at least one function: --functions spec_decoding.rejection.residual_distribution ...")
     out = Path(out)
@@ -128,17 +267,40 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
                               f"(nothing there is overwritten)")
     if out.resolve().is_relative_to(root.resolve()):
         raise AssignmentError(f"{out} is inside the project ({root}): put the student's copy elsewhere")
+    refuse_a_students_copy(root, "make")
     targets = [resolve(name, root) for name in dict.fromkeys(functions)]
+    definition = ASSIGNMENTS[assignment] if assignment else custom_assignment([t.name for t in targets])
+    removed = [resolve(name, root) for name in definition.removed if name not in functions]
     by_file = {}
-    for t in targets:
+    for t in targets + removed:
         by_file.setdefault(t.file, []).append(t)
-    stripped = {file: strip_bodies((root / file).read_text(), ts) for file, ts in by_file.items()}
+    stripped = {file: strip_bodies((root / file).read_text(), ts, definition.removed) for file, ts in by_file.items()}
     for file, text in stripped.items():
         ast.parse(text, filename=file)  # the copy must still be valid Python
     shutil.copytree(root, out, ignore=IGNORE, dirs_exist_ok=True)
     for file, text in stripped.items():
         (out / file).write_text(text)
+    _drop(out, ALWAYS_DROPPED + tuple(definition.dropped))
     manifest = {"assignment": assignment, "functions": [t.name for t in targets],
-                "files": sorted(by_file)}
+                "files": sorted({t.file for t in targets})}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+    bodies = {t.name: _tokens(t.node.body) for t in targets + removed}
+    leaks = find_leaks(bodies, out, skip={(t.file, t.qualname) for t in targets + removed})
+    if leaks:
+        listing = "\n".join(f"  {leak.function}: {leak.similarity:.0%} of its body is in {leak.where}"
+                            for leak in leaks)
+        if not allow_leaks:
+            shutil.rmtree(out)
+            raise AssignmentError(f"the copy still holds the answer (leak check, threshold "
+                                  f"{LEAK_THRESHOLD:.0%}):\n{listing}\nAdd those to the assignment's "
+                                  f"`removed` or `dropped`, or pass --allow-leaks to make it anyway. "
+                                  f"Nothing was written.")
+        print(f"WARNING: the copy still holds the answer (leak check):\n{listing}", file=sys.stderr)
+    if ship_visible:
+        from .references import VISIBLE_SEED, make_data, references
+
+        data = make_data(out / SHIPPED / "data")
+        refs = references(definition, data, VISIBLE_SEED, [c for c in definition.checks if c.visible])
+        (out / SHIPPED / "visible.json").write_text(json.dumps(refs) + "\n")
     return targets

@@ -8,7 +8,7 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
 
   - float32: oneDNN on the plain weights (OneDNNLinear), PyTorch's F.linear (PlainLinear, MKL on
     x86), or torch.mm(W, x.T) (TransposedMM: a matrix times a few columns, which some CPUs run
-    faster than oneDNN once there are 2 or more rows).
+    faster than oneDNN for a few rows; docs/linear_kernels.md).
   - bfloat16: oneDNN with the weights reordered ONCE into its blocked layout
     (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call. Needs
     AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/kernels.py probes for it.

@@ -54,6 +54,10 @@ TIMING_BYTES = 256 * 2**20
 # A 16-bit format must beat float32 by this fraction to be picked by "auto": closer than that, the
 # difference is within timing noise and float32 keeps the exact numerics.
 AUTO_MARGIN = 0.1
+# Likewise, another kernel replaces a format's default (its first candidate) for some row count
+# only if it is faster by this fraction: a near-tie is noise, and one kernel for all rows rounds
+# alike.
+KERNEL_MARGIN = 0.05
 
 # Paths: name -> what it is. The kernel each builds from a weight is in KERNELS.
 PATHS = {
@@ -224,7 +228,7 @@ def describe_choice(paths: list[tuple[float, str]]) -> str:
     parts, low = [], 1
     for max_rows, path in paths:
         rows = f"{low}+" if math.isinf(max_rows) else (f"{low}" if low == max_rows else f"{low}-{max_rows}")
-        parts.append(f"{rows} rows: {path}")
+        parts.append(f"{rows} {'row' if rows == '1' else 'rows'}: {path}")
         low = max_rows + 1 if not math.isinf(max_rows) else low
     return ", ".join(parts)
 
@@ -281,8 +285,12 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             continue
         large = [w for w in weights if w.numel() >= ONEDNN_MIN_WEIGHTS]
         if large and ENABLED and len(paths) > 1:
-            shape = max((tuple(w.shape) for w in large), key=lambda s: s[0] * s[1])
-            sample = [w for w in large if tuple(w.shape) == shape]
+            # The shape whose weights a step reads most of (in GPT-2, the MLP's; not the head,
+            # the largest single matrix but read once per step).
+            by_shape: dict[tuple, list[torch.Tensor]] = {}
+            for w in large:
+                by_shape.setdefault(tuple(w.shape), []).append(w)
+            shape, sample = max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
             key = (fmt, shape, weights[0].dtype, torch.get_num_threads())
             if choose is not None:
                 choice = choose(fmt, sample, paths, int8)
@@ -312,12 +320,17 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
 def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows=ROW_COUNTS,
                    limits=ROW_LIMITS) -> tuple[list[tuple[float, str]], dict]:
     """Time each path on the sample weights (all of one shape) at each row count; return
-    ([(max_rows, fastest path)], the times {path: {rows: seconds per pass}})."""
+    ([(max_rows, fastest path)], the times {path: {rows: seconds per pass}}). The first path is
+    the default: another takes a row count only by winning by KERNEL_MARGIN."""
     copies = copies_for_timing(sample)
     kernels = {p: [build_kernel(p, w, int8.get(w) if int8 and p == "int8pack" else None) for w in copies]
                for p in paths}
     times = time_kernels(kernels, copies[0].shape[1], copies[0].dtype, rows)
-    choice = [(limit, min(paths, key=lambda p: times[p][m])) for m, limit in zip(rows, limits)]
+    def fastest(m):
+        best = min(paths, key=lambda p: times[p][m])
+        return best if times[best][m] < (1 - KERNEL_MARGIN) * times[paths[0]][m] else paths[0]
+
+    choice = [(limit, fastest(m)) for m, limit in zip(rows, limits)]
     choice.append((math.inf, paths[0]))
     merged = [choice[0]]
     for item in choice[1:]:  # neighbouring ranges with the same winner become one
@@ -338,17 +351,20 @@ def copies_for_timing(sample: list[torch.Tensor]) -> list[torch.Tensor]:
 @torch.inference_mode()
 def time_kernels(kernels: dict[str, list], in_features: int, dtype, rows=ROW_COUNTS,
                  repeats: int = 5) -> dict[str, dict[int, float]]:
-    """{path: [kernel per weight]} -> {path: {M: seconds of one pass over its kernels with M rows,
-    the fastest of `repeats`}}. Every repeat runs every (path, M) once, in turn, so the samples of
+    """{name: [kernel per weight]} -> {name: {M: seconds of one pass over its kernels with M rows,
+    the fastest of `repeats`}}. dtype: the inputs' dtype, or {name: dtype}. Every repeat runs every (path, M) once, in turn, so the samples of
     each are spread over the whole measurement and a busy spell of the machine hits them alike;
     noise only ever adds time, so the fastest pass is the kernel's own cost. A first pass of each
     warms up."""
     g = torch.Generator().manual_seed(0)
-    xs = {m: torch.randn(1, m, in_features, generator=g).to(dtype) for m in rows}
+    xs = {m: torch.randn(1, m, in_features, generator=g) for m in rows}
+    dtypes = dtype if isinstance(dtype, dict) else {name: dtype for name in kernels}
+    inputs = {name: {m: x.to(dtypes[name]) for m, x in xs.items()} for name in kernels}
     times = {p: {m: [] for m in rows} for p in kernels}
     for repeat in range(repeats + 1):
-        for m, x in xs.items():
+        for m in rows:
             for path, ks in kernels.items():
+                x = inputs[path][m]
                 t0 = time.perf_counter()
                 for k in ks:
                     k(x, None)
@@ -400,17 +416,19 @@ def format_paths() -> dict[str, list[str]]:
 def _measure_formats(config) -> tuple[str, str]:
     shape, weights32 = timing_weights(config)
     n = len(weights32)
-    scores = {}
+    kernels, dtypes = {}, {}  # "format/path" -> kernels, activation dtype: all timed together
     for fmt, paths in format_paths().items():
-        if not paths:
-            continue
         dtype = AUTO_FORMATS[fmt][0]
-        weights = [w.to(dtype) for w in weights32] if dtype != torch.float32 else weights32
-        if fmt == "fp16":
-            weights = [w.half().float() for w in weights32]
-        kernels = {p: [build_kernel(p, w) for w in weights] for p in paths}
-        times = time_kernels(kernels, shape[1], dtype, rows=(1, 5), repeats=3)
-        scores[fmt] = min(t[1] for t in times.values()) + min(t[5] for t in times.values())
+        weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]
+        for p in paths:
+            kernels[f"{fmt}/{p}"], dtypes[f"{fmt}/{p}"] = [build_kernel(p, w) for w in weights], dtype
+    times = time_kernels(kernels, shape[1], dtypes, rows=(1, 5))
+    scores = {}
+    for name, t in times.items():
+        fmt = name.split("/")[0]
+        best_of = scores.get(fmt, (math.inf, math.inf))
+        scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
+    scores = {fmt: t1 + t5 for fmt, (t1, t5) in scores.items()}
     best = min(scores, key=scores.get)
     if best != "float32" and scores[best] > (1 - AUTO_MARGIN) * scores["float32"]:
         best = "float32"

@@ -172,8 +172,9 @@ class CostModel:
 
         target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1,
                                            extra_slots=max([tree_size(b) for b in trees], default=0))
-        target(torch.tensor([context], device=device), target_cache, num_last_logits=1)
-        draft_step = _draft_stepper(draft, context, device)
+        _, features = target(torch.tensor([context], device=device), target_cache, num_last_logits=1,
+                             return_features=True)
+        draft_step = _draft_stepper(draft, context, device, features[0])
 
         def target_score(k):
             new = torch.randint(vocab, (1, k), generator=g).to(device)
@@ -217,9 +218,10 @@ def random_tree(branching, vocab_size: int, generator) -> TokenTree:
     return tree
 
 
-def _draft_stepper(draft, context: list[int], device):
+def _draft_stepper(draft, context: list[int], device, target_features=None):
     """A function that makes the draft propose one token after context + [token], then forgets it:
-    one draft step at a fixed context."""
+    one draft step at a fixed context. target_features [len(context), C]: the target's features of
+    the context, handed to the drafter as the generators do (a feature drafter drafts from them)."""
     if isinstance(draft, GPT2):
         cache = draft.new_kv_cache(max_len=len(context) + 2)
         draft(torch.tensor([context], device=device), cache, num_last_logits=1)
@@ -229,6 +231,8 @@ def _draft_stepper(draft, context: list[int], device):
             cache.truncate(len(context))
         return step
     draft.start(context, 2)
+    if target_features is not None:
+        draft.observe_target_features(0, target_features)
     draft.propose(context, 1)
 
     def step(token):

@@ -169,28 +169,18 @@ class AutoGamma(GammaPolicy):
             self._xy[i] = self.cost_decay * self._xy[i] + x[i] * seconds
             for j in range(2):
                 self._xx[i][j] = self.cost_decay * self._xx[i][j] + x[i] * x[j]
-        xx = [row[:] for row in self._xx]
-        xy = self._xy[:]
         # The prior fades like old rounds do (down to a tenth of a round, which keeps the fit
         # defined while the rounds are all of one g).
         fade = max(self.cost_decay ** (self.timed_rounds + 1), 0.1 / max(w for _, _, w in self._prior))
+        xx, xy = [row[:] for row in self._xx], self._xy[:]
         for p, y, w in self._prior:
-            w *= fade
             for i in range(2):
-                xy[i] += w * p[i] * y
+                xy[i] += fade * w * p[i] * y
                 for j in range(2):
-                    xx[i][j] += w * p[i] * p[j]
-        det = xx[0][0] * xx[1][1] - xx[0][1] * xx[1][0]
-        if det > 0:
-            d = (xy[0] * xx[1][1] - xy[1] * xx[0][1]) / det
-            s = (xx[0][0] * xy[1] - xx[1][0] * xy[0]) / det
-            # A draft step costs >= 0 and the target > 0; where noise says otherwise, keep the
-            # total of the timed rounds right with the other term.
-            if d < 0:
-                d, s = 0.0, xy[1] / xx[1][1]
-            elif s <= 0:
-                s, d = 1e-3, max(0.0, (xy[0] - 1e-3 * xx[0][1]) / xx[0][0])
-            self.draft_step_s, self.target_scale = d, s
+                    xx[i][j] += fade * w * p[i] * p[j]
+        fit = nonnegative_least_squares_2(xx, xy)
+        if fit is not None:
+            self.draft_step_s, self.target_scale = fit
         self.timed_rounds += 1
 
     def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
@@ -243,6 +233,24 @@ class AutoGamma(GammaPolicy):
         alphas = ", ".join(f"{a:.2f}" for a in self.acceptance_by_position())
         return (f"AutoGamma(gamma_max={self.gamma_max}, acceptance by position [{alphas}], "
                 f"c now {self.draft_step_s / self.round_seconds(0):.3f} after {self.timed_rounds} timed rounds)")
+
+
+def nonnegative_least_squares_2(xx, xy) -> tuple[float, float] | None:
+    """(d, s) minimising sum w (y - d x0 - s x1)^2, given the sums xx = [[sum w x_i x_j]] and
+    xy = [sum w x_i y], with d >= 0 and s > 0 (a draft step costs something or nothing, the target
+    always something): where the free solution breaks that, the other term alone fits the rounds.
+    None if the sums cannot say (all rounds alike)."""
+    det = xx[0][0] * xx[1][1] - xx[0][1] * xx[1][0]
+    if det <= 0:
+        return None
+    d = (xy[0] * xx[1][1] - xy[1] * xx[0][1]) / det
+    s = (xx[0][0] * xy[1] - xx[1][0] * xy[0]) / det
+    if d < 0:
+        return 0.0, xy[1] / xx[1][1]
+    if s <= 0:
+        s = 1e-3 * xy[1] / xx[1][1]
+        return max(0.0, (xy[0] - s * xx[0][1]) / xx[0][0]), s
+    return d, s
 
 
 # CostModels calibrated in this process, by the models they are for: gamma="auto" without a

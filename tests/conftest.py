@@ -101,6 +101,6 @@ def trained_pair_dirs(tmp_path_factory):
     from offline.train_pair import TrainSettings, train_pair
 
     out = tmp_path_factory.mktemp("trained") / "pair"
-    train_pair(out, stdlib_texts(), TrainSettings(steps=60, batch_size=8, seed=0),
+    train_pair(out, stdlib_texts(), TrainSettings(target_steps=60, draft_steps=60, batch_size=8, seed=0),
                TINY_TARGET, TINY_DRAFT, log=lambda *args: None)
     return out / "target", out / "draft"

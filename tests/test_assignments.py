@@ -1,120 +1,340 @@
-"""The course assignment kit (assignments/): `make` strips functions on the syntax tree and keeps
-everything else; `grade` fails a stripped copy with the expected messages and passes the reference
-solution; a planted bug-zoo bug is caught and named; bad input gets clear errors."""
+"""The course assignment kit (assignments/). For each ready-made assignment: the stripped copy
+fails, the reference solution passes, planted wrong solutions fail the check meant for them with
+a message naming the mistake, shortcuts (delegating to a sibling, plain decoding, a forged
+verdict printed at exit) fail; the grader survives debug prints, floods and hangs; the Gradescope
+export grades a fake /autograder; `make` strips what would answer the assignment.
+
+Cost: one stripped copy, one set of references and one zygote per assignment, in one test per
+assignment (test_ready_made_assignment); each variant is one more temporary tree and a few forks."""
 
 import ast
+import contextlib
+import io
+import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from assignments import ASSIGNMENTS, __main__ as cli
-from assignments.grade import grade
-from assignments.make import MANIFEST, AssignmentError, make, resolve
+from assignments import __main__ as cli
+from assignments.registry import ASSIGNMENTS
+from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, gradescope_results, make_data, references,
+                               student_files)
+from assignments.export import autograde, gradescope_source
+from assignments.make import MANIFEST, AssignmentError, _definitions, make, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def function_node(path: Path, qualname: str):
-    tree = ast.parse(path.read_text())
-    node = tree
-    for part in qualname.split("."):
-        node = next(n for n in node.body if getattr(n, "name", None) == part)
-    return node
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data"))
 
 
-def test_make_strips_bodies_keeps_signatures_docstrings_and_everything_else(tmp_path):
-    out = tmp_path / "student"
-    make(ASSIGNMENTS["kv_cache"], out)
-    for name in ASSIGNMENTS["kv_cache"]:
-        t = resolve(name)
-        original, stripped = function_node(ROOT / t.file, t.qualname), function_node(out / t.file, t.qualname)
-        assert ast.dump(stripped.args) == ast.dump(original.args)
-        assert ast.get_docstring(stripped) == ast.get_docstring(original)
-        body = stripped.body[1:] if ast.get_docstring(original) else stripped.body
-        assert len(body) == 1 and isinstance(body[0], ast.Raise)
-        assert "NotImplementedError" in ast.unparse(body[0])
-    # the other functions of a stripped file, and every other file, are untouched
-    kv = (out / "gpt2/kv_cache.py").read_text()
-    assert "def advance(self, n_tokens: int) -> None:\n        self.length += n_tokens" in kv
-    assert (out / "spec_decoding/speculative.py").read_bytes() == (ROOT / "spec_decoding/speculative.py").read_bytes()
-    assert (out / "README.md").is_file() and not (out / ".git").exists()
-    assert MANIFEST in os.listdir(out)
+class Kit:
+    """One assignment's stripped copy, hidden references and zygote; grades variants."""
+
+    def __init__(self, name, folder: Path, data: Path):
+        self.assignment = ASSIGNMENTS[name]
+        self.folder, self.data = folder, data
+        self.pristine = folder / "pristine"
+        make(list(self.assignment.functions), self.pristine, assignment=name, ship_visible=False)
+        self.refs = references(self.assignment, data, HIDDEN_SEED)
+        self.zygote = Zygote(self.pristine)
+        self.count = 0
+
+    def stripped(self, file: str) -> str:
+        return (self.pristine / file).read_text()
+
+    def grade(self, texts: dict[str, str], only=None, timeout=None):
+        """Grade a submission given as {file: text}."""
+        self.count += 1
+        submission = self.folder / f"submission{self.count}"
+        for rel, text in texts.items():
+            (submission / rel).parent.mkdir(parents=True, exist_ok=True)
+            (submission / rel).write_text(text)
+        files, notes = student_files(submission, sorted({resolve(f).file for f in self.assignment.functions}))
+        return grade_tree(self.assignment, self.pristine, files, self.data, self.refs, only, timeout, notes,
+                          zygote=self.zygote)
+
+    def reference(self) -> dict[str, str]:
+        return {resolve(f).file: (ROOT / resolve(f).file).read_text() for f in self.assignment.functions}
 
 
-def restore(student: Path, assignment: str, plant=None):
-    """Put the reference solution back (the original files), optionally with a text edit."""
-    for file in sorted({resolve(name).file for name in ASSIGNMENTS[assignment]}):
-        text = (ROOT / file).read_text()
-        if plant and plant[0] == file:
-            assert plant[1] in text
-            text = text.replace(plant[1], plant[2])
-        (student / file).write_text(text)
+@pytest.mark.parametrize("name", list(ASSIGNMENTS))
+def test_ready_made_assignment(tmp_path, data, name):
+    """What each ready-made assignment must show, on one stripped copy, one set of hidden
+    references and one zygote (a test per aspect would build them again on every xdist worker):
+    the stripped copy fails (even with a forged verdict printed at exit) and the reference
+    solution passes; planted mistakes fail their check with a message naming them; shortcuts
+    fail; the copy holds no answer; the Gradescope export grades a fake /autograder folder. And
+    per assignment: the student's local check (kv_cache), grade --json (greedy_speculative), the
+    grader surviving a debug print, a flood of output and a hang (rejection_sampling)."""
+    kit = Kit(name, tmp_path / "kit", data)
+    try:
+        stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kit)
+        planted_mistakes_fail_their_check_with_a_message_naming_them(kit)
+        shortcuts_fail(kit)
+        the_copy_holds_no_answer(kit)
+        gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path / "gradescope")
+        if name == "kv_cache":
+            the_students_local_check_uses_the_shipped_references(kit, tmp_path / "local")
+        if name == "greedy_speculative":
+            grade_json(kit, tmp_path / "json")
+        if name == "rejection_sampling":
+            the_residual_mistake_is_named_by_the_residual_check_too(kit)
+            debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kit)
+    finally:
+        kit.zygote.close()
 
 
-@pytest.mark.parametrize("assignment", list(ASSIGNMENTS))
-def test_make_each_ready_made_assignment(tmp_path, assignment, capsys):
-    student = tmp_path / assignment
-    assert cli.main(["make", "--assignment", assignment, "--out", str(student)]) == 0
-    out = capsys.readouterr().out
-    for name in ASSIGNMENTS[assignment]:
-        assert name in out
-        t = resolve(name)
-        assert f"raise NotImplementedError('{t.qualname}: your code here" in (student / t.file).read_text()
-    assert (ROOT / "assignments" / assignment / "README.md").is_file()
+def replaced(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, old
+    return text.replace(old, new)
 
 
-def test_stripped_copies_fail_and_the_reference_solutions_pass(tmp_path, capsys):
-    """All three ready-made assignments in one student copy (one grading run each way, to keep
-    the suite fast): every function scores 0 with "not implemented yet", then the reference
-    solution (the original files) passes every check."""
-    student = tmp_path / "all"
-    functions = [name for names in ASSIGNMENTS.values() for name in names]
-    make(functions, student)
-    report = grade(student)
-    assert not report.passed
-    assert [score.function for score in report.functions] == functions
-    checks = set()
-    for score in report.functions:
-        assert score.score.startswith("0/")
-        assert all("not implemented yet" in r.message for r in score.results), score.results
-        checks |= {r.check for r in score.results}
-    assert {"cache_truncate", "greedy_equals_target", "greedy_stopping", "residual", "one_round",
-            "lossless"} <= checks
-    for assignment in ASSIGNMENTS:
-        restore(student, assignment)
-    assert cli.main(["grade", str(student)]) == 0
-    out = capsys.readouterr().out
-    assert "ALL PASS" in out and "FAIL" not in out.split("Checks:")[1]
+def stub(qualname: str) -> str:
+    return f"raise NotImplementedError('{qualname}: your code here (see the docstring)')"
 
 
-@pytest.mark.parametrize("assignment, plant, expected", [
-    ("rejection_sampling",
-     ("spec_decoding/rejection.py", "return residual / total if total > 0 else target_probs",
-      "return target_probs"),
-     ["resample from p", "your sampler's distribution differs from the target's: total variation"]),
-    ("greedy_speculative",
-     ("spec_decoding/greedy.py", "new_tokens, sources, eos_id, max_gen", "new_tokens, sources, None, max_gen"),
-     ["tokens after eos"]),
-])
-def test_a_planted_bug_zoo_bug_is_caught_and_named(tmp_path, assignment, plant, expected, capsys):
-    student = tmp_path / assignment
-    make(ASSIGNMENTS[assignment], student, assignment=assignment)
-    restore(student, assignment, plant)
-    assert cli.main(["grade", str(student)]) == 1
-    out = capsys.readouterr().out
-    for words in expected:
-        assert words in out, out
+def results_by_check(report):
+    return {r.check: r for r in report.results}
+
+
+# ------------------------------------------------------------------------------------------------
+# Stripped copies fail, reference solutions pass
+# ------------------------------------------------------------------------------------------------
+
+def stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kit):
+    """The stripped copy, with an atexit hook printing a passing verdict line for every check
+    (the old grader read verdicts from stdout, last line wins: that gave ALL PASS), scores 0:
+    stdout is only shown. Then the reference solution scores full marks."""
+    t = resolve(kit.assignment.functions[0])
+    stripped = kit.stripped(t.file)
+    line = next(line for line in stripped.splitlines() if line.strip() == stub(t.qualname))
+    forged = replaced(stripped, stub(t.qualname), forged_atexit(line[:len(line) - len(line.lstrip())]) + stub(t.qualname))
+    report = kit.grade({t.file: forged})
+    assert [r.check for r in report.results] == [c.name for c in kit.assignment.checks]
+    assert report.points == 0 and not report.passed
+    assert all("not implemented yet" in r.message for r in report.results), report.results
+    solved = kit.grade(kit.reference())
+    assert solved.passed, [(r.check, r.message) for r in solved.results if not r.passed]
+    assert solved.points == kit.assignment.points == solved.max_points
+    assert {c.visible for c in kit.assignment.checks} == {True, False}  # visible and hidden checks
+
+
+def forged_atexit(indent: str) -> str:
+    """Lines that register atexit hooks printing a passing verdict for every check."""
+    names = [c.name for a in ASSIGNMENTS.values() for c in a.checks]
+    return (f"import atexit, json\n{indent}for name in {names!r}:\n{indent}    atexit.register(print, json.dumps("
+            f"{{'check': name, 'passed': True, 'message': 'ok', 'seconds': 0}}))\n{indent}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Planted wrong solutions fail the check meant for them, and the message names the mistake
+# ------------------------------------------------------------------------------------------------
+
+PLANTED = {
+    "kv_cache": [
+        ("gpt2/kv_cache.py", "return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]",
+         "return k, v", "kv_update", "it returned only the new positions"),
+        ("gpt2/kv_cache.py", "        if not 0 <= length <= self.length:\n            raise ValueError(\n"
+                             "                f\"KVCache.truncate({length}): length must be between 0 and the current \"\n"
+                             "                f\"length {self.length}\"\n            )\n        self.length = length",
+         "        self.length = length", "kv_truncate", "must raise ValueError"),
+        ("gpt2/model.py", "y = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=attn_mask)",
+         "y = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=attn_mask, scale=1.0)",
+         "attention_forward", "not divided by sqrt(head_dim)"),
+    ],
+    "greedy_speculative": [
+        ("spec_decoding/greedy.py", "new_tokens, sources, eos_id, max_gen", "new_tokens, sources, None, max_gen",
+         "greedy_stopping", "tokens after eos"),
+        ("spec_decoding/greedy.py", "while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:",
+         "while n < len(draft_tokens):", "greedy_equals_target", "a draft token the target's argmax disagrees with was kept"),
+    ],
+    "rejection_sampling": [
+        ("spec_decoding/rejection.py", "return residual / total if total > 0 else target_probs",
+         "return target_probs", "first_token", "draws from p instead of norm(max(0, p - q))"),
+        ("spec_decoding/rejection.py", "if r * draft_probs[i, x] < target_probs[i, x]:",
+         "if r * target_probs[i, x] < draft_probs[i, x]:", "first_token", "min(1, q/p) instead of min(1, p/q)"),
+        ("spec_decoding/rejection.py", "return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)",
+         "return Verdict(g, int(sample(target_probs[g - 1], generator)), uniforms, None)", "bonus_token",
+         "drawn from row 1 of p"),
+    ],
+    "ngram_drafter": [
+        ("spec_decoding/drafters.py", "for start in range(len(tokens) - n - 1, -1, -1):",
+         "for start in range(0, len(tokens) - n):", "ngram_lookup", "MOST RECENT occurrence"),
+        ("spec_decoding/drafters.py", "for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):",
+         "for n in [min(self.max_ngram, len(tokens) - 1)]:", "ngram_lookup", "fall back to shorter n-grams"),
+    ],
+    "tree_verify": [
+        ("spec_decoding/rejection.py",  # SpecInfer's rule without the update: every child against p
+         "if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing\n"
+         "            return MultiDraftVerdict(i, None, uniforms, adjusted_p, residual)\n"
+         "        residual = residual_distribution(residual, draft_probs)",
+         "if r * draft_probs[x] < target_probs[x]:\n"
+         "            return MultiDraftVerdict(i, None, uniforms, adjusted_p, residual)\n"
+         "        residual = residual_distribution(target_probs, draft_probs)",
+         "multi_draft_output", "tested against the unchanged p"),
+        ("spec_decoding/rejection.py", "if r * draft_probs[x] < residual[x]:", "if True:",
+         "multi_draft_output", "the first child is always accepted"),
+    ],
+    "gamma_cost_model": [
+        ("spec_decoding/theory.py", "all_kept *= alpha", "all_kept = alpha", "tokens_by_position",
+         "it adds the alphas"),
+        ("spec_decoding/costs.py", "return gamma * self.draft_step_s + self.target_score_s[gamma]",
+         "return gamma * self.draft_step_s + self.target_score_s[0]", "round_seconds",
+         "the target's cost is always one step's"),
+    ],
+}
+
+
+def planted_mistakes_fail_their_check_with_a_message_naming_them(kit):
+    for file, old, new, check, words in PLANTED[kit.assignment.name]:
+        texts = kit.reference()
+        texts[file] = replaced(texts[file], old, new)
+        result = results_by_check(kit.grade(texts, only=[check]))[check]
+        assert not result.passed and words in result.message, (check, result.message)
+        assert result.points == 0
+
+
+def the_residual_mistake_is_named_by_the_residual_check_too(kit):
+    texts = kit.reference()
+    file = "spec_decoding/rejection.py"
+    texts[file] = replaced(texts[file], "return residual / total if total > 0 else target_probs", "return target_probs")
+    result = results_by_check(kit.grade(texts, only=["residual"]))["residual"]
+    assert not result.passed and "returned p itself" in result.message and "resample from p" in result.message
+
+
+# ------------------------------------------------------------------------------------------------
+# Shortcuts fail: delegating to a sibling, plain decoding, a forged verdict printed at exit
+# ------------------------------------------------------------------------------------------------
+
+SHORTCUTS = {
+    "kv_cache": [
+        ("gpt2/kv_cache.py", "KVCache.truncate", "self.keep(length, [])", "kv_truncate", "removed in this assignment"),
+    ],
+    "greedy_speculative": [
+        ("spec_decoding/greedy.py", "speculative_sampling_greedy",
+         "from .autoregressive import autoregressive_generate\n"
+         "    return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)",
+         "greedy_speculates", "forward passes for 30 tokens"),
+        ("spec_decoding/greedy.py", "speculative_sampling_greedy",
+         "from .tree import tree_speculative_sampling\n"
+         "    return tree_speculative_sampling(target, draft, prompt_ids, max_gen, (1,) * gamma, temperature=0.0, eos_id=eos_id)",
+         "greedy_speculates", "removed in this assignment"),
+        ("spec_decoding/greedy.py", "speculative_sampling_greedy",
+         "from .speculative import speculative_sampling\n"
+         "    return speculative_sampling(target, draft, prompt_ids, max_gen, gamma, temperature=1e-6, eos_id=eos_id)",
+         "greedy_speculates", "removed in this assignment"),
+    ],
+    "rejection_sampling": [
+        ("spec_decoding/rejection.py", "modified_rejection_sampling",
+         "from spec_decoding.rejection import multi_draft_rejection_sampling\n"
+         "    return multi_draft_rejection_sampling(target_probs[0], draft_probs[0], draft_tokens[:1], generator)",
+         "first_token", "removed in this assignment"),
+    ],
+    "tree_verify": [
+        ("spec_decoding/rejection.py", "multi_draft_rejection_sampling",
+         "for i, x in enumerate(draft_tokens):\n"
+         "        v = modified_rejection_sampling(target_probs[None].expand(2, -1), draft_probs[None], [x], generator)\n"
+         "        if v.n_accepted:\n"
+         "            return MultiDraftVerdict(i, None, [], [], target_probs)\n"
+         "        target_probs = v.residual\n"
+         "    return MultiDraftVerdict(None, int(sample(target_probs, generator)), [], [], target_probs)",
+         "multi_draft_output", "removed in this assignment"),
+    ],
+    "gamma_cost_model": [
+        ("spec_decoding/theory.py", "best_gamma",
+         "lo = break_even_alpha(c, verify_cost)\n    return max(gammas)",
+         "best_gamma_choice", "removed in this assignment"),
+    ],
+}
+
+
+def shortcuts_fail(kit):
+    for file, qualname, body, check, words in SHORTCUTS.get(kit.assignment.name, []):
+        text = replaced(kit.stripped(file), stub(qualname), body)
+        result = results_by_check(kit.grade({file: text}, only=[check]))[check]
+        assert not result.passed and words in result.message, (qualname, result.message)
+
+
+# ------------------------------------------------------------------------------------------------
+# The grader survives what student code does: a debug print, a flood of output, a hang
+# ------------------------------------------------------------------------------------------------
+
+def debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kit):
+    file = "spec_decoding/rejection.py"
+    text = kit.reference()[file]
+    # A debug print of a dict (crashed the old grader), 1 MB printed each round, and a hang that
+    # only the residual check reaches (p == q exactly).
+    text = replaced(text, "    uniforms = []\n", "    uniforms = []\n    print({'check': 'debug', 'passed': False})\n")
+    text = replaced(text, "    residual = torch.clamp(target_probs - draft_probs, min=0)\n",
+                    "    residual = torch.clamp(target_probs - draft_probs, min=0)\n"
+                    "    if torch.equal(target_probs, draft_probs):\n        import time\n        while True:\n"
+                    "            time.sleep(1)\n")
+    text = replaced(text, "    g = len(draft_tokens)\n", "    g = len(draft_tokens)\n    if torch.rand(()) < 0.002:\n"
+                    "        print('x' * 1_000_000)\n")
+    report = kit.grade({file: text}, only=["residual", "first_token", "bonus_token"], timeout=4)
+    results = results_by_check(report)
+    assert not results["residual"].passed and "did not finish within 4 s" in results["residual"].message
+    for check in ("first_token", "bonus_token"):  # unaffected by the hang, and by their own output
+        assert results[check].passed, results[check].message
+        assert "{'check': 'debug', 'passed': False}" in results[check].output
+    flooded = results["bonus_token"].output
+    assert "characters left out" in flooded and len(flooded) < 20_000
+
+
+# ------------------------------------------------------------------------------------------------
+# make: what the copy holds
+# ------------------------------------------------------------------------------------------------
+
+def the_copy_holds_no_answer(kit):
+    copy = kit.pristine
+    assert not (copy / "tests").exists() and not list(copy.glob("assignments/*/instructor.md"))
+    for dropped in kit.assignment.dropped:
+        assert not list(copy.glob(dropped))
+    for function in kit.assignment.functions + kit.assignment.removed:
+        t = resolve(function)
+        node = _definitions(ast.parse((copy / t.file).read_text()))[t.qualname]
+        body = node.body[1:] if ast.get_docstring(node) else node.body
+        assert len(body) == 1 and "NotImplementedError" in ast.unparse(body[0])
+
+
+def test_the_leak_check_refuses_a_copy_with_a_sibling_left_in(tmp_path, monkeypatch, capsys):
+    greedy = ASSIGNMENTS["greedy_speculative"]
+    monkeypatch.setitem(ASSIGNMENTS, "greedy_speculative", replace(greedy, removed=(), dropped=()))
+    with pytest.raises(AssignmentError, match=r"(?s)still holds the answer.*spec_decoding/speculative.py:speculative_sampling"):
+        make(list(greedy.functions), tmp_path / "out", assignment="greedy_speculative", ship_visible=False)
+    assert not (tmp_path / "out").exists()
+    make(list(greedy.functions), tmp_path / "out", assignment="greedy_speculative", ship_visible=False,
+         allow_leaks=True)
+    assert "WARNING: the copy still holds the answer" in capsys.readouterr().err
+
+
+def test_make_refuses_a_function_no_check_exercises(tmp_path):
+    with pytest.raises(AssignmentError, match="no check exercises spec_decoding.drafters.LayerSkipDrafter.next_logits"):
+        make(["spec_decoding.drafters.LayerSkipDrafter.next_logits"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # every check names the student's functions it exercises, and calls them: a stub fails it;
+    # check names are unique (a check's process finds its check by name)
+    names = [c.name for a in ASSIGNMENTS.values() for c in a.checks]
+    assert len(names) == len(set(names)) and len(ASSIGNMENTS) == 6
+    for a in ASSIGNMENTS.values():
+        for c in a.checks:
+            assert c.exercises and set(c.exercises) <= set(a.functions), c.name
 
 
 @pytest.mark.parametrize("name, message", [
     ("spec_decoding.rejection.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
     ("no_such_module.f", "no module 'no_such_module'"),
     ("gpt2.kv_cache.KVCache", "is a class, not a function: name the methods.*gpt2.kv_cache.KVCache.truncate"),
-    ("spec_decoding.speculative", "is a module, not a function"),
+    ("spec_decoding.rejection", "is a module, not a function"),
     ("spec_decoding", "is a package, not a function"),
     ("not a name", "not a dotted Python name"),
 ])
@@ -137,14 +357,134 @@ def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
     assert "is not a folder" in capsys.readouterr().err
 
 
-def test_the_command_line(tmp_path):
-    """The real `python -m assignments`, as an instructor runs it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "assignments", "make", "--functions", "gpt2.kv_cache.KVCache",
-                           "--out", str(tmp_path / "x")], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 2 and "is a class, not a function" in done.stderr and "Traceback" not in done.stderr
-    done = subprocess.run([sys.executable, "-m", "assignments", "make", "--functions",
-                           "spec_decoding.rejection.residual_distribution", "--out", str(tmp_path / "y")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert done.returncode == 0 and "python -m assignments grade" in done.stdout
-    shutil.rmtree(tmp_path / "y")
+# ------------------------------------------------------------------------------------------------
+# The student's local check, grade --json, the exports
+# ------------------------------------------------------------------------------------------------
+
+def the_students_local_check_uses_the_shipped_references(kit, tmp_path):
+    """`python -m assignments check` inside a fresh copy: the visible checks fail cleanly; with
+    the reference solution in, they pass; and a wrong attention fails there too (the references
+    come with the copy, they are not rebuilt from the student's code)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    copy = tmp_path / "hw"
+    make(list(ASSIGNMENTS["kv_cache"].functions), copy, assignment="kv_cache")
+    visible = json.loads((copy / ".assignment/visible.json").read_text())
+    assert sorted(visible) == sorted(c.name for c in ASSIGNMENTS["kv_cache"].checks if c.visible)
+    env = {"PATH": os.defpath, "HOME": str(tmp_path)}
+
+    def check():
+        return subprocess.run([sys.executable, "-m", "assignments", "check", "--json"], cwd=copy, env=env,
+                              capture_output=True, text=True)
+    done = check()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert report["points"] == 0 and all("not implemented yet" in c["message"] for c in report["checks"])
+    for rel in ("gpt2/kv_cache.py", "gpt2/model.py"):
+        shutil.copyfile(ROOT / rel, copy / rel)
+    zygote = kit.zygote
+    assert check_locally(copy, zygote=zygote).passed  # what `check` runs, in this process
+    model = copy / "gpt2/model.py"
+    model.write_text(replaced(model.read_text(), "attn_mask=attn_mask)", "attn_mask=attn_mask, scale=1.0)"))
+    result = check_locally(copy, only=["attention_forward"], zygote=zygote).results[0]
+    assert not result.passed and "not divided by sqrt(head_dim)" in result.message
+
+
+def grade_json(kit, tmp_path):
+    student = tmp_path / "student"
+    shutil.copytree(kit.pristine, student)
+    # `grade` run inside a student's copy would take the stripped code as the reference: refused
+    with pytest.raises(AssignmentError, match="is a student's copy.*python -m assignments check"):
+        grade(student, root=student)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["grade", str(student), "--json", "--only", "greedy_stopping"]) == 1
+    report = json.loads(out.getvalue())
+    assert report["max_points"] == 2 and report["points"] == 0
+    assert [c["check"] for c in report["checks"]] == ["greedy_stopping"]
+
+
+GRADESCOPE_STATUSES, GRADESCOPE_VISIBILITY = {"passed", "failed"}, {"hidden", "after_due_date", "after_published", "visible"}
+
+
+def valid_gradescope_results(results: dict, checks) -> None:
+    """Gradescope's results.json: tests[] each with name, score, max_score, status, visibility, output."""
+    assert isinstance(results["score"], (int, float)) and isinstance(results["tests"], list)
+    assert [t["name"] for t in results["tests"]] == [c.name for c in checks]
+    for test, check in zip(results["tests"], checks):
+        assert set(test) == {"name", "score", "max_score", "status", "visibility", "output"}
+        assert test["max_score"] == check.points and 0 <= test["score"] <= test["max_score"]
+        assert test["status"] in GRADESCOPE_STATUSES and test["visibility"] in GRADESCOPE_VISIBILITY
+        assert isinstance(test["output"], str) and test["output"]
+    assert results["score"] == sum(t["score"] for t in results["tests"])
+
+
+def gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path):
+    """The autograder laid out in a folder like /autograder (source, submission, results); the
+    submission is just the edited files, flat; run_autograder writes results.json. One
+    assignment goes through the real zip and shell script, the others through the function the
+    script calls (same code, one Python start-up less)."""
+    assignment, name = kit.assignment, kit.assignment.name
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    autograder = tmp_path / "autograder"
+    source = autograder / "source"
+    if name == "greedy_speculative":
+        archive = tmp_path / f"{name}.zip"
+        assert cli.main(["export", "gradescope", name, "--out", str(archive)]) == 0
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(source)
+        for script in ("setup.sh", "run_autograder"):
+            os.chmod(source / script, 0o755)
+    else:
+        gradescope_source(name, source, HIDDEN_SEED)
+    assert {"setup.sh", "run_autograder", "hidden.json", "copy", "data"} <= {p.name for p in source.iterdir()}
+    (autograder / "submission").mkdir()
+    (autograder / "results").mkdir()
+    for rel in sorted({resolve(f).file for f in assignment.functions}):  # the reference solution, bare files
+        shutil.copyfile(ROOT / rel, autograder / "submission" / Path(rel).name)
+    # a cheap passing run: the visible checks, or one (the hidden ones are graded the same way)
+    hidden = json.loads((source / "hidden.json").read_text())
+    assert sorted(hidden) == sorted(c.name for c in assignment.checks)
+    checks = [c for c in assignment.checks if c.visible]
+    if name != "greedy_speculative":
+        checks = checks[:1]
+    (source / "hidden.json").write_text(json.dumps({c.name: hidden[c.name] for c in checks}))
+    if name == "greedy_speculative":
+        env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(autograder), "AUTOGRADER_PYTHON": sys.executable}
+        shutil.copy(source / "run_autograder", autograder / "run_autograder")  # as Gradescope does
+        done = subprocess.run(["bash", str(autograder / "run_autograder")], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    else:
+        assert autograde(source, autograder / "submission", autograder / "results" / "results.json",
+                         zygote=kit.zygote) == 0
+    results = json.loads((autograder / "results" / "results.json").read_text())
+    valid_gradescope_results(results, checks)
+    assert all(t["status"] == "passed" for t in results["tests"]), results
+    assert not (source / "hidden.json").exists()  # read, then removed before the student's code ran
+
+
+def test_gradescope_results_of_a_failing_submission():
+    from assignments.grade import CheckResult, Report
+
+    report = Report("x", ["f"], [CheckResult("a", ["f"], 0.0, 2.0, False, "not implemented yet", True, "hi"),
+                                 CheckResult("b", ["f"], 1.0, 1.0, True, "ok", False)])
+    results = gradescope_results(report)
+    assert [t["status"] for t in results["tests"]] == ["failed", "passed"]
+    assert [t["visibility"] for t in results["tests"]] == ["visible", "after_published"]
+    assert "hi" in results["tests"][0]["output"] and results["score"] == 1.0
+
+
+def test_github_classroom_export_has_one_graded_step_per_visible_check(tmp_path):
+    import yaml
+
+    out = tmp_path / "repo"
+    assert cli.main(["export", "github-classroom", "rejection_sampling", "--out", str(out)]) == 0
+    workflow = yaml.safe_load((out / ".github/workflows/classroom.yml").read_text())
+    steps = workflow["jobs"]["run-autograding-tests"]["steps"]
+    graded = [s for s in steps if "autograding-command-grader" in s.get("uses", "")]
+    visible = [c for c in ASSIGNMENTS["rejection_sampling"].checks if c.visible]
+    assert [s["with"]["test-name"] for s in graded] == [c.name for c in visible]
+    assert [s["with"]["max-score"] for s in graded] == [c.points for c in visible]
+    assert all(s["with"]["command"] == f"python -m assignments check --only {s['with']['test-name']}" for s in graded)
+    reporter = steps[-1]
+    assert reporter["with"]["runners"] == ",".join(s["id"] for s in graded)
+    assert (out / ".assignment/visible.json").is_file() and (out / MANIFEST).is_file()

@@ -118,6 +118,15 @@ def test_deeper_docs_pages_are_linked_from_somewhere():
     assert not orphans, f"docs pages no page links: {orphans}"
 
 
+def test_docs_pages_named_in_the_code_exist():
+    """A comment or message that sends the reader to a page under docs/ names one that exists."""
+    named = re.compile(r"docs/[\w/.-]+\.(?:md|png)")
+    sources = [p for p in ROOT.rglob("*.py") if not {".git", ".venv", "venv"} & set(p.parts)]
+    missing = sorted({f"{p.relative_to(ROOT)}: {m}" for p in sources
+                      for m in named.findall(p.read_text(encoding="utf-8")) if not (ROOT / m).exists()})
+    assert not missing, "the code names docs pages that do not exist:\n" + "\n".join(missing)
+
+
 def test_reading_order_line_counts_follow_the_code():
     problems = line_count_problems(README)
     assert not problems, "\n".join(problems)

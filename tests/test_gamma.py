@@ -177,6 +177,21 @@ def test_auto_finds_speculation_again_when_its_cost_model_was_measured_under_loa
     assert tokens / seconds >= 0.9 * tokens_fixed / seconds_fixed
 
 
+def test_round_cost_fit_recovers_the_costs_and_keeps_them_physical():
+    from spec_decoding.gamma import nonnegative_least_squares_2
+
+    def sums(rows):  # rows of (x0, x1, y)
+        xx = [[sum(r[i] * r[j] for r in rows) for j in range(2)] for i in range(2)]
+        return xx, [sum(r[i] * r[2] for r in rows) for i in range(2)]
+
+    rows = [(g, 1 + 0.1 * g, 0.1 * g + 2 * (1 + 0.1 * g)) for g in (0, 1, 3, 8)]  # d = 0.1, s = 2
+    d, s = nonnegative_least_squares_2(*sums(rows))
+    assert abs(d - 0.1) < 1e-9 and abs(s - 2) < 1e-9
+    d, s = nonnegative_least_squares_2(*sums([(0, 1, 1.0), (4, 1.4, 1.0)]))  # longer rounds no slower
+    assert d == 0 and s > 0
+    assert nonnegative_least_squares_2(*sums([(2, 1.2, 1.0)])) is None  # one kind of round: undecided
+
+
 def test_auto_calibration_is_said_in_one_line(pair, capsys, monkeypatch):
     import spec_decoding.gamma as gamma
     target, draft = pair

@@ -18,7 +18,7 @@ from gpt2 import load_gpt2
 from offline import train_pair as tp
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 
-FAST = tp.TrainSettings(steps=3, batch_size=4, seed=0)
+FAST = tp.TrainSettings(target_steps=3, draft_steps=3, batch_size=4, seed=0)
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_an_existing_pair_needs_overwrite_and_is_never_half_replaced(tmp_path, t
 
     monkeypatch.setattr(tp, "save_checkpoint", save_then_fail)
     with pytest.raises(OSError, match="No space"):
-        tp.train_pair(out, texts, tp.TrainSettings(steps=3, batch_size=4, seed=1), overwrite=True,
+        tp.train_pair(out, texts, tp.TrainSettings(target_steps=3, draft_steps=3, batch_size=4, seed=1), overwrite=True,
                       log=lambda *a: None)
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
@@ -169,3 +169,76 @@ def test_evaluate_scores_a_saved_pair_on_other_text(trained_pair_dirs, tmp_path,
     assert len(numbers) == 3 and all(0 < x < 12 for x in numbers), line
     assert tp.main(["--evaluate", str(tmp_path), "--text", *other]) == 2
     assert "holds no pair made by offline.train_pair" in capsys.readouterr().err
+
+
+# Held-out losses of two runs of the test settings (conftest.trained_pair_dirs) with the same seed
+# on other CPU kernels and thread counts: the weights differ in their last bits, the losses by far
+# less than this (docs/trained_pair.md has the measured differences).
+SAME_SEED_TOLERANCE = 1e-3
+
+
+def test_same_seed_same_steps_and_losses_on_other_cpu_kernels(trained_pair_dirs, tmp_path):
+    """The fixture's run again, in a fresh interpreter with torch's plainest CPU kernels
+    (ATEN_CPU_CAPABILITY=default: no SIMD): a run that rounds differently, as another machine would.
+    Same step counts; losses within SAME_SEED_TOLERANCE. (Other thread counts: docs/trained_pair.md.)"""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    ours = json.loads((trained_pair_dirs[0].parent / tp.MARKER).read_text())
+    code = f"""
+import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
+from conftest import TINY_TARGET, TINY_DRAFT, stdlib_texts
+from offline.train_pair import TrainSettings, train_pair
+info = train_pair({str(tmp_path / 'pair')!r}, stdlib_texts(), TrainSettings(**{ours['settings']!r}),
+                  TINY_TARGET, TINY_DRAFT, log=lambda *a: None)
+import torch; print(torch.backends.cpu.get_cpu_capability())
+"""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "TRAIN_PAIR_PROGRESS": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "DEFAULT"
+    theirs = json.loads((tmp_path / "pair" / tp.MARKER).read_text())
+    assert theirs["machine"]["cpu_capability"] == "DEFAULT"
+    for name in ("target", "draft"):
+        assert theirs[name]["steps"] == ours[name]["steps"] == 60
+        assert theirs[name]["held_out_loss"] == pytest.approx(ours[name]["held_out_loss"], abs=SAME_SEED_TOLERANCE)
+        assert theirs[name]["final_train_loss"] == pytest.approx(ours[name]["final_train_loss"], abs=SAME_SEED_TOLERANCE)
+
+
+def test_minutes_is_a_cap_that_is_reported(tmp_path, tiny_sizes, capsys):
+    """By default a run is its steps, whatever the time; --minutes cuts it short and says so, in
+    the output, train_pair.json and README.md."""
+    out = tmp_path / "pair"
+    assert tp.main(["--out", str(out), "--steps", "100000", "--minutes", "0.002",
+                    "--text", *stdlib_texts()[:1]]) == 0
+    printed = capsys.readouterr().out
+    assert "note: --minutes 0.002 cut the target's training short" in printed
+    info = json.loads((out / tp.MARKER).read_text())
+    assert info["target"]["cut_short"] and info["target"]["steps"] < info["target"]["planned_steps"] == 100000
+    readme = (out / "README.md").read_text()
+    assert "(of 100000: cut short by --minutes)" in readme and "so this pair is not the default one" in readme
+    assert "Machine: " in readme and "load average" in readme
+    assert "Not comparable" in printed or "No documented default run" in printed
+
+
+def test_the_comparison_with_the_documented_run(trained_pair_dirs, tmp_path):
+    """compare_with_reference: the same run reads as within the tolerance, a run whose losses moved
+    more as not, and one with other settings as not comparable."""
+    info = json.loads((trained_pair_dirs[0].parent / tp.MARKER).read_text())
+    reference = tmp_path / "reference_run.json"
+
+    def compare(ref):
+        reference.write_text(json.dumps(ref))
+        return tp.compare_with_reference(info, TINY_TARGET, TINY_DRAFT, reference)
+
+    assert "Same settings and corpus: within the" in compare(info)
+    moved = json.loads(json.dumps(info))
+    moved["draft"]["held_out_loss"] += 2 * tp.REPRODUCIBLE_WITHIN
+    assert "more than 0.02 nats apart" in compare(moved)
+    other = json.loads(json.dumps(info))
+    other["settings"]["seed"] = 5
+    assert "Not comparable: this run differs in seed" in compare(other)
+    assert "No documented default run" in tp.compare_with_reference(info, TINY_TARGET, TINY_DRAFT,
+                                                                      tmp_path / "missing.json")

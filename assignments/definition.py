@@ -1,0 +1,75 @@
+"""What an assignment is: the functions the student writes, what else `make` takes out of the
+copy, and its checks, each with points, visible or hidden, and the functions it exercises.
+
+A check has three halves, so that the student's code never decides its own verdict:
+- make_inputs(seed) -> inputs (JSON): made in the grader's process; the seed differs between
+  the visible inputs (shipped with the copy) and the hidden ones (the instructor's grade).
+- probe(inputs, data) -> values (JSON): runs in a child process inside the student's copy. It
+  calls the student's functions on the inputs and returns what they gave, raw: tokens, numbers,
+  sample counts. It judges nothing.
+- judge(inputs, reference, got): runs in the grader's process. It compares the values with the
+  reference (the same probe run on the instructor's code, or the check's own `reference`) and
+  raises Failed with a message in plain words when they disagree.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class AssignmentError(ValueError):
+    """Bad input to make/grade/export: the message says what was wrong and how to fix it."""
+
+
+class Failed(Exception):
+    """A check's verdict, in plain words for the student."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    exercises: tuple[str, ...]  # the student's functions it calls (dotted names)
+    make_inputs: Callable  # (seed) -> inputs
+    probe: Callable  # (inputs, data: Path) -> values; in the student's process
+    judge: Callable  # (inputs, reference, got) -> None, or raise Failed
+    points: float = 1.0
+    visible: bool = True  # also run by the student's local `python -m assignments check`
+    reference: Callable | None = None  # (inputs, data) -> values; default: the probe on the instructor's code
+    timeout: float = 60.0  # seconds for this check's child process
+    about: str = ""  # one line for the report
+
+
+@dataclass(frozen=True)
+class Assignment:
+    name: str
+    functions: tuple[str, ...]  # what the student writes
+    checks: tuple[Check, ...]
+    # Functions whose bodies `make` removes too because they would answer the assignment (a
+    # sibling that does the same work, a thin wrapper): they raise "removed in this assignment".
+    removed: tuple[str, ...] = ()
+    # Files and folders left out of the copy: notebooks that walk through the code, ... (the
+    # instructor's tests and notes are always left out: see make.ALWAYS_DROPPED).
+    dropped: tuple[str, ...] = ()
+    readme: str = ""  # path of the README, relative to the project
+
+    @property
+    def points(self) -> float:
+        return sum(c.points for c in self.checks)
+
+    def check(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+
+def as_floats(values) -> list:
+    """Tensors as nested lists of floats, for the JSON the probe returns."""
+    return values.detach().double().tolist()
+
+
+@dataclass
+class ChildRun:
+    """What one check's child process left: its values, or why there are none."""
+
+    values: object = None
+    error: str | None = None  # the student's code raised, hung, crashed or sent nothing
+    output: str = ""  # the child's stdout and stderr, truncated
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,182 @@
+"""Assignment 6: choose gamma from a cost model (README.md here; instructor.md: the notes).
+
+Everything here is arithmetic: the probes call the student's functions on a grid of inputs and
+return the numbers; the judge compares them with the instructor's and names the usual slips."""
+
+import math
+
+from ..definition import Assignment, Check, Failed
+from ..probing import function
+
+PER_ROUND = "spec_decoding.theory.expected_tokens_per_round"
+SPEEDUP = "spec_decoding.theory.predicted_speedup"
+BEST = "spec_decoding.theory.best_gamma"
+BY_POSITION = "spec_decoding.theory.expected_tokens_by_position"
+ROUND_SECONDS = "spec_decoding.costs.CostModel.round_seconds"
+FUNCTIONS = (PER_ROUND, SPEEDUP, BEST, BY_POSITION, ROUND_SECONDS)
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def grid_inputs(seed):
+    alphas = [0.0, 0.3, 0.8, 1.0] if seed == 0 else [0.1, 0.55, 0.9, 0.97, 1.0]
+    return {"alphas": alphas, "gammas": [0, 1, 4, 8] if seed == 0 else [0, 2, 3, 7], "cs": [0.05, 0.4]}
+
+
+def per_round_probe(inputs, data):
+    f = function(PER_ROUND)
+    return [[float(f(a, g)) for g in inputs["gammas"]] for a in inputs["alphas"]]
+
+
+def per_round_judge(inputs, ref, got):
+    for a, mine, want in zip(inputs["alphas"], got, ref):
+        for g, x, y in zip(inputs["gammas"], mine, want):
+            if _close(x, y):
+                continue
+            hint = ""
+            if a == 1.0:
+                hint = " (alpha = 1: every draft token is accepted, so gamma + 1; the closed form divides by zero)"
+            elif _close(x, y - a ** g * a) or _close(x, y - 1):
+                hint = " (the target's own token, the correction or bonus, is missing: it comes every round)"
+            raise Failed(f"expected_tokens_per_round(alpha={a}, gamma={g}) = {x}, expected {y}{hint}")
+
+
+def speedup_probe(inputs, data):
+    f = function(SPEEDUP)
+    return [[[float(f(a, g, c, 1.2)) for g in inputs["gammas"]] for c in inputs["cs"]] for a in inputs["alphas"]]
+
+
+def speedup_judge(inputs, ref, got):
+    for a, by_c, want_c in zip(inputs["alphas"], got, ref):
+        for c, mine, want in zip(inputs["cs"], by_c, want_c):
+            for g, x, y in zip(inputs["gammas"], mine, want):
+                if not _close(x, y):
+                    raise Failed(f"predicted_speedup(alpha={a}, gamma={g}, c={c}, verify_cost=1.2) = {x}, expected "
+                                 f"{y}: tokens per round over the round's cost, gamma * c + verify_cost")
+
+
+def best_inputs(seed):
+    return {"cases": [[0.8, 0.05, 16], [0.6, 0.3, 16], [0.95, 0.01, 12], [0.2, 0.5, 8], [0.9, 0.1 + 0.01 * seed, 16]]}
+
+
+def best_probe(inputs, data):
+    f = function(BEST)
+    plain = [f(a, c, range(1, n + 1)) for a, c, n in inputs["cases"]]
+    # a verification cost that grows with gamma (as measured on a CPU): 1 + 0.15 gamma
+    costly = [f(a, c, range(1, n + 1), lambda g: 1 + 0.15 * g) for a, c, n in inputs["cases"]]
+    return {"plain": plain, "costly": costly}
+
+
+def best_judge(inputs, ref, got):
+    for key, what in (("plain", "verify_cost=None"), ("costly", "verify_cost=lambda g: 1 + 0.15 * g")):
+        for (a, c, n), x, y in zip(inputs["cases"], got[key], ref[key]):
+            if not isinstance(x, int) or isinstance(x, bool):
+                raise Failed(f"best_gamma returned {x!r}: return the gamma (an int), not its speed-up")
+            if x != y:
+                hint = (" (the measured verification cost is ignored: it makes long drafts dearer)"
+                        if key == "costly" and x == ref["plain"][inputs["cases"].index([a, c, n])] else "")
+                raise Failed(f"best_gamma(alpha={a}, c={c}, gammas=1..{n}, {what}) = {x}, expected {y}: the gamma "
+                             f"with the largest predicted speed-up{hint}")
+
+
+def by_position_inputs(seed):
+    return {"cases": [[], [0.5], [0.9, 0.8, 0.5], [1.0, 1.0, 1.0, 0.0, 1.0], [0.3 + 0.1 * seed] * 4]}
+
+
+def by_position_probe(inputs, data):
+    f = function(BY_POSITION)
+    return [float(f(alphas)) for alphas in inputs["cases"]]
+
+
+def by_position_judge(inputs, ref, got):
+    for alphas, x, y in zip(inputs["cases"], got, ref):
+        if _close(x, y):
+            continue
+        hint = ""
+        if _close(x, 1 + sum(alphas)):
+            hint = (" (it adds the alphas: draft token j is kept only if tokens 1..j all are, so add the "
+                    "products a1, a1 a2, a1 a2 a3, ...)")
+        elif _close(x, y - 1):
+            hint = " (the target's own token, 1 every round, is missing)"
+        raise Failed(f"expected_tokens_by_position({alphas}) = {x}, expected {y}{hint}")
+
+
+def seconds_inputs(seed):
+    return {"draft_step_s": 0.002 + 0.001 * seed, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03]}
+
+
+def seconds_probe(inputs, data):
+    from spec_decoding.costs import CostModel
+
+    model = CostModel("target", "draft", inputs["draft_step_s"], inputs["target_score_s"])
+    return [float(model.round_seconds(g)) for g in range(len(inputs["target_score_s"]))]
+
+
+def seconds_judge(inputs, ref, got):
+    d, scores = inputs["draft_step_s"], inputs["target_score_s"]
+    for g, (x, y) in enumerate(zip(got, ref)):
+        if _close(x, y):
+            continue
+        hint = ""
+        if _close(x, g * d + scores[0]):
+            hint = " (the target's cost is always one step's: verifying g tokens scores g + 1, target_score_s[g])"
+        elif _close(x, g * d + scores[min(g + 1, len(scores) - 1)]):
+            hint = " (off by one: target_score_s[k - 1] is k tokens; a round of g draft tokens scores g + 1)"
+        raise Failed(f"CostModel.round_seconds({g}) = {x}, expected {y} with draft_step_s={d}, "
+                     f"target_score_s={scores}{hint}")
+
+
+def measured_inputs(seed):
+    return {"draft_step_s": 0.004, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03, 0.035, 0.041],
+            "alphas": [[0.9, 0.85, 0.8, 0.7, 0.6, 0.5], [0.5, 0.4, 0.3, 0.3, 0.2, 0.2],
+                       [0.99, 0.98, 0.97, 0.96, 0.95, 0.94 - 0.01 * seed], [0.1] * 6]}
+
+
+def measured_probe(inputs, data):
+    """Choosing gamma as AutoGamma does, with the student's functions: for each acceptance
+    profile, the tokens per second of every g (expected tokens of a round over its time) and the g
+    with the most."""
+    from spec_decoding.costs import CostModel
+
+    model = CostModel("target", "draft", inputs["draft_step_s"], inputs["target_score_s"])
+    by_position = function(BY_POSITION)
+    out = []
+    for alphas in inputs["alphas"]:
+        rates = [float(by_position(alphas[:g]) / model.round_seconds(g)) for g in range(len(alphas) + 1)]
+        out.append({"rates": rates, "best": max(range(len(rates)), key=rates.__getitem__)})
+    return out
+
+
+def measured_judge(inputs, ref, got):
+    for alphas, mine, want in zip(inputs["alphas"], got, ref):
+        if mine["best"] != want["best"] or not all(_close(x, y) for x, y in zip(mine["rates"], want["rates"])):
+            raise Failed(f"with acceptance by position {alphas} and the CostModel's times, tokens per second for "
+                         f"g = 0, 1, ... are {[round(x, 2) for x in mine['rates']]}, best g = {mine['best']}; "
+                         f"expected {[round(x, 2) for x in want['rates']]}, best g = {want['best']} "
+                         f"(expected_tokens_by_position(alphas[:g]) / CostModel.round_seconds(g))")
+
+
+ASSIGNMENT = Assignment(
+    name="gamma_cost_model",
+    functions=FUNCTIONS,
+    # Siblings that hold the answers: break_even_alpha evaluates the speed-up over gammas as
+    # best_gamma does; the token tree's expectation and speed-up are the chain's with other names;
+    # AutoGamma's round time is the CostModel's with a refitted scale.
+    removed=("spec_decoding.theory.break_even_alpha", "spec_decoding.theory.expected_tokens_per_tree_round",
+             "spec_decoding.theory.predicted_tree_speedup", "spec_decoding.gamma.AutoGamma.round_seconds"),
+    # The speed-up notebook derives and plots these formulas.
+    dropped=("notebooks/04_speedup_theory.*",),
+    readme="assignments/gamma_cost_model/README.md",
+    checks=(
+        Check("tokens_per_round", (PER_ROUND,), grid_inputs, per_round_probe, per_round_judge, points=2),
+        Check("speedup", (SPEEDUP, PER_ROUND), grid_inputs, speedup_probe, speedup_judge, visible=False),
+        Check("best_gamma_choice", (BEST, SPEEDUP, PER_ROUND), best_inputs, best_probe, best_judge, points=2),
+        Check("tokens_by_position", (BY_POSITION,), by_position_inputs, by_position_probe, by_position_judge,
+              points=2),
+        Check("round_seconds", (ROUND_SECONDS,), seconds_inputs, seconds_probe, seconds_judge),
+        Check("measured_best_gamma", (BY_POSITION, ROUND_SECONDS), measured_inputs, measured_probe, measured_judge,
+              points=2, visible=False, about="tokens per second of each g from a CostModel, and the best g"),
+    ),
+)

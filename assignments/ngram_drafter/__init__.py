@@ -1,0 +1,125 @@
+"""Assignment 4: write an n-gram drafter (prompt lookup) (README.md here; instructor.md: notes)."""
+
+import torch
+
+from ..definition import Assignment, Check, Failed
+from ..probing import PROMPT, first_difference, load, seeded, tokens_of
+
+NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
+
+# (what the case shows, tokens, num_tokens asked, max_ngram, the drafter's own num_tokens cap)
+CASES = [
+    ("the last 3 tokens occurred earlier: propose what followed them", [1, 2, 3, 4, 5, 9, 1, 2, 3], 2, 3, None),
+    ("the suffix occurs twice earlier: propose what followed the MOST RECENT occurrence",
+     [1, 2, 7, 1, 2, 8, 1, 2], 1, 2, None),
+    ("no earlier match of the last max_ngram tokens: fall back to shorter n-grams (n = max_ngram, then "
+     "smaller, down to 1)", [5, 6, 7, 9, 6, 7], 3, 3, None),
+    ("a longer n-gram matches: it wins over a more recent match of a shorter one",
+     [3, 8, 1, 4, 6, 8, 2, 4, 3, 8], 2, 2, None),
+    ("nothing matches: propose nothing", [1, 2, 3, 4], 3, 3, None),
+    ("fewer tokens follow the match than asked for: propose those there are", [1, 2, 3, 1, 2], 5, 2, None),
+    ("the drafter's own num_tokens caps the proposal", [1, 2, 3, 4, 5, 1, 2], 4, 2, 1),
+    ("num_tokens = 0: propose nothing", [1, 2, 3, 1, 2], 0, 2, None),
+    ("a one-token sequence has nothing earlier to match", [5], 3, 3, None),
+    ("the suffix itself is not an earlier occurrence (a run of one token)", [7, 7, 7], 2, 2, None),
+]
+
+
+def lookup_inputs(seed):
+    cases = [list(case) for case in CASES]
+    if seed:  # the hidden inputs: the same cases with the tokens renamed
+        rename = torch.randperm(50, generator=seeded(seed)).tolist()
+        for case in cases:
+            case[1] = [rename[t] for t in case[1]]
+    return {"cases": cases}
+
+
+def lookup_probe(inputs, data):
+    from spec_decoding.drafters import NGramDrafter
+
+    out = []
+    for _, tokens, num_tokens, max_ngram, cap in inputs["cases"]:
+        proposal, q = NGramDrafter(max_ngram=max_ngram, num_tokens=cap).propose(list(tokens), num_tokens)
+        out.append({"tokens": [int(t) for t in proposal], "q_is_none": q is None})
+    return out
+
+
+def lookup_judge(inputs, ref, got):
+    for (what, tokens, num_tokens, max_ngram, cap), mine, want in zip(inputs["cases"], got, ref):
+        call = f"NGramDrafter(max_ngram={max_ngram}, num_tokens={cap}).propose({tokens}, {num_tokens})"
+        if mine["tokens"] != want["tokens"]:
+            raise Failed(f"{call} proposed {mine['tokens']}, expected {want['tokens']}: {what}")
+        if not mine["q_is_none"]:
+            raise Failed(f"{call} returned a q: the proposal is deterministic (a point mass), so return None "
+                         f"for q and the generator uses point masses (see the class docstring)")
+
+
+def greedy_inputs(seed):
+    return {"prompt": PROMPT + PROMPT[:4] + [seed], "max_gen": 24, "gamma": 4}
+
+
+def greedy_probe(inputs, data):
+    from spec_decoding import NGramDrafter, speculative_sampling_greedy
+
+    result = speculative_sampling_greedy(load(data, "target"), NGramDrafter(max_ngram=3), inputs["prompt"],
+                                         inputs["max_gen"], inputs["gamma"])
+    return {"tokens": tokens_of(result), "drafted": int(sum(result.stats.drafted_by_position))}
+
+
+def greedy_reference(inputs, data):
+    from spec_decoding import autoregressive_generate
+
+    return {"tokens": autoregressive_generate(load(data, "target"), inputs["prompt"], inputs["max_gen"]).tokens}
+
+
+def greedy_judge(inputs, ref, got):
+    problem = first_difference(got["tokens"], ref["tokens"])
+    if problem:
+        raise Failed(f"greedy speculative decoding with your drafter: the output {problem}")
+    if got["drafted"] == 0:
+        raise Failed("your drafter never proposed a token on a prompt that repeats itself")
+
+
+def lossless_inputs(seed):
+    return {"prompt": [1, 2, 3, 1, 2], "n_tokens": 3, "samples": 500, "gamma": 3, "seed": seed}
+
+
+def lossless_probe(inputs, data):
+    from spec_decoding import NGramDrafter, speculative_sampling
+    from spec_decoding.checks import counts_of
+
+    target, g = load(data, "vocab_target"), seeded(inputs["seed"])
+    samples = [speculative_sampling(target, NGramDrafter(max_ngram=2), inputs["prompt"], inputs["n_tokens"],
+                                    inputs["gamma"], temperature=1.0, generator=g).tokens
+               for _ in range(inputs["samples"])]
+    return counts_of(samples, target.config.vocab_size, inputs["n_tokens"]).tolist()
+
+
+def lossless_reference(inputs, data):
+    from spec_decoding.checks import exact_distribution
+
+    return exact_distribution(load(data, "vocab_target"), inputs["prompt"], inputs["n_tokens"],
+                              dict(temperature=1.0)).reshape(-1).tolist()
+
+
+def lossless_judge(inputs, ref, got):
+    from ..rejection_sampling import _named
+
+    _named(got, ref, {}, f"speculative sampling with your drafter: {inputs['samples']} samples of "
+                         f"{inputs['n_tokens']} tokens do not follow the target's exactly enumerated distribution",
+           hint="a deterministic proposal is a point mass: return None for q (the generator then uses "
+                "q(x) = 1), never a q the tokens were not drawn from")
+
+
+ASSIGNMENT = Assignment(
+    name="ngram_drafter",
+    functions=(NGRAM,),
+    readme="assignments/ngram_drafter/README.md",
+    checks=(
+        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, points=3,
+              about="propose() on sequences made to show each rule"),
+        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, reference=greedy_reference),
+        Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, points=2, visible=False,
+              reference=lossless_reference, timeout=120),
+    ),
+)
