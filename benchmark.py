@@ -13,7 +13,8 @@ with a seeded generator otherwise). The baseline of a (temperature, max_gen, pro
 timed right before the speculative runs of every gamma, so both see the same machine state.
 Generation never stops early at <|endoftext|>: every run makes max_gen tokens. --drafters makes
 the drafter a grid axis too (spec_decoding/drafters.py): model (--draft), ngram[:N] (prompt
-lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks); every
+lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks), medusa:DIR / eagle:DIR (feature drafters,
+docs/feature_drafters.md); every
 drafter runs right after the same baseline.
 
 A run's speed-up is baseline seconds / speculative seconds; a cell reports the median over its
@@ -136,7 +137,15 @@ def parse_args(argv=None):
                         "first 4 blocks into DIR/target and DIR/draft (reused if there), benchmark them")
     p.add_argument("--compare-hf", action="store_true",
                    help="also time transformers' assisted generation (temperature 0) on the same pair")
+    p.add_argument("--batch", type=cli.positive_int, nargs="+", metavar="B",
+                   help="batched decoding instead of the grid: for each batch size B, B prompts at once "
+                        "(the prompts file cycled), batched autoregressive vs batched speculative at each "
+                        "fixed gamma, the first --max-gens and --temperatures (benchmarks/batched_speed.py)")
     args = p.parse_args(argv)
+    if args.batch and (args.drafters != ["model"] or args.trees or args.compare_hf
+                       or not all(isinstance(g, int) for g in args.gammas)):
+        p.error("--batch runs the model drafter with fixed gammas only: drop --drafters, --trees, "
+                "--compare-hf and the gamma policies (auto, heuristic)")
     args.drafters = list(dict.fromkeys(args.drafters))  # keep the order given, drop repeats
     args.gammas = sorted(set(args.gammas), key=gamma_order)
     args.trees = sorted(set(args.trees), key=lambda b: (tree_size(b), b))
@@ -638,6 +647,8 @@ def main(argv=None) -> None:
     args.max_gens = clamp_max_gens(args.max_gens, prompts,  # for configs not known before loading
                                    min(m.config.n_positions for m in models))
 
+    if args.batch:
+        return run_batched(target, draft, prompts, args, device, dtype, standins)
     n_positions = min(m.config.n_positions for m in models)
     context_len = min(int(np.mean([len(p) for p in prompts])) + max(args.max_gens) // 2,
                       n_positions - max(fixed_gammas(args.gammas) + [args.gamma_max]) - 1)
@@ -685,6 +696,21 @@ def main(argv=None) -> None:
     files = write_outputs(results, args.out)
     print("\n" + summary_markdown(results))
     print("Wrote " + ", ".join(str(f) for f in files))
+
+
+def run_batched(target, draft, prompts, args, device, dtype, standins: bool) -> None:
+    """--batch: batched AR against batched speculative decoding by batch size."""
+    from benchmarks.batched_speed import batch_summary_markdown, run_batch_grid
+
+    results = run_batch_grid(target, draft, prompts, args.batch, fixed_gammas(args.gammas), args.max_gens[0],
+                             args.temperatures[0], args.repeats, args.seed)
+    results["environment"] = environment(args, device, dtype, standins)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    summary = batch_summary_markdown(results)
+    (args.out / "summary.md").write_text(summary)
+    print("\n" + summary)
+    print(f"Wrote {args.out / 'results.json'} and {args.out / 'summary.md'}")
 
 
 if __name__ == "__main__":

@@ -4,25 +4,31 @@
     python spec_decoding_generate.py --prompt "The meaning of life is" --max-gen 60
     python spec_decoding_generate.py --drafter ngram --ngram 3       # prompt lookup, no draft model
     python spec_decoding_generate.py --drafter layerskip --draft-layers 6   # the target's first 6 blocks
+    python spec_decoding_generate.py --target DIR --drafter medusa:DIR2   # heads from offline.train_drafter
     python spec_decoding_generate.py --temperature 0.8 --top-p 0.95 --seed 0 --compare-baseline
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
     python spec_decoding_generate.py --tree 2,2,1   # a token tree instead of a chain of --gamma
     python spec_decoding_generate.py --gamma auto --cost-model costs.json   # gamma chosen each round
+    python spec_decoding_generate.py --prompts-file prompts/default.txt   # one prompt a line, batched
 
 Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
 each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
 it follows the target's distribution exactly. Only the speed changes. --drafter picks what proposes
 the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
-copy what followed the last n tokens earlier in the text) or the target's own first blocks
-(layerskip).
+copy what followed the last n tokens earlier in the text), the target's own first blocks
+(layerskip), or a drafter reading the target's features (medusa:DIR, eagle:DIR: docs/feature_drafters.md).
 --gamma auto chooses each round's draft length from the measured costs and the acceptance so far
 (0: no drafting while it does not pay); --gamma heuristic uses transformers' schedule
 (spec_decoding/gamma.py).
 
 On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
 piped, it is plain text. --json prints one JSON object instead.
+
+--prompts-file decodes every line of a file (blank lines skipped) as one batch
+(spec_decoding/batched.py): each prompt gets exactly the output it would get alone; the stats are
+printed per prompt and summed. It takes the model drafter and a fixed --gamma.
 """
 
 import argparse
@@ -39,6 +45,7 @@ from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
+from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
 from spec_decoding.decoding import check_drafter
 from spec_decoding import cli
 from spec_decoding.drafters import ModelDrafter
@@ -84,10 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                f"hub), train a small pair first: {TRAIN_PAIR_COMMAND} (about 10 minutes on 2 CPU "
                "cores), then pass --target runs/trained_pair/target --draft runs/trained_pair/draft.")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the text to continue")
-    parser.add_argument("--drafter", choices=list(cli.DRAFTER_KINDS), default="model",
+    parser.add_argument("--drafter", type=cli.drafter_choice, default="model",
                         help="what proposes the draft tokens: model (--draft, the default), ngram "
-                             "(prompt lookup, no second model) or layerskip (the target's first "
-                             "--draft-layers blocks)")
+                             "(prompt lookup, no second model), layerskip (the target's first "
+                             "--draft-layers blocks), or medusa:DIR / eagle:DIR (trained for the "
+                             "target by python -m offline.train_drafter)")
     parser.add_argument("--draft", default="gpt2", help="the small model (default: gpt2; --drafter model)")
     parser.add_argument("--ngram", type=cli.positive_int, metavar="N",
                         help="--drafter ngram: the longest n-gram looked up (default: 3)")
@@ -131,7 +139,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--html", metavar="FILE",
                         help="also write every round (drafts, p, q, draws, verdicts) as a web page")
     parser.add_argument("--force", action="store_true", help="let --html replace an existing file")
+    parser.add_argument("--prompts-file", metavar="FILE",
+                        help="decode every line of FILE (one prompt a line) together as one batch, "
+                             "instead of --prompt")
     args = parser.parse_args(argv)
+    if args.prompts_file:
+        args.prompts = read_prompts_file(parser, args)
     if args.html:
         html_path = Path(args.html).expanduser()
         if html_path.exists() and not args.force:
@@ -151,6 +164,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.tree and args.drafter != "model":
         parser.error(f"--tree needs a draft model to score the tree (--drafter model), not --drafter {args.drafter}")
     return args
+
+
+def read_prompts_file(parser, args) -> list[str]:
+    """--prompts-file: its non-blank lines; usage errors for what batching does not support."""
+    unsupported = [name for name, used in (("--tree", args.tree), ("--html", args.html),
+                                           ("--drafter " + args.drafter, args.drafter != "model"),
+                                           ("--gamma " + str(args.gamma), not isinstance(args.gamma, int)))
+                   if used]
+    if unsupported:
+        parser.error(f"--prompts-file decodes a batch with the model drafter and a fixed --gamma; "
+                     f"drop {', '.join(unsupported)}")
+    path = Path(args.prompts_file).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        parser.error(f"--prompts-file {path}: cannot read it ({e})")
+    prompts = [line.strip() for line in lines if line.strip()]
+    if not prompts:
+        parser.error(f"--prompts-file {path} holds no prompts: write one prompt per line")
+    if len(prompts) > MAX_BATCH_SIZE:
+        parser.error(f"--prompts-file {path} holds {len(prompts)} prompts; one batch takes at most "
+                     f"{MAX_BATCH_SIZE}: split the file")
+    return prompts
 
 
 def encode_prompt(prompt: str) -> list[int]:
@@ -204,7 +240,7 @@ def make_drafter(args, target, device: torch.device, dtype: str):
     if args.drafter == "layerskip" and number is None:
         number = max(1, target.config.n_layer // 4)  # the default: a quarter of the target's blocks
     spec = cli.drafter_spec(args.drafter if number is None else f"{args.drafter}:{number}")
-    if cli.DRAFTER_KINDS[args.drafter].needs_draft_model:
+    if cli.needs_draft_model(spec):
         draft = load_model("draft", args.draft, device, dtype, args.draft_quantize)
         return cli.make_drafter(spec, target, draft), f"{spec} {args.draft}"
     try:
@@ -382,10 +418,74 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
 # Main
 
 
+def generate_batch(args, device: torch.device) -> None:
+    """--prompts-file: every prompt decoded together (spec_decoding.batched), stats per prompt
+    and summed."""
+    prompt_ids = [encode_prompt(p) for p in args.prompts]
+    target = load_model("target", args.target, device, args.dtype, args.quantize)
+    draft = load_model("draft", args.draft, device, args.dtype, args.draft_quantize)
+    check_drafter(target, ModelDrafter(draft))
+    warm_up(target)
+    warm_up(draft)
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
+    generator = make_generator(args.seed, device)
+    seed = generator.initial_seed()
+    print(f"Decoding {len(prompt_ids)} prompts as one batch ...", file=sys.stderr, flush=True)
+    result = batched_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
+                                          generator=generator, **settings)
+    baseline = None
+    if args.compare_baseline:
+        print("Running the baseline: the target alone, batched, one token per forward pass ...",
+              file=sys.stderr, flush=True)
+        baseline = batched_autoregressive_generate(target, prompt_ids, args.max_gen,
+                                                   generator=make_generator(seed, device), **settings)
+    decode = get_tokenizer().decode
+    if args.json:
+        rows = [{"prompt": p, "prompt_tokens": ids, "tokens": row.tokens, "text": decode(row.tokens),
+                 "stats": row.stats.to_dict()}
+                for p, ids, row in zip(args.prompts, prompt_ids, result.rows)]
+        report = {"draft": args.draft, "target": args.target, "rows": rows,
+                  "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
+                               "top_k": args.top_k, "top_p": args.top_p, "seed": seed, "device": str(device),
+                               "dtype": str(target.wte.weight.dtype).removeprefix("torch.")},
+                  "summed": {"tokens_generated": result.tokens_generated, "seconds": result.seconds,
+                             "tokens_per_second": result.tokens_per_second, "alpha": result.alpha,
+                             "target_forwards": result.target_forwards, "draft_forwards": result.draft_forwards}}
+        if baseline is not None:
+            report["baseline"] = {"tokens": baseline.tokens, "seconds": baseline.seconds,
+                                  "tokens_per_second": baseline.tokens_per_second}
+            report["speedup"] = result.tokens_per_second / baseline.tokens_per_second
+            report["identical_to_baseline"] = result.tokens == baseline.tokens
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+        return
+    for i, (prompt, row) in enumerate(zip(args.prompts, result.rows)):
+        s = row.stats
+        alpha = "-" if s.alpha is None else f"{s.alpha:.0%}"
+        print(f"--- prompt {i}: {len(row.tokens)} tokens, stopped: "
+              f"{STOP_REASONS.get(s.stop_reason, s.stop_reason)}, alpha {alpha}, "
+              f"{s.tokens_per_target_call:.2f} tokens per target call ---")
+        print(prompt + BOLD + decode(row.tokens) + RESET if use_colour() else prompt + decode(row.tokens))
+    alpha = "-" if result.alpha is None else f"{result.alpha:.1%}"
+    print(f"\n--- batched speculative decoding, {len(result.rows)} prompts ---\n"
+          f"tokens generated (sum): {result.tokens_generated}\n"
+          f"alpha (all rows):       {alpha}\n"
+          f"target / draft forwards (batched): {result.target_forwards} / {result.draft_forwards}\n"
+          f"speed (sum over rows):  {result.tokens_per_second:.1f} tokens/s ({result.seconds:.2f} s)")
+    if baseline is not None:
+        print(f"baseline (target alone, batched): {baseline.tokens_per_second:.1f} tokens/s "
+              f"({baseline.seconds:.2f} s)\n"
+              f"speedup:                {result.tokens_per_second / baseline.tokens_per_second:.2f}x")
+        if args.temperature == 0:
+            same = sum(a == b for a, b in zip(result.tokens, baseline.tokens))
+            print(f"greedy: {same} of {len(result.rows)} prompts identical to the target alone")
+
+
 def generate(args) -> None:
     device = resolve_device(args.device)
     if args.dtype != "auto":  # said once, before the loads (which would say it too)
         note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stderr)
+    if args.prompts_file:
+        return generate_batch(args, device)
     prompt_ids = encode_prompt(args.prompt)
     check_before_loading(prompt_ids, args)
     # The target first: it is the big download, and the likelier one to fail.

@@ -80,8 +80,8 @@ class GPT2(nn.Module):
     def forward(
         self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
         exit_layer: int | None = None, positions: torch.Tensor | None = None,
-        attn_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        attn_mask: torch.Tensor | None = None, return_features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """idx [B, T] token ids -> logits [B, T, vocab_size].
 
         With a cache, idx continues the sequence at position cache.length, its keys/values are
@@ -97,6 +97,12 @@ class GPT2(nn.Module):
         positions [T]: the position of each new token (default: start, start + 1, ...).
         attn_mask [T, start + T] bool: which keys, cached ones first, each new token may attend
         to (True = may; default causal). Without either, this is plain causal decoding.
+
+        return_features=True returns (logits, features): features [B, T, n_embd] is the residual
+        stream after the last block run, before ln_f, for every new position (num_last_logits
+        does not cut it). Feature drafters (spec_decoding/medusa.py, eagle.py) read it; ln_f and
+        the head applied to it give the logits, so a drafter predicting it can be read out
+        through the target's own ln_f and head. It is computed anyway: asking costs nothing.
         """
         start = cache.length if cache is not None else 0
         self._check_input(idx, start, cache, positions, attn_mask)
@@ -113,9 +119,11 @@ class GPT2(nn.Module):
             x = block(x, attn_mask, cache, layer)
         if cache is not None:
             cache.advance(T)
+        features = x
         if num_last_logits is not None:
             x = x[:, -num_last_logits:]
-        return linear(self.ln_f(x), self.wte.weight, None)
+        logits = linear(self.ln_f(x), self.wte.weight, None)
+        return (logits, features) if return_features else logits
 
     def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
                      n_layer: int | None = None) -> KVCache:

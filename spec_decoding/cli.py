@@ -1,8 +1,10 @@
 """What the two command-line scripts share (spec_decoding_generate.py and benchmark.py): the types
 of their arguments, and building a drafter from its name.
 
-A drafter is named on a command line as KIND or KIND:N, e.g. model, ngram:3, layerskip:6. A new
-kind of drafter is added once, to DRAFTER_KINDS below: both scripts then accept it.
+A drafter is named on a command line as KIND or KIND:N, e.g. model, ngram:3, layerskip:6, or
+KIND:DIR for a drafter trained for the target and read from a folder (medusa:DIR, eagle:DIR, made
+by python -m offline.train_drafter). A new kind of drafter is added once, to DRAFTER_KINDS below:
+both scripts then accept it.
 """
 
 import argparse
@@ -13,6 +15,7 @@ from typing import Callable
 from gpt2 import GPT2
 from .decoding import check_positive_int
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from .feature_files import load_feature_drafter
 from .gamma import POLICY_NAMES
 from .tree import parse_branching
 
@@ -82,9 +85,10 @@ def branching(text: str) -> tuple[int, ...]:
 class DrafterKind:
     """A kind of drafter the command lines know."""
 
-    build: Callable[[int | None, GPT2, GPT2 | None], Drafter]  # (N, target, draft model) -> drafter
-    describe: Callable[[int | None], str]  # N -> what it is, for the scripts' output
+    build: Callable[[int | str | None, GPT2, GPT2 | None], Drafter]  # (N or DIR, target, draft model) -> drafter
+    describe: Callable[[int | str | None], str]  # N or DIR -> what it is, for the scripts' output
     number: str | None = None  # what N means in KIND:N (None: the kind takes no number)
+    folder: str | None = None  # what DIR means in KIND:DIR (None: the kind reads no folder)
     default: int | None = None  # N when KIND is given alone (None with a number: N is required)
     needs_draft_model: bool = False  # whether the scripts must load --draft for it
 
@@ -98,13 +102,37 @@ DRAFTER_KINDS = {
     "layerskip": DrafterKind(build=lambda n, target, draft: LayerSkipDrafter(target, n),
                              describe=lambda n: f"the target's first {n} blocks",
                              number="how many of the target's blocks draft"),
+    "medusa": DrafterKind(build=lambda folder, target, draft: load_feature_drafter(folder, target, "medusa"),
+                          describe=lambda folder: f"Medusa heads on the target's features, from {folder}",
+                          folder="the heads' folder (python -m offline.train_drafter --kind medusa)"),
+    "eagle": DrafterKind(build=lambda folder, target, draft: load_feature_drafter(folder, target, "eagle"),
+                         describe=lambda folder: f"an EAGLE-style drafter on the target's features, from {folder}",
+                         folder="the drafter's folder (python -m offline.train_drafter --kind eagle)"),
 }
+
+def spec_help() -> str:
+    """How to name a drafter, said from DRAFTER_KINDS (a new kind needs no edit here)."""
+    forms, meanings = [], []
+    for name, kind in DRAFTER_KINDS.items():
+        if kind.folder is not None:
+            forms.append(f"{name}:DIR")
+            meanings.append(f"{name}:DIR: {kind.folder}")
+        elif kind.number is not None:
+            forms += [name, f"{name}:N"] if kind.default else [f"{name}:N"]
+            meanings.append(f"{name}:N: {kind.number}")
+        else:
+            forms.append(name)
+    return f"use {', '.join(forms)} ({'; '.join(meanings)}), N a whole number >= 1"
 
 
 def drafter_spec(text: str) -> str:
     """KIND or KIND:N -> the canonical name (ngram is ngram:3). argparse's type= for drafters."""
     kind, _, number = text.partition(":")
     found = DRAFTER_KINDS.get(kind)
+    if found is not None and found.folder is not None:
+        if not number:
+            raise argparse.ArgumentTypeError(f"{text!r} needs a folder: {kind}:DIR, DIR being {found.folder}")
+        return text
     if found is not None and found.number is None and not number:
         return kind
     if found is not None and found.number is not None:
@@ -112,18 +140,27 @@ def drafter_spec(text: str) -> str:
             return f"{kind}:{int(number)}"
         if not number and found.default is not None:
             return f"{kind}:{found.default}"
-    forms, numbers = [], []
-    for name, k in DRAFTER_KINDS.items():
-        forms += [name] if k.number is None else [name, f"{name}:N"] if k.default else [f"{name}:N"]
-        numbers += [] if k.number is None else [f"{name}:N: {k.number}"]
-    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: use {', '.join(forms)} ({'; '.join(numbers)}), "
-                                     f"N a whole number >= 1")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: {spec_help()}")
 
 
-def split_drafter_spec(spec: str) -> tuple[str, int | None]:
-    """A canonical name (drafter_spec) -> (kind, N or None)."""
-    kind, _, number = spec.partition(":")
-    return kind, int(number) if number else None
+def drafter_choice(text: str) -> str:
+    """spec_decoding_generate.py's --drafter: a kind's name (its N comes from an option of its own,
+    --ngram, --draft-layers), or KIND:DIR for a kind read from a folder."""
+    found = DRAFTER_KINDS.get(text.partition(":")[0])
+    if found is not None and found.folder is not None:
+        return drafter_spec(text)
+    if text in DRAFTER_KINDS:
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a drafter: use " + ", ".join(
+        f"{k}:DIR" if v.folder is not None else k for k, v in DRAFTER_KINDS.items()))
+
+
+def split_drafter_spec(spec: str) -> tuple[str, int | str | None]:
+    """A canonical name (drafter_spec) -> (kind, N or DIR or None)."""
+    kind, _, argument = spec.partition(":")
+    if DRAFTER_KINDS[kind].folder is not None:
+        return kind, argument
+    return kind, int(argument) if argument else None
 
 
 def needs_draft_model(spec: str) -> bool:

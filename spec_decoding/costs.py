@@ -23,7 +23,7 @@ from gpt2 import GPT2
 from gpt2.device import synchronize
 from .decoding import check_drafter
 from .result import ROOT
-from .theory import break_even_alpha
+from .theory import break_even_alpha, predicted_speedup
 from .tree import TokenTree, score_tree, tree_size
 
 
@@ -172,8 +172,9 @@ class CostModel:
 
         target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1,
                                            extra_slots=max([tree_size(b) for b in trees], default=0))
-        target(torch.tensor([context], device=device), target_cache, num_last_logits=1)
-        draft_step = _draft_stepper(draft, context, device)
+        _, features = target(torch.tensor([context], device=device), target_cache, num_last_logits=1,
+                             return_features=True)
+        draft_step = _draft_stepper(draft, context, device, features[0])
 
         def target_score(k):
             new = torch.randint(vocab, (1, k), generator=g).to(device)
@@ -217,9 +218,10 @@ def random_tree(branching, vocab_size: int, generator) -> TokenTree:
     return tree
 
 
-def _draft_stepper(draft, context: list[int], device):
+def _draft_stepper(draft, context: list[int], device, target_features=None):
     """A function that makes the draft propose one token after context + [token], then forgets it:
-    one draft step at a fixed context."""
+    one draft step at a fixed context. target_features [len(context), C]: the target's features of
+    the context, handed to the drafter as the generators do (a feature drafter drafts from them)."""
     if isinstance(draft, GPT2):
         cache = draft.new_kv_cache(max_len=len(context) + 2)
         draft(torch.tensor([context], device=device), cache, num_last_logits=1)
@@ -229,9 +231,82 @@ def _draft_stepper(draft, context: list[int], device):
             cache.truncate(len(context))
         return step
     draft.start(context, 2)
+    if target_features is not None:
+        draft.observe_target_features(0, target_features)
     draft.propose(context, 1)
 
     def step(token):
         draft.propose(context + [token], 1)
         draft.roll_back(len(context))
     return step
+
+
+@dataclass
+class BatchCostModel:
+    """What a forward pass costs as a function of the rows it processes: the batch's cost model.
+
+    A row is one new token of one sequence: a batched step of B sequences is B rows, the target
+    verifying gamma draft tokens for each of them is B * (gamma + 1) rows. rows[i] rows took
+    target_s[i] seconds in the target and draft_s[i] in the draft (each sequence with context_len
+    tokens in its KV cache); between measured row counts the cost is interpolated linearly.
+    Measured by spec_decoding.batched.calibrate_batch_costs.
+    """
+    target: str  # describe_model(target)
+    draft: str  # describe_model(draft)
+    rows: list[int]  # increasing
+    target_s: list[float]
+    draft_s: list[float]
+    context_len: int = 0
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if (not self.rows or self.rows != sorted(set(self.rows)) or self.rows[0] < 1
+                or not len(self.rows) == len(self.target_s) == len(self.draft_s)
+                or min(self.target_s) <= 0 or min(self.draft_s) <= 0):
+            raise ValueError("BatchCostModel needs increasing row counts >= 1 and, for each, the "
+                             "target's and the draft's seconds (> 0)")
+
+    @staticmethod
+    def _at(rows: list[int], seconds: list[float], n: int) -> float:
+        """Seconds for n rows, interpolated linearly between the measured row counts."""
+        if not rows[0] <= n <= rows[-1]:
+            raise ValueError(f"{n} rows is outside the measured range {rows[0]}..{rows[-1]}: "
+                             f"calibrate with more rows")
+        for (n0, s0), (n1, s1) in zip(zip(rows, seconds), zip(rows[1:], seconds[1:])):
+            if n0 <= n <= n1:
+                return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+        return seconds[0]  # a single measured row count
+
+    def target_seconds(self, n_rows: int) -> float:
+        return self._at(self.rows, self.target_s, n_rows)
+
+    def draft_seconds(self, n_rows: int) -> float:
+        return self._at(self.rows, self.draft_s, n_rows)
+
+    def c(self, batch_size: int) -> float:
+        """A draft step of B rows relative to a target step of B rows."""
+        return self.draft_seconds(batch_size) / self.target_seconds(batch_size)
+
+    def verify_cost(self, batch_size: int, gamma: int) -> float:
+        """The target scoring B * (gamma + 1) rows relative to a target step of B rows."""
+        return self.target_seconds(batch_size * (gamma + 1)) / self.target_seconds(batch_size)
+
+    def predicted_speedup(self, alpha: float, gamma: int, batch_size: int) -> float:
+        """Batched speculative over batched autoregressive throughput at batch B (theory.py)."""
+        return predicted_speedup(alpha, gamma, self.c(batch_size), self.verify_cost(batch_size, gamma))
+
+    def best_gamma(self, alpha: float, batch_size: int, gammas) -> int:
+        return max(gammas, key=lambda g: self.predicted_speedup(alpha, g, batch_size))
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path) -> "BatchCostModel":
+        try:
+            return cls(**json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}: not a BatchCostModel JSON file (made by BatchCostModel.save): {e}") from None

@@ -99,10 +99,18 @@ def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: i
     return model(new, cache, num_last_logits=num_last_logits)[0]
 
 
-def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: list[int]) -> torch.Tensor:
+def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: list[int],
+                   drafter=None) -> torch.Tensor:
     """Score the draft in one target forward: logits [len(draft_tokens) + 1, V]. Row i comes after
-    draft_tokens[:i], so it judges draft_tokens[i]; the last row gives the token after all of them."""
-    return forward_new_tokens(target, target_cache, tokens + draft_tokens, len(draft_tokens) + 1)
+    draft_tokens[:i], so it judges draft_tokens[i]; the last row gives the token after all of them.
+    The drafter (if given) is handed the target's features of every position fed
+    (Drafter.observe_target_features): feature drafters draft from them."""
+    start = target_cache.length
+    new = torch.tensor([(tokens + draft_tokens)[start:]], device=target.wte.weight.device)
+    logits, features = target(new, target_cache, num_last_logits=len(draft_tokens) + 1, return_features=True)
+    if drafter is not None:
+        drafter.observe_target_features(start, features[0])
+    return logits[0]
 
 
 def take_tokens(tokens: list[int], out: list[int], stats: GenerationStats, new_tokens, sources,

@@ -74,6 +74,52 @@ class Drafter:
     def roll_back(self, length: int) -> None:
         """Only the first `length` tokens of what it was shown are still the sequence."""
 
+    def observe_target_features(self, start: int, features: torch.Tensor) -> None:
+        """The target's features [T, n_embd] at positions start .. start + T - 1, which its forward
+        just fed (GPT2.forward(return_features=True): the residual stream before ln_f). Called
+        after every target forward, before roll_back: the rejected draft tokens' positions are
+        among them, and the roll_back that follows says which positions are still the sequence.
+        Drafters that read tokens only ignore it; feature drafters (spec_decoding/medusa.py,
+        spec_decoding/eagle.py) draft from what the target computed, at no extra target cost."""
+
+
+class FeatureDrafter(Drafter):
+    """A drafter that drafts from the target's features: it keeps them per position, like a KV
+    cache, so after roll_back(length) it holds the features of the first `length` positions of
+    the accepted sequence (self.features[:self.n_features])."""
+
+    def __init__(self, target: GPT2):
+        self.target = target
+        self.vocab_size = target.config.vocab_size
+        self.n_positions = target.config.n_positions
+        self.device = target.wte.weight.device
+        self.features = None
+        self.n_features = 0
+
+    def start(self, prompt: list[int], max_gen: int) -> None:
+        c = self.target.config
+        max_len = min(c.n_positions, len(prompt) + max_gen)
+        self.features = torch.zeros(max_len, c.n_embd, device=self.device, dtype=self.target.wte.weight.dtype)
+        self.n_features = 0
+        self.forward_calls = 0
+
+    def observe_target_features(self, start: int, features: torch.Tensor) -> None:
+        if start > self.n_features:
+            raise ValueError(f"features start at position {start} but only {self.n_features} are known")
+        self.features[start:start + len(features)] = features
+        self.n_features = start + len(features)
+
+    def roll_back(self, length: int) -> None:
+        self.n_features = min(self.n_features, length)
+
+    def last_feature(self, tokens: list[int]) -> torch.Tensor | None:
+        """The target's feature [n_embd] at the position before the last token of `tokens` (the
+        one its own head used to choose that token), or None before the target has seen it (the
+        first round, when the prompt is not fed yet)."""
+        if self.n_features < len(tokens) - 1 or len(tokens) < 2:
+            return None
+        return self.features[len(tokens) - 2]
+
 
 class ModelDrafter(Drafter):
     """A second, smaller GPT-2 proposes the tokens: one forward per token, on its own KV cache.

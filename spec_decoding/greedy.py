@@ -45,7 +45,7 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
         draft_tokens, _ = drafter.propose(tokens, g)
 
         # 2. The target scores them all in one forward: its argmax after every prefix, [g + 1].
-        target_logits = target_forward(target, target_cache, tokens, draft_tokens)
+        target_logits = target_forward(target, target_cache, tokens, draft_tokens, drafter)
         target_choice = target_logits.argmax(dim=-1).tolist()
 
         # 3. Keep the draft tokens the target would have chosen itself, then the target's token.

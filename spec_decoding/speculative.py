@@ -58,7 +58,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
             draft_probs = point_masses(draft_tokens, target.config.vocab_size, target.wte.weight.device)
 
         # 2. The target gives p after every prefix in one forward: [len(draft_tokens) + 1, V].
-        target_logits = target_forward(target, target_cache, tokens, draft_tokens)
+        target_logits = target_forward(target, target_cache, tokens, draft_tokens, drafter)
         target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
 
         # 3. Accept a prefix of the draft tokens, then draw one token more (spec_decoding.rejection).

@@ -76,3 +76,25 @@ def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify
     """Leviathan's speed-up for any round shape: tokens per round over the round's cost, a draft
     forward per depth (depth * c) plus one target forward over all nodes (verify_cost)."""
     return tokens_per_round / (depth * c + verify_cost)
+
+
+# ------------------------------------------------------------------------------------------------
+# Batches (spec_decoding/batched.py)
+# ------------------------------------------------------------------------------------------------
+# With B rows decoding together, a round of every row costs gamma batched draft steps of B rows and
+# one target forward over B * (gamma + 1) rows, and yields B * (1 - alpha^(gamma+1)) / (1 - alpha)
+# tokens on average (every row accepts its own count). Batched autoregressive decoding yields B
+# tokens per target forward over B rows. Divide the two throughputs and B cancels: the speed-up
+# at batch B is predicted_speedup with the costs measured at B rows,
+#     c(B) = draft step of B rows / target step of B rows,
+#     verify_cost(B, gamma) = target forward of B * (gamma + 1) rows / target step of B rows.
+# While a forward is memory-bound (reading the weights dominates), more rows cost little, and
+# verify_cost stays near 1. Once the rows' arithmetic dominates, a forward of B * (gamma + 1) rows
+# costs about gamma + 1 steps of B rows: verification is no longer free, and the speed-up falls
+# below 1. spec_decoding.costs.BatchCostModel holds the measured costs by rows.
+
+
+def crossover_batch_size(speedup_by_batch: dict[int, float]) -> int | None:
+    """The smallest batch size whose speed-up is <= 1 (from there on speculation does not pay),
+    or None if it pays at every batch size given."""
+    return next((b for b in sorted(speedup_by_batch) if speedup_by_batch[b] <= 1.0), None)

@@ -208,7 +208,8 @@ def test_top_p_runs(text_pair_dirs, capsys):
     (["--gamma", "fast"], ["--gamma", "auto or heuristic"]),
     (["--gamma", "3", "--cost-model", "x.json"], ["--cost-model is for --gamma auto"]),
     (["--gamma-max", "0"], ["--gamma-max", ">= 1"]),
-    (["--drafter", "bogus"], ["--drafter", "invalid choice", "'bogus'"]),
+    (["--drafter", "bogus"], ["--drafter", "'bogus' is not a drafter", "medusa:DIR"]),
+    (["--drafter", "eagle"], ["--drafter", "'eagle' needs a folder: eagle:DIR"]),
     (["--drafter", "ngram", "--ngram", "0"], ["--ngram", ">= 1"]),
     (["--drafter", "layerskip", "--draft-layers", "0"], ["--draft-layers", ">= 1"]),
 ])

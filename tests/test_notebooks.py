@@ -68,6 +68,7 @@ def notebook_env(monkeypatch, notebook_pair, python3_kernel, tmp_path):
     # Notebook 4 measures inline unless told where benchmark results are: point it at a missing
     # file so the run does not depend on whether a benchmark has been run in this checkout.
     monkeypatch.setenv("BENCHMARK_RESULTS", str(tmp_path / "no-such-results.json"))
+    monkeypatch.setenv("BATCH_RESULTS", str(tmp_path / "no-such-batch-results.json"))  # notebook 9, likewise
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     return monkeypatch
 
@@ -140,6 +141,10 @@ def test_notebook_runs(name, notebook_env):
                    for out in outputs(nb)), "notebook 3 should show the trace page inline"
     if name.startswith("02"):
         assert "all checks passed" in text
+    if name.startswith("09"):
+        assert "every row is identical to the target's own greedy output" in text
+        assert "Measuring a small result inline" in text and "crossover: measured" in text
+        assert count_images(nb) >= 2  # costs by rows, speed-up by batch size
 
 
 def test_speedup_notebook_reads_benchmark_results(notebook_env, tmp_path):

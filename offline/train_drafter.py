@@ -1,0 +1,357 @@
+"""Train a feature drafter (Medusa heads or an EAGLE-style drafter) for a target, offline.
+
+    python -m offline.train_drafter --target DIR --kind medusa|eagle --out DIR
+        [--minutes 4] [--steps N] [--text PATH ...] [--seed 0] [--heads 4] [--draft-vocab N]
+
+The target is frozen: each step runs it on a batch of windows of the corpus (by default the Python
+standard library's sources, as offline.train_pair; the same corpus discovery, imported) and keeps its
+features (the residual stream before ln_f, GPT2.forward(return_features=True)) and the tokens.
+Only the drafter learns, from what the target computed:
+
+  * Medusa: head k reads the feature at position t and predicts token t + 1 + k.
+    loss = sum_k 0.8^k CE_k (Cai et al. 2024: the far heads are less reliable, weighted less).
+  * EAGLE: reads [wte(t_{i+1}) ; f_i + noise] and predicts f_{i+1}.
+    loss = SmoothL1(f'_{i+1}, f_{i+1}) + 0.1 CE(ln_f(f'_{i+1}) @ wte.T, t_{i+2}) (Li et al. 2024).
+    The noise (Gaussian, 5% of the features' RMS) stands in for the errors of the drafter's own
+    predicted features, which it reads during a round.
+
+Works on any GPT-2 folder the project loads (the trained pair's target, real GPT-2). The output
+folder (model.safetensors, config.json, README.md: spec_decoding/feature_files.py) is written
+atomically: an interrupted run leaves nothing half-written. For Medusa the README and config.json
+also hold each head's measured top-1..top-4 accuracy on held-out text, which shapes its token tree.
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from gpt2 import GPT2, load_gpt2
+# The corpus and the atomic write are train_pair's: one corpus discovery for every offline tool.
+from .train_pair import (TrainPairError, TrainSettings, corpus_files, learning_rate, split_documents,
+                             stop_on_sigterm, tokenize_files, write_pair_atomically)
+from spec_decoding.eagle import EagleNet
+from spec_decoding.feature_files import KINDS, save_feature_drafter, target_fingerprint
+from spec_decoding.medusa import MedusaHeads
+
+MEDUSA_DECAY = 0.8  # lambda_k = 0.8^k
+EAGLE_CE_WEIGHT = 0.1
+EAGLE_NOISE = 0.05  # input-feature noise, relative to the features' RMS
+CONTEXT = 128  # tokens per training window (or the target's n_positions - 2 if smaller)
+TOP_B = 4  # head accuracies are measured for top-1 .. top-4
+
+
+class TrainDrafterError(TrainPairError):
+    """Bad input (target, corpus, output folder, arguments). The message says what to do."""
+
+
+def load_target(folder) -> GPT2:
+    path = Path(folder).expanduser()
+    if not (path / "config.json").is_file():
+        raise TrainDrafterError(f"--target {folder}: no GPT-2 folder there (config.json missing). Give the "
+                                f"target's folder, e.g. runs/pair/target from python -m offline.train_pair.")
+    target = load_gpt2(path, dtype="float32")
+    target.requires_grad_(False)
+    return target.eval()
+
+
+def check_output_folder(out: Path, overwrite: bool) -> None:
+    """Refuse a file, or a folder with anything in it unless it is a drafter and overwrite is set."""
+    if out.exists() and not out.is_dir():
+        raise TrainDrafterError(f"--out {out} is a file; give a folder (it will be created).")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if overwrite and (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return
+    raise TrainDrafterError(f"{out} already holds files; choose a new or empty --out folder (or pass "
+                            f"--overwrite to replace a drafter there). Nothing was written.")
+
+
+def corpus_tokens(texts, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, held-out) token ids of the corpus, as train_pair splits it."""
+    files = corpus_files(texts)
+    docs = tokenize_files(files)
+    n = sum(map(len, docs))
+    if n < 4 * (context + 1):
+        raise TrainDrafterError(f"The corpus is empty or too small ({n} tokens in {len(files)} files): give "
+                                f"at least a few thousand tokens of text with --text PATH.")
+    train, held = split_documents(docs)
+    return torch.tensor(train), torch.tensor(held)
+
+
+def make_drafter(kind: str, target: GPT2, num_heads: int) -> torch.nn.Module:
+    return MedusaHeads(target, num_heads) if kind == "medusa" else EagleNet(target)
+
+
+@torch.no_grad()
+def target_features(target: GPT2, window: torch.Tensor) -> torch.Tensor:
+    """The frozen target's features [B, T, C] over window [B, T]."""
+    return target(window, return_features=True)[1]
+
+
+def medusa_loss(heads: MedusaHeads, target: GPT2, features, window) -> tuple[torch.Tensor, list]:
+    """sum_k 0.8^k CE_k. features [B, T, C] of window[:, :T]; window [B, T + 1]. Head k (1-based)
+    at position t is scored on token t + 1 + k (positions t <= T - 1 - k have one)."""
+    x = target.ln_f(features)
+    T = features.shape[1]
+    total, per_head = 0.0, []
+    for k, head in enumerate(heads.heads, start=1):
+        logits = head(x[:, :T - k])  # positions 0 .. T - k - 1
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), window[:, k + 1:T + 1].flatten())
+        total = total + MEDUSA_DECAY ** k * ce
+        per_head.append(ce.item())
+    return total, per_head
+
+
+def eagle_loss(net: EagleNet, target: GPT2, features, window, generator,
+               noise: float = EAGLE_NOISE) -> tuple[torch.Tensor, list]:
+    """SmoothL1(predicted next feature) + 0.1 CE of its readout, with noisy input features
+    (Gaussian, `noise` times the features' RMS)."""
+    f_in = features[:, :-1]
+    if noise:
+        f_in = f_in + torch.randn(f_in.shape, generator=generator) * (noise * f_in.pow(2).mean().sqrt())
+    predicted = net(target.wte(window[:, 1:features.shape[1]]), f_in)  # f'_1 .. f'_{T-1}
+    regression = F.smooth_l1_loss(predicted, features[:, 1:])
+    logits = target.ln_f(predicted) @ target.wte.weight.T
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), window[:, 2:features.shape[1] + 1].flatten())
+    return regression + EAGLE_CE_WEIGHT * ce, [regression.item(), ce.item()]
+
+
+def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: TrainSettings,
+          context: int, generator: torch.Generator, log=print) -> dict:
+    """Train module in place for settings.minutes (or settings.steps). Returns a log."""
+    from tqdm.auto import tqdm
+
+    module.train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=settings.learning_rate, weight_decay=0.0)
+    B, T = settings.batch_size, context
+    by_steps = settings.steps is not None
+    seconds = settings.minutes * 60
+    bar = tqdm(total=settings.steps if by_steps else round(seconds), desc=f"training {kind}",
+               unit="step" if by_steps else "s", dynamic_ncols=True,
+               disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
+    start, cpu_start = time.perf_counter(), time.process_time()
+    step, shown, losses = 0, 0, []
+    while True:
+        progress = step / settings.steps if by_steps else (time.perf_counter() - start) / seconds
+        if progress >= 1:
+            break
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(settings, step, progress)
+        offsets = torch.randint(0, len(train_ids) - T - 1, (B,), generator=generator)
+        window = torch.stack([train_ids[o:o + T + 1] for o in offsets.tolist()])  # [B, T + 1]
+        features = target_features(target, window[:, :T])
+        if kind == "medusa":
+            loss, parts = medusa_loss(module, target, features, window)
+        else:
+            loss, parts = eagle_loss(module, target, features, window, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        step += 1
+        now = step if by_steps else min(round(time.perf_counter() - start), round(seconds))
+        bar.update(now - shown)
+        shown = now
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
+    bar.close()
+    module.eval()
+    return {"steps": step, "seconds": round(time.perf_counter() - start, 1),
+            "cpu_seconds": round(time.process_time() - cpu_start, 1), "tokens_seen": step * B * T,
+            "losses": [round(x, 4) for x in losses]}
+
+
+def held_out_windows(held: torch.Tensor, context: int, max_windows: int) -> list[torch.Tensor]:
+    """Up to max_windows non-overlapping windows [1, context + 1] of the held-out tokens."""
+    n = max(1, min(max_windows, (len(held) - 1) // (context + 1)))
+    return [held[i * (context + 1):(i + 1) * (context + 1)][None] for i in range(n)]
+
+
+@torch.no_grad()
+def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: int,
+                  max_windows: int = 4) -> float:
+    """The training loss on fixed held-out windows, without input noise: comparable before and
+    after training (the training loss jumps from batch to batch)."""
+    losses = []
+    for window in held_out_windows(held, context, max_windows):
+        features = target_features(target, window[:, :-1])
+        if kind == "medusa":
+            losses.append(medusa_loss(module, target, features, window)[0].item())
+        else:
+            losses.append(eagle_loss(module, target, features, window, None, noise=0.0)[0].item())
+    return round(sum(losses) / len(losses), 4)
+
+
+@torch.no_grad()
+def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, context: int,
+                    max_windows: int = 8) -> list[list[float]]:
+    """Held-out accuracy of each Medusa head: [k][b - 1] = how often the true token k + 1 places
+    ahead is among the head's top-b (b = 1 .. TOP_B)."""
+    hits = torch.zeros(heads.num_heads, TOP_B)
+    counts = torch.zeros(heads.num_heads)
+    for window in held_out_windows(held, context, max_windows):
+        T = window.shape[1] - 1
+        x = target.ln_f(target_features(target, window[:, :T]))
+        for k, head in enumerate(heads.heads, start=1):
+            if T - k <= 0:
+                continue
+            top = head(x[0, :T - k]).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
+            truth = window[0, k + 1:T + 1, None]
+            hits[k - 1] += (top == truth).cumsum(-1).clamp(max=1).sum(0).float()
+            counts[k - 1] += T - k
+    return (hits / counts.clamp(min=1)[:, None]).round(decimals=4).tolist()
+
+
+README_TEMPLATE = """# A {kind} drafter
+
+Made by `python -m offline.train_drafter {command}` on {date}, for the target `{target}`
+({t_layers} layers, width {t_width}; fingerprint `{fingerprint}`: it loads on that target only).
+
+{what}
+
+Trained on {corpus} ({n_train:,} tokens, {n_held:,} held out): {steps} steps in {seconds:.0f} s
+({cpu_seconds:.0f} s CPU), batch {batch} x {context} tokens, learning rate {lr}, seed {seed}.
+Loss on held-out text: {before:.3f} untrained, {after:.3f} trained (training loss: first 20 steps
+{first:.3f}, last 20 steps {last:.3f}).
+{accuracies}
+Use it:
+
+    python spec_decoding_generate.py --target {target} --drafter {kind}:{out}
+"""
+
+
+def write_readme(folder: Path, info: dict) -> None:
+    what = (f"{info['num_heads']} Medusa heads (x + SiLU(W1 x), then an untied copy of the target's wte); "
+            f"loss sum_k 0.8^k CE_k." if info["kind"] == "medusa" else
+            "One GPT-2 block over W_in [wte(t_i+1) ; f_i], predicting the target's next feature, read "
+            "out through the target's ln_f and head; loss SmoothL1 + 0.1 CE, input-feature noise 5% of RMS"
+            + (f"; a draft vocabulary of the corpus's {info['draft_vocab']} most frequent tokens." if
+               info.get("draft_vocab") else "."))
+    accuracies = ""
+    if info["kind"] == "medusa":
+        rows = "\n".join(f"| {k} | token t+{k + 1} | " + " | ".join(f"{a:.1%}" for a in acc) + " |"
+                         for k, acc in enumerate(info["head_accuracies"], start=1))
+        accuracies = ("\nHeld-out accuracy of each head (the true token among its top-b):\n\n"
+                      "| head | predicts | top-1 | top-2 | top-3 | top-4 |\n|---|---|---|---|---|---|\n"
+                      + rows + "\n")
+    losses = info["losses"]
+    text = README_TEMPLATE.format(
+        kind=info["kind"], command=info["command"], date=info["date"], target=info["target_dir"],
+        t_layers=info["target_config"]["n_layer"], t_width=info["target_config"]["n_embd"],
+        fingerprint=info["fingerprint"], what=what, corpus=info["corpus"], n_train=info["train_tokens"],
+        n_held=info["held_out_tokens"], steps=info["steps"], seconds=info["seconds"],
+        cpu_seconds=info["cpu_seconds"], batch=info["settings"]["batch_size"], context=info["context"],
+        lr=info["settings"]["learning_rate"], seed=info["settings"]["seed"],
+        first=sum(losses[:20]) / max(1, len(losses[:20])), last=sum(losses[-20:]) / max(1, len(losses[-20:])),
+        accuracies=accuracies, out=info["out"], before=info["held_out_loss"]["before"],
+        after=info["held_out_loss"]["after"])
+    (folder / "README.md").write_text(text)
+
+
+def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
+                  settings: TrainSettings | None = None, num_heads: int = 4, draft_vocab: int | None = None,
+                  overwrite: bool = False, command: str = "", log=print):
+    """Train a `kind` drafter for the target in target_dir and save it to `out`. Returns (the
+    trained module: MedusaHeads or EagleNet, the info written to its README and config.json)."""
+    if kind not in KINDS:
+        raise TrainDrafterError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if draft_vocab is not None and kind != "eagle":
+        raise TrainDrafterError("--draft-vocab is for --kind eagle only")
+    settings = settings or TrainSettings(minutes=4.0, batch_size=4, learning_rate=1e-3, warmup_steps=20)
+    out = Path(out).expanduser().resolve()
+    check_output_folder(out, overwrite)
+    target = load_target(target_dir)
+    V = target.config.vocab_size
+    if draft_vocab is not None and not 1 <= draft_vocab <= V:
+        raise TrainDrafterError(f"--draft-vocab must be between 1 and the vocabulary size {V}, got {draft_vocab}")
+    context = min(CONTEXT, target.config.n_positions - 2)
+    random.seed(settings.seed)
+    torch.manual_seed(settings.seed)  # the drafter's initialisation
+    generator = torch.Generator().manual_seed(settings.seed)
+    train_ids, held = corpus_tokens(texts, context)
+    if int(train_ids.max()) >= V:
+        raise TrainDrafterError(f"the corpus has token ids up to {int(train_ids.max())} but the target's "
+                                f"vocabulary has {V}: it needs GPT-2's tokenizer")
+    corpus = "the Python standard library's sources" if not texts else ", ".join(map(str, texts))
+    log(f"{len(train_ids):,} training tokens ({corpus}), {len(held):,} held out")
+    module = make_drafter(kind, target, num_heads)
+    loss_before = held_out_loss(kind, module, target, held, context)
+    info = train(kind, target, module, train_ids, settings, context, generator, log)
+    info["held_out_loss"] = {"before": loss_before, "after": held_out_loss(kind, module, target, held, context)}
+    log(f"held-out loss {loss_before:.3f} -> {info['held_out_loss']['after']:.3f}")
+    extra, config = {}, {}
+    if kind == "medusa":
+        info["head_accuracies"] = head_accuracies(module, target, held, context)
+        config = {"num_heads": num_heads, "head_accuracies": info["head_accuracies"]}
+        log("head accuracies (top-1): " + ", ".join(f"{a[0]:.1%}" for a in info["head_accuracies"]))
+    elif draft_vocab is not None:
+        counts = torch.bincount(train_ids, minlength=V)
+        extra["draft_vocab"] = counts.topk(draft_vocab).indices.sort().values
+        config = {"draft_vocab": draft_vocab}
+    info.update({
+        "kind": kind, "num_heads": num_heads if kind == "medusa" else None, "draft_vocab": draft_vocab,
+        "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "target_dir": str(target_dir), "target_config": asdict(target.config), "out": str(out),
+        "corpus": corpus, "texts": list(texts) if texts else None, "train_tokens": len(train_ids),
+        "held_out_tokens": len(held), "context": context, "settings": asdict(settings), "torch": torch.__version__,
+    })
+    info["fingerprint"] = target_fingerprint(target)
+
+    def write(folder: Path):
+        save_feature_drafter(folder, kind, module, target, {**config, "training": {
+            k: v for k, v in info.items() if k not in ("losses", "target_config")}}, extra)
+        write_readme(folder, info)
+
+    write_pair_atomically(out, write)
+    log(f"Saved {out} (see {out}/README.md)")
+    return module, info
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m offline.train_drafter",
+        description="Train Medusa heads or an EAGLE-style drafter on a frozen target's features.")
+    parser.add_argument("--target", required=True, help="the target's folder (a GPT-2 checkpoint)")
+    parser.add_argument("--kind", required=True, choices=KINDS)
+    parser.add_argument("--out", required=True, help="folder to create")
+    parser.add_argument("--minutes", type=float, default=4.0, help="time budget (default 4)")
+    parser.add_argument("--steps", type=int, help="train this many steps instead (ignores --minutes)")
+    parser.add_argument("--text", nargs="+", metavar="PATH",
+                        help="text files or folders (default: the Python standard library's sources)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heads", type=int, default=4, help="--kind medusa: number of heads (default 4)")
+    parser.add_argument("--draft-vocab", type=int, metavar="N",
+                        help="--kind eagle: draft over the corpus's N most frequent tokens only")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--overwrite", action="store_true", help="replace a drafter already in --out")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0 or (args.steps is not None and args.steps < 1) or args.heads < 1 or args.batch_size < 1:
+        parser.error("--minutes must be > 0, --steps, --heads and --batch-size >= 1")
+    settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+                             learning_rate=args.learning_rate, warmup_steps=20)
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill PID`: stop like Ctrl-C, writing nothing
+    try:
+        train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads, args.draft_vocab,
+                      args.overwrite, command)
+    except TrainPairError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nInterrupted: nothing was written to {args.out}.", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Medusa heads (Cai et al. 2024, "Medusa: Simple LLM Inference Acceleration Framework with
+Multiple Decoding Heads"): K small heads on the target's own last feature guess the next K tokens.
+
+The target's head reads its feature at position t and predicts token t + 1. Medusa head k reads
+the same feature and predicts token t + 1 + k. At the start of a round the sequence's last token
+was chosen by the target (from its feature one position back) and not fed yet, so heads 1..K on
+that feature propose the K tokens after it, all at once: no autoregressive draft loop, one tiny
+forward per round. The heads never see the token the target just chose, nor each other's guesses:
+that is why their accuracy falls quickly with k, and what EAGLE (spec_decoding/eagle.py) fixes.
+
+Each head, on the target's ln_f(feature) x [n_embd]:
+
+    x + SiLU(W1 x + b1)      a residual block; W1 and b1 start at zero, so it starts as x
+    W_out (...)              an output layer [V, n_embd], a copy of the target's wte
+
+GPT-2 ties its output head to the token embedding (logits = x @ wte.T). Each head gets its own
+copy of wte, untied: trained, it learns to read the same x as a guess k tokens further ahead, which
+a shared head could not do for K different offsets at once. Starting from the copy, an untrained
+head predicts what the target's head predicts (token t + 1), a sensible first guess for t + 2.
+The copies are big (K x V x n_embd); Medusa-1 makes the same choice.
+
+Lossless sampling: head k's token is drawn from q_k = its softmax after the same temperature,
+top-k and top-p as the target, independently of the other heads' draws, so q_k is exactly the
+distribution it was drawn from given the tokens before it, and propose() returns it. (Medusa's
+"typical acceptance" is not lossless; this project keeps exact rejection sampling.)
+
+The target's features come from the generators (Drafter.observe_target_features): the heads cost
+nothing of the target. In the first round the prompt has not been fed, no feature exists yet, and
+the round is a plain target step.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2 import GPT2
+from .drafters import FeatureDrafter
+from .sampling import logits_to_probs, sample
+
+
+class MedusaHead(nn.Module):
+    """x [..., n_embd] -> logits [..., V]: x + SiLU(W1 x + b1), then the head's own output layer."""
+
+    def __init__(self, n_embd: int, vocab_size: int):
+        super().__init__()
+        self.w1 = nn.Linear(n_embd, n_embd)
+        self.out = nn.Linear(n_embd, vocab_size, bias=False)
+        nn.init.zeros_(self.w1.weight)  # starts as the identity: the block adds nothing yet
+        nn.init.zeros_(self.w1.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(x + F.silu(self.w1(x)))
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads for one target. forward(features [..., n_embd]) -> logits [K, ..., V]: head
+    k - 1 (0-based) guesses the token k + 1 places after each feature's position."""
+
+    def __init__(self, target: GPT2, num_heads: int):
+        super().__init__()
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads must be an int >= 1 (tokens guessed per round), got {num_heads!r}")
+        c = target.config
+        self.num_heads = num_heads
+        self.heads = nn.ModuleList(MedusaHead(c.n_embd, c.vocab_size) for _ in range(num_heads))
+        with torch.no_grad():
+            for head in self.heads:
+                head.out.weight.copy_(target.wte.weight)  # a copy: untied from the target
+        self.to(device=target.wte.weight.device, dtype=target.wte.weight.dtype)
+
+    def forward(self, features: torch.Tensor, ln_f: nn.Module, num_heads: int | None = None) -> torch.Tensor:
+        """features: the target's features (before ln_f); ln_f: the target's final LayerNorm.
+        num_heads: run only the first n heads. Returns logits [n, ..., V]."""
+        x = ln_f(features)
+        return torch.stack([head(x) for head in self.heads[:num_heads]])
+
+
+class MedusaDrafter(FeatureDrafter):
+    """Proposes up to K tokens per round, head k's guess for the k-th token after the sequence.
+
+    target: the GPT2 being decoded (only its ln_f is used, and its features through the generators).
+    heads: MedusaHeads trained for it (offline/train_drafter.py), or fresh ones.
+    """
+
+    def __init__(self, target: GPT2, heads: MedusaHeads):
+        super().__init__(target)
+        if not isinstance(heads, MedusaHeads):
+            raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
+        out = heads.heads[0].out.weight
+        if out.shape != target.wte.weight.shape:
+            raise ValueError(f"these Medusa heads output {out.shape[0]} tokens from width {out.shape[1]}, "
+                             f"the target has {target.config.vocab_size} tokens and width "
+                             f"{target.config.n_embd}: they were trained for another target")
+        self.heads = heads
+
+    @torch.inference_mode()
+    def head_logits(self, tokens: list[int], num_tokens: int) -> torch.Tensor | None:
+        """The heads' logits [n, V] for the n <= num_tokens tokens after `tokens`, or None when the
+        target has no feature for the position before the last token yet (the first round)."""
+        feature = self.last_feature(tokens)
+        if feature is None or num_tokens == 0:
+            return None
+        self.forward_calls += 1  # all heads at once: one small forward
+        return self.heads(feature, self.target.ln_f, min(num_tokens, self.heads.num_heads)).float()
+
+    def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
+        logits = self.head_logits(tokens, num_tokens)
+        if logits is None:
+            return [], None
+        if temperature == 0:
+            return logits.argmax(dim=-1).tolist(), None
+        q = logits_to_probs(logits, temperature, top_k, top_p)  # [n, V], as the target's p
+        return sample(q, generator).tolist(), q

@@ -1,0 +1,383 @@
+"""Feature drafters (Medusa heads, an EAGLE-style drafter) keep speculative decoding exact: greedy
+output identical to the target's own, sampled output distributed as the target's (exact
+enumeration + chi-square, with the power to catch a bonus token taken by argmax), the target's
+cache and the drafter's features equal to a fresh forward after every round. Random, untrained
+drafters are enough for all of it: exactness must not depend on how good the drafter is."""
+
+from functools import partial
+
+import pytest
+import torch
+from conftest import TINY_VOCAB
+from test_lossless import SETTINGS
+
+import spec_decoding.speculative
+from gpt2 import load_gpt2
+from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding.checks import (check_caches_after_every_round, check_greedy_matches_target,
+                                  check_lossless, check_stopping)
+from gpt2 import KVCache
+from spec_decoding.eagle import EagleDrafter, EagleNet
+from spec_decoding.medusa import MedusaDrafter, MedusaHeads
+
+PROMPT = [5, 17, 42, 8, 99, 3]
+LOSSLESS_PROMPT = [1, 2, 3]
+SAMPLES = 1500  # per chi-square test
+
+
+def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.Module:
+    """Every weight perturbed by seeded noise: an 'untrained' drafter that still disagrees with
+    the target in many different ways (a zero-init residual block would change nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(std * torch.randn(p.shape, generator=g))
+    return module
+
+
+def medusa(target, num_heads=4, seed=0):
+    return MedusaDrafter(target, randomize(MedusaHeads(target, num_heads), seed))
+
+
+def eagle(target, seed=0, vocab_share=None):
+    V = target.config.vocab_size
+    draft_vocab = None if vocab_share is None else torch.randperm(
+        V, generator=torch.Generator().manual_seed(seed))[:int(vocab_share * V)]
+    return EagleDrafter(target, randomize(EagleNet(target), seed, std=0.1), draft_vocab)
+
+
+DRAFTERS = {
+    "medusa": medusa,
+    "eagle": eagle,
+    "eagle-reduced-vocab": partial(eagle, vocab_share=0.75),  # q is 0 on a quarter of the tokens
+}
+
+
+class FeatureChecking:
+    """Wraps a feature drafter: at every propose(), its features of the positions it keeps must
+    equal those of a fresh target forward over the accepted tokens."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.checked = 0
+        real_propose = drafter.propose
+
+        def propose(tokens, *args, **kwargs):
+            n = drafter.n_features
+            assert n <= len(tokens) - 1  # never a position the sequence does not have yet
+            if n:
+                with torch.inference_mode():
+                    _, fresh = drafter.target(torch.tensor([tokens[:n]]), return_features=True)
+                torch.testing.assert_close(drafter.features[:n], fresh[0], atol=1e-5, rtol=0)
+                self.checked += 1
+            if isinstance(drafter, EagleDrafter) and drafter.cache.length:
+                check_eagle_cache(drafter, tokens)
+            return real_propose(tokens, *args, **kwargs)
+
+        drafter.propose = propose
+
+
+def check_eagle_cache(drafter, tokens):
+    """EAGLE's cache entry i must be what a fresh run over [wte(t_{i+1}) ; f_i] gives, with the
+    target's real features: nothing left from a round's own predicted features."""
+    n = drafter.cache.length
+    assert n <= drafter.n_features and n <= len(tokens) - 1
+    c = drafter.target.config
+    fresh = KVCache(1, 1, c.n_head, n, c.head_dim)
+    with torch.inference_mode():
+        drafter.net(drafter.target.wte(torch.tensor([tokens[1:n + 1]])), drafter.features[None, :n], fresh)
+    for got, want in ((drafter.cache.keys[0], fresh.keys[0]), (drafter.cache.values[0], fresh.values[0])):
+        torch.testing.assert_close(got[:, :, :n], want, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------ the features
+
+def test_features_through_ln_f_and_the_head_are_the_logits(target):
+    idx = torch.tensor([PROMPT])
+    with torch.inference_mode():
+        logits, features = target(idx, return_features=True)
+        assert features.shape == (1, len(PROMPT), target.config.n_embd)
+        torch.testing.assert_close(logits, target(idx))
+        torch.testing.assert_close(target.ln_f(features) @ target.wte.weight.T, logits)
+        last, all_features = target(idx, num_last_logits=1, return_features=True)
+        torch.testing.assert_close(last, logits[:, -1:])
+        torch.testing.assert_close(all_features, features)  # num_last_logits does not cut them
+
+
+def test_untrained_medusa_heads_are_the_targets_head(target):
+    """W1 = 0 and a copy of wte: before training each head predicts what the target's head does,
+    and the copy is untied (training a head does not touch the target)."""
+    heads = MedusaHeads(target, 3)
+    features = torch.randn(5, target.config.n_embd)
+    with torch.inference_mode():
+        want = target.ln_f(features) @ target.wte.weight.T
+        got = heads(features, target.ln_f)
+    for k in range(3):
+        torch.testing.assert_close(got[k], want)
+    assert heads.heads[0].out.weight.data_ptr() != target.wte.weight.data_ptr()
+
+
+# ------------------------------------------------------------------------------ greedy
+
+@pytest.fixture(scope="module")
+def baseline(target):
+    return autoregressive_generate(target, PROMPT, 40).tokens
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_equals_target_greedy(target, baseline, name, gamma):
+    drafter = DRAFTERS[name](target)
+    checking = FeatureChecking(drafter)
+    result = speculative_sampling_greedy(target, drafter, PROMPT, 40, gamma)
+    assert result.tokens == baseline
+    s = result.stats
+    assert s.tokens_drafted > 0 and s.tokens_rejected > 0
+    assert checking.checked == s.target_calls - 1  # every round after the first
+    assert s.gamma_by_round[0] == 0  # the first round: no feature yet, a plain target step
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_at_the_context_window_edge(target, name):
+    n_pos = target.config.n_positions
+    prompt = (PROMPT * 20)[:n_pos - 7]
+    result = check_greedy_matches_target(partial(speculative_sampling_greedy, target, DRAFTERS[name](target),
+                                                 gamma=4), target, prompt, max_gen=30)
+    assert result.passed, result.message
+    assert len(result.tokens) == 7  # stopped at the full window
+
+
+@pytest.mark.parametrize("settings", [None, dict(temperature=1.0)])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_exact_max_gen_and_eos(target, name, settings):
+    generate = partial(speculative_sampling if settings else speculative_sampling_greedy, target,
+                       DRAFTERS[name](target), gamma=3)
+    result = check_stopping(generate, PROMPT, max_gens=range(1, 8), settings=settings, seeds=range(2))
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_caches_and_features_equal_a_fresh_forward_after_every_round(target, name):
+    drafter = DRAFTERS[name](target)
+    checking = FeatureChecking(drafter)
+    result = check_caches_after_every_round(partial(speculative_sampling, target, drafter, gamma=3),
+                                            target, None, PROMPT, 30, dict(temperature=1.0))
+    assert result.passed, result.message
+    assert max(s.round for s in result.snapshots) > 4 and checking.checked > 4
+
+
+# ------------------------------------------------------------------------------ lossless
+
+@pytest.fixture(scope="module")
+def tiny_target(make_checkpoint):
+    return load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
+
+
+def lossless_check(target, drafter, settings, gamma, samples, seed=0):
+    drafted = []
+
+    def generate(prompt, max_gen, **kwargs):
+        result = speculative_sampling(target, drafter, prompt, max_gen, gamma, **kwargs)
+        drafted.append((result.stats.tokens_drafted, result.stats.tokens_accepted))
+        return result
+
+    result = check_lossless(generate, target, LOSSLESS_PROMPT, 3, settings, samples=samples, seed=seed)
+    return result, [sum(column) for column in zip(*drafted)]
+
+
+# Plain EAGLE differs from the reduced-vocabulary one only in its readout's rows: the reduced one,
+# whose q is zero on a quarter of the tokens, is the harder case (and the suite's time is short).
+LOSSLESS_DRAFTERS = ["medusa", "eagle-reduced-vocab"]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("name", LOSSLESS_DRAFTERS)
+def test_sampling_is_lossless(tiny_target, name, setting):
+    settings = SETTINGS[setting][0]
+    result, (drafted, accepted) = lossless_check(tiny_target, DRAFTERS[name](tiny_target), settings, 2, SAMPLES)
+    # The first round is the prompt's plain target step (no feature yet), so of 3 tokens the second
+    # round drafts one: accepted or not, then a bonus or a correction, all exercised.
+    assert drafted == SAMPLES and 50 < accepted < drafted - 50
+    assert result.passed and result.p_value > 1e-3, f"{name}: {result.message}"
+
+
+def bonus_by_argmax(real):
+    """The planted bug: when every draft token is accepted, take the bonus token as p's argmax
+    instead of drawing it from p."""
+
+    def verify(target_probs, draft_probs, draft_tokens, generator=None):
+        verdict = real(target_probs, draft_probs, draft_tokens, generator)
+        if draft_tokens and verdict.n_accepted == len(draft_tokens):
+            verdict.next_token = int(target_probs[len(draft_tokens)].argmax())
+        return verdict
+
+    return verify
+
+
+@pytest.mark.parametrize("name", LOSSLESS_DRAFTERS)
+def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, name, monkeypatch):
+    monkeypatch.setattr(spec_decoding.speculative, "modified_rejection_sampling",
+                        bonus_by_argmax(spec_decoding.speculative.modified_rejection_sampling))
+    # far fewer samples than the exactness tests: the bias is large (p-values below 1e-50 here)
+    result, _ = lossless_check(tiny_target, DRAFTERS[name](tiny_target), dict(temperature=1.0), 2, 600)
+    assert not result.passed and result.p_value < 1e-6, result.message
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def test_medusa_heads_for_another_target_are_refused(target, tiny_target):
+    with pytest.raises(ValueError, match="trained for another target"):
+        MedusaDrafter(target, MedusaHeads(tiny_target, 2))
+    with pytest.raises(ValueError, match="num_heads must be an int >= 1"):
+        MedusaHeads(target, 0)
+
+
+# ------------------------------------------------------------------------------ training
+
+TRAIN = dict(steps=20, batch_size=2, learning_rate=3e-3, warmup_steps=5, seed=0)
+
+
+def train_tiny(target_dir, kind, out, **kwargs):
+    from conftest import stdlib_texts
+
+    from offline.train_pair import TrainSettings
+    from offline.train_drafter import train_drafter
+
+    settings = TrainSettings(**{**TRAIN, **kwargs.pop("settings", {})})
+    return train_drafter(target_dir, kind, out, stdlib_texts()[:3], settings, log=lambda *a: None, **kwargs)
+
+
+@pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=2)), ("eagle", dict(draft_vocab=3000))])
+def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
+                                                                          options, monkeypatch):
+    from spec_decoding.feature_files import load_feature_drafter
+
+    monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
+    target_dir = trained_pair_dirs[0]
+    module, info = train_tiny(target_dir, kind, tmp_path / kind, **options)
+    assert len(info["losses"]) == TRAIN["steps"]
+    assert info["held_out_loss"]["after"] < 0.98 * info["held_out_loss"]["before"]  # same held-out windows
+    assert {p.name for p in (tmp_path / kind).iterdir()} == {"config.json", "model.safetensors", "README.md"}
+    if kind == "medusa":
+        accuracies = info["head_accuracies"]
+        assert len(accuracies) == 2 and all(0 <= a <= b <= 1 for row in accuracies for a, b in zip(row, row[1:]))
+        assert "top-1" in (tmp_path / kind / "README.md").read_text()
+
+    target = load_gpt2(target_dir, dtype="float32")
+    reloaded = load_feature_drafter(tmp_path / kind, target, kind)
+    fresh = (MedusaDrafter(target, module) if kind == "medusa"
+             else EagleDrafter(target, module, reloaded.draft_vocab))
+    prompt = [464, 1332, 318, 257, 220]
+    for drafter in (reloaded, fresh):
+        drafter.result = speculative_sampling(target, drafter, prompt, 30, 3, temperature=1.0,
+                                              generator=torch.Generator().manual_seed(0))
+    assert reloaded.result.tokens == fresh.result.tokens
+    assert reloaded.result.stats.token_sources == fresh.result.stats.token_sources
+    assert reloaded.result.stats.tokens_accepted > 0  # trained a little: it drafts something useful
+
+    # seedable: the same seed gives the same weights
+    again, _ = train_tiny(target_dir, kind, tmp_path / "again", **options, settings=dict(steps=1))
+    once_more, _ = train_tiny(target_dir, kind, tmp_path / "once-more", **options, settings=dict(steps=1))
+    for a, b in zip(again.state_dict().values(), once_more.state_dict().values()):
+        assert torch.equal(a, b)
+
+    other = load_gpt2(trained_pair_dirs[1])  # the draft model: another network, another target
+    with pytest.raises(ValueError, match="trained for another target"):
+        load_feature_drafter(tmp_path / kind, other)
+
+
+def test_an_interrupted_run_leaves_nothing_half_written(trained_pair_dirs, tmp_path, monkeypatch):
+    import offline.train_drafter
+
+    def interrupted(folder, info):
+        assert (folder / "model.safetensors").is_file()  # the weights are already written, unnamed
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
+    monkeypatch.setattr(offline.train_drafter, "write_readme", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_tiny(trained_pair_dirs[0], "medusa", tmp_path / "out", num_heads=1, settings=dict(steps=1))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
+    from offline.train_drafter import TrainDrafterError, main
+
+    with pytest.raises(TrainDrafterError, match="no GPT-2 folder there"):
+        train_tiny(tmp_path / "nothing", "medusa", tmp_path / "out")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    from offline.train_drafter import train_drafter
+    with pytest.raises(TrainDrafterError, match="corpus is empty or too small"):
+        train_drafter(trained_pair_dirs[0], "medusa", tmp_path / "out", [str(empty)], log=lambda *a: None)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("mine")
+    with pytest.raises(TrainDrafterError, match="already holds files"):
+        train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "full")
+    assert (tmp_path / "full" / "mine.txt").read_text() == "mine"  # never overwritten
+    assert main(["--target", str(tmp_path / "nothing"), "--kind", "eagle", "--out", str(tmp_path / "o")]) == 2
+
+
+# ------------------------------------------------------------------------------ command lines
+
+@pytest.fixture(scope="module")
+def saved_drafters(text_pair, tmp_path_factory):
+    """Untrained Medusa heads and EAGLE drafter for the text pair's target, saved as the trainer does."""
+    from spec_decoding.feature_files import save_feature_drafter
+
+    target = text_pair[0]
+    root = tmp_path_factory.mktemp("feature-drafters")
+    for kind, module in (("medusa", randomize(MedusaHeads(target, 3), 0, std=0.02)),
+                         ("eagle", randomize(EagleNet(target), 0, std=0.02))):
+        (root / kind).mkdir()
+        save_feature_drafter(root / kind, kind, module, target, {"num_heads": 3} if kind == "medusa" else {})
+    return root
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_generate_script_drafts_with_a_saved_feature_drafter(text_pair_dirs, text_pair, saved_drafters, kind,
+                                                            tmp_path, capsys):
+    import json
+
+    import spec_decoding_generate as script
+    from gpt2 import encode
+
+    html = tmp_path / "trace.html"
+    args = ["--target", str(text_pair_dirs[0]), "--drafter", f"{kind}:{saved_drafters / kind}", "--prompt",
+            "The capital of France is", "--max-gen", "12", "--gamma", "3", "--dtype", "float32", "--json",
+            "--html", str(html)]
+    assert script.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = autoregressive_generate(text_pair[0], encode("The capital of France is"), 12).tokens
+    assert out["tokens"] == want
+    assert out["stats"]["tokens_drafted"] > 0
+    assert html.is_file() and "round" in html.read_text().lower()
+
+
+def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, saved_drafters, capsys):
+    import benchmark
+    import spec_decoding_generate as script
+
+    args = ["--target", str(text_pair_dirs[1]), "--drafter", f"medusa:{saved_drafters / 'medusa'}", "--max-gen", "4"]
+    assert script.main(args) == 2
+    assert "was trained for another target" in capsys.readouterr().err
+    assert script.main(["--target", str(text_pair_dirs[0]), "--drafter", f"eagle:{saved_drafters / 'medusa'}",
+                        "--max-gen", "4"]) == 2
+    assert "holds a medusa drafter, not eagle" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.parse_args(["--drafter", "medusa"])
+    assert "'medusa' needs a folder: medusa:DIR" in capsys.readouterr().err
+    assert benchmark.parse_args(["--drafters", f"eagle:{saved_drafters}"]).drafters == [f"eagle:{saved_drafters}"]
+    with pytest.raises(SystemExit, match="trained for another target"):
+        benchmark.make_drafters([f"eagle:{saved_drafters / 'eagle'}"], load_gpt2(text_pair_dirs[1]), None)
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle"])
+def test_the_cost_model_times_a_real_feature_drafter_step(target, name):
+    """CostModel.calibrate hands the drafter the context's features, as the generators do: without
+    them a feature drafter proposes nothing and its 'step' would time an empty call."""
+    from spec_decoding.costs import CostModel
+
+    drafter = DRAFTERS[name](target)
+    cost = CostModel.calibrate(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
+    assert drafter.forward_calls >= 3 and cost.draft_step_s > 0
