@@ -54,6 +54,10 @@ TIMING_BYTES = 256 * 2**20
 # A 16-bit format must beat float32 by this fraction to be picked by "auto": closer than that, the
 # difference is within timing noise and float32 keeps the exact numerics.
 AUTO_MARGIN = 0.1
+# Likewise, another kernel replaces a format's default (its first candidate) for some row count
+# only if it is faster by this fraction: a near-tie is noise, and one kernel for all rows rounds
+# alike.
+KERNEL_MARGIN = 0.05
 
 # Paths: name -> what it is. The kernel each builds from a weight is in KERNELS.
 PATHS = {
@@ -316,12 +320,17 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
 def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows=ROW_COUNTS,
                    limits=ROW_LIMITS) -> tuple[list[tuple[float, str]], dict]:
     """Time each path on the sample weights (all of one shape) at each row count; return
-    ([(max_rows, fastest path)], the times {path: {rows: seconds per pass}})."""
+    ([(max_rows, fastest path)], the times {path: {rows: seconds per pass}}). The first path is
+    the default: another takes a row count only by winning by KERNEL_MARGIN."""
     copies = copies_for_timing(sample)
     kernels = {p: [build_kernel(p, w, int8.get(w) if int8 and p == "int8pack" else None) for w in copies]
                for p in paths}
     times = time_kernels(kernels, copies[0].shape[1], copies[0].dtype, rows)
-    choice = [(limit, min(paths, key=lambda p: times[p][m])) for m, limit in zip(rows, limits)]
+    def fastest(m):
+        best = min(paths, key=lambda p: times[p][m])
+        return best if times[best][m] < (1 - KERNEL_MARGIN) * times[paths[0]][m] else paths[0]
+
+    choice = [(limit, fastest(m)) for m, limit in zip(rows, limits)]
     choice.append((math.inf, paths[0]))
     merged = [choice[0]]
     for item in choice[1:]:  # neighbouring ranges with the same winner become one
