@@ -4,10 +4,12 @@ a message naming the mistake, shortcuts (delegating to a sibling, plain decoding
 verdict printed at exit) fail; the grader survives debug prints, floods and hangs; the Gradescope
 export grades a fake /autograder; `make` strips what would answer the assignment.
 
-Cost: one stripped copy, one set of references and one zygote per assignment (module fixtures);
-each variant is one more temporary tree and a few forks."""
+Cost: one stripped copy, one set of references and one zygote per assignment, in one test per
+assignment (test_ready_made_assignment); each variant is one more temporary tree and a few forks."""
 
 import ast
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -64,17 +66,31 @@ class Kit:
         return {resolve(f).file: (ROOT / resolve(f).file).read_text() for f in self.assignment.functions}
 
 
-@pytest.fixture(scope="module")
-def kits(tmp_path_factory, data):
-    made = {}
-
-    def kit(name):
-        if name not in made:
-            made[name] = Kit(name, tmp_path_factory.mktemp(name), data)
-        return made[name]
-    yield kit
-    for k in made.values():
-        k.zygote.close()
+@pytest.mark.parametrize("name", list(ASSIGNMENTS))
+def test_ready_made_assignment(tmp_path, data, name):
+    """What each ready-made assignment must show, on one stripped copy, one set of hidden
+    references and one zygote (a test per aspect would build them again on every xdist worker):
+    the stripped copy fails (even with a forged verdict printed at exit) and the reference
+    solution passes; planted mistakes fail their check with a message naming them; shortcuts
+    fail; the copy holds no answer; the Gradescope export grades a fake /autograder folder. And
+    per assignment: the student's local check (kv_cache), grade --json (greedy_speculative), the
+    grader surviving a debug print, a flood of output and a hang (rejection_sampling)."""
+    kit = Kit(name, tmp_path / "kit", data)
+    try:
+        stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kit)
+        planted_mistakes_fail_their_check_with_a_message_naming_them(kit)
+        shortcuts_fail(kit)
+        the_copy_holds_no_answer(kit)
+        gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path / "gradescope")
+        if name == "kv_cache":
+            the_students_local_check_uses_the_shipped_references(kit, tmp_path / "local")
+        if name == "greedy_speculative":
+            grade_json(kit, tmp_path / "json")
+        if name == "rejection_sampling":
+            the_residual_mistake_is_named_by_the_residual_check_too(kit)
+            debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kit)
+    finally:
+        kit.zygote.close()
 
 
 def replaced(text: str, old: str, new: str) -> str:
@@ -94,12 +110,10 @@ def results_by_check(report):
 # Stripped copies fail, reference solutions pass
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(ASSIGNMENTS))
-def test_stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kits, name):
+def stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kit):
     """The stripped copy, with an atexit hook printing a passing verdict line for every check
     (the old grader read verdicts from stdout, last line wins: that gave ALL PASS), scores 0:
     stdout is only shown. Then the reference solution scores full marks."""
-    kit = kits(name)
     t = resolve(kit.assignment.functions[0])
     stripped = kit.stripped(t.file)
     line = next(line for line in stripped.splitlines() if line.strip() == stub(t.qualname))
@@ -180,10 +194,8 @@ PLANTED = {
 }
 
 
-@pytest.mark.parametrize("name", list(PLANTED))
-def test_planted_mistakes_fail_their_check_with_a_message_naming_them(kits, name):
-    kit = kits(name)
-    for file, old, new, check, words in PLANTED[name]:
+def planted_mistakes_fail_their_check_with_a_message_naming_them(kit):
+    for file, old, new, check, words in PLANTED[kit.assignment.name]:
         texts = kit.reference()
         texts[file] = replaced(texts[file], old, new)
         result = results_by_check(kit.grade(texts, only=[check]))[check]
@@ -191,8 +203,7 @@ def test_planted_mistakes_fail_their_check_with_a_message_naming_them(kits, name
         assert result.points == 0
 
 
-def test_the_residual_mistake_is_named_by_the_residual_check_too(kits):
-    kit = kits("rejection_sampling")
+def the_residual_mistake_is_named_by_the_residual_check_too(kit):
     texts = kit.reference()
     file = "spec_decoding/rejection.py"
     texts[file] = replaced(texts[file], "return residual / total if total > 0 else target_probs", "return target_probs")
@@ -246,10 +257,8 @@ SHORTCUTS = {
 }
 
 
-@pytest.mark.parametrize("name", list(SHORTCUTS))
-def test_shortcuts_fail(kits, name):
-    kit = kits(name)
-    for file, qualname, body, check, words in SHORTCUTS[name]:
+def shortcuts_fail(kit):
+    for file, qualname, body, check, words in SHORTCUTS.get(kit.assignment.name, []):
         text = replaced(kit.stripped(file), stub(qualname), body)
         result = results_by_check(kit.grade({file: text}, only=[check]))[check]
         assert not result.passed and words in result.message, (qualname, result.message)
@@ -259,8 +268,7 @@ def test_shortcuts_fail(kits, name):
 # The grader survives what student code does: a debug print, a flood of output, a hang
 # ------------------------------------------------------------------------------------------------
 
-def test_debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kits):
-    kit = kits("rejection_sampling")
+def debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kit):
     file = "spec_decoding/rejection.py"
     text = kit.reference()[file]
     # A debug print of a dict (crashed the old grader), 1 MB printed each round, and a hang that
@@ -286,9 +294,7 @@ def test_debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(
 # make: what the copy holds
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", list(ASSIGNMENTS))
-def test_the_copy_holds_no_answer(kits, name):
-    kit = kits(name)
+def the_copy_holds_no_answer(kit):
     copy = kit.pristine
     assert not (copy / "tests").exists() and not list(copy.glob("assignments/*/instructor.md"))
     for dropped in kit.assignment.dropped:
@@ -315,7 +321,10 @@ def test_make_refuses_a_function_no_check_exercises(tmp_path):
     with pytest.raises(AssignmentError, match="no check exercises spec_decoding.drafters.LayerSkipDrafter.next_logits"):
         make(["spec_decoding.drafters.LayerSkipDrafter.next_logits"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    # every check names the student's functions it exercises, and calls them: a stub fails it
+    # every check names the student's functions it exercises, and calls them: a stub fails it;
+    # check names are unique (a check's process finds its check by name)
+    names = [c.name for a in ASSIGNMENTS.values() for c in a.checks]
+    assert len(names) == len(set(names)) and len(ASSIGNMENTS) == 6
     for a in ASSIGNMENTS.values():
         for c in a.checks:
             assert c.exercises and set(c.exercises) <= set(a.functions), c.name
@@ -352,10 +361,11 @@ def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
 # The student's local check, grade --json, the exports
 # ------------------------------------------------------------------------------------------------
 
-def test_the_students_local_check_uses_the_shipped_references(tmp_path, kits):
+def the_students_local_check_uses_the_shipped_references(kit, tmp_path):
     """`python -m assignments check` inside a fresh copy: the visible checks fail cleanly; with
     the reference solution in, they pass; and a wrong attention fails there too (the references
     come with the copy, they are not rebuilt from the student's code)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     copy = tmp_path / "hw"
     make(list(ASSIGNMENTS["kv_cache"].functions), copy, assignment="kv_cache")
     visible = json.loads((copy / ".assignment/visible.json").read_text())
@@ -371,7 +381,7 @@ def test_the_students_local_check_uses_the_shipped_references(tmp_path, kits):
     assert report["points"] == 0 and all("not implemented yet" in c["message"] for c in report["checks"])
     for rel in ("gpt2/kv_cache.py", "gpt2/model.py"):
         shutil.copyfile(ROOT / rel, copy / rel)
-    zygote = kits("kv_cache").zygote  # forks for any tree (it holds no project code)
+    zygote = kit.zygote
     assert check_locally(copy, zygote=zygote).passed  # what `check` runs, in this process
     model = copy / "gpt2/model.py"
     model.write_text(replaced(model.read_text(), "attn_mask=attn_mask)", "attn_mask=attn_mask, scale=1.0)"))
@@ -379,15 +389,16 @@ def test_the_students_local_check_uses_the_shipped_references(tmp_path, kits):
     assert not result.passed and "not divided by sqrt(head_dim)" in result.message
 
 
-def test_grade_json(kits, capsys, tmp_path):
-    kit = kits("greedy_speculative")
+def grade_json(kit, tmp_path):
     student = tmp_path / "student"
     shutil.copytree(kit.pristine, student)
     # `grade` run inside a student's copy would take the stripped code as the reference: refused
     with pytest.raises(AssignmentError, match="is a student's copy.*python -m assignments check"):
         grade(student, root=student)
-    assert cli.main(["grade", str(student), "--json", "--only", "greedy_stopping"]) == 1
-    report = json.loads(capsys.readouterr().out)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["grade", str(student), "--json", "--only", "greedy_stopping"]) == 1
+    report = json.loads(out.getvalue())
     assert report["max_points"] == 2 and report["points"] == 0
     assert [c["check"] for c in report["checks"]] == ["greedy_stopping"]
 
@@ -407,13 +418,13 @@ def valid_gradescope_results(results: dict, checks) -> None:
     assert results["score"] == sum(t["score"] for t in results["tests"])
 
 
-@pytest.mark.parametrize("name", list(ASSIGNMENTS))
-def test_gradescope_export_grades_a_fake_autograder_folder(tmp_path, name, kits):
+def gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path):
     """The autograder laid out in a folder like /autograder (source, submission, results); the
     submission is just the edited files, flat; run_autograder writes results.json. One
     assignment goes through the real zip and shell script, the others through the function the
     script calls (same code, one Python start-up less)."""
-    assignment = ASSIGNMENTS[name]
+    assignment, name = kit.assignment, kit.assignment.name
+    tmp_path.mkdir(parents=True, exist_ok=True)
     autograder = tmp_path / "autograder"
     source = autograder / "source"
     if name == "greedy_speculative":
@@ -444,7 +455,7 @@ def test_gradescope_export_grades_a_fake_autograder_folder(tmp_path, name, kits)
         assert done.returncode == 0, done.stderr
     else:
         assert autograde(source, autograder / "submission", autograder / "results" / "results.json",
-                         zygote=kits(name).zygote) == 0
+                         zygote=kit.zygote) == 0
     results = json.loads((autograder / "results" / "results.json").read_text())
     valid_gradescope_results(results, checks)
     assert all(t["status"] == "passed" for t in results["tests"]), results

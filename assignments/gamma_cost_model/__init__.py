@@ -128,35 +128,44 @@ def seconds_judge(inputs, ref, got):
                      f"target_score_s={scores}{hint}")
 
 
-def auto_inputs(seed):
-    return {"rounds": [[4, 4], [4, 1], [4, 0], [2, 2], [4, 3], [4, 4], [4, 0], [1, 0], [1, 0]] + [[1, 1]] * (1 + seed)}
+def measured_inputs(seed):
+    return {"draft_step_s": 0.004, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03, 0.035, 0.041],
+            "alphas": [[0.9, 0.85, 0.8, 0.7, 0.6, 0.5], [0.5, 0.4, 0.3, 0.3, 0.2, 0.2],
+                       [0.99, 0.98, 0.97, 0.96, 0.95, 0.94 - 0.01 * seed], [0.1] * 6]}
 
 
-def auto_probe(inputs, data):
-    """AutoGamma (which calls expected_tokens_by_position and CostModel.round_seconds) fed a
-    fixed history of rounds, without a clock: the gammas it chooses."""
+def measured_probe(inputs, data):
+    """Choosing gamma as AutoGamma does, with the student's functions: for each acceptance
+    profile, the tokens per second of every g (expected tokens of a round over its time) and the g
+    with the most."""
     from spec_decoding.costs import CostModel
-    from spec_decoding.gamma import AutoGamma
 
-    policy = AutoGamma(CostModel("t", "d", 0.004, [0.02, 0.021, 0.023, 0.026, 0.03]), clock=None)
-    chosen = [policy.next_gamma()]
-    for drafted, accepted in inputs["rounds"]:
-        policy.update(drafted, accepted)
-        chosen.append(policy.next_gamma())
-    return chosen
+    model = CostModel("target", "draft", inputs["draft_step_s"], inputs["target_score_s"])
+    by_position = function(BY_POSITION)
+    out = []
+    for alphas in inputs["alphas"]:
+        rates = [float(by_position(alphas[:g]) / model.round_seconds(g)) for g in range(len(alphas) + 1)]
+        out.append({"rates": rates, "best": max(range(len(rates)), key=rates.__getitem__)})
+    return out
 
 
-def auto_judge(inputs, ref, got):
-    if got != ref:
-        raise Failed(f"AutoGamma, fed the same rounds, chose gammas {got}; expected {ref}. It ranks each g by "
-                     f"expected_tokens_by_position(alphas[:g]) / round time: check both")
+def measured_judge(inputs, ref, got):
+    for alphas, mine, want in zip(inputs["alphas"], got, ref):
+        if mine["best"] != want["best"] or not all(_close(x, y) for x, y in zip(mine["rates"], want["rates"])):
+            raise Failed(f"with acceptance by position {alphas} and the CostModel's times, tokens per second for "
+                         f"g = 0, 1, ... are {[round(x, 2) for x in mine['rates']]}, best g = {mine['best']}; "
+                         f"expected {[round(x, 2) for x in want['rates']]}, best g = {want['best']} "
+                         f"(expected_tokens_by_position(alphas[:g]) / CostModel.round_seconds(g))")
 
 
 ASSIGNMENT = Assignment(
     name="gamma_cost_model",
     functions=FUNCTIONS,
-    # break_even_alpha evaluates predicted_speedup's formula over gammas the way best_gamma does.
-    removed=("spec_decoding.theory.break_even_alpha",),
+    # Siblings that hold the answers: break_even_alpha evaluates the speed-up over gammas as
+    # best_gamma does; the token tree's expectation and speed-up are the chain's with other names;
+    # AutoGamma's round time is the CostModel's with a refitted scale.
+    removed=("spec_decoding.theory.break_even_alpha", "spec_decoding.theory.expected_tokens_per_tree_round",
+             "spec_decoding.theory.predicted_tree_speedup", "spec_decoding.gamma.AutoGamma.round_seconds"),
     # The speed-up notebook derives and plots these formulas.
     dropped=("notebooks/04_speedup_theory.*",),
     readme="assignments/gamma_cost_model/README.md",
@@ -167,7 +176,7 @@ ASSIGNMENT = Assignment(
         Check("tokens_by_position", (BY_POSITION,), by_position_inputs, by_position_probe, by_position_judge,
               points=2),
         Check("round_seconds", (ROUND_SECONDS,), seconds_inputs, seconds_probe, seconds_judge),
-        Check("auto_gamma_choices", (BY_POSITION, ROUND_SECONDS), auto_inputs, auto_probe, auto_judge, points=2,
-              visible=False, about="AutoGamma's choices over a fixed history"),
+        Check("measured_best_gamma", (BY_POSITION, ROUND_SECONDS), measured_inputs, measured_probe, measured_judge,
+              points=2, visible=False, about="tokens per second of each g from a CostModel, and the best g"),
     ),
 )
