@@ -52,23 +52,22 @@ from spec_decoding.drafters import ModelDrafter
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX
 from spec_decoding.trace_page import write_html
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
-                                  STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
+                                  SOURCE_COLOURS, STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
                   "remote, previously unexplored valley in the Andes Mountains.")
 
-# ANSI escape codes: the colour of a token says where it came from.
+DEFAULT_HTML = "runs/trace.html"  # --html with no FILE
+# ANSI escape codes: the colour of a token says where it came from (the names: SOURCE_COLOURS, as
+# on the trace page). Purple is one of the 256 colours most terminals have (no basic ANSI purple).
 RESET, BOLD = "\033[0m", "\033[1m"
-COLOURS = {
-    FROM_DRAFT: "\033[32m",  # green: proposed by the draft, accepted by the target
-    FROM_CORRECTION: "\033[33m",  # yellow: the target's token in place of a rejected draft token
-    FROM_BONUS: "\033[36m",  # cyan: the target's extra token after all gamma drafts were accepted
-    FROM_TARGET: "",  # plain: a target step with nothing drafted (the last token, near the end)
-    FROM_DRAFT_BRANCH: "\033[35m",  # magenta (--tree): accepted from a side branch, not the draft's first choice
-}
+ANSI = {"green": "\033[32m", "yellow": "\033[33m", "cyan": "\033[36m", "magenta": "\033[35m",
+        "purple": "\033[38;5;135m"}
+COLOURS = {source: ANSI[name] for source, name in SOURCE_COLOURS.items()}
 LEGEND = (f"{COLOURS[FROM_DRAFT]}draft token accepted{RESET}  "
           f"{COLOURS[FROM_CORRECTION]}target's correction{RESET}  "
-          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  target's own token (nothing drafted)")
+          f"{COLOURS[FROM_BONUS]}bonus token{RESET}  "
+          f"{COLOURS[FROM_TARGET]}target's own token (nothing drafted){RESET}")
 TREE_LEGEND = f"{COLOURS[FROM_DRAFT_BRANCH]}accepted from a side branch of the tree{RESET}"
 STOP_REASONS = {STOP_MAX_GEN: "reached --max-gen", STOP_EOS: "the model wrote <|endoftext|>",
                 STOP_CONTEXT_FULL: "the context window is full"}
@@ -136,8 +135,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object (tokens, text, stats) and nothing else")
-    parser.add_argument("--html", metavar="FILE",
-                        help="also write every round (drafts, p, q, draws, verdicts) as a web page")
+    parser.add_argument("--html", metavar="FILE", nargs="?", const=DEFAULT_HTML,
+                        help="also write every round (drafts, p, q, draws, verdicts) as a web page, "
+                             f"to FILE or, with no FILE, to {DEFAULT_HTML} (runs/ is git-ignored)")
     parser.add_argument("--force", action="store_true", help="let --html replace an existing file")
     parser.add_argument("--prompts-file", metavar="FILE",
                         help="decode every line of FILE (one prompt a line) together as one batch, "
@@ -149,6 +149,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         html_path = Path(args.html).expanduser()
         if html_path.exists() and not args.force:
             parser.error(f"--html {html_path} already exists; pass --force to replace it, or give another name")
+        if args.html == DEFAULT_HTML:
+            html_path.parent.mkdir(exist_ok=True)  # runs/: the ignored folder every default output goes to
         if not html_path.parent.is_dir():
             parser.error(f"--html {html_path}: the folder {html_path.parent} does not exist")
     if not args.prompt:
@@ -356,7 +358,7 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) 
         f"round's first rejection are never judged)",
         f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most {'depth' if tree else 'gamma'} + 1 = {most + 1})",
         f"gamma of each round:    {' '.join(map(str, stats.gamma_by_round))}"
-        + ("" if isinstance(gamma, int) else f" (--gamma {gamma}; 0: a plain target step)"),
+        + ("" if isinstance(gamma, int) else f" (--gamma {gamma})") + gamma_zero_note(stats.gamma_by_round, gamma),
         f"target / draft calls:   {stats.target_calls} / {stats.draft_calls}",
         *([f"tree nodes per call:    {stats.nodes_per_target_call:.1f} (tree {','.join(map(str, tree))}; "
            f"{stats.token_sources.count(FROM_DRAFT_BRANCH)} tokens from side branches)"] if tree else []),
@@ -367,6 +369,17 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) 
                      f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
         lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
     print("\n".join(lines))
+
+
+def gamma_zero_note(gamma_by_round: list[int], gamma) -> str:
+    """Why a round drafted nothing (gamma 0: a plain target step), if one did."""
+    if 0 not in gamma_by_round:
+        return ""
+    room = "max_gen or the context window left room for only one more token"
+    if isinstance(gamma, int):
+        return f"\n                        (0: a plain target step, nothing drafted: {room})"
+    return (f"\n                        (0: a plain target step, nothing drafted: the policy judged "
+            f"drafting not worth it, or {room})")
 
 
 def speedup(stats, baseline_stats) -> float:

@@ -11,6 +11,7 @@ make_plots(results, out_dir) writes
                                   position i is reached and accepted with chance alpha^i.
 """
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def make_plots(results: dict, out_dir) -> list[Path]:
     title = pair_title(results["environment"])
     paths = [out_dir / "benchmark_heatmap.png", out_dir / "benchmark_speedup_vs_gamma.png",
              out_dir / "benchmark_acceptance.png"]
-    for path, draw in zip(paths, (heatmap, speedup_vs_gamma, acceptance_by_position)):
+    speedup_plot = functools.partial(speedup_vs_gamma, repeats=results["environment"].get("repeats"))
+    for path, draw in zip(paths, (heatmap, speedup_plot, acceptance_by_position)):
         fig, axes = plt.subplots(len(drafters), len(temperatures), squeeze=False,
                                  figsize=(max(6.8, 5.2 * len(temperatures) + 0.6), 4.8 * len(drafters)))
         for (i, drafter), (j, t) in itertools.product(enumerate(drafters), enumerate(temperatures)):
@@ -97,7 +99,20 @@ def heatmap(ax, cells, t):
     bar.set_ticks(sorted(set(np.round(np.r_[np.linspace(norm.vmin, 1.0, 3), np.linspace(1.0, norm.vmax, 4)], 2))))
 
 
-def speedup_vs_gamma(ax, cells, t):
+def error_bars_note(cells, repeats: int | None) -> str:
+    """What the error bars of these cells span: the runs of a cell are its prompts x repeats."""
+    runs = max((c["runs"] for c in cells), default=0)
+    if not repeats or runs % repeats:
+        return f"error bars: quartiles over each cell's {runs} runs"
+    prompts = runs // repeats
+    if repeats == 1:
+        return f"error bars: quartiles over the {prompts} prompts (1 run each)"
+    if prompts == 1:
+        return f"error bars: quartiles over the {repeats} repeats of 1 prompt"
+    return f"error bars: quartiles over {runs} runs ({prompts} prompts x {repeats} repeats)"
+
+
+def speedup_vs_gamma(ax, cells, t, repeats: int | None = None):
     policies = sorted({c["gamma"] for c in cells if not isinstance(c["gamma"], int)})
     for style, policy in zip(("-.", ":", "--"), policies):
         ax.axhline(np.mean([c["speedup_median"] for c in cells if c["gamma"] == policy]), ls=style,
@@ -120,7 +135,7 @@ def speedup_vs_gamma(ax, cells, t):
     ax.set_xlabel("gamma (draft tokens per round)")
     ax.set_ylabel("speed-up over the target alone")
     ax.set_title(f"Speed-up vs gamma, {temperature_label(t)}", fontsize=10)
-    ax.legend(fontsize=7, title="error bars: quartiles over the repeats", title_fontsize=7)
+    ax.legend(fontsize=7, title=error_bars_note(cells, repeats), title_fontsize=7)
 
 
 def acceptance_by_position(ax, cells, t):

@@ -293,7 +293,7 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 # target it was tested against after its elder siblings were rejected (p'), min(1, p'/q), the
 # uniform draw and the verdict, then the accepted path and the target's own token. The page draws
 # each tree left to right (accepted green, rejected struck through, never judged grey); hover or
-# click a node for its numbers. `python spec_decoding_generate.py --tree 2,2,1 --html trace.html`
+# click a node for its numbers. `python spec_decoding_generate.py --tree 2,2,1 --html runs/trace.html`
 # writes the same page.
 
 # %%

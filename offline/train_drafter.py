@@ -134,7 +134,7 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
     optimizer = torch.optim.AdamW(module.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     B, T = settings.batch_size, context
     by_steps = settings.steps is not None
-    seconds = settings.minutes * 60
+    seconds = settings.minutes * 60 if settings.minutes else None  # TrainSettings: no cap by default
     bar = tqdm(total=settings.steps if by_steps else round(seconds), desc=f"training {kind}",
                unit="step" if by_steps else "s", dynamic_ncols=True,
                disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")

@@ -90,6 +90,7 @@ class TrainPairError(Exception):
 class TrainSettings:
     target_steps: int = TARGET_STEPS
     draft_steps: int = DRAFT_STEPS
+    steps: int | None = None  # every model this many steps instead (--steps; tests, offline.train_drafter)
     minutes: float | None = None  # an optional cap on the training time of both models together
     batch_size: int = 4
     learning_rate: float = 3e-3
@@ -482,8 +483,8 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
     cap = settings.minutes * 60 if settings.minutes else None
     models, info = {}, {"machine": machine()}
     start = time.perf_counter()
-    for name, config, steps in (("target", target_config, settings.target_steps),
-                                ("draft", draft_config, settings.draft_steps)):
+    for name, config, steps in (("target", target_config, settings.steps or settings.target_steps),
+                                ("draft", draft_config, settings.steps or settings.draft_steps)):
         seconds = None  # no cap: exactly `steps` steps
         if cap is not None:  # the target may use its share of the cap, the draft what is left
             seconds = cap * (1 - DRAFT_SHARE) if name == "target" else cap - (time.perf_counter() - start)
@@ -648,9 +649,7 @@ def main(argv=None) -> int:
         parser.error("--out DIR is required (the folder to create)")
     if (args.minutes is not None and args.minutes <= 0) or (args.steps is not None and args.steps < 1):
         parser.error("--minutes must be > 0 and --steps >= 1")
-    settings = TrainSettings(minutes=args.minutes, seed=args.seed)
-    if args.steps is not None:
-        settings.target_steps = settings.draft_steps = args.steps
+    settings = TrainSettings(steps=args.steps, minutes=args.minutes, seed=args.seed)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill PID`: stop like Ctrl-C, writing nothing
     try:

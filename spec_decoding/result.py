@@ -14,6 +14,15 @@ STOP_MAX_GEN = "max_gen"
 STOP_EOS = "eos"
 STOP_CONTEXT_FULL = "context_full"
 
+# One set of colour names for where a token came from: the terminal (spec_decoding_generate.py), the
+# trace page (spec_decoding/trace_page.py) and the docs all use these words.
+SOURCE_COLOURS = {
+    FROM_DRAFT: "green",  # a draft token the target accepted
+    FROM_CORRECTION: "yellow",  # the target's correction of the first rejected draft token
+    FROM_BONUS: "cyan",  # the target's bonus token after a fully accepted round
+    FROM_DRAFT_BRANCH: "magenta",  # token trees: accepted from a side branch
+    FROM_TARGET: "purple",  # a plain target step: nothing was drafted (e.g. the last token)
+}
 ROOT = -1  # token trees: the parent of the depth-1 nodes (the sequence's last token)
 
 

@@ -19,25 +19,52 @@ tree with its parent and depth, p(x) of the target after the node's parent, q(x)
 there, and, for the children the walk down the tree judged, the acceptance probability the
 multi-draft rule used and its draw; then the accepted path and the target's token.
 
+In a REPL: `result.trace` shows one line (rounds, tokens, alpha); `print(result.trace.rounds[3])`
+explains that round, a line per drafted token with its text beside its id; `trace.explain()` all
+of them. A field is None exactly where it has no meaning: `draw` and `accept_probability` for a
+draft token the target never judged (and `draw` in greedy decoding, which draws nothing).
 """
 
 from dataclasses import asdict, dataclass, field
 
 import torch
 
+from gpt2.tokenizer import decode as gpt2_decode
+
 from .result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT, RoundReport
 
 ACCEPTED, REJECTED, UNJUDGED = "accepted", "rejected", "not judged"
 TOP = 5  # tokens kept of the residual / of p for the target's token
+GPT2_VOCAB_SIZE = 50257  # a model of this vocabulary speaks GPT-2's tokens: its ids are shown as text
+SOURCE_NAMES = {FROM_CORRECTION: "a correction, drawn from the residual norm(max(0, p - q))",
+                FROM_BONUS: "a bonus token, drawn from p after every draft token was accepted",
+                FROM_TARGET: "a plain target step (nothing was drafted), drawn from p"}
+
+
+def token_label(token: int, vocab_size: int | None) -> str:
+    """A token for people: its text and id (' the' #262) for GPT-2's vocabulary, #id otherwise."""
+    if vocab_size == GPT2_VOCAB_SIZE:
+        return f"{gpt2_decode([token])!r} #{token}"
+    return f"#{token}"
+
+
+def number(value: float | None) -> str:
+    """A probability for people: 3 decimals, or 2 significant digits when smaller than 0.001."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value == 0 or value >= 0.001 else f"{value:.1e}"
 
 
 @dataclass
 class DraftedToken:
+    """One draft token of a round and how the target judged it (accepted if draw < accept_probability)."""
+
     token: int
     p: float  # the target's p(x) at this position
     q: float | None  # the draft's q(x) (1.0 for a point-mass proposal; None in greedy without q)
-    accept_probability: float | None  # min(1, p/q); greedy: 1 if x is the target's argmax, else 0
-    draw: float | None  # the uniform r it was tested with (None: greedy, or never judged)
+    accept_probability: float | None  # min(1, p/q); greedy: 1 if x is the target's argmax, else 0;
+    #                                   None: never judged
+    draw: float | None  # the uniform r it was tested with; None: never judged, or greedy (no draw)
     verdict: str  # ACCEPTED, REJECTED or UNJUDGED (after an earlier rejection in the round)
 
 
@@ -54,15 +81,28 @@ class TreeNode(DraftedToken):
 
 
 
-@dataclass
+@dataclass(repr=False)
 class Round:
+    """One round: the drafted tokens with p(x), q(x), min(1, p/q), the draw and the verdict of each,
+    then the target's own token. print(round) explains it line by line; repr is one line.
+
+    Two probabilities of the target's token, which differ after a rejection: next_p is p(x), the
+    target's probability of it in its row; next_from_p is its probability in the distribution it
+    was actually drawn from (candidates): after a rejection the residual norm(max(0, p - q)), which
+    moves p's mass away from what the draft over-proposed, so next_from_p is usually larger. After
+    a fully accepted round (a bonus) or a plain step both are p(x). In greedy decoding the token is
+    the argmax and both are p(x) at temperature 1, shown for information.
+    """
+
     drafted: list[DraftedToken]
     n_accepted: int
     next_token: int  # the target's token: a correction (after a rejection) or a bonus
     next_source: str  # FROM_CORRECTION, FROM_BONUS, or FROM_TARGET (nothing drafted: a plain step)
-    next_p: float  # p of next_token in its row (before taking the residual)
+    next_p: float  # p(next_token): the target's probability of it in its row, before any residual
+    next_from_p: float  # its probability in the distribution it was drawn from (the residual after a rejection)
     candidates: list[tuple[int, float]]  # what next_token was drawn from: its TOP tokens
     emitted: int  # tokens of this round that reached the output (eos / max_gen may cut some)
+    vocab_size: int | None = field(default=None, kw_only=True)  # the models' (GPT-2's: tokens shown as text)
 
     @property
     def depth(self) -> int:
@@ -73,8 +113,39 @@ class Round:
         """(index in drafted, source) of the accepted draft tokens, in output order."""
         return [(i, FROM_DRAFT) for i in range(self.n_accepted)]
 
+    def label(self, token: int) -> str:
+        return token_label(token, self.vocab_size)
 
-@dataclass
+    def __repr__(self) -> str:
+        drafted = " ".join(self.label(d.token) for d in self.drafted) or "nothing"
+        return (f"<{type(self).__name__}: drafted {drafted}; {self.n_accepted} accepted; then "
+                f"{self.label(self.next_token)} ({self.next_source})>")
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def explain(self) -> str:
+        """The round in words: one line per drafted token (p(x), q(x), min(1, p/q), the draw, the
+        verdict), then the target's token, what it was drawn from and with which probability."""
+        lines = [f"{len(self.drafted)} drafted, {self.n_accepted} accepted; then the target's token."]
+        if self.drafted:
+            lines.append(f"  {'':8} {'token':24} {'p(x)':>7} {'q(x)':>7} {'min(1,p/q)':>10} {'draw':>6}  verdict")
+        for i, d in enumerate(self.drafted):
+            lines.append(f"  {self.row_name(i):8} {self.label(d.token):24} {number(d.p):>7} {number(d.q):>7} "
+                         f"{number(d.accept_probability):>10} {number(d.draw):>6}  {d.verdict}")
+        lines.append(f"  target's token: {self.label(self.next_token)}, {SOURCE_NAMES[self.next_source]}; "
+                     f"p(x) = {number(self.next_p)}, {number(self.next_from_p)} in what it was drawn from:")
+        lines.append("    " + ", ".join(f"{self.label(t)} {number(v)}" for t, v in self.candidates))
+        if self.emitted < self.n_accepted + 1:
+            lines.append(f"  only {self.emitted} of these {self.n_accepted + 1} tokens reached the "
+                         f"output (max_gen or <|endoftext|> ended it)")
+        return "\n".join(lines)
+
+    def row_name(self, i: int) -> str:
+        return f"{i + 1}."
+
+
+@dataclass(repr=False)
 class TreeRound(Round):
     """A token tree's round: drafted holds TreeNodes, numbered level by level as in
     spec_decoding.tree.TokenTree; path is the accepted nodes from the root down."""
@@ -93,8 +164,12 @@ class TreeRound(Round):
         parents = [node.parent for node in self.drafted]
         return [(i, FROM_DRAFT if parents.index(parents[i]) == i else FROM_DRAFT_BRANCH) for i in self.path]
 
+    def row_name(self, i: int) -> str:
+        """Node i, indented by its depth."""
+        return f"{'  ' * (self.drafted[i].depth - 1)}n{i}"
 
-@dataclass
+
+@dataclass(repr=False)
 class Trace:
     prompt: list[int]
     gamma: int
@@ -104,6 +179,16 @@ class Trace:
     rounds: list[Round] = field(default_factory=list)
     tokens_out: int = 0  # output tokens so far
     branching: tuple[int, ...] | None = None  # token trees: children per depth (gamma: the depth)
+
+    def __repr__(self) -> str:
+        alpha = "-" if self.alpha is None else f"{self.alpha:.2f}"
+        shape = f"tree {','.join(map(str, self.branching))}" if self.branching else f"gamma {self.gamma}"
+        return (f"<Trace: {len(self.rounds)} rounds, {self.tokens_out} tokens, alpha {alpha}; {shape}, "
+                f"temperature {self.temperature:g}. print(trace.rounds[i]) explains round i>")
+
+    def explain(self) -> str:
+        """Every round, explained (see Round.explain)."""
+        return "\n\n".join(f"Round {k}: {r.explain()}" for k, r in enumerate(self.rounds))
 
     # -- recording: an observer of the generators' rounds ------------------------------------------
 
@@ -124,13 +209,14 @@ class Trace:
         drafted = []
         for i, x in enumerate(report.draft_tokens):
             p, q = float(target_probs[i, x]), float(report.draft_probs[i, x])
+            judged = i < len(verdict.uniforms)  # tested: the accepted ones and the first rejected one
             drafted.append(DraftedToken(
-                x, p, q, min(1.0, p / q) if q > 0 else 1.0,
-                verdict.uniforms[i] if i < len(verdict.uniforms) else None,
+                x, p, q, (min(1.0, p / q) if q > 0 else 1.0) if judged else None,
+                verdict.uniforms[i] if judged else None,
                 ACCEPTED if i < n else REJECTED if i == n else UNJUDGED))
         dist = verdict.residual if verdict.residual is not None else target_probs[n]
         self._add_round(drafted, n, verdict.next_token, float(target_probs[n, verdict.next_token]),
-                        dist, report.n_out)
+                        dist, report.n_out, target_probs.shape[-1])
 
     def record_greedy_round(self, report: RoundReport) -> None:
         """A chain, greedy: the target's argmax decides, p is shown at temperature 1."""
@@ -143,7 +229,7 @@ class Trace:
                 x, float(p[i, x]), None, 1.0 if i < n_accepted else 0.0 if judged else None,
                 None, ACCEPTED if i < n_accepted else REJECTED if i == n_accepted else UNJUDGED))
         self._add_round(drafted, n_accepted, report.next_token, float(p[n_accepted, report.next_token]),
-                        p[n_accepted], report.n_out)
+                        p[n_accepted], report.n_out, p.shape[-1])
 
     def record_tree_round(self, report: RoundReport) -> None:
         """A token tree's round: report.tree (N nodes), report.target_logits [N + 1, V] (row 0 after
@@ -161,12 +247,13 @@ class Trace:
         source = (FROM_TARGET if depth == 0 else FROM_BONUS if len(path) == depth else FROM_CORRECTION)
         self.rounds.append(TreeRound(
             nodes, len(path), verdict.next_token, source, float(target_probs[stop + 1, verdict.next_token]),
-            top_candidates(dist), self._emitted(report.n_out), tree.root, list(path), depth))
+            float(dist[verdict.next_token]), top_candidates(dist), self._emitted(report.n_out), tree.root,
+            list(path), depth, vocab_size=target_probs.shape[-1]))
 
-    def _add_round(self, drafted, n, next_token, next_p, dist, n_out):
+    def _add_round(self, drafted, n, next_token, next_p, dist, n_out, vocab_size):
         source = (FROM_TARGET if not drafted else FROM_BONUS if n == len(drafted) else FROM_CORRECTION)
-        self.rounds.append(Round(drafted, n, next_token, source, next_p, top_candidates(dist),
-                                 self._emitted(n_out)))
+        self.rounds.append(Round(drafted, n, next_token, source, next_p, float(dist[next_token]),
+                                 top_candidates(dist), self._emitted(n_out), vocab_size=vocab_size))
 
     def _emitted(self, n_out: int) -> int:
         """Tokens the round added to the output (n_out: the output's length after it)."""

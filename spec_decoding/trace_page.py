@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from gpt2.tokenizer import decode as gpt2_decode
-from .result import FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, ROOT
+from .result import FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT, SOURCE_COLOURS
 from .trace import DraftedToken, Round, Trace, TreeNode, TreeRound
 
 
@@ -88,7 +88,7 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
     text_parts = [f'<span class="prompt">{html.escape("".join(label(t) for t in trace.prompt))}</span>']
     for token, source, k, i in trace.output_tokens():
         r = trace.rounds[k]
-        data = drafted_info(k, i, r.drafted[i]) if source == FROM_DRAFT else next_info(k, r)
+        data = drafted_info(k, i, r.drafted[i]) if source in (FROM_DRAFT, FROM_DRAFT_BRANCH) else next_info(k, r)
         text_parts.append(span(label(token), source, data))
 
     # 2. One row per round.
@@ -143,6 +143,7 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
         n_rounds=len(trace.rounds),
         info=json.dumps(info).replace("</", "<\\/"),
         branch_legend=BRANCH_LEGEND if tree else "",
+        **{f"colour_{source}": name for source, name in SOURCE_COLOURS.items()},
         rule_note=(TREE_GREEDY_NOTE if trace.temperature == 0 else TREE_SAMPLING_NOTE) if tree else (
             "Greedy decoding: a draft token is accepted exactly when it is the target's "
             "argmax; p and q are shown at temperature 1." if trace.temperature == 0 else
@@ -154,8 +155,9 @@ def render_html(trace: Trace, title: str = "Speculative decoding, round by round
         chart_title="Acceptance by depth" if tree else "Acceptance by position")
 
 
-BRANCH_LEGEND = ('<span class="tok draft_branch">pink</span>: a draft token accepted from a side '
-                 "branch of the tree (not its parent's first child: where a chain would have stopped).")
+BRANCH_LEGEND = (f'<span class="tok draft_branch">{SOURCE_COLOURS[FROM_DRAFT_BRANCH]}</span>: a draft token '
+                 "accepted from a side branch of the tree (not its parent's first child: where a chain would "
+                 "have stopped).")
 CHAIN_VERDICTS_NOTE = ("(after a rejection the rest of the round's drafts are discarded), then &rarr; "
                        "the target's token.")
 TREE_VERDICTS_NOTE = ("(below a rejected node, or after an accepted sibling, nothing is judged); the "
@@ -266,9 +268,11 @@ svg text.small {{ font-size: 10px; }}
 <p class="meta" id="summary">{summary}</p>
 
 <h2>The text</h2>
-<p class="legend">Grey: the prompt. <span class="tok draft">green</span>: a draft token the target
-accepted. <span class="tok correction">yellow</span>: the target's token in place of a rejected one.
-<span class="tok bonus">blue</span>: the target's bonus token after a fully accepted round.
+<p class="legend">Grey: the prompt. <span class="tok draft">{colour_draft}</span>: a draft token the target
+accepted. <span class="tok correction">{colour_correction}</span>: the target's token in place of a rejected one.
+<span class="tok bonus">{colour_bonus}</span>: the target's bonus token after a fully accepted round.
+<span class="tok target">{colour_target}</span>: a plain target step, nothing drafted (the last token, when
+the window or max_gen left room for only one).
 {branch_legend} Hover or click a token for its numbers.</p>
 <div id="text">{text}</div>
 

@@ -9,7 +9,7 @@ from gpt2 import encode, load_gpt2
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT_BRANCH, FROM_TARGET
-from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED
+from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED, number
 from spec_decoding.trace_page import render_html
 from spec_decoding.tree import tree_size
 
@@ -51,14 +51,15 @@ def test_sampled_trace_agrees_with_the_run(sampled):
     rejected = 0
     for r in sampled.trace.rounds:
         for d in r.drafted:
+            if d.verdict == UNJUDGED:  # no test happened: nothing to show
+                assert d.draw is None and d.accept_probability is None
+                continue
             assert d.accept_probability == pytest.approx(min(1.0, d.p / d.q))
             if d.verdict == ACCEPTED:
                 assert d.draw < d.accept_probability
-            elif d.verdict == REJECTED:
-                assert d.draw >= d.accept_probability
-                rejected += 1
             else:
-                assert d.draw is None
+                assert d.verdict == REJECTED and d.draw >= d.accept_probability
+                rejected += 1
         if r.next_source == FROM_CORRECTION:  # drawn from the residual: p > q there, so mass > 0
             assert r.next_token in [t for t, _ in r.candidates] or r.candidates[-1][1] > 0
     assert rejected > 0 and sampled.trace.tokens_accepted > 0, "the trained pair should do both"
@@ -295,3 +296,60 @@ def test_on_round_sees_every_round_and_the_trace_is_one_such_observer(trained, k
         assert rebuilt[:report.n_out] == result.tokens[:report.n_out]
         assert (report.n_accepted, report.next_token) == (recorded.n_accepted, recorded.next_token)
     assert reports[-1].n_out == len(result.tokens) and rebuilt[:len(result.tokens)] == result.tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Exploring a trace in a REPL
+
+
+def test_trace_repr_is_one_short_line(sampled, tree_sampled):
+    for result in (sampled, tree_sampled):
+        trace = result.trace
+        text = repr(trace)
+        assert "\n" not in text and len(text) < 160, text
+        assert f"{len(trace.rounds)} rounds, {len(result.tokens)} tokens, alpha {trace.alpha:.2f}" in text
+        assert len(repr(trace.rounds[0])) < 300 and "\n" not in repr(trace.rounds[0])
+
+
+def test_a_round_prints_readably_with_token_text(sampled):
+    """print(trace.rounds[k]): a line per drafted token with its text beside its id and its
+    numbers, then the target's token and what it was drawn from."""
+    from gpt2 import decode
+    rounds = sampled.trace.rounds
+    r = next(r for r in rounds if r.next_source == FROM_CORRECTION
+             and any(d.verdict == UNJUDGED for d in r.drafted))
+    lines = str(r).splitlines()
+    assert lines[0] == f"{len(r.drafted)} drafted, {r.n_accepted} accepted; then the target's token."
+    assert len(lines) == 2 + len(r.drafted) + 2
+    for d, line in zip(r.drafted, lines[2:]):
+        assert f"{decode([d.token])!r} #{d.token}" in line and line.rstrip().endswith(d.verdict)
+        assert number(d.p) in line
+    unjudged = lines[2 + [d.verdict for d in r.drafted].index(UNJUDGED)]
+    assert unjudged.split()[-4:] == ["-", "-", "not", "judged"]  # min(1,p/q) and draw: none
+    assert f"target's token: {decode([r.next_token])!r} #{r.next_token}, a correction, drawn from the residual" in str(r)
+    assert sampled.trace.explain().count("Round ") == len(rounds)
+
+
+def test_p_and_the_residuals_value_of_the_target_token(sampled):
+    """next_p is p(x) in the target's row; next_from_p its value in what it was drawn from: the
+    residual norm(max(0, p - q)) after a rejection, p itself after a bonus. The docstring says
+    which is which."""
+    rounds = [r for r in sampled.trace.rounds if r.emitted == r.n_accepted + 1]
+    corrections = [r for r in rounds if r.next_source == FROM_CORRECTION]
+    bonuses = [r for r in rounds if r.next_source == FROM_BONUS]
+    assert corrections
+    for r in bonuses:  # (a 60-token run may have none)
+        assert r.next_from_p == pytest.approx(r.next_p, abs=1e-6)
+    assert any(abs(r.next_from_p - r.next_p) > 1e-3 for r in corrections)
+    assert all(r.next_from_p == pytest.approx(dict(r.candidates).get(r.next_token, r.next_from_p), abs=1e-5)
+               for r in corrections)
+    assert "residual" in type(sampled.trace.rounds[0]).__doc__ and "next_from_p" in type(sampled.trace.rounds[0]).__doc__
+
+
+def test_tiny_vocabulary_shows_ids_only(pair_dirs):
+    """A model without GPT-2's vocabulary: tokens show as #id, never as a wrong GPT-2 text."""
+    target, draft = (load_gpt2(d) for d in pair_dirs)
+    result = speculative_sampling(target, draft, [1, 2, 3], 8, gamma=3, temperature=1.0,
+                                  generator=torch.Generator().manual_seed(0), trace=True)
+    text = str(result.trace.rounds[0])
+    assert re.search(r" #\d+ ", text) and not re.search(r"'[^']*' #\d+", text)

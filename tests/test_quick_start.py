@@ -1,0 +1,50 @@
+"""The README's offline quick start, as a new user runs it: from a fresh copy of the checkout
+(the files git tracks), with nothing exported (no TIKTOKEN_CACHE_DIR, no HF_* variables), the two
+commands of the "No hub?" block succeed and write the pair and the trace page.
+
+The only change to the commands: the training is cut to 1 step per model on one file (appended
+options win in argparse), so that the test takes seconds instead of the default run's 10 minutes."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.slow
+QUICK = {"offline.train_pair": ["--steps", "1", "--text", "offline/train_pair.py"],
+         "spec_decoding_generate.py": ["--max-gen", "5"]}
+
+
+def readme_offline_commands() -> list[list[str]]:
+    """The commands of the README's code block that follows "No hub?"."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"No hub\?.*?```bash\n(.*?)```", readme, flags=re.S).group(1)
+    return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_readme_offline_quick_start_runs_from_a_fresh_copy_with_nothing_exported(tmp_path):
+    clone = tmp_path / "clone"
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TIKTOKEN", "HF_", "DATA_GYM")) and k not in ("PYTHONPATH", "GPT2_TARGET", "GPT2_DRAFT")}
+    env["TRAIN_PAIR_PROGRESS"] = "0"
+    commands = readme_offline_commands()
+    assert [c[:3] for c in commands] == [["python", "-m", "offline.train_pair"],
+                                        ["python", "spec_decoding_generate.py", "--target"]]
+    for command in commands:
+        key = command[2] if command[1] == "-m" else command[1]
+        proc = subprocess.run([sys.executable, *command[1:], *QUICK[key]], cwd=clone, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{shlex.join(command)}\n{proc.stderr[-3000:]}"
+    assert (clone / "runs" / "trained_pair" / "target" / "model.safetensors").is_file()
+    assert (clone / "runs" / "trace.html").is_file()
