@@ -65,7 +65,7 @@ target, draft = load_pair()
 # %%
 import sysconfig
 
-STEPS = int(os.environ.get("DRAFTER_STEPS", "8"))
+STEPS = int(os.environ.get("DRAFTER_STEPS", "5"))
 stdlib = Path(sysconfig.get_paths()["stdlib"])
 texts = [str(stdlib / name) for name in ("argparse.py", "textwrap.py", "string.py", "shlex.py", "difflib.py")]
 workdir = Path(tempfile.mkdtemp(prefix="feature-drafters-"))
@@ -105,7 +105,7 @@ by_position, per_call = {}, {}
 for name, drafter in drafters.items():
     drafted, accepted, tokens, calls = [0] * GAMMA, [0] * GAMMA, 0, 0
     for i, prompt in enumerate(prompts):
-        result = speculative_sampling(target, drafter, prompt, 30, GAMMA, temperature=1.0,
+        result = speculative_sampling(target, drafter, prompt, 24, GAMMA, temperature=1.0,
                                       generator=torch.Generator().manual_seed(i))
         s = result.stats
         for k in range(min(GAMMA, len(s.drafted_by_position))):

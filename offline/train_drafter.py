@@ -93,8 +93,9 @@ def make_drafter(kind: str, target: GPT2, num_heads: int) -> torch.nn.Module:
 
 @torch.no_grad()
 def target_features(target: GPT2, window: torch.Tensor) -> torch.Tensor:
-    """The frozen target's features [B, T, C] over window [B, T]."""
-    return target(window, return_features=True)[1]
+    """The frozen target's features [B, T, C] over window [B, T]. Its logits are not needed: the
+    head runs for the last position only (at small widths the head is most of a forward)."""
+    return target(window, num_last_logits=1, return_features=True)[1]
 
 
 def medusa_loss(heads: MedusaHeads, target: GPT2, features, window) -> tuple[torch.Tensor, list]:
@@ -208,7 +209,7 @@ def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, contex
             truth = window[0, k + 1:T + 1, None]
             hits[k - 1] += (top == truth).cumsum(-1).clamp(max=1).sum(0).float()
             counts[k - 1] += T - k
-    return (hits / counts.clamp(min=1)[:, None]).round(decimals=4).tolist()
+    return [[round(float(a), 4) for a in row] for row in hits / counts.clamp(min=1)[:, None]]
 
 
 README_TEMPLATE = """# A {kind} drafter
@@ -267,6 +268,8 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
     if draft_vocab is not None and kind != "eagle":
         raise TrainDrafterError("--draft-vocab is for --kind eagle only")
     settings = settings or TrainSettings(minutes=4.0, batch_size=4, learning_rate=1e-3, warmup_steps=20)
+    if settings.steps is None and not settings.minutes:
+        raise TrainDrafterError("give a number of steps (--steps N) or a time budget (--minutes M)")
     out = Path(out).expanduser().resolve()
     check_output_folder(out, overwrite)
     target = load_target(target_dir)

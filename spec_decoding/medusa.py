@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2 import GPT2
+from gpt2.kernels import linear
 from .drafters import FeatureDrafter
 from .sampling import logits_to_probs, sample
 
@@ -49,7 +50,8 @@ class MedusaHead(nn.Module):
         nn.init.zeros_(self.w1.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(x + F.silu(self.w1(x)))
+        # The output layer is as large as the target's head: through the same kernels in inference.
+        return linear(x + F.silu(self.w1(x)), self.out.weight, None)
 
 
 class MedusaHeads(nn.Module):

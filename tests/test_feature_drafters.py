@@ -22,7 +22,7 @@ from spec_decoding.medusa import MedusaDrafter, MedusaHeads
 
 PROMPT = [5, 17, 42, 8, 99, 3]
 LOSSLESS_PROMPT = [1, 2, 3]
-SAMPLES = 1500  # per chi-square test
+SAMPLES = 1200  # per chi-square test
 
 
 def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.Module:
@@ -185,13 +185,13 @@ def lossless_check(target, drafter, settings, gamma, samples, seed=0):
     return result, [sum(column) for column in zip(*drafted)]
 
 
-# Plain EAGLE differs from the reduced-vocabulary one only in its readout's rows: the reduced one,
-# whose q is zero on a quarter of the tokens, is the harder case (and the suite's time is short).
-LOSSLESS_DRAFTERS = ["medusa", "eagle-reduced-vocab"]
+# Each EAGLE variant once (they differ only in their readout's rows), both settings for each kind:
+# the suite's time is short.
+LOSSLESS_CASES = [("medusa", "temperature 1"), ("medusa", "temperature 0.7, top-k 6, top-p 0.9"),
+                  ("eagle", "temperature 1"), ("eagle-reduced-vocab", "temperature 0.7, top-k 6, top-p 0.9")]
 
 
-@pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("name", LOSSLESS_DRAFTERS)
+@pytest.mark.parametrize("name, setting", LOSSLESS_CASES)
 def test_sampling_is_lossless(tiny_target, name, setting):
     settings = SETTINGS[setting][0]
     result, (drafted, accepted) = lossless_check(tiny_target, DRAFTERS[name](tiny_target), settings, 2, SAMPLES)
@@ -214,12 +214,12 @@ def bonus_by_argmax(real):
     return verify
 
 
-@pytest.mark.parametrize("name", LOSSLESS_DRAFTERS)
-def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, name, monkeypatch):
+def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, monkeypatch):
+    """The planted bug sits in the generator, not the drafter: one drafter shows the test's power."""
     monkeypatch.setattr(spec_decoding.speculative, "modified_rejection_sampling",
                         bonus_by_argmax(spec_decoding.speculative.modified_rejection_sampling))
     # far fewer samples than the exactness tests: the bias is large (p-values below 1e-50 here)
-    result, _ = lossless_check(tiny_target, DRAFTERS[name](tiny_target), dict(temperature=1.0), 2, 600)
+    result, _ = lossless_check(tiny_target, medusa(tiny_target), dict(temperature=1.0), 2, 600)
     assert not result.passed and result.p_value < 1e-6, result.message
 
 
@@ -234,7 +234,7 @@ def test_medusa_heads_for_another_target_are_refused(target, tiny_target):
 
 # ------------------------------------------------------------------------------ training
 
-TRAIN = dict(steps=20, batch_size=2, learning_rate=3e-3, warmup_steps=5, seed=0)
+TRAIN = dict(steps=15, batch_size=2, learning_rate=3e-3, warmup_steps=5, seed=0)
 
 
 def train_tiny(target_dir, kind, out, **kwargs):
@@ -247,7 +247,7 @@ def train_tiny(target_dir, kind, out, **kwargs):
     return train_drafter(target_dir, kind, out, stdlib_texts()[:3], settings, log=lambda *a: None, **kwargs)
 
 
-@pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=2)), ("eagle", dict(draft_vocab=3000))])
+@pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=1)), ("eagle", dict(draft_vocab=3000))])
 def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
                                                                           options, monkeypatch):
     from spec_decoding.feature_files import load_feature_drafter
@@ -260,7 +260,7 @@ def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained
     assert {p.name for p in (tmp_path / kind).iterdir()} == {"config.json", "model.safetensors", "README.md"}
     if kind == "medusa":
         accuracies = info["head_accuracies"]
-        assert len(accuracies) == 2 and all(0 <= a <= b <= 1 for row in accuracies for a, b in zip(row, row[1:]))
+        assert len(accuracies) == 1 and all(0 <= a <= b <= 1 for row in accuracies for a, b in zip(row, row[1:]))
         assert "top-1" in (tmp_path / kind / "README.md").read_text()
 
     target = load_gpt2(target_dir, dtype="float32")
@@ -275,11 +275,11 @@ def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained
     assert reloaded.result.stats.token_sources == fresh.result.stats.token_sources
     assert reloaded.result.stats.tokens_accepted > 0  # trained a little: it drafts something useful
 
-    # seedable: the same seed gives the same weights
-    again, _ = train_tiny(target_dir, kind, tmp_path / "again", **options, settings=dict(steps=1))
-    once_more, _ = train_tiny(target_dir, kind, tmp_path / "once-more", **options, settings=dict(steps=1))
-    for a, b in zip(again.state_dict().values(), once_more.state_dict().values()):
-        assert torch.equal(a, b)
+    if kind == "eagle":  # seedable: the same seed gives the same weights (the cheaper kind shows it)
+        again, _ = train_tiny(target_dir, kind, tmp_path / "again", **options, settings=dict(steps=1))
+        once_more, _ = train_tiny(target_dir, kind, tmp_path / "once-more", **options, settings=dict(steps=1))
+        for a, b in zip(again.state_dict().values(), once_more.state_dict().values()):
+            assert torch.equal(a, b)
 
     other = load_gpt2(trained_pair_dirs[1])  # the draft model: another network, another target
     with pytest.raises(ValueError, match="trained for another target"):
