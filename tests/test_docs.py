@@ -118,6 +118,15 @@ def test_deeper_docs_pages_are_linked_from_somewhere():
     assert not orphans, f"docs pages no page links: {orphans}"
 
 
+def test_docs_name_no_tracker_issues():
+    """A reader cannot see the project's issue tracker: the README and docs say what changed and
+    why, not which issue asked for it."""
+    issue = re.compile(r"\bissues?[ _#]*\d+", re.I)
+    found = [f"{page.relative_to(ROOT)}: {m}" for page in [README, *sorted(DOCS.rglob("*.md"))]
+             for m in issue.findall(page.read_text(encoding="utf-8"))]
+    assert not found, "issue numbers in the docs:\n" + "\n".join(found)
+
+
 def test_docs_pages_named_in_the_code_exist():
     """A comment or message that sends the reader to a page under docs/ names one that exists."""
     named = re.compile(r"docs/[\w/.-]+\.(?:md|png)")
