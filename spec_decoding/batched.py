@@ -53,7 +53,7 @@ from .sampling import logits_to_probs, sample
 from .rejection import modified_rejection_sampling
 
 # The largest batch accepted. Every row keeps a KV cache of the whole window in both models, and
-# the tests and benchmarks here go to 16; a larger batch is a typo more often than a plan.
+# the tests and benchmarks here go to 32; a larger batch is a typo more often than a plan.
 MAX_BATCH_SIZE = 64
 
 
