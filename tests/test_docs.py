@@ -121,7 +121,7 @@ def test_deeper_docs_pages_are_linked_from_somewhere():
 def test_docs_name_no_tracker_issues():
     """A reader cannot see the project's issue tracker: the README and docs say what changed and
     why, not which issue asked for it."""
-    issue = re.compile(r"\bissues?[ _#]*\d+", re.I)
+    issue = re.compile(r"\bissues?[ _]*\d+", re.I)  # "issue 20"; another project's public "#123" is fine
     found = [f"{page.relative_to(ROOT)}: {m}" for page in [README, *sorted(DOCS.rglob("*.md"))]
              for m in issue.findall(page.read_text(encoding="utf-8"))]
     assert not found, "issue numbers in the docs:\n" + "\n".join(found)
