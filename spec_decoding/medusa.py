@@ -27,6 +27,12 @@ distribution it was drawn from given the tokens before it, and propose() returns
 The target's features come from the generators (Drafter.observe_target_features): the heads cost
 nothing of the target. In the first round the prompt has not been fed, no feature exists yet, and
 the round is a plain target step.
+
+Medusa's token tree (propose_tree, for spec_decoding.tree.tree_speculative_sampling): head d's
+candidates fill depth d of the tree, branching[d - 1] of them under every node of depth d - 1. The
+heads read one feature only, so every node of a depth gets the same candidates (the tree is
+the product of the heads' top-k): still one small forward per round, and the target checks all
+the combinations in its one forward.
 """
 
 import torch
@@ -36,7 +42,9 @@ import torch.nn.functional as F
 from gpt2 import GPT2
 from gpt2.kernels import linear
 from .drafters import FeatureDrafter
+from .result import ROOT
 from .sampling import logits_to_probs, sample
+from .tree import TokenTree
 
 
 class MedusaHead(nn.Module):
@@ -113,3 +121,34 @@ class MedusaDrafter(FeatureDrafter):
             return logits.argmax(dim=-1).tolist(), None
         q = logits_to_probs(logits, temperature, top_k, top_p)  # [n, V], as the target's p
         return sample(q, generator).tolist(), q
+
+    def propose_tree(self, tokens, branching, temperature=0.0, top_k=None, top_p=None, generator=None):
+        """The round's token tree: depth d's nodes come from head d, the head propose() uses for
+        draft position d (the d-th token after `tokens`). branching[d - 1] children per node of
+        depth d - 1; at most K depths (one per head), none in the first round (an empty tree).
+
+        Greedy: a node's children are head d's top-b tokens (distinct), the same under every node.
+        Sampling: each node's children are b independent draws from q_d (head d's softmax after
+        the target's temperature/top-k/top-p), kept in tree.draft_probs[node]: given the path to
+        the node, that is exactly what they were drawn from, as SpecInfer's multi-draft rejection
+        sampling (spec_decoding.rejection) needs for an exact output. q_d does not depend on the
+        path, because the heads never see the tokens drafted before theirs.
+        """
+        tree = TokenTree(root=tokens[-1])
+        logits = self.head_logits(tokens, len(branching))  # [n, V]
+        if logits is None:
+            return tree
+        parents = [ROOT]
+        for head_logits, b in zip(logits, branching):
+            q = None if temperature == 0 else logits_to_probs(head_logits, temperature, top_k, top_p)
+            first_new = len(tree)
+            for parent in parents:
+                if q is None:
+                    children = head_logits.topk(b).indices.tolist()
+                else:
+                    tree.draft_probs[parent] = q
+                    children = sample(q.expand(b, -1), generator).tolist()
+                for token in children:
+                    tree.add(token, parent)
+            parents = list(range(first_new, len(tree)))
+        return tree

@@ -37,7 +37,7 @@ import torch
 from gpt2 import GPT2
 from .decoding import (check_sampling_args, forward_new_tokens, record_round, round_gamma, round_observers,
                        start_generation, take_tokens)
-from .drafters import ModelDrafter
+from .drafters import Drafter, ModelDrafter
 from .rejection import multi_draft_rejection_sampling
 from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT,
                      GenerationResult, RoundReport)
@@ -126,7 +126,8 @@ def tree_attention_mask(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def score_tree(model: GPT2, cache, tree: TokenTree, sequence: list[int], first: int = 0) -> torch.Tensor:
+def score_tree(model: GPT2, cache, tree: TokenTree, sequence: list[int], first: int = 0,
+               return_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Feed tree slots first..len(tree) (slot 0: the root, slot 1 + i: node i) in one forward.
 
     sequence: the tokens so far (its last token is the root, in cache slot root_slot =
@@ -135,7 +136,9 @@ def score_tree(model: GPT2, cache, tree: TokenTree, sequence: list[int], first: 
     must hold root_slot + first entries: the sequence and the tree slots fed before.
     Each tree token attends to the sequence before the root and to its ancestors in the tree, at
     position root_slot + depth. Returns logits [len(tree) + 1 - first, V]: row j is the model's
-    next-token logits after the path to slot first + j.
+    next-token logits after the path to slot first + j. return_features=True also returns the
+    model's features [T, n_embd] of every token fed (GPT2.forward): the pending sequence tokens,
+    then the tree slots.
     """
     device = model.wte.weight.device
     root_slot = len(sequence) - 1
@@ -156,8 +159,9 @@ def score_tree(model: GPT2, cache, tree: TokenTree, sequence: list[int], first: 
         attn_mask = None  # one token that sees everything: the model's plain path
     else:
         attn_mask = attn_mask.to(device)
-    return model(idx, cache, num_last_logits=n_tree, positions=torch.tensor(positions, device=device),
-                 attn_mask=attn_mask)[0]
+    out = model(idx, cache, num_last_logits=n_tree, positions=torch.tensor(positions, device=device),
+                attn_mask=attn_mask, return_features=return_features)
+    return (out[0][0], out[1][0]) if return_features else out[0]
 
 
 def build_draft_tree(draft: GPT2, draft_cache, tokens: list[int], branching, temperature: float = 0.0,
@@ -250,9 +254,9 @@ def keep_accepted_path(target_cache, draft_cache, seq_len: int, path: list[int])
     last; the draft may hold fewer) and then tree nodes. Keep only the accepted nodes, moved down
     to follow the root: the caches then hold the accepted sequence minus its last token, as a
     chain's would. Node i sits in slot seq_len + i. The draft never read the deepest nodes, so
-    it keeps those of the path it has."""
+    it keeps those of the path it has. draft_cache None: a drafter without one (propose_tree)."""
     target_cache.keep(seq_len, [seq_len + i for i in path])
-    if draft_cache.length >= seq_len:  # the draft drafted this round
+    if draft_cache is not None and draft_cache.length >= seq_len:  # the draft drafted this round
         draft_cache.keep(seq_len, [seq_len + i for i in path if seq_len + i < draft_cache.length])
 
 
@@ -267,7 +271,8 @@ def output_sources(tree: TokenTree, path: list[int], depth: int) -> list[str]:
 
 
 def draft_model(draft) -> GPT2:
-    """Token trees need a draft model to score a tree level by level with full forwards: a GPT2,
+    """Token trees need a drafter that builds its own trees (one with a propose_tree method, like
+    MedusaDrafter) or a draft model to score a tree level by level with full forwards: a GPT2,
     or the model of a ModelDrafter that drafts with that whole model (other Drafters propose
     chains only). A LayerSkipDrafter's model is the whole target: drafting a tree with it would
     silently draft with the target itself, so it is refused like any drafter that computes its
@@ -277,13 +282,14 @@ def draft_model(draft) -> GPT2:
     if isinstance(draft, GPT2):
         return draft
     raise TypeError(f"tree_speculative_sampling needs the draft as a GPT2 model (or a ModelDrafter of "
-                    f"one), got {type(draft).__name__}: it scores the tree with the draft model's full "
-                    f"forward, which this drafter does not draft with. Use it with speculative_sampling "
-                    f"(a chain), or pass a separate draft model.")
+                    f"one) or a drafter with a propose_tree method, got {type(draft).__name__}: it scores "
+                    f"the tree with the draft model's full forward, which this drafter does not draft "
+                    f"with, and it builds no trees itself. Use it with speculative_sampling (a chain), "
+                    f"or pass a separate draft model.")
 
 
 @torch.inference_mode()
-def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_ids, max_gen: int, branching,
+def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter | Drafter, prompt_ids, max_gen: int, branching,
                               temperature: float = 1.0, top_k: int | None = None,
                               top_p: float | None = None, generator: torch.Generator | None = None,
                               eos_id: int | None = None, on_tokens=None, trace: bool = False,
@@ -298,6 +304,11 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     multi-draft rejection sampling; the output follows the target's distribution exactly.
     branching (1,) * gamma is the chain of speculative_sampling, with the same random draws.
 
+    draft: a draft model (GPT2 or ModelDrafter), drafted with build_draft_tree; or a Drafter with
+    its own propose_tree(tokens, branching, temperature, top_k, top_p, generator) -> TokenTree
+    (spec_decoding/medusa.py), whose tree may be shallower than asked (even empty). Either way the
+    drafter is handed the target's features of the accepted path (observe_target_features).
+
     prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window (no model is fed a position >= its n_positions: near the end the
     tree is cut to fewer depths). on_tokens(tokens, sources) is called after each round.
@@ -307,16 +318,19 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
     draw and verdict, the accepted path, the target's token). on_round(report) gets every round
     as a RoundReport (spec_decoding.result), with the tree and its TreeVerdict.
     """
-    draft = draft_model(draft)
     check_sampling_args(temperature, top_k, top_p)
     branching = check_branching(branching, target.config.vocab_size)
     n_nodes = tree_size(branching)
-    # A ModelDrafter for its checks, limits and cache (with a slot per node): the tree then
-    # drives the draft model itself.
-    drafter = ModelDrafter(draft, extra_slots=n_nodes)
+    if hasattr(draft, "propose_tree"):
+        drafter, draft = draft, None  # it builds its own trees
+    else:
+        # A ModelDrafter for its checks, limits and cache (with a slot per node): the tree then
+        # drives the draft model itself.
+        draft = draft_model(draft)
+        drafter = ModelDrafter(draft, extra_slots=n_nodes)
     tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, len(branching),
                                                    extra_slots=n_nodes)
-    draft_cache = drafter.cache
+    draft_cache = getattr(drafter, "cache", None) if draft is not None else None
     notify, round_trace = round_observers(on_round, trace, tokens, len(branching), temperature, top_k, top_p,
                                           branching)
     out = []
@@ -328,12 +342,16 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
 
         # 1. The draft builds the tree, one forward per depth (none: a plain target step).
         tree = TokenTree(root=tokens[-1])
-        if depth:
+        if depth and draft is None:
+            tree = drafter.propose_tree(tokens, branching[:depth], temperature, top_k, top_p, generator)
+            depth = max(tree.depths, default=0)
+        elif depth:
             tree = build_draft_tree(draft, draft_cache, tokens, branching[:depth], temperature,
                                     top_k, top_p, generator)
 
-        # 2. The target scores the root and every node in one forward: [N + 1, V].
-        target_logits = score_tree(target, target_cache, tree, tokens)
+        # 2. The target scores the root and every node in one forward: logits [N + 1, V].
+        fed_from = target_cache.length
+        target_logits, features = score_tree(target, target_cache, tree, tokens, return_features=True)
 
         # 3. The accepted path and the target's own next token.
         target_probs = None
@@ -343,7 +361,12 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
             target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
             verdict = verify_tree_sampling(tree, target_probs, generator)
         path = verdict.path
-        record_round(stats, depth, len(path), stats.draft_calls + depth, n_nodes=len(tree))
+        # The drafter sees the target's features of the sequence fed before the root, the root,
+        # and the accepted path: the positions that stay the sequence.
+        n_before = seq_len - fed_from  # the pending sequence tokens and the root
+        drafter.observe_target_features(fed_from, torch.cat([features[:n_before], features[n_before:][path]]))
+        draft_calls = drafter.forward_calls if draft is None else stats.draft_calls + depth
+        record_round(stats, depth, len(path), draft_calls, n_nodes=len(tree))
         stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [verdict.next_token],
                            output_sources(tree, path, depth), eos_id, max_gen,
                            target.config.n_positions, on_tokens)
@@ -351,8 +374,9 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter, prompt_i
             notify(RoundReport(tree.tokens, target_logits, len(path), verdict.next_token, len(out),
                                temperature, target_probs, None, verdict, tree))
 
-        # 4. Both caches keep the accepted path only.
+        # 4. Both caches keep the accepted path only (and the drafter the sequence but its last token).
         keep_accepted_path(target_cache, draft_cache, seq_len, path)
+        drafter.roll_back(len(tokens) - 1)
     stats.stop_reason = stop
     stats.seconds = time.perf_counter() - start
     return GenerationResult(out, stats, round_trace)

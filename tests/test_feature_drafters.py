@@ -12,9 +12,11 @@ from conftest import TINY_VOCAB
 from test_lossless import SETTINGS
 
 import spec_decoding.speculative
+import spec_decoding.tree as tree_module
 from gpt2 import load_gpt2
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.checks import (check_caches_after_every_round, check_greedy_matches_target,
+from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+                           tree_speculative_sampling)
+from spec_decoding.checks import (cache_difference, check_caches_after_every_round, check_greedy_matches_target,
                                   check_lossless, check_stopping)
 from gpt2 import KVCache
 from spec_decoding.eagle import EagleDrafter, EagleNet
@@ -220,6 +222,140 @@ def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, monkeypatch):
                         bonus_by_argmax(spec_decoding.speculative.modified_rejection_sampling))
     # far fewer samples than the exactness tests: the bias is large (p-values below 1e-50 here)
     result, _ = lossless_check(tiny_target, medusa(tiny_target), dict(temperature=1.0), 2, 600)
+    assert not result.passed and result.p_value < 1e-6, result.message
+
+
+# ------------------------------------------------------------------------------ Medusa's token tree
+
+TREE_BRANCHINGS = [(2, 2, 1), (3,), (1, 1, 1, 1), (2, 3)]
+
+
+@pytest.mark.parametrize("branching", TREE_BRANCHINGS)
+def test_medusa_tree_greedy_equals_target_greedy(target, baseline, branching):
+    drafter = medusa(target)
+    checking = FeatureChecking(drafter)  # the tree generator hands it the accepted path's features
+    drafter.propose_tree = checked_propose_tree(drafter, checking)
+    result = tree_speculative_sampling(target, drafter, PROMPT, 40, branching, temperature=0)
+    assert result.tokens == baseline
+    s = result.stats
+    assert s.gamma_by_round[0] == 0 and s.tokens_drafted > 0 and s.tokens_rejected > 0
+    assert checking.checked == s.rounds  # every round that drafted a tree
+    assert s.nodes_verified > s.tokens_drafted or branching == (1, 1, 1, 1)
+
+
+def checked_propose_tree(drafter, checking):
+    """propose_tree through FeatureChecking's check of the drafter's features."""
+    real = drafter.propose_tree
+
+    def propose_tree(tokens, *args):
+        checking.drafter.propose(tokens, 0)  # runs the check; 0 tokens: proposes nothing
+        return real(tokens, *args)
+
+    return propose_tree
+
+
+def test_medusa_tree_layout(target):
+    """Depth d holds head d's top-b (the head propose() uses for draft position d), the same under
+    every parent; sampling keeps each parent's q, head d's distribution."""
+    drafter = medusa(target, num_heads=3)
+    drafter.start(PROMPT, 10)
+    tokens = PROMPT + [7]
+    assert len(drafter.propose_tree(tokens, (2,))) == 0  # no feature yet: no tree
+    with torch.inference_mode():
+        _, features = target(torch.tensor([PROMPT]), return_features=True)
+    drafter.observe_target_features(0, features[0])
+    heads = drafter.head_logits(tokens, 3)
+    tree = drafter.propose_tree(tokens, (2, 2, 1))
+    assert tree.depths == [1] * 2 + [2] * 4 + [3] * 4 and tree.root == 7
+    for node, parent in enumerate(tree.parents):
+        d = tree.depths[node]
+        siblings = [tree.tokens[c] for c in tree.children(parent)]
+        assert siblings == heads[d - 1].topk(len(siblings)).indices.tolist()
+    assert drafter.propose(tokens, 3)[0] == [tree.tokens[0], tree.tokens[2], tree.tokens[6]]  # the chain
+    assert len(drafter.propose_tree(tokens, (2, 2, 2, 2, 2))) == 2 + 4 + 8  # 3 heads: 3 depths
+    tree = drafter.propose_tree(tokens, (2, 2), 0.7, 6, None, torch.Generator().manual_seed(0))
+    for parent in [-1, 0, 1]:
+        d = 1 if parent == -1 else 2
+        torch.testing.assert_close(tree.draft_probs[parent],
+                                   spec_decoding.medusa.logits_to_probs(heads[d - 1], 0.7, 6, None))
+
+
+@pytest.mark.parametrize("branching", [(2, 2, 1), (3,)])
+def test_medusa_tree_at_the_context_window_edge(target, branching):
+    prompt = (PROMPT * 20)[:target.config.n_positions - 7]
+    result = check_greedy_matches_target(partial(tree_speculative_sampling, target, medusa(target),
+                                                 branching=branching, temperature=0), target, prompt, max_gen=30)
+    assert result.passed, result.message
+    assert len(result.tokens) == 7
+
+
+@pytest.mark.parametrize("settings", [None, dict(temperature=1.0)])
+def test_medusa_tree_exact_max_gen_and_eos(target, settings):
+    generate = partial(tree_speculative_sampling, target, medusa(target), branching=(2, 2, 1),
+                       **({} if settings else dict(temperature=0)))
+    result = check_stopping(generate, PROMPT, max_gens=range(1, 8), settings=settings, seeds=range(2))
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("branching, temperature", [((2, 2, 1), 0.0), ((2, 2), 1.0)])
+def test_medusa_tree_caches_and_features_equal_a_fresh_forward(monkeypatch, target, branching, temperature):
+    """After every round the target's cache holds a fresh forward's keys/values of the accepted
+    sequence but its last token (tree slots moved down by KVCache.keep), and the drafter's
+    features (checked at its next propose_tree) a fresh forward's features."""
+    real_keep = tree_module.keep_accepted_path
+    sequence, checked_rounds = list(PROMPT), []
+
+    def keep_and_check(target_cache, draft_cache, seq_len, path):
+        real_keep(target_cache, draft_cache, seq_len, path)
+        assert draft_cache is None and target_cache.length == len(sequence) - 1
+        with torch.inference_mode():
+            assert cache_difference(target, target_cache, sequence) <= 1e-5
+        checked_rounds.append(len(path))
+
+    monkeypatch.setattr(tree_module, "keep_accepted_path", keep_and_check)
+    drafter = medusa(target)
+    checking = FeatureChecking(drafter)
+    drafter.propose_tree = checked_propose_tree(drafter, checking)
+    tree_speculative_sampling(target, drafter, PROMPT, 30, branching, temperature=temperature,
+                              generator=torch.Generator().manual_seed(0),
+                              on_tokens=lambda tokens, sources: sequence.extend(tokens))
+    assert len(checked_rounds) > 4 and checking.checked > 4
+    assert max(checked_rounds) > 0  # paths were accepted and moved
+
+
+def medusa_tree_lossless(target, drafter, settings, branching, samples):
+    """Generate 4 tokens and keep the first 3: the first round is a plain target step (no feature
+    yet), the second drafts a tree of depth 2, so the 3 tokens come through depths 1 and 2."""
+    depths = []
+
+    def generate(prompt, n_tokens, **kwargs):
+        result = tree_speculative_sampling(target, drafter, prompt, n_tokens + 1, branching, **kwargs)
+        depths.extend(result.stats.accepted_depths)
+        return result.tokens[:n_tokens]
+
+    return check_lossless(generate, target, LOSSLESS_PROMPT, 3, settings, samples=samples), depths
+
+
+@pytest.mark.parametrize("setting", ["temperature 1", "temperature 0.7, top-k 6, top-p 0.9"])
+def test_medusa_tree_sampling_is_lossless(tiny_target, setting):
+    result, depths = medusa_tree_lossless(tiny_target, medusa(tiny_target), SETTINGS[setting][0], (2, 2), SAMPLES)
+    assert {0, 1, 2} <= set(depths)  # rejected at the root, at depth 2, and the whole path accepted
+    assert result.passed and result.p_value > 1e-3, result.message
+
+
+def test_a_medusa_tree_claiming_q_equals_p_is_caught(tiny_target, monkeypatch):
+    """The planted bug: the tree's nodes claim the target's p as their q (as if drafted from the
+    target), while they were drawn from the heads' q."""
+    real_score_tree = tree_module.score_tree
+
+    def score_tree_and_claim_q_is_p(model, cache, tree, sequence, first=0, return_features=False):
+        logits, features = real_score_tree(model, cache, tree, sequence, first, return_features)
+        for parent in tree.draft_probs:
+            tree.draft_probs[parent] = torch.softmax(logits[parent + 1].float(), -1)
+        return logits, features
+
+    monkeypatch.setattr(tree_module, "score_tree", score_tree_and_claim_q_is_p)
+    result, _ = medusa_tree_lossless(tiny_target, medusa(tiny_target), dict(temperature=1.0), (2, 2), 600)
     assert not result.passed and result.p_value < 1e-6, result.message
 
 

@@ -163,9 +163,9 @@ def test_context_window_edge(target, draft, make_checkpoint, monkeypatch):
     fed = []
     real_score_tree = tree_module.score_tree
 
-    def score_tree_and_record(model, cache, tree, sequence, first=0):
+    def score_tree_and_record(model, cache, tree, sequence, first=0, return_features=False):
         fed.append((model.config.n_positions, len(sequence) - 1 + max([0] + tree.depths)))
-        return real_score_tree(model, cache, tree, sequence, first)
+        return real_score_tree(model, cache, tree, sequence, first, return_features)
 
     monkeypatch.setattr(tree_module, "score_tree", score_tree_and_record)
     n_pos = TARGET_CFG.n_positions  # 64
