@@ -163,8 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         print("note: --ngram only applies with --drafter ngram", file=sys.stderr)
     if args.drafter != "layerskip" and args.draft_layers is not None:
         print("note: --draft-layers only applies with --drafter layerskip", file=sys.stderr)
-    if args.tree and args.drafter != "model":
-        parser.error(f"--tree needs a draft model to score the tree (--drafter model), not --drafter {args.drafter}")
+    if args.tree and not cli.drafts_trees(args.drafter):
+        parser.error(f"--tree needs a drafter that drafts token trees ({cli.tree_drafters()}), "
+                     f"not --drafter {args.drafter}")
     return args
 
 

@@ -91,11 +91,13 @@ class DrafterKind:
     folder: str | None = None  # what DIR means in KIND:DIR (None: the kind reads no folder)
     default: int | None = None  # N when KIND is given alone (None with a number: N is required)
     needs_draft_model: bool = False  # whether the scripts must load --draft for it
+    drafts_trees: bool = False  # whether it drafts token trees (--tree): a draft model, or propose_tree
 
 
 DRAFTER_KINDS = {
     "model": DrafterKind(build=lambda n, target, draft: ModelDrafter(draft),
-                         describe=lambda n: "a smaller model (--draft)", needs_draft_model=True),
+                         describe=lambda n: "a smaller model (--draft)", needs_draft_model=True,
+                         drafts_trees=True),
     "ngram": DrafterKind(build=lambda n, target, draft: NGramDrafter(max_ngram=n),
                          describe=lambda n: f"prompt lookup, n-grams of up to {n} tokens",
                          number="the longest n-gram looked up", default=3),
@@ -104,7 +106,8 @@ DRAFTER_KINDS = {
                              number="how many of the target's blocks draft"),
     "medusa": DrafterKind(build=lambda folder, target, draft: load_feature_drafter(folder, target, "medusa"),
                           describe=lambda folder: f"Medusa heads on the target's features, from {folder}",
-                          folder="the heads' folder (python -m offline.train_drafter --kind medusa)"),
+                          folder="the heads' folder (python -m offline.train_drafter --kind medusa)",
+                          drafts_trees=True),
     "eagle": DrafterKind(build=lambda folder, target, draft: load_feature_drafter(folder, target, "eagle"),
                          describe=lambda folder: f"an EAGLE-style drafter on the target's features, from {folder}",
                          folder="the drafter's folder (python -m offline.train_drafter --kind eagle)"),
@@ -166,6 +169,17 @@ def split_drafter_spec(spec: str) -> tuple[str, int | str | None]:
 def needs_draft_model(spec: str) -> bool:
     """Whether the drafter a canonical name stands for drafts with the --draft model."""
     return DRAFTER_KINDS[split_drafter_spec(spec)[0]].needs_draft_model
+
+
+def drafts_trees(spec: str) -> bool:
+    """Whether the drafter a canonical name (or a bare kind) stands for can draft token trees."""
+    return DRAFTER_KINDS[split_drafter_spec(spec)[0]].drafts_trees
+
+
+def tree_drafters() -> str:
+    """The kinds that draft token trees, for error messages: "model, medusa:DIR"."""
+    return ", ".join(f"{name}:DIR" if kind.folder is not None else name
+                     for name, kind in DRAFTER_KINDS.items() if kind.drafts_trees)
 
 
 def describe_drafter(spec: str) -> str:

@@ -35,6 +35,11 @@ class Drafter:
     the chi-square test catching such a drafter. If your proposal is deterministic, return None
     for q: the generator then treats each token as drawn from a point mass (q(x) = 1).
 
+    Token trees (spec_decoding/tree.py): a drafter may also build the round's tree itself with an
+    optional method propose_tree(tokens, branching, temperature, top_k, top_p, generator) ->
+    TokenTree (see MedusaDrafter), where tree.draft_probs[node] is the q the node's children were
+    drawn from. Without it, trees need a draft model.
+
     Attributes the generators read:
         vocab_size:    the vocabulary its tokens come from, checked against the target's;
                        None if it only proposes tokens it has seen in the sequence.

@@ -490,6 +490,24 @@ def test_generate_script_drafts_with_a_saved_feature_drafter(text_pair_dirs, tex
     assert html.is_file() and "round" in html.read_text().lower()
 
 
+def test_generate_script_drafts_a_medusa_tree(text_pair_dirs, text_pair, saved_drafters, capsys):
+    import json
+
+    import spec_decoding_generate as script
+    from gpt2 import encode
+
+    args = ["--target", str(text_pair_dirs[0]), "--drafter", f"medusa:{saved_drafters / 'medusa'}", "--prompt",
+            "The capital of France is", "--max-gen", "12", "--tree", "2,2,1", "--dtype", "float32", "--json"]
+    assert script.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == autoregressive_generate(text_pair[0], encode("The capital of France is"), 12).tokens
+    assert out["settings"]["tree"] == [2, 2, 1] and out["stats"]["nodes_per_target_call"] > 1
+    # a drafter that builds no trees is a usage error naming those that do
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(args[:2] + ["--drafter", "ngram"] + args[4:])
+    assert exit_info.value.code == 2 and "medusa:DIR" in capsys.readouterr().err
+
+
 def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, saved_drafters, capsys):
     import benchmark
     import spec_decoding_generate as script
