@@ -32,8 +32,11 @@ Medusa's token tree (propose_tree, for spec_decoding.tree.tree_speculative_sampl
 candidates fill depth d of the tree, branching[d - 1] of them under every node of depth d - 1. The
 heads read one feature only, so every node of a depth gets the same candidates (the tree is
 the product of the heads' top-k): still one small forward per round, and the target checks all
-the combinations in its one forward.
+the combinations in its one forward. branching_from_accuracies shapes the tree from the heads'
+top-k accuracies the trainer measured (config.json's head_accuracies).
 """
+
+import itertools
 
 import torch
 import torch.nn as nn
@@ -44,7 +47,36 @@ from gpt2.kernels import linear
 from .drafters import FeatureDrafter
 from .result import ROOT
 from .sampling import logits_to_probs, sample
-from .tree import TokenTree
+from .tree import TokenTree, tree_size
+
+
+def branching_from_accuracies(head_accuracies, max_nodes: int) -> tuple[int, ...]:
+    """A tree shape for at most max_nodes draft nodes, from measured head accuracies.
+
+    head_accuracies[k][b - 1]: how often head k + 1's top-b holds the true token (the trainer
+    measures b = 1..4 on held-out text). Taking heads to be right independently, a tree with b_d
+    children per node at depth d reaches depth d with probability prod_{j <= d} acc[j][b_j - 1]
+    (greedy: the target's token is among the children at every depth so far), so its expected
+    accepted depth is the sum of those products over d. Returns the branching with the largest
+    expectation among all with at most max_nodes nodes (ties: the fewer nodes). A budget is needed:
+    without one, wider is always better on paper, and every node costs target compute.
+    """
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+        raise ValueError(f"max_nodes must be an int >= 1 (the tree's draft nodes), got {max_nodes!r}")
+    best, best_key = None, None
+    for depth in range(1, len(head_accuracies) + 1):
+        choices = [range(1, len(row) + 1) for row in head_accuracies[:depth]]
+        for branching in itertools.product(*choices):
+            if tree_size(branching) > max_nodes:
+                continue
+            expected, reach = 0.0, 1.0
+            for row, b in zip(head_accuracies, branching):
+                reach *= row[b - 1]
+                expected += reach
+            key = (expected, -tree_size(branching))
+            if best_key is None or key > best_key:
+                best, best_key = branching, key
+    return best
 
 
 class MedusaHead(nn.Module):

@@ -20,7 +20,7 @@ from spec_decoding.checks import (cache_difference, check_caches_after_every_rou
                                   check_lossless, check_stopping)
 from gpt2 import KVCache
 from spec_decoding.eagle import EagleDrafter, EagleNet
-from spec_decoding.medusa import MedusaDrafter, MedusaHeads
+from spec_decoding.medusa import MedusaDrafter, MedusaHeads, branching_from_accuracies
 
 PROMPT = [5, 17, 42, 8, 99, 3]
 LOSSLESS_PROMPT = [1, 2, 3]
@@ -278,6 +278,19 @@ def test_medusa_tree_layout(target):
         d = 1 if parent == -1 else 2
         torch.testing.assert_close(tree.draft_probs[parent],
                                    spec_decoding.medusa.logits_to_probs(heads[d - 1], 0.7, 6, None))
+
+
+def test_branching_from_accuracies():
+    """Expected accepted depth, worked by hand: acc = [[.5, .9], [.5, .9]]. At most 2 nodes:
+    (2,) .9 beats (1, 1) .5 + .25. At most 6: (2, 2) .9 + .81 = 1.71 beats (2, 1) 1.35 (4 nodes)."""
+    acc = [[0.5, 0.9], [0.5, 0.9]]
+    assert branching_from_accuracies(acc, 1) == (1,)
+    assert branching_from_accuracies(acc, 2) == (2,)
+    assert branching_from_accuracies(acc, 6) == (2, 2)
+    assert branching_from_accuracies([[0.95, 0.97]] * 4, 4) == (1, 1, 1, 1)  # sure heads: a chain
+    assert branching_from_accuracies([[0.9, 0.9], [0.0, 0.0]], 10) == (1,)  # ties: fewer nodes
+    with pytest.raises(ValueError, match="max_nodes"):
+        branching_from_accuracies(acc, 0)
 
 
 @pytest.mark.parametrize("branching", [(2, 2, 1), (3,)])
