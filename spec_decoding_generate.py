@@ -112,7 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "else measured now and written there, for reproducible runs)")
     parser.add_argument("--tree", type=cli.branching, metavar="B1,B2,...",
                         help="draft a token tree instead of a chain: children per node at each depth, "
-                             "e.g. 2,2,1 (10 nodes, verified in one target forward); replaces --gamma")
+                             "e.g. 2,2,1 (10 nodes, verified in one target forward); replaces --gamma; "
+                             "with --drafter model or medusa:DIR")
     parser.add_argument("--max-gen", type=cli.positive_int, default=100,
                         help="maximum number of new tokens (default: 100)")
     parser.add_argument("--temperature", type=cli.temperature, default=0.0,
