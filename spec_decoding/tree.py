@@ -330,7 +330,7 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter | Drafter
         drafter = ModelDrafter(draft, extra_slots=n_nodes)
     tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, len(branching),
                                                    extra_slots=n_nodes)
-    draft_cache = getattr(drafter, "cache", None) if draft is not None else None
+    draft_cache = drafter.cache if draft is not None else None  # a propose_tree drafter keeps its own state
     notify, round_trace = round_observers(on_round, trace, tokens, len(branching), temperature, top_k, top_p,
                                           branching)
     out = []
