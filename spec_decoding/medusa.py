@@ -59,7 +59,9 @@ def branching_from_accuracies(head_accuracies, max_nodes: int) -> tuple[int, ...
     (greedy: the target's token is among the children at every depth so far), so its expected
     accepted depth is the sum of those products over d. Returns the branching with the largest
     expectation among all with at most max_nodes nodes (ties: the fewer nodes). A budget is needed:
-    without one, wider is always better on paper, and every node costs target compute.
+    without one, wider is always better on paper, and every node costs target compute. The
+    accuracies are greedy hit rates: the model fits greedy decoding, and under sampling (where
+    acceptance is far higher than a top-k hit rate) it undervalues depth.
     """
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
         raise ValueError(f"max_nodes must be an int >= 1 (the tree's draft nodes), got {max_nodes!r}")
