@@ -381,3 +381,21 @@ def test_the_cost_model_times_a_real_feature_drafter_step(target, name):
     drafter = DRAFTERS[name](target)
     cost = CostModel.calibrate(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
     assert drafter.forward_calls >= 3 and cost.draft_step_s > 0
+
+
+def test_a_token_map_added_after_training(text_pair_dirs, text_pair, saved_drafters, tmp_path):
+    from conftest import stdlib_texts
+
+    from offline.add_token_map import add_token_map, main
+    from spec_decoding.feature_files import load_feature_drafter
+
+    coverage = add_token_map(saved_drafters / "eagle", tmp_path / "mapped", 500, stdlib_texts()[:2])
+    assert 0.5 < coverage < 1
+    drafter = load_feature_drafter(tmp_path / "mapped", text_pair[0], "eagle")
+    assert len(drafter.draft_vocab) == 500
+    prompt = [464, 3139, 286, 4881, 318]
+    result = speculative_sampling_greedy(text_pair[0], drafter, prompt, 12, 3)
+    assert result.tokens == autoregressive_generate(text_pair[0], prompt, 12).tokens
+    assert main(["--drafter", str(saved_drafters / "medusa"), "--out", str(tmp_path / "x"), "--size", "5"]) == 2
+    assert main(["--drafter", str(saved_drafters / "eagle"), "--out", str(tmp_path / "mapped"), "--size", "5"]) == 2
+    assert not (tmp_path / "x").exists()
