@@ -259,6 +259,14 @@ def warm_up(model) -> None:
     model(torch.tensor([[EOT_ID]], device=model.wte.weight.device))
 
 
+def run_baseline(args, what: str, generate):
+    """--compare-baseline: generate() with the target alone (None without the option)."""
+    if not args.compare_baseline:
+        return None
+    print(f"Running the baseline: {what}, one token per forward pass ...", file=sys.stderr, flush=True)
+    return generate()
+
+
 def make_generator(seed, device: torch.device) -> torch.Generator:
     """A random number generator: seeded if --seed was given, from the OS's entropy otherwise."""
     generator = torch.Generator(device=device)
@@ -446,12 +454,8 @@ def generate_batch(args, device: torch.device) -> None:
     print(f"Decoding {len(prompt_ids)} prompts as one batch ...", file=sys.stderr, flush=True)
     result = batched_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
                                           generator=generator, **settings)
-    baseline = None
-    if args.compare_baseline:
-        print("Running the baseline: the target alone, batched, one token per forward pass ...",
-              file=sys.stderr, flush=True)
-        baseline = batched_autoregressive_generate(target, prompt_ids, args.max_gen,
-                                                   generator=make_generator(seed, device), **settings)
+    baseline = run_baseline(args, "the target alone, batched", lambda: batched_autoregressive_generate(
+        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
     decode = get_tokenizer().decode
     if args.json:
         rows = [{"prompt": p, "prompt_tokens": ids, "tokens": row.tokens, "text": decode(row.tokens),
@@ -530,14 +534,10 @@ def generate(args) -> None:
                    pair=f"target: {args.target}; drafter: {drafter_line}; seed {seed}")
         print(f"Wrote the round-by-round trace to {args.html}", file=sys.stderr)
 
-    baseline = None
-    if args.compare_baseline:
-        print("Running the baseline: the target alone, one token per forward pass ...",
-              file=sys.stderr, flush=True)
-        # The same seed; for sampling the texts still differ, as the two use their random
-        # numbers differently. Both follow the target's distribution.
-        baseline = autoregressive_generate(target, prompt_ids, args.max_gen,
-                                           generator=make_generator(seed, device), **settings)
+    # The same seed; for sampling the texts still differ, as the two use their random numbers
+    # differently. Both follow the target's distribution.
+    baseline = run_baseline(args, "the target alone", lambda: autoregressive_generate(
+        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
 
     if args.json:
         print(to_json(args, device, target.wte.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))

@@ -22,10 +22,8 @@ also hold each head's measured top-1..top-4 accuracy on held-out text, which sha
 """
 
 import argparse
-import json
 import os
 import random
-import signal
 import sys
 import time
 from dataclasses import asdict
@@ -37,7 +35,8 @@ import torch.nn.functional as F
 from gpt2 import GPT2, load_gpt2
 # The corpus and the atomic write are train_pair's: one corpus discovery for every offline tool.
 from .train_pair import (TrainPairError, TrainSettings, corpus_files, learning_rate, split_documents,
-                             stop_on_sigterm, tokenize_files, write_pair_atomically)
+                             random_windows, run_command, set_learning_rate, tokenize_files,
+                             write_pair_atomically)
 from spec_decoding.eagle import EagleNet
 from spec_decoding.feature_files import KINDS, save_feature_drafter, target_fingerprint
 from spec_decoding.medusa import MedusaHeads
@@ -143,12 +142,10 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
     step, shown, losses = 0, 0, []
     while True:
         progress = step / settings.steps if by_steps else (time.perf_counter() - start) / seconds
-        if progress >= 1:
+        if progress >= 1 and step > 0:  # a cap that ran out before the first step still takes one
             break
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(settings, step, progress)
-        offsets = torch.randint(0, len(train_ids) - T - 1, (B,), generator=generator)
-        window = torch.stack([train_ids[o:o + T + 1] for o in offsets.tolist()])  # [B, T + 1]
+        set_learning_rate(optimizer, learning_rate(settings, step, progress))
+        window = random_windows(train_ids, B, T, generator)  # [B, T + 1]
         features = target_features(target, window[:, :T])
         if kind == "medusa":
             loss, parts = medusa_loss(module, target, features, window)
@@ -343,17 +340,8 @@ def main(argv=None) -> int:
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                              learning_rate=args.learning_rate, warmup_steps=20)
     command = " ".join(sys.argv[1:] if argv is None else argv)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill PID`: stop like Ctrl-C, writing nothing
-    try:
-        train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads, args.draft_vocab,
-                      args.overwrite, command)
-    except TrainPairError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\nInterrupted: nothing was written to {args.out}.", file=sys.stderr)
-        return 130
-    return 0
+    return run_command(lambda: train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads,
+                                             args.draft_vocab, args.overwrite, command), args.out)
 
 
 if __name__ == "__main__":

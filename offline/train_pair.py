@@ -269,12 +269,10 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
     while True:
         elapsed = time.perf_counter() - start
         progress = max(step / steps, elapsed / seconds if seconds else 0.0)
-        if progress >= 1:
+        if progress >= 1 and step > 0:  # a cap that ran out before the first step still takes one
             break
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(settings, step, progress)
-        offsets = torch.randint(0, len(train) - T - 1, (B,), generator=generator)
-        window = torch.stack([train[o:o + T + 1] for o in offsets.tolist()])  # [B, T + 1]
+        set_learning_rate(optimizer, learning_rate(settings, step, progress))
+        window = random_windows(train, B, T, generator)  # [B, T + 1]
         logits = model(window[:, :-1])  # [B, T, kept + 1]
         loss = compact_loss(logits, window[:, 1:], vocab)
         optimizer.zero_grad(set_to_none=True)
@@ -612,8 +610,36 @@ def evaluate_pair(folder, texts: list[str], log=print) -> dict:
     return result
 
 
+def set_learning_rate(optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def random_windows(ids: torch.Tensor, batch_size: int, length: int, generator) -> torch.Tensor:
+    """batch_size windows of length + 1 consecutive tokens from ids [N] at random offsets,
+    [batch_size, length + 1]: inputs are [:, :-1], next-token targets [:, 1:]."""
+    offsets = torch.randint(0, len(ids) - length - 1, (batch_size,), generator=generator)
+    return torch.stack([ids[o:o + length + 1] for o in offsets.tolist()])
+
+
 def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt
+
+
+def run_command(train, out) -> int:
+    """Run train() (which writes `out` atomically) as the training commands do: `kill PID` stops it
+    like Ctrl-C; the exit code is 0, 2 after an error it explains, or 130 when interrupted (then
+    nothing was written)."""
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        train()
+    except TrainPairError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nInterrupted: nothing was written to {out}.", file=sys.stderr)
+        return 130
+    return 0
 
 
 def main(argv=None) -> int:
@@ -651,16 +677,8 @@ def main(argv=None) -> int:
         parser.error("--minutes must be > 0 and --steps >= 1")
     settings = TrainSettings(steps=args.steps, minutes=args.minutes, seed=args.seed)
     command = " ".join(sys.argv[1:] if argv is None else argv)
-    signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill PID`: stop like Ctrl-C, writing nothing
-    try:
-        train_pair(args.out, args.text, settings, overwrite=args.overwrite, command=command)
-    except TrainPairError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\nInterrupted: nothing was written to {args.out}.", file=sys.stderr)
-        return 130
-    return 0
+    return run_command(lambda: train_pair(args.out, args.text, settings, overwrite=args.overwrite,
+                                          command=command), args.out)
 
 
 if __name__ == "__main__":

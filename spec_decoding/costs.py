@@ -45,8 +45,25 @@ def describe_model(model) -> str:
     return f"{type(model).__name__}({', '.join([f'{k}={v}' for k, v in sorted(settings.items())] + inner)})"
 
 
+class SavedAsJson:
+    """save(path) / load(path) for a cost dataclass: measured once, reused (benchmark.py --out)."""
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path):
+        try:
+            return cls(**json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}: not a {cls.__name__} JSON file (made by {cls.__name__}.save): {e}") from None
+
+
 @dataclass
-class CostModel:
+class CostModel(SavedAsJson):
     """Measured seconds per call, with the models they were measured on.
 
     target_score_s[k - 1]: the target scoring k new tokens in one forward (k = 1: a plain step;
@@ -125,20 +142,6 @@ class CostModel:
                 f"  target scoring k tokens, relative to one step: {verify}\n"
                 f"  speculation pays from alpha = "
                 + (f"{alpha:.2f}" if alpha is not None else "never (the draft costs too much)"))
-
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
-        return path
-
-    @classmethod
-    def load(cls, path) -> "CostModel":
-        try:
-            d = json.loads(Path(path).read_text())
-            return cls(**d)
-        except (OSError, json.JSONDecodeError, TypeError) as e:
-            raise ValueError(f"{path}: not a CostModel JSON file (made by CostModel.save): {e}") from None
 
     @classmethod
     @torch.inference_mode()
@@ -242,7 +245,7 @@ def _draft_stepper(draft, context: list[int], device, target_features=None):
 
 
 @dataclass
-class BatchCostModel:
+class BatchCostModel(SavedAsJson):
     """What a forward pass costs as a function of the rows it processes: the batch's cost model.
 
     A row is one new token of one sequence: a batched step of B sequences is B rows, the target
@@ -298,15 +301,3 @@ class BatchCostModel:
     def best_gamma(self, alpha: float, batch_size: int, gammas) -> int:
         return max(gammas, key=lambda g: self.predicted_speedup(alpha, g, batch_size))
 
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
-        return path
-
-    @classmethod
-    def load(cls, path) -> "BatchCostModel":
-        try:
-            return cls(**json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError, TypeError) as e:
-            raise ValueError(f"{path}: not a BatchCostModel JSON file (made by BatchCostModel.save): {e}") from None
