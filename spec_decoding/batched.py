@@ -48,6 +48,7 @@ from gpt2.kernels import linear
 from .costs import BatchCostModel, describe_model
 from .decoding import (check_drafter, check_positive_int, check_sampling_args, prompt_to_list,
                        record_round, round_gamma, round_output, take_tokens)
+from .drafters import model_facts
 from .result import FROM_TARGET, GenerationResult, GenerationStats
 from .sampling import logits_to_probs, sample
 from .rejection import modified_rejection_sampling
@@ -153,9 +154,7 @@ class BatchedModelDrafter:
         if not isinstance(model, GPT2):
             raise TypeError(f"the draft must be a GPT2 model, got {type(model).__name__}")
         self.model = model
-        self.vocab_size = model.config.vocab_size
-        self.n_positions = model.config.n_positions
-        self.device = model.wte.weight.device
+        self.vocab_size, self.n_positions, self.device = model_facts(model)
         self.cache = None
         self.forward_calls = 0
 

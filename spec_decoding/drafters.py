@@ -17,6 +17,11 @@ from .decoding import forward_new_tokens, new_cache
 from .sampling import logits_to_probs, sample
 
 
+def model_facts(model: GPT2) -> tuple[int, int, torch.device]:
+    """(vocab_size, n_positions, device) of a drafter that drafts with this GPT-2 model."""
+    return model.config.vocab_size, model.config.n_positions, model.wte.weight.device
+
+
 class Drafter:
     """What proposes draft tokens for the target to verify.
 
@@ -95,9 +100,7 @@ class FeatureDrafter(Drafter):
 
     def __init__(self, target: GPT2):
         self.target = target
-        self.vocab_size = target.config.vocab_size
-        self.n_positions = target.config.n_positions
-        self.device = target.wte.weight.device
+        self.vocab_size, self.n_positions, self.device = model_facts(target)
         self.features = None
         self.n_features = 0
 
@@ -141,9 +144,7 @@ class ModelDrafter(Drafter):
             raise TypeError(f"ModelDrafter needs a GPT2 model, got {type(model).__name__}")
         self.model = model
         self.extra_slots = extra_slots
-        self.vocab_size = model.config.vocab_size
-        self.n_positions = model.config.n_positions
-        self.device = model.wte.weight.device
+        self.vocab_size, self.n_positions, self.device = model_facts(model)
         self.cache = None
 
     def start(self, prompt: list[int], max_gen: int) -> None:
