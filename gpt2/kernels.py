@@ -197,7 +197,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         if (USE_ONEDNN and x.dtype == torch.float32 and weight.numel() >= ONEDNN_MIN_WEIGHTS
                 and works("onednn")):
             # On x86, MKL's kernels for a few rows are slow on AMD processors; oneDNN reads the
-            # weights near memory speed (README, "Speed on CPU"). No autograd formula: inference only.
+            # weights near memory speed (docs/linear_kernels.md). No autograd formula: inference only.
             return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

@@ -139,7 +139,7 @@ class GPT2(nn.Module):
             raise ValueError(f"extra_slots must be >= 0, got {extra_slots}")
         w = self.wte.weight
         # On a CPU, PyTorch's attention over a cache is 3-13x slower in bfloat16/float16 than in
-        # float32 for one new token (README, "Weight formats on CPU"): there the keys and values
+        # float32 for one new token (docs/precision.md): there the keys and values
         # of a half-precision model are kept, and attended to, in float32.
         dtype = torch.float32 if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) else w.dtype
         return KVCache(n_layer or c.n_layer, batch_size, c.n_head, max_len + extra_slots, c.head_dim, w.device, dtype)

@@ -221,7 +221,7 @@ assert target_cache.length == len(accepted) and diff < 1e-4
 # `tree_speculative_sampling` repeats these rounds. Greedy, its output is the target's own. At the
 # same depth, a tree keeps more tokens per target call than a chain, for more verification width.
 # Whether that pays in wall time depends on how much more the wider target forward costs: see the
-# README's token-tree benchmark.
+# token-tree benchmark in docs/performance.md.
 
 # %%
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling

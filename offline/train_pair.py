@@ -21,7 +21,7 @@ Two tricks make a few CPU minutes enough:
 
 The draft is one block only 32 wide. At these sizes a forward pass is mostly the 50257-row output
 layer (its cost grows with the width) and per-operation overhead (it grows with the depth), so a
-narrow, shallow draft costs about a third of the target's step (c ~ 0.3, README) and still lands
+narrow, shallow draft costs a fraction of the target's step (measured in docs/trained_pair.md) and still lands
 between the target and a unigram model on held-out code.
 
 The run is a fixed number of steps (TARGET_STEPS, DRAFT_STEPS: about 10 minutes on 2 CPU cores),

@@ -232,7 +232,7 @@ class LayerSkipDrafter(ModelDrafter):
     do much better than plain GPT-2.
 
     Its own cache holds the same keys/values as the target's first n_layers layers (same weights,
-    same inputs, up to rounding): see the README's drafter section for how they could be shared.
+    same inputs, up to rounding): see docs/drafters.md for how they could be shared.
     """
 
     def __init__(self, target: GPT2, n_layers: int):
