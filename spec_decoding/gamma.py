@@ -115,7 +115,9 @@ class AutoGamma(GammaPolicy):
     round_seconds(0) more than a plain step). Accepted probes can switch speculation back on.
 
     Costs (see the module docstring): with a clock (default time.perf_counter), each round's wall
-    time, from next_gamma() returning to update(), refits the draft step d and the target's scale s;
+    time, from next_gamma() returning to update(), refits the draft step d and the target's scale s
+    (all but the first round, which also holds the prompt's prefill: make a new AutoGamma for each
+    generation, as gamma="auto" does);
     cost_prior_rounds is how many rounds the CostModel counts as at first, cost_decay how fast old
     rounds (and the prior) fade. clock=None keeps the CostModel's costs as they are (simulations).
     """
@@ -151,6 +153,9 @@ class AutoGamma(GammaPolicy):
         self._xx, self._xy = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0]
         self._round_start = None
         self.timed_rounds = 0
+        # The first round also feeds the whole prompt to both models (their prefill): its time is
+        # not a round's cost, and fitted as one it would make the draft look expensive.
+        self._prefill_round = True
 
     def round_seconds(self, gamma: int) -> float:
         """The expected wall time of a round drafting gamma tokens, as estimated now."""
@@ -217,9 +222,9 @@ class AutoGamma(GammaPolicy):
         return 0
 
     def update(self, drafted: int, accepted: int) -> None:
-        if self._round_start is not None and 0 <= drafted <= self.gamma_max:
+        if self._round_start is not None and 0 <= drafted <= self.gamma_max and not self._prefill_round:
             self.observe_round(drafted, self.clock() - self._round_start)
-        self._round_start = None
+        self._round_start, self._prefill_round = None, False
         if drafted == 0:
             return
         self.plain_rounds = 0
