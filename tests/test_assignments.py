@@ -488,3 +488,21 @@ def test_github_classroom_export_has_one_graded_step_per_visible_check(tmp_path)
     reporter = steps[-1]
     assert reporter["with"]["runners"] == ",".join(s["id"] for s in graded)
     assert (out / ".assignment/visible.json").is_file() and (out / MANIFEST).is_file()
+
+
+def test_leak_check_ignores_shared_input_guards():
+    """Two functions that share only an `if <bad input>: raise` guard are not leaks of each other
+    (KVCache.truncate's guard once matched a token-map function's), while a copied body still is."""
+    import ast
+    from assignments.make import LEAK_THRESHOLD, _tokens, similarity
+
+    def body(source):
+        return _tokens(ast.parse(source).body[0].body)
+
+    guard = ("    if not 0 <= n <= self.length:\n"
+             "        raise ValueError(f'{n} must be between 0 and {self.length} ({self.name}, {type(self)})')\n")
+    answer = body("def truncate(self, n):\n" + guard + "    self.length = n\n")
+    other = body("def other(self, n, table):\n" + guard + "    return [table[i] for i in range(n)]\n")
+    assert similarity(answer, other) < LEAK_THRESHOLD
+    work = "    for i in range(n):\n        self.k[i] = self.k[i + 1] * 2 + self.v[i] - n\n"
+    assert similarity(body("def f(self, n):\n" + work), body("def g(self, n):\n" + guard + work)) >= LEAK_THRESHOLD
