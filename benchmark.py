@@ -68,6 +68,7 @@ from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
+from spec_decoding.batched import MAX_BATCH_SIZE
 from spec_decoding.tree import branching_label, parse_branching, tree_size
 from spec_decoding.decoding import check_drafter
 from spec_decoding import cli
@@ -146,6 +147,9 @@ def parse_args(argv=None):
                        or not all(isinstance(g, int) for g in args.gammas)):
         p.error("--batch runs the model drafter with fixed gammas only: drop --drafters, --trees, "
                 "--compare-hf and the gamma policies (auto, heuristic)")
+    if args.batch and max(args.batch) > MAX_BATCH_SIZE:
+        p.error(f"--batch {max(args.batch)}: the largest batch is {MAX_BATCH_SIZE} "
+                f"(spec_decoding.batched.MAX_BATCH_SIZE)")
     args.drafters = list(dict.fromkeys(args.drafters))  # keep the order given, drop repeats
     args.gammas = sorted(set(args.gammas), key=gamma_order)
     args.trees = sorted(set(args.trees), key=lambda b: (tree_size(b), b))

@@ -294,3 +294,15 @@ def test_benchmark_batch(text_pair_dirs, tmp_path, capsys):
     with pytest.raises(SystemExit):
         benchmark.main(["--batch", "2", "--gammas", "auto", "--out", str(tmp_path / "o2")])
     assert "fixed gammas only" in capsys.readouterr().err
+
+
+def test_benchmark_batch_above_the_largest_is_refused_before_loading(tmp_path, capsys):
+    """--batch 128 (above MAX_BATCH_SIZE) is a usage error at once, not a traceback after both
+    models load and the smaller batches ran."""
+    import benchmark
+    from spec_decoding.batched import MAX_BATCH_SIZE
+
+    with pytest.raises(SystemExit):
+        benchmark.main(["--target", str(tmp_path / "missing"), "--batch", "1", str(2 * MAX_BATCH_SIZE),
+                        "--gammas", "2", "--out", str(tmp_path / "o")])
+    assert f"the largest batch is {MAX_BATCH_SIZE}" in capsys.readouterr().err
