@@ -104,3 +104,13 @@ def trained_pair_dirs(tmp_path_factory):
     train_pair(out, stdlib_texts(), TrainSettings(target_steps=60, draft_steps=60, batch_size=8, seed=0),
                TINY_TARGET, TINY_DRAFT, log=lambda *args: None)
     return out / "target", out / "draft"
+
+
+@pytest.fixture(scope="module")  # each module its own copy, as when each made it
+def unrelated_pair(make_checkpoint):
+    """(target, draft): two unrelated random models over TINY_VOCAB. They agree on about half the
+    tokens, so acceptances, rejections, residual draws, side branches and bonus tokens are all
+    frequent: the pair of the lossless checks."""
+    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
+    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3))
+    return target, draft

@@ -18,9 +18,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from conftest import TINY_VOCAB
 
-from gpt2 import load_gpt2
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 from spec_decoding import batched
 from spec_decoding.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
@@ -135,12 +133,8 @@ OTHERS = ([7, 7, 7, 7, 7], [4, 9])  # the rows beside the one under test
 
 
 @pytest.fixture(scope="module")
-def vocab_pair(make_checkpoint):
-    # Two unrelated random models (as tests/test_lossless.py): they agree on about half the
-    # tokens, so accepts, rejections and bonus tokens are all frequent.
-    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
-    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3))
-    return target, draft
+def vocab_pair(unrelated_pair):
+    return unrelated_pair  # conftest: two unrelated models agreeing about half the time
 
 
 def middle_row(target, draft, gamma):

@@ -14,7 +14,6 @@ import torch
 from conftest import TINY_VOCAB
 from scipy import stats
 
-from gpt2 import load_gpt2
 from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
                            modified_rejection_sampling, residual_distribution, speculative_sampling)
 from spec_decoding.costs import describe_model
@@ -30,12 +29,8 @@ SETTINGS = {  # name: (sampling settings, gamma, samples)
 
 
 @pytest.fixture(scope="module")
-def pair(make_checkpoint):
-    # Two unrelated random models: they agree on about half the tokens, so accepts, rejections and
-    # bonus tokens all happen often.
-    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
-    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3))
-    return target, draft
+def pair(unrelated_pair):
+    return unrelated_pair  # conftest: two unrelated models agreeing about half the time
 
 
 def speculative(target, draft, gamma):

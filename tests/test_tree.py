@@ -325,15 +325,6 @@ LOSSLESS_CASES = {  # name: (settings, branching, tokens generated, samples)
 }
 
 
-@pytest.fixture(scope="module")
-def unrelated_pair(make_checkpoint):
-    # Two unrelated random models (as in test_lossless.py): they agree on about half the tokens,
-    # so acceptances, rejections, side branches and bonus tokens all happen often.
-    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3))
-    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3))
-    return target, draft
-
-
 def tree_counts(target, draft, settings, branching, n_tokens, n, seed):
     g = torch.Generator().manual_seed(seed)
     samples = [tree_speculative_sampling(target, draft, LOSSLESS_PROMPT, n_tokens, branching,
