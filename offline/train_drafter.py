@@ -169,14 +169,19 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
 
 
 def held_out_windows(held: torch.Tensor, context: int, max_windows: int) -> list[torch.Tensor]:
-    """Up to max_windows non-overlapping windows [1, context + 1] of the held-out tokens."""
-    n = max(1, min(max_windows, (len(held) - 1) // (context + 1)))
-    return [held[i * (context + 1):(i + 1) * (context + 1)][None] for i in range(n)]
+    """Up to max_windows non-overlapping windows [1, context + 1], spread evenly over all the
+    held-out tokens. Not the first ones in a row: held-out documents differ, and the first few
+    windows of one file (a licence header, a table of data) are no sample of the rest."""
+    size = context + 1
+    available = (len(held) - 1) // size
+    n = max(1, min(max_windows, available))
+    starts = [round(i * (available - 1) / max(1, n - 1)) * size for i in range(n)] if available else [0]
+    return [held[s:s + size][None] for s in starts]
 
 
 @torch.no_grad()
 def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: int,
-                  max_windows: int = 4) -> float:
+                  max_windows: int = 32) -> float:
     """The training loss on fixed held-out windows, without input noise: comparable before and
     after training (the training loss jumps from batch to batch)."""
     losses = []
@@ -191,7 +196,7 @@ def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: 
 
 @torch.no_grad()
 def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, context: int,
-                    max_windows: int = 8) -> list[list[float]]:
+                    max_windows: int = 64) -> list[list[float]]:
     """Held-out accuracy of each Medusa head: [k][b - 1] = how often the true token k + 1 places
     ahead is among the head's top-b (b = 1 .. TOP_B)."""
     hits = torch.zeros(heads.num_heads, TOP_B)

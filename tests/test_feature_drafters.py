@@ -396,6 +396,20 @@ def train_tiny(target_dir, kind, out, **kwargs):
     return train_drafter(target_dir, kind, out, stdlib_texts()[:3], settings, log=lambda *a: None, **kwargs)
 
 
+def test_held_out_windows_sample_the_whole_held_out_text():
+    """The held-out loss and head accuracies read windows from all over the held-out text, not
+    its first file: the first windows of one file are no sample of the rest."""
+    from offline.train_drafter import held_out_windows
+
+    held = torch.arange(10_000)
+    windows = held_out_windows(held, 128, 8)
+    starts = [int(w[0, 0]) for w in windows]
+    assert len(windows) == 8 and all(w.shape == (1, 129) for w in windows)
+    assert starts[0] == 0 and starts[-1] > 9_000 - 129  # the first and the last part of the text
+    assert all(b - a >= 129 for a, b in zip(starts, starts[1:]))  # non-overlapping
+    assert [w.shape[1] for w in held_out_windows(torch.arange(50), 128, 8)] == [50]  # shorter than a window
+
+
 @pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=1)), ("eagle", dict(draft_vocab=3000))])
 def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
                                                                           options, monkeypatch):
