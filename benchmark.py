@@ -29,11 +29,15 @@ drafted position counts, also those after the first rejection, which the target 
 alpha is accepted / (accepted + rejected): the chance that a draft token the target judged was
 accepted, the alpha of the theory. For gamma = 1 they are equal; the prediction uses alpha.
 
---trees B1,B2,... adds token trees (spec_decoding.tree, with the model drafter) to the grid beside
-the gammas: each is timed like a gamma, its cost of verifying all its nodes in one target forward
-is measured, and its cells go to a table of their own ("tree_cells" in results.json, rows with a
-tree in the CSV). A tree's prediction is Leviathan's speed-up with the measured tokens per round:
-tokens per target call / (depth * c + verify cost of its nodes).
+--trees B1,B2,... adds token trees (spec_decoding.tree) to the grid beside the gammas, drafted by
+every drafter in --drafters that drafts trees (a draft model scores the tree level by level; Medusa
+heads build it with their propose_tree; spec_decoding.cli.DRAFTER_KINDS says which kinds do): each
+(drafter, tree) is timed like a gamma, the target's cost of verifying all the tree's nodes in one
+forward is measured, and the cells go to a table of their own ("tree_cells" in results.json, rows
+with a tree in the CSV, each naming its drafter), beside the same drafter's chain of as many draft
+tokens. A tree's prediction is Leviathan's speed-up with the measured tokens per round:
+tokens per target call / (depth * c + verify cost of its nodes), c being the drafter's own draft
+step (spec_decoding.theory.predicted_tree_speedup says why depth * c fits both kinds).
 
 Output in --out (default runs/benchmark): results.csv (one row per cell), results.json (cells
 with their runs, costs, environment), summary.md (the table printed at the end) and PNG plots.
@@ -113,8 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--gamma-max", type=cli.positive_int, default=DEFAULT_GAMMA_MAX,
                    help=f"the most tokens auto and heuristic draft per round (default {DEFAULT_GAMMA_MAX})")
     p.add_argument("--trees", type=cli.branching, nargs="+", default=[], metavar="B1,B2,...",
-                   help="token trees to time beside the gammas (model drafter), e.g. 2,2,1 3,1,1 "
-                        "(children per depth)")
+                   help="token trees to time beside the gammas, e.g. 2,2,1 3,1,1 (children per depth), "
+                        f"with every drafter in --drafters that drafts trees ({cli.tree_drafters()})")
     p.add_argument("--max-gens", type=cli.positive_int, nargs="+", default=[50, 100, 200, 500], metavar="N",
                    help="new tokens per generation (default 50 100 200 500)")
     p.add_argument("--temperatures", type=cli.temperature, nargs="+", default=[0.0], metavar="T",
@@ -153,8 +157,9 @@ def parse_args(argv=None):
     args.drafters = list(dict.fromkeys(args.drafters))  # keep the order given, drop repeats
     args.gammas = sorted(set(args.gammas), key=gamma_order)
     args.trees = sorted(set(args.trees), key=lambda b: (tree_size(b), b))
-    if args.trees and "model" not in args.drafters:
-        p.error("--trees needs the model drafter (a draft model scores the tree): add model to --drafters")
+    if args.trees and not any(cli.drafts_trees(name) for name in args.drafters):
+        p.error(f"--trees needs a drafter that drafts token trees, and none of --drafters "
+                f"{' '.join(args.drafters)} does: add one of {cli.tree_drafters()} to --drafters")
     args.max_gens = sorted(set(args.max_gens))
     args.temperatures = sorted(set(args.temperatures))
     if not args.prompts.is_file():
@@ -266,7 +271,8 @@ def measure_costs(target, drafters: dict, gammas, gamma_max, context_len, trees=
     what gamma="auto" chooses from and what prices every run's rounds for the cost-model speedup;
     c and the verification costs of the tables are read from them (verification from the first
     drafter's, whose target timings are as good as any). Token trees add the target scoring each
-    tree, timed by the first drafter's CostModel beside its target steps."""
+    tree, timed by the first drafter's CostModel beside its target steps (the target's cost: the
+    same whichever drafter built the tree)."""
     gamma_max = max([gamma_max, *gammas])
     first_name = next(iter(drafters))  # top-level c: the first drafter's (notebook 4 reads it)
     cost_models = {name: CostModel.calibrate(target, drafter, gamma_max, context_len, min_rounds=4,
@@ -300,6 +306,11 @@ def seeded(seed: int, device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def tree_drafters(drafters: dict) -> list[str]:
+    """The names among `drafters` whose kind drafts token trees (cli.DRAFTER_KINDS), in order."""
+    return [name for name in drafters if cli.drafts_trees(name)]
+
+
 def warm_up(target, drafters, prompts, args, device, cost_models) -> None:
     """Untimed runs of every shape the grid uses (first calls allocate and pick kernels)."""
     n = min(16, args.max_gens[0])
@@ -310,17 +321,18 @@ def warm_up(target, drafters, prompts, args, device, cost_models) -> None:
                 for gamma in args.gammas:
                     speculate(target, drafter, prompts[0], n, gamma, t, seeded(i, device), args,
                               cost_models[name])
-            for branching in args.trees:
-                speculate(target, drafters["model"], prompts[0], n, branching, t, seeded(i, device))
+            for name, branching in itertools.product(tree_drafters(drafters), args.trees):
+                speculate(target, drafters[name], prompts[0], n, branching, t, seeded(i, device))
 
 
 def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]:
     """One record per speculative run; each (temperature, max_gen, repeat, prompt) times the
     target alone first, then speculative decoding with every drafter and gamma."""
     records = []
-    runs_per_baseline = 1 + len(drafters) * len(args.gammas) + len(args.trees)
-    # (drafter name, gamma or branching tuple): every drafter's chains, then the trees (model drafter)
-    variants = list(itertools.product(drafters, args.gammas)) + [("model", b) for b in args.trees]
+    # (drafter name, gamma or branching tuple): every drafter's chains, then every tree drafter's trees
+    variants = (list(itertools.product(drafters, args.gammas))
+                + list(itertools.product(tree_drafters(drafters), args.trees)))
+    runs_per_baseline = 1 + len(variants)
     total = len(args.temperatures) * args.repeats * len(prompts) * runs_per_baseline * sum(args.max_gens)
     bar = tqdm(total=total, unit="tok", desc="benchmark", dynamic_ncols=True)
     for temperature in args.temperatures:
@@ -395,7 +407,10 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
         predicted = predicted_speedup(alpha, gamma, c, verify) if alpha is not None else None
     else:  # Leviathan's tokens per round over the round's cost, with the measured tokens per round
         verify = costs["verify_cost_by_tree"][tree]
-        predicted = predicted_tree_speedup(tokens_per_call, gamma, c, verify)
+        # The depth the drafter reached: a drafter may build shallower trees than asked (Medusa
+        # drafts at most one depth per head), and drafts no deeper than that each round.
+        depth = sum(1 for d in drafted_at if d)
+        predicted = predicted_tree_speedup(tokens_per_call, depth, c, verify)
     return {
         "tree": tree, "nodes_per_target_call": total("nodes_verified") / total("target_calls"),
         "verify_cost": verify,
@@ -494,24 +509,25 @@ def drafters_side_by_side(results: dict) -> list[str]:
 
 
 def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list[str]:
-    """The token trees' table, with the model drafter's chain of as many draft tokens as the tree
-    has nodes (when that gamma was run): equal verification width."""
-    lines = ["Token trees (model drafter; averages over max_gen; chain = the gamma with as many draft "
+    """The token trees' table, one row per (drafter, temperature, tree), each beside the same
+    drafter's chain of as many draft tokens as the tree has nodes (when that gamma was run): equal
+    verification width, the same drafter."""
+    lines = ["Token trees (averages over max_gen; chain = the same drafter's gamma with as many draft "
              "tokens as the tree has nodes, same temperature):", "",
-             "| Tree | T | Nodes | Avg Speedup | Predicted | Tokens/target call | Nodes/target call "
+             "| Drafter | Tree | T | Nodes | Avg Speedup | Predicted | Tokens/target call | Nodes/target call "
              "| Verify cost | Chain speedup | Chain tokens/call | Same tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    for t, tree in sorted({(c["temperature"], c["tree"]) for c in tree_cells},
-                          key=lambda k: (k[0], tree_size(parse_branching(k[1])))):
-        tc = [c for c in tree_cells if (c["temperature"], c["tree"]) == (t, tree)]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for name, t, tree in dict.fromkeys((c["drafter"], c["temperature"], c["tree"]) for c in tree_cells):
+        tc = [c for c in tree_cells if (c["drafter"], c["temperature"], c["tree"]) == (name, t, tree)]
         n = tree_size(parse_branching(tree))
-        chain = [c for c in cells if c["drafter"] == "model" and c["temperature"] == t and c["gamma"] == n]
+        chain = [c for c in cells if c["drafter"] == name and c["temperature"] == t and c["gamma"] == n]
 
         def avg(rows, key):
             values = [c[key] for c in rows if c.get(key) is not None]
             return float(np.mean(values)) if values else None
         same = "n/a" if t else ("yes" if all(c["tokens_match_baseline"] for c in tc) else "**NO**")
-        lines.append(f"| {tree} | {t:g} | {n} | {avg(tc, 'speedup_median'):.2f}x | {fmt(avg(tc, 'predicted_speedup'))}x "
+        lines.append(f"| {name} | {tree} | {t:g} | {n} | {avg(tc, 'speedup_median'):.2f}x "
+                     f"| {fmt(avg(tc, 'predicted_speedup'))}x "
                      f"| {avg(tc, 'tokens_per_target_call'):.2f} | {avg(tc, 'nodes_per_target_call'):.1f} "
                      f"| {costs['verify_cost_by_tree'][tree]:.2f} | {fmt(avg(chain, 'speedup_median'))}x "
                      f"| {fmt(avg(chain, 'tokens_per_target_call'))} | {same} |")
@@ -670,8 +686,11 @@ def main(argv=None) -> None:
     records = run_grid(target, drafters, prompts, args, device, cost_models)
     tree_records = [r for r in records if r["tree"] is not None]
     records = [r for r in records if r["tree"] is None]
-    tree_cells = [summarize_cell([r for r in tree_records if (r["temperature"], r["max_gen"], r["tree"]) == key], costs)
-                  for key in sorted({(r["temperature"], r["max_gen"], r["tree"]) for r in tree_records})]
+    tree_keys = sorted({(r["drafter"], r["temperature"], r["max_gen"], r["tree"]) for r in tree_records},
+                       key=lambda k: (args.drafters.index(k[0]), k[1], k[2], tree_size(parse_branching(k[3])), k[3]))
+    tree_cells = [summarize_cell([r for r in tree_records
+                                  if (r["drafter"], r["temperature"], r["max_gen"], r["tree"]) == key], costs)
+                  for key in tree_keys]
     keys = sorted({(r["drafter"], r["temperature"], r["max_gen"], r["gamma"]) for r in records},
                   key=lambda k: (args.drafters.index(k[0]), k[1], k[2], gamma_order(k[3])))
     cells = [summarize_cell([r for r in records if (r["drafter"], r["temperature"], r["max_gen"], r["gamma"]) == key], costs)

@@ -73,8 +73,21 @@ def expected_tokens_per_tree_round(branching, hit_rate) -> float:
 
 
 def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify_cost: float) -> float:
-    """Leviathan's speed-up for any round shape: tokens per round over the round's cost, a draft
-    forward per depth (depth * c) plus one target forward over all nodes (verify_cost)."""
+    """Leviathan's speed-up for any round shape: tokens per round over the round's cost,
+    tokens_per_round / (depth * c + verify_cost).
+
+    depth * c is the draft's cost of a round, c being the drafter's draft step (CostModel.c). It
+    fits both kinds of tree drafter here, which both spend one draft step per depth:
+    - a draft model (spec_decoding.tree.build_draft_tree) runs one forward per depth, feeding all
+      nodes of that depth at once: one step's cost while a forward is memory-bound (more nodes
+      than that start to cost more, and then depth * c is too low);
+    - Medusa heads (MedusaDrafter.propose_tree) run one small forward for the whole tree, in which
+      each depth is one head on the same feature: depth heads, and c is one head's cost (its
+      draft step is a propose of one token, one head).
+    depth: the depths the drafter really drafts (Medusa drafts at most one per head).
+    verify_cost: the target scoring the root and all the nodes in one forward, relative to one
+    target step. A chain is the tree (1,) * gamma: predicted_speedup(alpha, gamma, c, verify_cost)
+    is this with tokens_per_round = expected_tokens_per_round(alpha, gamma) and depth = gamma."""
     return tokens_per_round / (depth * c + verify_cost)
 
 

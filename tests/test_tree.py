@@ -408,3 +408,35 @@ def test_tree_theory_reduces_to_the_chain():
             assert predicted_tree_speedup(chain, gamma, 0.2, 1.3) == pytest.approx(predicted_speedup(alpha, gamma, 0.2, 1.3))
     # a wider first level helps exactly by its hit rate: (3, 1) = 1 + h3 + h3 * h1
     assert expected_tokens_per_tree_round((3, 1), {1: 0.5, 3: 0.8}.get) == pytest.approx(1 + 0.8 + 0.4)
+
+
+def test_tree_speedup_by_hand():
+    """tokens per round / (depth * c + verify cost): 2.6 tokens, depth 3, c = 0.1, verify 1.5
+    -> 2.6 / (0.3 + 1.5) = 13 / 9."""
+    from spec_decoding.theory import predicted_tree_speedup
+
+    assert predicted_tree_speedup(2.6, 3, 0.1, 1.5) == pytest.approx(13 / 9)
+    assert predicted_tree_speedup(3.0, 2, 0.0, 1.2) == pytest.approx(2.5)  # a free draft: verify only
+
+
+def test_both_tree_drafters_spend_one_draft_step_per_depth(monkeypatch, target, draft):
+    """What predicted_tree_speedup's depth * c assumes: per round, a draft model runs one forward
+    per depth drafted (its draft step), and Medusa runs one head per depth (its draft step, as
+    CostModel.calibrate times it, is a propose of one token: one head)."""
+    from spec_decoding.medusa import MedusaDrafter, MedusaHead, MedusaHeads
+
+    forwards = []
+    real_forward = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda *a, **k: forwards.append(1) or real_forward(*a, **k))
+    result = tree_speculative_sampling(target, draft, PROMPT, 20, (2, 2, 1), temperature=0)
+    assert len(forwards) == result.stats.tokens_drafted > 0  # tokens_drafted: the depths drafted
+
+    heads_run = []
+    real_head = MedusaHead.forward
+    monkeypatch.setattr(MedusaHead, "forward", lambda self, x: heads_run.append(1) or real_head(self, x))
+    medusa = MedusaDrafter(target, MedusaHeads(target, 3))
+    result = tree_speculative_sampling(target, medusa, PROMPT, 20, (2, 2, 1), temperature=0)
+    assert len(heads_run) == result.stats.tokens_drafted > 0
+    assert medusa.forward_calls == sum(g > 0 for g in result.stats.gamma_by_round)  # one small forward a round
+    heads_run.clear()
+    assert len(medusa.propose(PROMPT + result.tokens, 1)[0]) == 1 and len(heads_run) == 1

@@ -123,3 +123,80 @@ def test_benchmark_bad_tree_is_a_usage_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--trees" in err and "like 2,2,1" in err
+
+
+# ---------------------------------------------------------------- every tree drafter in the benchmark
+
+@pytest.fixture(scope="module")
+def medusa_dir(text_pair, tmp_path_factory):
+    """Untrained (lightly perturbed) Medusa heads for the text pair's target, saved as the trainer does."""
+    from spec_decoding.feature_files import save_feature_drafter
+    from spec_decoding.medusa import MedusaHeads
+    from test_feature_drafters import randomize
+
+    folder = tmp_path_factory.mktemp("medusa")
+    save_feature_drafter(folder, "medusa", randomize(MedusaHeads(text_pair[0], 3), 0, std=0.02), text_pair[0],
+                         {"num_heads": 3})
+    return folder
+
+
+def test_benchmark_trees_with_every_tree_drafter(text_pair_dirs, medusa_dir, tmp_path, capsys):
+    """--trees runs with each drafter in --drafters that drafts trees (model and medusa:DIR here),
+    greedy tree tokens equal to the target's own, each tree beside its own drafter's chain."""
+    import benchmark
+
+    target_dir, draft_dir = text_pair_dirs
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text((ROOT / "prompts" / "short.txt").read_text().splitlines()[0] + "\n")
+    out = tmp_path / "out"
+    medusa = f"medusa:{medusa_dir}"
+    benchmark.main([str(a) for a in ("--draft", draft_dir, "--target", target_dir, "--drafters", "model", medusa,
+                                     "--gammas", 4, "--trees", "2,1", "--max-gens", 8, "--temperatures", 0, 1,
+                                     "--prompts", prompts, "--repeats", 1, "--warmup", 0, "--dtype", "float32",
+                                     "--out", out)])
+    stdout = capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    trees = {(c["drafter"], c["temperature"]): c for c in results["tree_cells"]}
+    assert set(trees) == {(d, t) for d in ("model", medusa) for t in (0.0, 1.0)}
+    c_of = {name: d["c"] for name, d in results["costs"]["drafters"].items()}
+    for (drafter, t), cell in trees.items():
+        assert cell["tree"] == "2,1" and cell["draft_calls"] > 0 and cell["nodes_per_target_call"] > 1
+        assert cell["tokens_match_baseline"] is (True if t == 0 else None)
+        # the drafter's own draft step, one per depth (both drafters reach depth 2 here)
+        assert cell["predicted_speedup"] == pytest.approx(cell["tokens_per_target_call"] / (
+            2 * c_of[drafter] + results["costs"]["verify_cost_by_tree"]["2,1"]))
+    with open(out / "results.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["tree"]]
+    assert sorted((r["drafter"], r["tree"]) for r in rows) == sorted([("model", "2,1"), (medusa, "2,1")] * 2)
+    summary = (out / "summary.md").read_text()
+    assert "| Drafter | Tree | T | Nodes |" in summary and summary in stdout
+    # each row: the drafter, its tree, and its own chain of 4 draft tokens (2 + 2 nodes) beside it
+    for drafter in ("model", medusa):
+        chain = next(c for c in results["cells"] if (c["drafter"], c["gamma"], c["temperature"]) == (drafter, 4, 0))
+        row = next(line for line in summary.splitlines() if line.startswith(f"| {drafter} | 2,1 | 0 | 4 |"))
+        assert f"| {chain['speedup_median']:.2f}x | {chain['tokens_per_target_call']:.2f} | yes |" in row
+
+
+def test_benchmark_trees_without_a_tree_drafter_is_a_usage_error(tmp_path, capsys):
+    import benchmark
+    from spec_decoding import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args(["--drafters", "ngram", "layerskip:1", "--trees", "2,1", "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--trees needs a drafter that drafts token trees" in err
+    assert f"add one of {cli.tree_drafters()} to --drafters" in err and "model, medusa:DIR" in err
+    assert "Traceback" not in err
+
+
+def test_benchmark_finds_tree_drafters_by_kind_not_by_name(monkeypatch):
+    """A new kind that drafts trees is run with --trees with no change to benchmark.py."""
+    import benchmark
+    from spec_decoding import cli
+
+    monkeypatch.setitem(cli.DRAFTER_KINDS, "newtree", cli.DrafterKind(
+        build=lambda n, target, draft: None, describe=lambda n: "a new tree drafter", drafts_trees=True))
+    names = ["ngram:3", "newtree", "model", "layerskip:2", "medusa:some/dir", "eagle:other/dir"]
+    assert benchmark.tree_drafters(dict.fromkeys(names)) == ["newtree", "model", "medusa:some/dir"]
+    benchmark.parse_args(["--drafters", "newtree", "--trees", "2", "--out", "runs/not-written"])  # accepted
