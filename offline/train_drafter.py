@@ -1,7 +1,7 @@
 """Train a feature drafter (Medusa heads or an EAGLE-style drafter) for a target, offline.
 
     python -m offline.train_drafter --target DIR --kind medusa|eagle --out DIR
-        [--minutes 4] [--steps N] [--text PATH ...] [--seed 0] [--heads 4] [--draft-vocab N]
+        [--minutes 4] [--steps N] [--text PATH ...] [--seed 0] [--heads 4] [--shared-readout] [--draft-vocab N]
 
 The target is frozen: each step runs it on a batch of windows of the corpus (by default the Python
 standard library's sources, as offline.train_pair; the same corpus discovery, imported) and keeps its
@@ -86,8 +86,8 @@ def corpus_tokens(texts, context: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(train), torch.tensor(held)
 
 
-def make_drafter(kind: str, target: GPT2, num_heads: int) -> torch.nn.Module:
-    return MedusaHeads(target, num_heads) if kind == "medusa" else EagleNet(target)
+def make_drafter(kind: str, target: GPT2, num_heads: int, shared_readout: bool = False) -> torch.nn.Module:
+    return MedusaHeads(target, num_heads, shared_readout) if kind == "medusa" else EagleNet(target)
 
 
 @torch.no_grad()
@@ -104,7 +104,7 @@ def medusa_loss(heads: MedusaHeads, target: GPT2, features, window) -> tuple[tor
     T = features.shape[1]
     total, per_head = 0.0, []
     for k, head in enumerate(heads.heads, start=1):
-        logits = head(x[:, :T - k])  # positions 0 .. T - k - 1
+        logits = head(x[:, :T - k], target.wte.weight)  # positions 0 .. T - k - 1
         ce = F.cross_entropy(logits.flatten(0, 1).float(), window[:, k + 1:T + 1].flatten())
         total = total + MEDUSA_DECAY ** k * ce
         per_head.append(ce.item())
@@ -207,7 +207,7 @@ def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, contex
         for k, head in enumerate(heads.heads, start=1):
             if T - k <= 0:
                 continue
-            top = head(x[0, :T - k]).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
+            top = head(x[0, :T - k], target.wte.weight).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
             truth = window[0, k + 1:T + 1, None]
             hits[k - 1] += (top == truth).cumsum(-1).clamp(max=1).sum(0).float()
             counts[k - 1] += T - k
@@ -233,7 +233,9 @@ Use it:
 
 
 def write_readme(folder: Path, info: dict) -> None:
-    what = (f"{info['num_heads']} Medusa heads (x + SiLU(W1 x), then an untied copy of the target's wte); "
+    readout = ("the target's own wte, shared (only the blocks are trained)" if info.get("shared_readout")
+               else "an untied copy of the target's wte")
+    what = (f"{info['num_heads']} Medusa heads (x + SiLU(W1 x), then {readout}); "
             f"loss sum_k 0.8^k CE_k." if info["kind"] == "medusa" else
             "One GPT-2 block over W_in [wte(t_i+1) ; f_i], predicting the target's next feature, read "
             "out through the target's ln_f and head; loss SmoothL1 + 0.1 CE, input-feature noise 5% of RMS"
@@ -262,13 +264,16 @@ def write_readme(folder: Path, info: dict) -> None:
 
 def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
                   settings: TrainSettings | None = None, num_heads: int = 4, draft_vocab: int | None = None,
-                  overwrite: bool = False, command: str = "", log=print):
+                  overwrite: bool = False, command: str = "", log=print, shared_readout: bool = False):
     """Train a `kind` drafter for the target in target_dir and save it to `out`. Returns (the
     trained module: MedusaHeads or EagleNet, the info written to its README and config.json)."""
     if kind not in KINDS:
         raise TrainDrafterError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if draft_vocab is not None and kind != "eagle":
         raise TrainDrafterError("--draft-vocab is for --kind eagle only")
+    if shared_readout and kind != "medusa":
+        raise TrainDrafterError("--shared-readout is for --kind medusa only (EAGLE always reads out "
+                                "through the target's head)")
     settings = settings or TrainSettings(minutes=4.0, batch_size=4, learning_rate=1e-3, warmup_steps=20)
     if settings.steps is None and not settings.minutes:
         raise TrainDrafterError("give a number of steps (--steps N) or a time budget (--minutes M)")
@@ -288,7 +293,7 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
                                 f"vocabulary has {V}: it needs GPT-2's tokenizer")
     corpus = "the Python standard library's sources" if not texts else ", ".join(map(str, texts))
     log(f"{len(train_ids):,} training tokens ({corpus}), {len(held):,} held out")
-    module = make_drafter(kind, target, num_heads)
+    module = make_drafter(kind, target, num_heads, shared_readout)
     loss_before = held_out_loss(kind, module, target, held, context)
     info = train(kind, target, module, train_ids, settings, context, generator, log)
     info["held_out_loss"] = {"before": loss_before, "after": held_out_loss(kind, module, target, held, context)}
@@ -296,7 +301,8 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
     extra, config = {}, {}
     if kind == "medusa":
         info["head_accuracies"] = head_accuracies(module, target, held, context)
-        config = {"num_heads": num_heads, "head_accuracies": info["head_accuracies"]}
+        config = {"num_heads": num_heads, "shared_readout": shared_readout,
+                  "head_accuracies": info["head_accuracies"]}
         log("head accuracies (top-1): " + ", ".join(f"{a[0]:.1%}" for a in info["head_accuracies"]))
     elif draft_vocab is not None:
         counts = torch.bincount(train_ids, minlength=V)
@@ -304,6 +310,7 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
         config = {"draft_vocab": draft_vocab}
     info.update({
         "kind": kind, "num_heads": num_heads if kind == "medusa" else None, "draft_vocab": draft_vocab,
+        "shared_readout": shared_readout,
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "target_dir": str(target_dir), "target_config": asdict(target.config), "out": str(out),
         "corpus": corpus, "texts": list(texts) if texts else None, "train_tokens": len(train_ids),
@@ -334,6 +341,9 @@ def main(argv=None) -> int:
                         help="text files or folders (default: the Python standard library's sources)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heads", type=int, default=4, help="--kind medusa: number of heads (default 4)")
+    parser.add_argument("--shared-readout", action="store_true",
+                        help="--kind medusa: read every head out through the target's own head instead of "
+                             "an untied copy each (cheaper to run and to train; only the blocks learn)")
     parser.add_argument("--draft-vocab", type=int, metavar="N",
                         help="--kind eagle: draft over the corpus's N most frequent tokens only")
     parser.add_argument("--batch-size", type=int, default=4)
@@ -346,7 +356,8 @@ def main(argv=None) -> int:
                              learning_rate=args.learning_rate, warmup_steps=20)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     return run_command(lambda: train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads,
-                                             args.draft_vocab, args.overwrite, command), args.out)
+                                             args.draft_vocab, args.overwrite, command,
+                                             shared_readout=args.shared_readout), args.out)
 
 
 if __name__ == "__main__":
