@@ -474,6 +474,20 @@ def test_an_interrupted_run_leaves_nothing_half_written(trained_pair_dirs, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_training_has_default_steps_and_a_minutes_cap_that_says_it_cut_the_run(trained_pair_dirs, tmp_path,
+                                                                                monkeypatch):
+    from offline.train_drafter import DEFAULT_STEPS
+
+    monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
+    # No --steps: the kind's default number, so a busy machine trains the same drafter; a cap of
+    # a few milliseconds cuts it after one step and the README says so.
+    _, info = train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "capped",
+                         settings=dict(steps=None, minutes=1e-5))
+    assert info["planned_steps"] == DEFAULT_STEPS["eagle"] and info["steps"] == 1 and info["cut_short"]
+    assert f"1 step (cut short by --minutes 1e-05: {DEFAULT_STEPS['eagle']} planned)" in \
+        (tmp_path / "capped" / "README.md").read_text()
+
+
 def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
     from offline.train_drafter import TrainDrafterError, main
 
