@@ -238,8 +238,10 @@ def describe_choice(paths: list[tuple[float, str]]) -> str:
 
 
 def linear_weights(model) -> list[torch.Tensor]:
-    """The weights that go through linear(): wte (the tied output head), then every linear layer's."""
-    return [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    """The weights that go through linear(): wte (a GPT2's tied output head), then every linear
+    layer's (a GPT2's or any module's, e.g. a drafter's own layers)."""
+    tied = [model.wte.weight] if hasattr(model, "wte") else []
+    return tied + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
 
 
 def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:

@@ -1,7 +1,7 @@
 """Train a feature drafter (Medusa heads or an EAGLE-style drafter) for a target, offline.
 
     python -m offline.train_drafter --target DIR --kind medusa|eagle --out DIR
-        [--minutes 4] [--steps N] [--text PATH ...] [--seed 0] [--heads 4] [--draft-vocab N]
+        [--steps N] [--minutes M] [--text PATH ...] [--seed 0] [--heads 4] [--shared-readout] [--draft-vocab N]
 
 The target is frozen: each step runs it on a batch of windows of the corpus (by default the Python
 standard library's sources, as offline.train_pair; the same corpus discovery, imported) and keeps its
@@ -26,7 +26,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -42,10 +42,15 @@ from spec_decoding.feature_files import KINDS, save_feature_drafter, target_fing
 from spec_decoding.medusa import MedusaHeads
 
 MEDUSA_DECAY = 0.8  # lambda_k = 0.8^k
+MEDUSA_STEPS = 600  # default training steps (batch 4 x 128 tokens)
+EAGLE_STEPS = 2000
 EAGLE_CE_WEIGHT = 0.1
 EAGLE_NOISE = 0.05  # input-feature noise, relative to the features' RMS
 CONTEXT = 128  # tokens per training window (or the target's n_positions - 2 if smaller)
 TOP_B = 4  # head accuracies are measured for top-1 .. top-4
+# A fixed number of steps by default, as offline.train_pair: the same drafter on every machine,
+# however busy (a time budget would give a loaded machine a less trained one). --minutes caps it.
+DEFAULT_STEPS = {"medusa": MEDUSA_STEPS, "eagle": EAGLE_STEPS}
 
 
 class TrainDrafterError(TrainPairError):
@@ -86,8 +91,8 @@ def corpus_tokens(texts, context: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(train), torch.tensor(held)
 
 
-def make_drafter(kind: str, target: GPT2, num_heads: int) -> torch.nn.Module:
-    return MedusaHeads(target, num_heads) if kind == "medusa" else EagleNet(target)
+def make_drafter(kind: str, target: GPT2, num_heads: int, shared_readout: bool = False) -> torch.nn.Module:
+    return MedusaHeads(target, num_heads, shared_readout) if kind == "medusa" else EagleNet(target)
 
 
 @torch.no_grad()
@@ -104,7 +109,7 @@ def medusa_loss(heads: MedusaHeads, target: GPT2, features, window) -> tuple[tor
     T = features.shape[1]
     total, per_head = 0.0, []
     for k, head in enumerate(heads.heads, start=1):
-        logits = head(x[:, :T - k])  # positions 0 .. T - k - 1
+        logits = head(x[:, :T - k], target.wte.weight)  # positions 0 .. T - k - 1
         ce = F.cross_entropy(logits.flatten(0, 1).float(), window[:, k + 1:T + 1].flatten())
         total = total + MEDUSA_DECAY ** k * ce
         per_head.append(ce.item())
@@ -127,21 +132,22 @@ def eagle_loss(net: EagleNet, target: GPT2, features, window, generator,
 
 def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: TrainSettings,
           context: int, generator: torch.Generator, log=print) -> dict:
-    """Train module in place for settings.minutes (or settings.steps). Returns a log."""
+    """Train module in place for settings.steps steps, or fewer if settings.minutes (a cap) runs
+    out first. Returns a log."""
     from tqdm.auto import tqdm
 
     module.train()
-    optimizer = torch.optim.AdamW(module.parameters(), lr=settings.learning_rate, weight_decay=0.0)
-    B, T = settings.batch_size, context
-    by_steps = settings.steps is not None
-    seconds = settings.minutes * 60 if settings.minutes else None  # TrainSettings: no cap by default
-    bar = tqdm(total=settings.steps if by_steps else round(seconds), desc=f"training {kind}",
-               unit="step" if by_steps else "s", dynamic_ncols=True,
+    optimizer = torch.optim.AdamW((p for p in module.parameters() if p.requires_grad), lr=settings.learning_rate,
+                                  weight_decay=0.0)
+    B, T, steps = settings.batch_size, context, settings.steps
+    seconds = settings.minutes * 60 if settings.minutes else None
+    bar = tqdm(total=steps, desc=f"training {kind}", unit="step", dynamic_ncols=True,
                disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
     start, cpu_start = time.perf_counter(), time.process_time()
-    step, shown, losses = 0, 0, []
+    step, losses = 0, []
     while True:
-        progress = step / settings.steps if by_steps else (time.perf_counter() - start) / seconds
+        elapsed = time.perf_counter() - start
+        progress = max(step / steps, elapsed / seconds if seconds else 0.0)
         if progress >= 1 and step > 0:  # a cap that ran out before the first step still takes one
             break
         set_learning_rate(optimizer, learning_rate(settings, step, progress))
@@ -157,13 +163,12 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
         optimizer.step()
         losses.append(loss.item())
         step += 1
-        now = step if by_steps else min(round(time.perf_counter() - start), round(seconds))
-        bar.update(now - shown)
-        shown = now
+        bar.update(1)
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
     bar.close()
     module.eval()
-    return {"steps": step, "seconds": round(time.perf_counter() - start, 1),
+    return {"steps": step, "planned_steps": steps, "cut_short": step < steps,
+            "seconds": round(time.perf_counter() - start, 1),
             "cpu_seconds": round(time.process_time() - cpu_start, 1), "tokens_seen": step * B * T,
             "losses": [round(x, 4) for x in losses]}
 
@@ -207,7 +212,7 @@ def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, contex
         for k, head in enumerate(heads.heads, start=1):
             if T - k <= 0:
                 continue
-            top = head(x[0, :T - k]).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
+            top = head(x[0, :T - k], target.wte.weight).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
             truth = window[0, k + 1:T + 1, None]
             hits[k - 1] += (top == truth).cumsum(-1).clamp(max=1).sum(0).float()
             counts[k - 1] += T - k
@@ -221,7 +226,7 @@ Made by `python -m offline.train_drafter {command}` on {date}, for the target `{
 
 {what}
 
-Trained on {corpus} ({n_train:,} tokens, {n_held:,} held out): {steps} steps in {seconds:.0f} s
+Trained on {corpus} ({n_train:,} tokens, {n_held:,} held out): {steps}{cut} in {seconds:.0f} s
 ({cpu_seconds:.0f} s CPU), batch {batch} x {context} tokens, learning rate {lr}, seed {seed}.
 Loss on held-out text: {before:.3f} untrained, {after:.3f} trained (training loss: first 20 steps
 {first:.3f}, last 20 steps {last:.3f}).
@@ -233,7 +238,9 @@ Use it:
 
 
 def write_readme(folder: Path, info: dict) -> None:
-    what = (f"{info['num_heads']} Medusa heads (x + SiLU(W1 x), then an untied copy of the target's wte); "
+    readout = ("the target's own wte, shared (only the blocks are trained)" if info.get("shared_readout")
+               else "an untied copy of the target's wte")
+    what = (f"{info['num_heads']} Medusa heads (x + SiLU(W1 x), then {readout}); "
             f"loss sum_k 0.8^k CE_k." if info["kind"] == "medusa" else
             "One GPT-2 block over W_in [wte(t_i+1) ; f_i], predicting the target's next feature, read "
             "out through the target's ln_f and head; loss SmoothL1 + 0.1 CE, input-feature noise 5% of RMS"
@@ -251,7 +258,9 @@ def write_readme(folder: Path, info: dict) -> None:
         kind=info["kind"], command=info["command"], date=info["date"], target=info["target_dir"],
         t_layers=info["target_config"]["n_layer"], t_width=info["target_config"]["n_embd"],
         fingerprint=info["fingerprint"], what=what, corpus=info["corpus"], n_train=info["train_tokens"],
-        n_held=info["held_out_tokens"], steps=info["steps"], seconds=info["seconds"],
+        n_held=info["held_out_tokens"], steps=f"{info['steps']} step{'s' * (info['steps'] != 1)}", seconds=info["seconds"],
+        cut=(f" (cut short by --minutes {info['settings']['minutes']:g}: {info['planned_steps']} planned)"
+             if info["cut_short"] else ""),
         cpu_seconds=info["cpu_seconds"], batch=info["settings"]["batch_size"], context=info["context"],
         lr=info["settings"]["learning_rate"], seed=info["settings"]["seed"],
         first=sum(losses[:20]) / max(1, len(losses[:20])), last=sum(losses[-20:]) / max(1, len(losses[-20:])),
@@ -262,16 +271,19 @@ def write_readme(folder: Path, info: dict) -> None:
 
 def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
                   settings: TrainSettings | None = None, num_heads: int = 4, draft_vocab: int | None = None,
-                  overwrite: bool = False, command: str = "", log=print):
+                  overwrite: bool = False, command: str = "", log=print, shared_readout: bool = False):
     """Train a `kind` drafter for the target in target_dir and save it to `out`. Returns (the
     trained module: MedusaHeads or EagleNet, the info written to its README and config.json)."""
     if kind not in KINDS:
         raise TrainDrafterError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if draft_vocab is not None and kind != "eagle":
         raise TrainDrafterError("--draft-vocab is for --kind eagle only")
-    settings = settings or TrainSettings(minutes=4.0, batch_size=4, learning_rate=1e-3, warmup_steps=20)
-    if settings.steps is None and not settings.minutes:
-        raise TrainDrafterError("give a number of steps (--steps N) or a time budget (--minutes M)")
+    if shared_readout and kind != "medusa":
+        raise TrainDrafterError("--shared-readout is for --kind medusa only (EAGLE always reads out "
+                                "through the target's head)")
+    settings = settings or TrainSettings(batch_size=4, learning_rate=1e-3, warmup_steps=20)
+    if settings.steps is None:
+        settings = replace(settings, steps=DEFAULT_STEPS[kind])
     out = Path(out).expanduser().resolve()
     check_output_folder(out, overwrite)
     target = load_target(target_dir)
@@ -288,7 +300,7 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
                                 f"vocabulary has {V}: it needs GPT-2's tokenizer")
     corpus = "the Python standard library's sources" if not texts else ", ".join(map(str, texts))
     log(f"{len(train_ids):,} training tokens ({corpus}), {len(held):,} held out")
-    module = make_drafter(kind, target, num_heads)
+    module = make_drafter(kind, target, num_heads, shared_readout)
     loss_before = held_out_loss(kind, module, target, held, context)
     info = train(kind, target, module, train_ids, settings, context, generator, log)
     info["held_out_loss"] = {"before": loss_before, "after": held_out_loss(kind, module, target, held, context)}
@@ -296,7 +308,8 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
     extra, config = {}, {}
     if kind == "medusa":
         info["head_accuracies"] = head_accuracies(module, target, held, context)
-        config = {"num_heads": num_heads, "head_accuracies": info["head_accuracies"]}
+        config = {"num_heads": num_heads, "shared_readout": shared_readout,
+                  "head_accuracies": info["head_accuracies"]}
         log("head accuracies (top-1): " + ", ".join(f"{a[0]:.1%}" for a in info["head_accuracies"]))
     elif draft_vocab is not None:
         counts = torch.bincount(train_ids, minlength=V)
@@ -304,6 +317,7 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
         config = {"draft_vocab": draft_vocab}
     info.update({
         "kind": kind, "num_heads": num_heads if kind == "medusa" else None, "draft_vocab": draft_vocab,
+        "shared_readout": shared_readout,
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "target_dir": str(target_dir), "target_config": asdict(target.config), "out": str(out),
         "corpus": corpus, "texts": list(texts) if texts else None, "train_tokens": len(train_ids),
@@ -328,25 +342,32 @@ def main(argv=None) -> int:
     parser.add_argument("--target", required=True, help="the target's folder (a GPT-2 checkpoint)")
     parser.add_argument("--kind", required=True, choices=KINDS)
     parser.add_argument("--out", required=True, help="folder to create")
-    parser.add_argument("--minutes", type=float, default=4.0, help="time budget (default 4)")
-    parser.add_argument("--steps", type=int, help="train this many steps instead (ignores --minutes)")
+    parser.add_argument("--steps", type=int, help=f"training steps (default: medusa {MEDUSA_STEPS}, "
+                                                   f"eagle {EAGLE_STEPS}: a few minutes each on 2 cores)")
+    parser.add_argument("--minutes", type=float, help="stop after this many minutes if the steps are not done "
+                                                      "(the README says so)")
     parser.add_argument("--text", nargs="+", metavar="PATH",
                         help="text files or folders (default: the Python standard library's sources)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heads", type=int, default=4, help="--kind medusa: number of heads (default 4)")
+    parser.add_argument("--shared-readout", action="store_true",
+                        help="--kind medusa: read every head out through the target's own head instead of "
+                             "an untied copy each (cheaper to run and to train; only the blocks learn)")
     parser.add_argument("--draft-vocab", type=int, metavar="N",
                         help="--kind eagle: draft over the corpus's N most frequent tokens only")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--overwrite", action="store_true", help="replace a drafter already in --out")
     args = parser.parse_args(argv)
-    if args.minutes <= 0 or (args.steps is not None and args.steps < 1) or args.heads < 1 or args.batch_size < 1:
+    if (args.minutes is not None and args.minutes <= 0) or (args.steps is not None and args.steps < 1) \
+            or args.heads < 1 or args.batch_size < 1:
         parser.error("--minutes must be > 0, --steps, --heads and --batch-size >= 1")
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                              learning_rate=args.learning_rate, warmup_steps=20)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     return run_command(lambda: train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads,
-                                             args.draft_vocab, args.overwrite, command), args.out)
+                                             args.draft_vocab, args.overwrite, command,
+                                             shared_readout=args.shared_readout), args.out)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT2
+from gpt2.kernels import attach_kernels
 from .drafters import Drafter
 from .eagle import EagleDrafter, EagleNet
 from .medusa import MedusaDrafter, MedusaHeads
@@ -87,10 +88,18 @@ def load_feature_drafter(folder, target: GPT2, kind: str | None = None) -> Draft
     state = load_file(str(Path(folder).expanduser() / "model.safetensors"))
     w = target.wte.weight
     if config["kind"] == "medusa":
-        heads = MedusaHeads(target, config["num_heads"])
+        heads = MedusaHeads(target, config["num_heads"], config.get("shared_readout", False))
         heads.load_state_dict(state)
-        return MedusaDrafter(target, heads.to(w.device, w.dtype).eval())
+        return MedusaDrafter(target, with_kernels(heads.to(w.device, w.dtype).eval()))
     draft_vocab = state.pop("draft_vocab", None)
     net = EagleNet(target)
     net.load_state_dict(state)
-    return EagleDrafter(target, net.to(w.device, w.dtype).eval(), draft_vocab)
+    return EagleDrafter(target, with_kernels(net.to(w.device, w.dtype).eval()), draft_vocab)
+
+
+def with_kernels(module: torch.nn.Module) -> torch.nn.Module:
+    """The drafter's linear weights get their CPU kernels, chosen as the target's were at load
+    (gpt2.kernels.attach_kernels): in a 16-bit format the plain path is far slower than the
+    packed kernels the target runs on."""
+    attach_kernels(module)
+    return module

@@ -13,11 +13,19 @@ Each head, on the target's ln_f(feature) x [n_embd]:
     x + SiLU(W1 x + b1)      a residual block; W1 and b1 start at zero, so it starts as x
     W_out (...)              an output layer [V, n_embd], a copy of the target's wte
 
-GPT-2 ties its output head to the token embedding (logits = x @ wte.T). Each head gets its own
-copy of wte, untied: trained, it learns to read the same x as a guess k tokens further ahead, which
-a shared head could not do for K different offsets at once. Starting from the copy, an untrained
-head predicts what the target's head predicts (token t + 1), a sensible first guess for t + 2.
-The copies are big (K x V x n_embd); Medusa-1 makes the same choice.
+GPT-2 ties its output head to the token embedding (logits = x @ wte.T). By default each head gets
+its own copy of wte, untied: trained, it learns to read the same x as a guess k tokens further
+ahead, which one shared readout could not do for K different offsets at once. Starting from the
+copy, an untrained head predicts what the target's head predicts (token t + 1), a sensible first
+guess for t + 2. Medusa-1 makes the same choice. The copies are big (K x V x n_embd), and a round
+reads all of them: at small widths the readout is most of a head's cost, and K matrices the size
+of the target's head read in turn stay in no cache (docs/feature_drafters.md measures it).
+
+shared_readout=True is the other choice (DeepSeek-V3's multi-token-prediction modules share the
+main model's output head the same way): every head reads out through the target's own wte, and
+only the residual blocks are trained. A head then costs one small block plus a matrix the target
+reads anyway, and it trains faster; the block alone must move x to where the target's readout
+finds token t + 1 + k.
 
 Lossless sampling: head k's token is drawn from q_k = its softmax after the same temperature,
 top-k and top-p as the target, independently of the other heads' draws, so q_k is exactly the
@@ -82,41 +90,51 @@ def branching_from_accuracies(head_accuracies, max_nodes: int) -> tuple[int, ...
 
 
 class MedusaHead(nn.Module):
-    """x [..., n_embd] -> logits [..., V]: x + SiLU(W1 x + b1), then the head's own output layer."""
+    """x [..., n_embd] -> logits [..., V]: x + SiLU(W1 x + b1), then the head's own output layer
+    (or, without one, the target's wte: shared_readout)."""
 
-    def __init__(self, n_embd: int, vocab_size: int):
+    def __init__(self, n_embd: int, vocab_size: int, own_readout: bool = True):
         super().__init__()
         self.w1 = nn.Linear(n_embd, n_embd)
-        self.out = nn.Linear(n_embd, vocab_size, bias=False)
+        self.out = nn.Linear(n_embd, vocab_size, bias=False) if own_readout else None
         nn.init.zeros_(self.w1.weight)  # starts as the identity: the block adds nothing yet
         nn.init.zeros_(self.w1.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, target_wte: torch.Tensor) -> torch.Tensor:
+        """target_wte [V, n_embd]: the target's embedding, the readout of a head without its own."""
+        readout = self.out.weight if self.out is not None else target_wte
         # The output layer is as large as the target's head: through the same kernels in inference.
-        return linear(x + F.silu(self.w1(x)), self.out.weight, None)
+        return linear(x + F.silu(self.w1(x)), readout, None)
 
 
 class MedusaHeads(nn.Module):
-    """K Medusa heads for one target. forward(features [..., n_embd]) -> logits [K, ..., V]: head
-    k - 1 (0-based) guesses the token k + 1 places after each feature's position."""
+    """K Medusa heads for one target. forward(features [..., n_embd], target) -> logits [K, ..., V]:
+    head k - 1 (0-based) guesses the token k + 1 places after each feature's position.
 
-    def __init__(self, target: GPT2, num_heads: int):
+    shared_readout: False (Medusa-1) gives each head an untied copy of the target's wte as its
+    output layer; True reads every head out through the target's own wte (only the blocks train)."""
+
+    def __init__(self, target: GPT2, num_heads: int, shared_readout: bool = False):
         super().__init__()
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(f"num_heads must be an int >= 1 (tokens guessed per round), got {num_heads!r}")
         c = target.config
         self.num_heads = num_heads
-        self.heads = nn.ModuleList(MedusaHead(c.n_embd, c.vocab_size) for _ in range(num_heads))
+        self.shared_readout = bool(shared_readout)
+        self.heads = nn.ModuleList(MedusaHead(c.n_embd, c.vocab_size, own_readout=not shared_readout)
+                                   for _ in range(num_heads))
         with torch.no_grad():
             for head in self.heads:
-                head.out.weight.copy_(target.wte.weight)  # a copy: untied from the target
+                if head.out is not None:
+                    head.out.weight.copy_(target.wte.weight)  # a copy: untied from the target
         self.to(device=target.wte.weight.device, dtype=target.wte.weight.dtype)
 
-    def forward(self, features: torch.Tensor, ln_f: nn.Module, num_heads: int | None = None) -> torch.Tensor:
-        """features: the target's features (before ln_f); ln_f: the target's final LayerNorm.
-        num_heads: run only the first n heads. Returns logits [n, ..., V]."""
-        x = ln_f(features)
-        return torch.stack([head(x) for head in self.heads[:num_heads]])
+    def forward(self, features: torch.Tensor, target: GPT2, num_heads: int | None = None) -> torch.Tensor:
+        """features: the target's features (before ln_f), read through the target's ln_f (and,
+        with shared_readout, its wte). num_heads: run only the first n heads. Returns logits
+        [n, ..., V]."""
+        x = target.ln_f(features)
+        return torch.stack([head(x, target.wte.weight) for head in self.heads[:num_heads]])
 
 
 class MedusaDrafter(FeatureDrafter):
@@ -130,9 +148,10 @@ class MedusaDrafter(FeatureDrafter):
         super().__init__(target)
         if not isinstance(heads, MedusaHeads):
             raise TypeError(f"heads must be MedusaHeads, got {type(heads).__name__}")
-        out = heads.heads[0].out.weight
-        if out.shape != target.wte.weight.shape:
-            raise ValueError(f"these Medusa heads output {out.shape[0]} tokens from width {out.shape[1]}, "
+        head = heads.heads[0]
+        vocab = head.out.weight.shape[0] if head.out is not None else target.config.vocab_size
+        if (vocab, head.w1.weight.shape[1]) != (target.config.vocab_size, target.config.n_embd):
+            raise ValueError(f"these Medusa heads output {vocab} tokens from width {head.w1.weight.shape[1]}, "
                              f"the target has {target.config.vocab_size} tokens and width "
                              f"{target.config.n_embd}: they were trained for another target")
         self.heads = heads
@@ -145,7 +164,7 @@ class MedusaDrafter(FeatureDrafter):
         if feature is None or num_tokens == 0:
             return None
         self.forward_calls += 1  # all heads at once: one small forward
-        return self.heads(feature, self.target.ln_f, min(num_tokens, self.heads.num_heads)).float()
+        return self.heads(feature, self.target, min(num_tokens, self.heads.num_heads)).float()
 
     def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):
         logits = self.head_logits(tokens, num_tokens)

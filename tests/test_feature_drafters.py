@@ -37,8 +37,8 @@ def randomize(module: torch.nn.Module, seed: int, std: float = 0.2) -> torch.nn.
     return module
 
 
-def medusa(target, num_heads=4, seed=0):
-    return MedusaDrafter(target, randomize(MedusaHeads(target, num_heads), seed))
+def medusa(target, num_heads=4, seed=0, shared_readout=False):
+    return MedusaDrafter(target, randomize(MedusaHeads(target, num_heads, shared_readout), seed))
 
 
 def eagle(target, seed=0, vocab_share=None):
@@ -50,6 +50,7 @@ def eagle(target, seed=0, vocab_share=None):
 
 DRAFTERS = {
     "medusa": medusa,
+    "medusa-shared-readout": partial(medusa, shared_readout=True),  # only the blocks are its own
     "eagle": eagle,
     "eagle-reduced-vocab": partial(eagle, vocab_share=0.75),  # q is 0 on a quarter of the tokens
 }
@@ -106,17 +107,23 @@ def test_features_through_ln_f_and_the_head_are_the_logits(target):
         torch.testing.assert_close(all_features, features)  # num_last_logits does not cut them
 
 
-def test_untrained_medusa_heads_are_the_targets_head(target):
-    """W1 = 0 and a copy of wte: before training each head predicts what the target's head does,
-    and the copy is untied (training a head does not touch the target)."""
-    heads = MedusaHeads(target, 3)
+@pytest.mark.parametrize("shared_readout", [False, True])
+def test_untrained_medusa_heads_are_the_targets_head(target, shared_readout):
+    """W1 = 0 and a copy of wte (or, shared, the target's wte itself): before training each head
+    predicts what the target's head does. The copy is untied (training a head does not touch the
+    target); a shared readout has no weights of its own to save."""
+    heads = MedusaHeads(target, 3, shared_readout=shared_readout)
     features = torch.randn(5, target.config.n_embd)
     with torch.inference_mode():
         want = target.ln_f(features) @ target.wte.weight.T
-        got = heads(features, target.ln_f)
+        got = heads(features, target)
     for k in range(3):
         torch.testing.assert_close(got[k], want)
-    assert heads.heads[0].out.weight.data_ptr() != target.wte.weight.data_ptr()
+    if shared_readout:
+        assert all(head.out is None for head in heads.heads)
+        assert set(heads.state_dict()) == {f"heads.{k}.w1.{p}" for k in range(3) for p in ("weight", "bias")}
+    else:
+        assert heads.heads[0].out.weight.data_ptr() != target.wte.weight.data_ptr()
 
 
 # ------------------------------------------------------------------------------ greedy
@@ -190,6 +197,7 @@ def lossless_check(target, drafter, settings, gamma, samples, seed=0):
 # Each EAGLE variant once (they differ only in their readout's rows), both settings for each kind:
 # the suite's time is short.
 LOSSLESS_CASES = [("medusa", "temperature 1"), ("medusa", "temperature 0.7, top-k 6, top-p 0.9"),
+                  ("medusa-shared-readout", "temperature 1"),
                   ("eagle", "temperature 1"), ("eagle-reduced-vocab", "temperature 0.7, top-k 6, top-p 0.9")]
 
 
@@ -410,7 +418,8 @@ def test_held_out_windows_sample_the_whole_held_out_text():
     assert [w.shape[1] for w in held_out_windows(torch.arange(50), 128, 8)] == [50]  # shorter than a window
 
 
-@pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=1)), ("eagle", dict(draft_vocab=3000))])
+@pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=1)), ("medusa", dict(num_heads=1, shared_readout=True)),
+                                           ("eagle", dict(draft_vocab=3000))])
 def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
                                                                           options, monkeypatch):
     from spec_decoding.feature_files import load_feature_drafter
@@ -428,6 +437,8 @@ def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained
 
     target = load_gpt2(target_dir, dtype="float32")
     reloaded = load_feature_drafter(tmp_path / kind, target, kind)
+    if kind == "medusa":
+        assert reloaded.heads.shared_readout == options.get("shared_readout", False)
     fresh = (MedusaDrafter(target, module) if kind == "medusa"
              else EagleDrafter(target, module, reloaded.draft_vocab))
     prompt = [464, 1332, 318, 257, 220]
@@ -463,6 +474,20 @@ def test_an_interrupted_run_leaves_nothing_half_written(trained_pair_dirs, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_training_has_default_steps_and_a_minutes_cap_that_says_it_cut_the_run(trained_pair_dirs, tmp_path,
+                                                                                monkeypatch):
+    from offline.train_drafter import DEFAULT_STEPS
+
+    monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
+    # No --steps: the kind's default number, so a busy machine trains the same drafter; a cap of
+    # a few milliseconds cuts it after one step and the README says so.
+    _, info = train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "capped",
+                         settings=dict(steps=None, minutes=1e-5))
+    assert info["planned_steps"] == DEFAULT_STEPS["eagle"] and info["steps"] == 1 and info["cut_short"]
+    assert f"1 step (cut short by --minutes 1e-05: {DEFAULT_STEPS['eagle']} planned)" in \
+        (tmp_path / "capped" / "README.md").read_text()
+
+
 def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
     from offline.train_drafter import TrainDrafterError, main
 
@@ -479,6 +504,8 @@ def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
         train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "full")
     assert (tmp_path / "full" / "mine.txt").read_text() == "mine"  # never overwritten
     assert main(["--target", str(tmp_path / "nothing"), "--kind", "eagle", "--out", str(tmp_path / "o")]) == 2
+    with pytest.raises(TrainDrafterError, match="--shared-readout is for --kind medusa only"):
+        train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "o", shared_readout=True)
 
 
 # ------------------------------------------------------------------------------ command lines
