@@ -5,6 +5,7 @@
     python benchmark.py --make-standins checkpoints/standins-pair --max-gens 50 100 200 --repeats 1
     python benchmark.py --drafters model ngram layerskip:6 --gammas 2 4   # drafters side by side
     python benchmark.py --gammas 3 9 --trees 3,1,1 2,2,1   # token trees beside chains
+    python benchmark.py --drafters model medusa:DIR --gammas 4 --trees 2,1   # each tree drafter's trees
 
 For each cell of the grid gamma x max_gen x temperature, every prompt (one per line of --prompts)
 is generated --repeats times by the target alone (spec_decoding.autoregressive_generate, the

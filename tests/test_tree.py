@@ -433,7 +433,7 @@ def test_both_tree_drafters_spend_one_draft_step_per_depth(monkeypatch, target, 
 
     heads_run = []
     real_head = MedusaHead.forward
-    monkeypatch.setattr(MedusaHead, "forward", lambda self, x: heads_run.append(1) or real_head(self, x))
+    monkeypatch.setattr(MedusaHead, "forward", lambda *args: heads_run.append(1) or real_head(*args))
     medusa = MedusaDrafter(target, MedusaHeads(target, 3))
     result = tree_speculative_sampling(target, medusa, PROMPT, 20, (2, 2, 1), temperature=0)
     assert len(heads_run) == result.stats.tokens_drafted > 0
