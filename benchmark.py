@@ -109,8 +109,7 @@ def parse_args(argv=None):
                                        f"real shapes with --make-standins DIR.")
     p.add_argument("--draft", default="gpt2", help="hub name/repo or local folder (default gpt2), for the model drafter")
     p.add_argument("--drafters", type=cli.drafter_spec, nargs="+", default=["model"], metavar="D",
-                   help="what drafts: model (--draft), ngram[:N] (prompt lookup), layerskip:K (the "
-                        "target's first K blocks); several make a grid axis (default model)")
+                   help="what drafts; several make a grid axis (default model): " + cli.spec_help())
     p.add_argument("--target", default="gpt2-large", help="hub name/repo or local folder (default gpt2-large)")
     p.add_argument("--gammas", type=cli.gamma_value, nargs="+", default=[1, 2, 4, 8], metavar="G",
                    help="draft tokens per round (default 1 2 4 8), or a policy choosing them each "
