@@ -4,9 +4,11 @@ official GPT-2 shape with random weights (a step's time does not depend on the v
     python -m benchmarks.feature_drafter_costs [--model gpt2-large] [--context 128] [--threads 1]
 
 Drafters timed (spec_decoding.costs.CostModel.calibrate, warm caches, the calls taking turns):
-Medusa (one head: a round of g tokens runs g heads), EAGLE (one block + the full head), EAGLE
+Medusa (one head: a round of g tokens runs g heads; its own output layer, and shared_readout: the
+target's), EAGLE (one block + the full head), EAGLE
 with a reduced draft vocabulary of 32k tokens (EAGLE-3's size), and layer-skip with a quarter of
-the blocks for comparison. Prints a table; nothing is written.
+the blocks for comparison. Every weight gets the CPU kernels loading gives it
+(gpt2.kernels.attach_kernels). Prints a table; nothing is written.
 """
 
 import argparse
@@ -14,6 +16,7 @@ import argparse
 import torch
 
 from gpt2 import GPT2, OFFICIAL_CONFIGS
+from gpt2.kernels import attach_kernels
 from spec_decoding.costs import CostModel
 from spec_decoding.drafters import LayerSkipDrafter
 from spec_decoding.eagle import EagleDrafter, EagleNet
@@ -34,10 +37,14 @@ def main(argv=None) -> None:
     V = target.config.vocab_size
     drafters = {
         "medusa (one head)": MedusaDrafter(target, MedusaHeads(target, 1).eval()),
+        "medusa (one head, shared readout)": MedusaDrafter(target, MedusaHeads(target, 1, shared_readout=True).eval()),
         "eagle (full vocabulary)": EagleDrafter(target, EagleNet(target).eval()),
         "eagle (32k draft vocabulary)": EagleDrafter(target, EagleNet(target).eval(), torch.arange(min(V, 32000))),
         f"layerskip:{target.config.n_layer // 4}": LayerSkipDrafter(target, target.config.n_layer // 4),
     }
+    for module in [target] + [getattr(d, "heads", getattr(d, "net", None)) for d in drafters.values()]:
+        if module is not None:
+            attach_kernels(module)
     print(f"{args.model}, context {args.context}, {args.threads} thread(s)")
     print("| drafter | draft step (ms) | target step (ms) | c |\n|---|---:|---:|---:|")
     for name, drafter in drafters.items():
