@@ -43,7 +43,7 @@ from spec_decoding.medusa import MedusaHeads
 
 MEDUSA_DECAY = 0.8  # lambda_k = 0.8^k
 MEDUSA_STEPS = 600  # default training steps (batch 4 x 128 tokens)
-EAGLE_STEPS = 2000
+EAGLE_STEPS = 4000
 EAGLE_CE_WEIGHT = 0.1
 EAGLE_NOISE = 0.05  # input-feature noise, relative to the features' RMS
 CONTEXT = 128  # tokens per training window (or the target's n_positions - 2 if smaller)
