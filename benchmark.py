@@ -510,17 +510,22 @@ def drafters_side_by_side(results: dict) -> list[str]:
 
 def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list[str]:
     """The token trees' table, one row per (drafter, temperature, tree), each beside the same
-    drafter's chain of as many draft tokens as the tree has nodes (when that gamma was run): equal
-    verification width, the same drafter."""
+    drafter's chain: the gamma with as many draft tokens as the tree has nodes (equal verification
+    width) when that gamma was run, else the gamma as deep as the tree (equal draft depth)."""
     lines = ["Token trees (averages over max_gen; chain = the same drafter's gamma with as many draft "
-             "tokens as the tree has nodes, same temperature):", "",
+             "tokens as the tree has nodes, or else as deep as the tree, same temperature):", "",
              "| Drafter | Tree | T | Nodes | Avg Speedup | Predicted | Tokens/target call | Nodes/target call "
-             "| Verify cost | Chain speedup | Chain tokens/call | Same tokens |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+             "| Verify cost | Chain gamma | Chain speedup | Chain tokens/call | Same tokens |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for name, t, tree in dict.fromkeys((c["drafter"], c["temperature"], c["tree"]) for c in tree_cells):
         tc = [c for c in tree_cells if (c["drafter"], c["temperature"], c["tree"]) == (name, t, tree)]
-        n = tree_size(parse_branching(tree))
-        chain = [c for c in cells if c["drafter"] == name and c["temperature"] == t and c["gamma"] == n]
+        n, depth = tree_size(parse_branching(tree)), len(parse_branching(tree))
+        chain, chain_gamma = [], "-"
+        for gamma in (n, depth):
+            chain = [c for c in cells if c["drafter"] == name and c["temperature"] == t and c["gamma"] == gamma]
+            if chain:
+                chain_gamma = gamma
+                break
 
         def avg(rows, key):
             values = [c[key] for c in rows if c.get(key) is not None]
@@ -529,7 +534,7 @@ def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list
         lines.append(f"| {name} | {tree} | {t:g} | {n} | {avg(tc, 'speedup_median'):.2f}x "
                      f"| {fmt(avg(tc, 'predicted_speedup'))}x "
                      f"| {avg(tc, 'tokens_per_target_call'):.2f} | {avg(tc, 'nodes_per_target_call'):.1f} "
-                     f"| {costs['verify_cost_by_tree'][tree]:.2f} | {fmt(avg(chain, 'speedup_median'))}x "
+                     f"| {costs['verify_cost_by_tree'][tree]:.2f} | {chain_gamma} | {fmt(avg(chain, 'speedup_median'))}x "
                      f"| {fmt(avg(chain, 'tokens_per_target_call'))} | {same} |")
     return lines + [""]
 

@@ -203,3 +203,20 @@ def test_benchmark_finds_tree_drafters_by_kind_not_by_name(monkeypatch):
     names = ["ngram:3", "newtree", "model", "layerskip:2", "medusa:some/dir", "eagle:other/dir"]
     assert benchmark.tree_drafters(dict.fromkeys(names)) == ["newtree", "model", "medusa:some/dir"]
     benchmark.parse_args(["--drafters", "newtree", "--trees", "2", "--out", "runs/not-written"])  # accepted
+
+
+def test_tree_table_falls_back_to_the_chain_as_deep_as_the_tree():
+    """A tree of 14 nodes and depth 4 with no gamma-14 chain run sits beside the gamma-4 chain (equal
+    draft depth); with a gamma-14 chain it sits beside that one (equal verification width)."""
+    import benchmark
+
+    tree = dict(drafter="medusa:DIR", temperature=1.0, tree="2,2,1,1", speedup_median=0.5, predicted_speedup=0.6,
+                tokens_per_target_call=2.5, nodes_per_target_call=12.0, tokens_match_baseline=None)
+    chain = dict(drafter="medusa:DIR", temperature=1.0, gamma=4, speedup_median=0.4, tokens_per_target_call=2.25)
+    other = dict(chain, drafter="model", speedup_median=0.9, tokens_per_target_call=3.75)
+    costs = {"verify_cost_by_tree": {"2,2,1,1": 1.8}}
+    row = benchmark.tree_summary([tree], [other, chain], costs)[4]
+    assert row.endswith("| 1.80 | 4 | 0.40x | 2.25 | n/a |"), row
+    wide = dict(chain, gamma=14, speedup_median=0.3, tokens_per_target_call=2.0)
+    row = benchmark.tree_summary([tree], [chain, wide], costs)[4]
+    assert row.endswith("| 1.80 | 14 | 0.30x | 2.00 | n/a |"), row
