@@ -1,7 +1,8 @@
 """Train a feature drafter (Medusa heads or an EAGLE-style drafter) for a target, offline.
 
     python -m offline.train_drafter --target DIR --kind medusa|eagle --out DIR
-        [--steps N] [--minutes M] [--text PATH ...] [--seed 0] [--heads 4] [--shared-readout] [--draft-vocab N]
+        [--steps N] [--minutes M] [--text PATH ...] [--seed 0] [--heads 4] [--shared-readout]
+        [--unroll K] [--draft-vocab N]
 
 The target is frozen: each step runs it on a batch of windows of the corpus (by default the Python
 standard library's sources, as offline.train_pair; the same corpus discovery, imported) and keeps its
@@ -13,7 +14,9 @@ Only the drafter learns, from what the target computed:
   * EAGLE: reads [wte(t_{i+1}) ; f_i + noise] and predicts f_{i+1}.
     loss = SmoothL1(f'_{i+1}, f_{i+1}) + 0.1 CE(ln_f(f'_{i+1}) @ wte.T, t_{i+2}) (Li et al. 2024).
     The noise (Gaussian, 5% of the features' RMS) stands in for the errors of the drafter's own
-    predicted features, which it reads during a round.
+    predicted features, which it reads during a round. --unroll K trains on those errors
+    themselves (EAGLE-3's training-time test): the loss of drafting steps 1..K, each reading the
+    step before's predictions, with the attention a round has (training_time_test_mask).
 
 Works on any GPT-2 folder the project loads (the trained pair's target, real GPT-2). The output
 folder (model.safetensors, config.json, README.md: spec_decoding/feature_files.py) is written
@@ -116,22 +119,72 @@ def medusa_loss(heads: MedusaHeads, target: GPT2, features, window) -> tuple[tor
     return total, per_head
 
 
+def training_time_test_mask(T: int, passes: int) -> torch.Tensor:
+    """[passes * T, passes * T] bool, True = may attend: the attention of EAGLE's drafting steps,
+    for all of a window's positions at once (EAGLE-3's "training-time test").
+
+    Pass 0 is the drafter's first step everywhere: position i reads the real f_i, causally. Pass k
+    at position i is the (k + 1)-th step of a round that began at position i - k: its input holds
+    pass k - 1's prediction at position i - 1, and, as in a round, it attends to the positions fed
+    real features before the round (pass 0's keys at j <= i - k), then to one key per step of the
+    round so far (pass m's at position i - k + m, m = 1 .. k; the last is itself).
+    """
+    positions = torch.arange(T)
+    mask = torch.zeros(passes * T, passes * T, dtype=torch.bool)
+    for k in range(passes):
+        rows = k * T + positions
+        mask[k * T:(k + 1) * T, :T] = positions[None, :] <= (positions - k)[:, None]
+        for m in range(1, k + 1):
+            at = positions - k + m
+            ok = at >= 0
+            mask[rows[ok], m * T + at[ok]] = True
+    return mask
+
+
+def eagle_unrolled_predictions(net: EagleNet, embeddings: torch.Tensor, features: torch.Tensor,
+                               passes: int) -> torch.Tensor:
+    """The drafter's predicted next features [passes, B, T, C] over a window, as its drafting
+    steps 1 .. passes would predict them: pass k at position i predicts f_{i+1} after k steps on
+    its own predictions (positions i >= k; the rest are padding). embeddings [B, T, C]: wte of
+    t_{i+1}; features [B, T, C]: the real f_i (noisy in training).
+
+    Each pass's inputs come from the one before, without gradient (the drafter is trained on its
+    own predictions as it meets them, not through them); the last forward runs all the passes
+    together under training_time_test_mask, and its outputs carry the gradient.
+    """
+    B, T, C = features.shape
+    inputs = [features]
+    for k in range(1, passes):
+        with torch.no_grad():
+            out = net(embeddings.repeat(1, k, 1), torch.cat(inputs, dim=1), attn_mask=training_time_test_mask(T, k))
+        previous = out[:, (k - 1) * T:]  # pass k - 1's predictions: at i, of f_{i+1}
+        inputs.append(torch.cat([features[:, :1], previous[:, :-1]], dim=1))  # at i, of f_i (i = 0: padding)
+    out = net(embeddings.repeat(1, passes, 1), torch.cat(inputs, dim=1), attn_mask=training_time_test_mask(T, passes))
+    return out.view(B, passes, T, C).transpose(0, 1)
+
+
 def eagle_loss(net: EagleNet, target: GPT2, features, window, generator,
-               noise: float = EAGLE_NOISE) -> tuple[torch.Tensor, list]:
+               noise: float = EAGLE_NOISE, passes: int = 1) -> tuple[torch.Tensor, list]:
     """SmoothL1(predicted next feature) + 0.1 CE of its readout, with noisy input features
-    (Gaussian, `noise` times the features' RMS)."""
+    (Gaussian, `noise` times the features' RMS). passes > 1: the training-time test, the mean of
+    that loss over the drafter's steps 1 .. passes (training_time_test_mask)."""
     f_in = features[:, :-1]
     if noise:
         f_in = f_in + torch.randn(f_in.shape, generator=generator) * (noise * f_in.pow(2).mean().sqrt())
-    predicted = net(target.wte(window[:, 1:features.shape[1]]), f_in)  # f'_1 .. f'_{T-1}
-    regression = F.smooth_l1_loss(predicted, features[:, 1:])
-    logits = target.ln_f(predicted) @ target.wte.weight.T
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), window[:, 2:features.shape[1] + 1].flatten())
+    embeddings = target.wte(window[:, 1:features.shape[1]])
+    predicted = eagle_unrolled_predictions(net, embeddings, f_in, passes)  # [passes, B, T - 1, C]: f'_1 .. f'_{T-1}
+    regression = ce = 0.0
+    for k in range(passes):  # pass k is defined from position k on
+        here = predicted[k, :, k:]
+        regression = regression + F.smooth_l1_loss(here, features[:, k + 1:]) / passes
+        logits = target.ln_f(here) @ target.wte.weight.T
+        ce = ce + F.cross_entropy(logits.flatten(0, 1).float(),
+                                  window[:, k + 2:features.shape[1] + 1].flatten()) / passes
     return regression + EAGLE_CE_WEIGHT * ce, [regression.item(), ce.item()]
 
 
 def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: TrainSettings,
-          context: int, generator: torch.Generator, log=print) -> dict:
+          context: int, generator: torch.Generator, log=print, unroll: int = 1) -> dict:
     """Train module in place for settings.steps steps, or fewer if settings.minutes (a cap) runs
     out first. Returns a log."""
     from tqdm.auto import tqdm
@@ -156,7 +209,7 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
         if kind == "medusa":
             loss, parts = medusa_loss(module, target, features, window)
         else:
-            loss, parts = eagle_loss(module, target, features, window, generator)
+            loss, parts = eagle_loss(module, target, features, window, generator, passes=unroll)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -186,7 +239,7 @@ def held_out_windows(held: torch.Tensor, context: int, max_windows: int) -> list
 
 @torch.no_grad()
 def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: int,
-                  max_windows: int = 32) -> float:
+                  max_windows: int = 32, unroll: int = 1) -> float:
     """The training loss on fixed held-out windows, without input noise: comparable before and
     after training (the training loss jumps from batch to batch)."""
     losses = []
@@ -195,7 +248,7 @@ def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: 
         if kind == "medusa":
             losses.append(medusa_loss(module, target, features, window)[0].item())
         else:
-            losses.append(eagle_loss(module, target, features, window, None, noise=0.0)[0].item())
+            losses.append(eagle_loss(module, target, features, window, None, noise=0.0, passes=unroll)[0].item())
     return round(sum(losses) / len(losses), 4)
 
 
@@ -244,6 +297,8 @@ def write_readme(folder: Path, info: dict) -> None:
             f"loss sum_k 0.8^k CE_k." if info["kind"] == "medusa" else
             "One GPT-2 block over W_in [wte(t_i+1) ; f_i], predicting the target's next feature, read "
             "out through the target's ln_f and head; loss SmoothL1 + 0.1 CE, input-feature noise 5% of RMS"
+            + (f"; training-time test: the loss is the mean over drafting steps 1..{info['unroll']}, each "
+               "on its own predicted features" if info.get("unroll", 1) > 1 else "")
             + (f"; a draft vocabulary of the corpus's {info['draft_vocab']} most frequent tokens." if
                info.get("draft_vocab") else "."))
     accuracies = ""
@@ -271,13 +326,18 @@ def write_readme(folder: Path, info: dict) -> None:
 
 def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
                   settings: TrainSettings | None = None, num_heads: int = 4, draft_vocab: int | None = None,
-                  overwrite: bool = False, command: str = "", log=print, shared_readout: bool = False):
+                  overwrite: bool = False, command: str = "", log=print, shared_readout: bool = False,
+                  unroll: int = 1):
     """Train a `kind` drafter for the target in target_dir and save it to `out`. Returns (the
     trained module: MedusaHeads or EagleNet, the info written to its README and config.json)."""
     if kind not in KINDS:
         raise TrainDrafterError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if draft_vocab is not None and kind != "eagle":
         raise TrainDrafterError("--draft-vocab is for --kind eagle only")
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+        raise TrainDrafterError(f"--unroll must be a whole number >= 1 (drafting steps trained on), got {unroll!r}")
+    if unroll > 1 and kind != "eagle":
+        raise TrainDrafterError("--unroll is for --kind eagle only (Medusa's heads do not read their own guesses)")
     if shared_readout and kind != "medusa":
         raise TrainDrafterError("--shared-readout is for --kind medusa only (EAGLE always reads out "
                                 "through the target's head)")
@@ -301,9 +361,10 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
     corpus = "the Python standard library's sources" if not texts else ", ".join(map(str, texts))
     log(f"{len(train_ids):,} training tokens ({corpus}), {len(held):,} held out")
     module = make_drafter(kind, target, num_heads, shared_readout)
-    loss_before = held_out_loss(kind, module, target, held, context)
-    info = train(kind, target, module, train_ids, settings, context, generator, log)
-    info["held_out_loss"] = {"before": loss_before, "after": held_out_loss(kind, module, target, held, context)}
+    loss_before = held_out_loss(kind, module, target, held, context, unroll=unroll)
+    info = train(kind, target, module, train_ids, settings, context, generator, log, unroll)
+    info["held_out_loss"] = {"before": loss_before,
+                             "after": held_out_loss(kind, module, target, held, context, unroll=unroll)}
     log(f"held-out loss {loss_before:.3f} -> {info['held_out_loss']['after']:.3f}")
     extra, config = {}, {}
     if kind == "medusa":
@@ -311,13 +372,15 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
         config = {"num_heads": num_heads, "shared_readout": shared_readout,
                   "head_accuracies": info["head_accuracies"]}
         log("head accuracies (top-1): " + ", ".join(f"{a[0]:.1%}" for a in info["head_accuracies"]))
-    elif draft_vocab is not None:
-        counts = torch.bincount(train_ids, minlength=V)
-        extra["draft_vocab"] = counts.topk(draft_vocab).indices.sort().values
-        config = {"draft_vocab": draft_vocab}
+    else:
+        config = {"unroll": unroll}
+        if draft_vocab is not None:
+            counts = torch.bincount(train_ids, minlength=V)
+            extra["draft_vocab"] = counts.topk(draft_vocab).indices.sort().values
+            config["draft_vocab"] = draft_vocab
     info.update({
         "kind": kind, "num_heads": num_heads if kind == "medusa" else None, "draft_vocab": draft_vocab,
-        "shared_readout": shared_readout,
+        "shared_readout": shared_readout, "unroll": unroll,
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "target_dir": str(target_dir), "target_config": asdict(target.config), "out": str(out),
         "corpus": corpus, "texts": list(texts) if texts else None, "train_tokens": len(train_ids),
@@ -353,6 +416,9 @@ def main(argv=None) -> int:
     parser.add_argument("--shared-readout", action="store_true",
                         help="--kind medusa: read every head out through the target's own head instead of "
                              "an untied copy each (cheaper to run and to train; only the blocks learn)")
+    parser.add_argument("--unroll", type=int, default=1, metavar="K",
+                        help="--kind eagle: train drafting steps 1..K, each on its own predicted features "
+                             "(EAGLE-3's training-time test; default 1: the first step, on real features)")
     parser.add_argument("--draft-vocab", type=int, metavar="N",
                         help="--kind eagle: draft over the corpus's N most frequent tokens only")
     parser.add_argument("--batch-size", type=int, default=4)
@@ -367,7 +433,7 @@ def main(argv=None) -> int:
     command = " ".join(sys.argv[1:] if argv is None else argv)
     return run_command(lambda: train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads,
                                              args.draft_vocab, args.overwrite, command,
-                                             shared_readout=args.shared_readout), args.out)
+                                             shared_readout=args.shared_readout, unroll=args.unroll), args.out)
 
 
 if __name__ == "__main__":

@@ -63,13 +63,18 @@ class EagleNet(nn.Module):
         self.to(device=target.wte.weight.device, dtype=target.wte.weight.dtype)
 
     def forward(self, token_embeddings: torch.Tensor, features: torch.Tensor,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """token_embeddings [B, T, C] (wte of t_{i+1}), features [B, T, C] (f_i) -> the predicted
-        next features [B, T, C]. With a cache, these continue the positions it holds."""
+        next features [B, T, C]. With a cache, these continue the positions it holds.
+        attn_mask [T, T] (True = may attend; training only, without a cache): another mask than the
+        causal one, e.g. offline.train_drafter's training-time test."""
         x = self.w_in(torch.cat([token_embeddings, features], dim=-1))
         T = x.shape[1]
         start = cache.length if cache is not None else 0
-        attn_mask = None
+        if attn_mask is not None:
+            if cache is not None:
+                raise ValueError("attn_mask is for training, without a cache (a cache's mask is causal)")
+            return self.block(x, attn_mask, None, 0)
         if T > 1:  # causal, over the cached positions and the new ones
             slots = torch.arange(start, start + T, device=x.device)
             attn_mask = torch.arange(start + T, device=x.device)[None, :] <= slots[:, None]

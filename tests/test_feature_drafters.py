@@ -404,6 +404,30 @@ def train_tiny(target_dir, kind, out, **kwargs):
     return train_drafter(target_dir, kind, out, stdlib_texts()[:3], settings, log=lambda *a: None, **kwargs)
 
 
+@pytest.mark.parametrize("passes", [1, 3])
+def test_training_time_test_predicts_what_the_drafting_steps_predict(target, passes):
+    """EAGLE's training-time test (offline.train_drafter --unroll) computes, for every position of a
+    window at once, what drafting step k + 1 of a round predicts there: the same numbers as
+    running the drafter step by step on a KV cache, reading its own predicted features."""
+    from offline.train_drafter import eagle_unrolled_predictions
+
+    c = target.config
+    net = randomize(EagleNet(target), 0, std=0.1).eval()
+    ids = torch.tensor([(PROMPT * 3)[:12]])
+    with torch.no_grad():
+        features = target(ids, return_features=True)[1][:, :-1]  # f_i, i = 0 .. T - 1
+        embeddings = target.wte(ids[:, 1:])  # wte(t_{i+1})
+        unrolled = eagle_unrolled_predictions(net, embeddings, features, passes)  # [passes, 1, T, C]
+        T = features.shape[1]
+        for k in range(passes):
+            for i in range(k, T):  # pass k at i: step k + 1 of a round whose first step is at i - k
+                cache = KVCache(1, 1, c.n_head, T, c.head_dim, features.device, features.dtype)
+                predicted = net(embeddings[:, :i - k + 1], features[:, :i - k + 1], cache)[:, -1:]
+                for position in range(i - k + 1, i + 1):  # its own prediction of f_position
+                    predicted = net(embeddings[:, position:position + 1], predicted, cache)
+                torch.testing.assert_close(unrolled[k, :, i], predicted[:, 0], rtol=1e-5, atol=1e-5)
+
+
 def test_held_out_windows_sample_the_whole_held_out_text():
     """The held-out loss and head accuracies read windows from all over the held-out text, not
     its first file: the first windows of one file are no sample of the rest."""
@@ -419,7 +443,7 @@ def test_held_out_windows_sample_the_whole_held_out_text():
 
 
 @pytest.mark.parametrize("kind, options", [("medusa", dict(num_heads=1)), ("medusa", dict(num_heads=1, shared_readout=True)),
-                                           ("eagle", dict(draft_vocab=3000))])
+                                           ("eagle", dict(draft_vocab=3000)), ("eagle", dict(unroll=2))])
 def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
                                                                           options, monkeypatch):
     from spec_decoding.feature_files import load_feature_drafter
@@ -449,7 +473,11 @@ def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained
     assert reloaded.result.stats.token_sources == fresh.result.stats.token_sources
     assert reloaded.result.stats.tokens_accepted > 0  # trained a little: it drafts something useful
 
-    if kind == "eagle":  # seedable: the same seed gives the same weights (the cheaper kind shows it)
+    if "unroll" in options:
+        import json
+        assert json.loads((tmp_path / kind / "config.json").read_text())["unroll"] == options["unroll"]
+        assert "training-time test" in (tmp_path / kind / "README.md").read_text()
+    if "draft_vocab" in options:  # seedable: the same seed gives the same weights (the cheaper kind shows it)
         again, _ = train_tiny(target_dir, kind, tmp_path / "again", **options, settings=dict(steps=1))
         once_more, _ = train_tiny(target_dir, kind, tmp_path / "once-more", **options, settings=dict(steps=1))
         for a, b in zip(again.state_dict().values(), once_more.state_dict().values()):
@@ -506,6 +534,10 @@ def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
     assert main(["--target", str(tmp_path / "nothing"), "--kind", "eagle", "--out", str(tmp_path / "o")]) == 2
     with pytest.raises(TrainDrafterError, match="--shared-readout is for --kind medusa only"):
         train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "o", shared_readout=True)
+    with pytest.raises(TrainDrafterError, match="--unroll is for --kind eagle only"):
+        train_tiny(trained_pair_dirs[0], "medusa", tmp_path / "o", unroll=2)
+    with pytest.raises(TrainDrafterError, match="--unroll must be a whole number >= 1"):
+        train_tiny(trained_pair_dirs[0], "eagle", tmp_path / "o", unroll=0)
 
 
 # ------------------------------------------------------------------------------ command lines
