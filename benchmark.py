@@ -36,7 +36,7 @@ heads build it with their propose_tree; spec_decoding.cli.DRAFTER_KINDS says whi
 (drafter, tree) is timed like a gamma, the target's cost of verifying all the tree's nodes in one
 forward is measured, and the cells go to a table of their own ("tree_cells" in results.json, rows
 with a tree in the CSV, each naming its drafter), beside the same drafter's chain of as many draft
-tokens. A tree's prediction is Leviathan's speed-up with the measured tokens per round:
+tokens (or else as deep as the tree). A tree's prediction is Leviathan's speed-up with the measured tokens per round:
 tokens per target call / (depth * c + verify cost of its nodes), c being the drafter's own draft
 step (spec_decoding.theory.predicted_tree_speedup says why depth * c fits both kinds).
 
