@@ -406,7 +406,7 @@ def main(argv=None) -> int:
     parser.add_argument("--kind", required=True, choices=KINDS)
     parser.add_argument("--out", required=True, help="folder to create")
     parser.add_argument("--steps", type=int, help=f"training steps (default: medusa {MEDUSA_STEPS}, "
-                                                   f"eagle {EAGLE_STEPS}: a few minutes each on 2 cores)")
+                                                   f"eagle {EAGLE_STEPS}: minutes each on a 2-core CPU, docs/feature_drafters.md)")
     parser.add_argument("--minutes", type=float, help="stop after this many minutes if the steps are not done "
                                                       "(the README says so)")
     parser.add_argument("--text", nargs="+", metavar="PATH",
