@@ -139,3 +139,27 @@ plt.show()
 #   the target has read the prompt.
 # * Whatever the acceptance, the output is exactly the target's distribution: the drafters return
 #   the q they really drew from, and the modified rejection sampling does the rest.
+
+# %% [markdown]
+# ## Two design choices to try
+#
+# **Medusa's readout.** Each head has its own copy of `wte` as its output layer by default
+# (Medusa-1). `MedusaHeads(target, K, shared_readout=True)` (`--shared-readout` in the trainer)
+# reads every head out through the target's own `wte` instead, as DeepSeek-V3's
+# multi-token-prediction modules share the main model's head: only the small blocks train. On a
+# small target the readout is most of a head's cost, and K private copies read in turn stay in no
+# cache, so sharing it makes a round of drafts much cheaper.
+#
+# **EAGLE's training-time test.** During a round EAGLE reads its own predicted features. The
+# trainer's `--unroll K` trains drafting steps 1..K at every position of a window at once: step
+# k + 1 at position i reads step k's prediction at i - 1 and attends to what a round would have in
+# its cache. Below, the mask for a window of 5 positions and 3 steps (rows: queries, pass by pass;
+# columns: keys, pass by pass; 1 = may attend). A test checks that it predicts exactly what the
+# drafter predicts step by step on its KV cache.
+#
+# Both, measured on the default trained pair, are in docs/feature_drafters.md.
+
+# %%
+from offline.train_drafter import training_time_test_mask
+
+print(training_time_test_mask(5, 3).int())
