@@ -37,9 +37,9 @@ import torch.nn.functional as F
 
 from gpt2 import GPT2, load_gpt2
 # The corpus and the atomic write are train_pair's: one corpus discovery for every offline tool.
-from .train_pair import (TrainPairError, TrainSettings, corpus_files, learning_rate, split_documents,
-                             random_windows, run_command, set_learning_rate, tokenize_files,
-                             write_pair_atomically)
+from .train_pair import (TrainPairError, TrainSettings, capped_steps, corpus_files, learning_rate,
+                         split_documents, random_windows, run_command, set_learning_rate, tokenize_files,
+                         write_pair_atomically)
 from spec_decoding.eagle import EagleNet
 from spec_decoding.feature_files import KINDS, save_feature_drafter, target_fingerprint
 from spec_decoding.medusa import MedusaHeads
@@ -190,19 +190,14 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
     from tqdm.auto import tqdm
 
     module.train()
-    optimizer = torch.optim.AdamW((p for p in module.parameters() if p.requires_grad), lr=settings.learning_rate,
-                                  weight_decay=0.0)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     B, T, steps = settings.batch_size, context, settings.steps
     seconds = settings.minutes * 60 if settings.minutes else None
     bar = tqdm(total=steps, desc=f"training {kind}", unit="step", dynamic_ncols=True,
                disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
     start, cpu_start = time.perf_counter(), time.process_time()
-    step, losses = 0, []
-    while True:
-        elapsed = time.perf_counter() - start
-        progress = max(step / steps, elapsed / seconds if seconds else 0.0)
-        if progress >= 1 and step > 0:  # a cap that ran out before the first step still takes one
-            break
+    losses = []
+    for step, progress in capped_steps(steps, seconds):
         set_learning_rate(optimizer, learning_rate(settings, step, progress))
         window = random_windows(train_ids, B, T, generator)  # [B, T + 1]
         features = target_features(target, window[:, :T])
@@ -215,11 +210,11 @@ def train(kind: str, target: GPT2, module, train_ids: torch.Tensor, settings: Tr
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-        step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}", refresh=False)
     bar.close()
     module.eval()
+    step = len(losses)  # steps done
     return {"steps": step, "planned_steps": steps, "cut_short": step < steps,
             "seconds": round(time.perf_counter() - start, 1),
             "cpu_seconds": round(time.process_time() - cpu_start, 1), "tokens_seen": step * B * T,

@@ -242,6 +242,20 @@ def learning_rate(settings: TrainSettings, step: int, progress: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def capped_steps(steps: int, seconds: float | None):
+    """Yield (step, progress) for steps 0 .. steps - 1, stopping early when `seconds` (an optional
+    cap) have passed; a cap that runs out before the first step still gives that one. progress is
+    the share of the run done, of the steps or of the cap, whichever is larger (learning_rate's)."""
+    start, step = time.perf_counter(), 0
+    while True:
+        elapsed = time.perf_counter() - start
+        progress = max(step / steps, elapsed / seconds if seconds else 0.0)
+        if progress >= 1 and step > 0:
+            return
+        yield step, progress
+        step += 1
+
+
 def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Tensor,
               settings: TrainSettings, steps: int, generator: torch.Generator,
               seconds: float | None = None) -> tuple[GPT2, dict]:
@@ -265,12 +279,8 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
     bar = tqdm(total=steps, desc=f"training the {name}", unit="step", leave=True, dynamic_ncols=True,
                disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
     start, cpu_start = time.perf_counter(), time.process_time()
-    step, smoothed = 0, None
-    while True:
-        elapsed = time.perf_counter() - start
-        progress = max(step / steps, elapsed / seconds if seconds else 0.0)
-        if progress >= 1 and step > 0:  # a cap that ran out before the first step still takes one
-            break
+    smoothed = None
+    for step, progress in capped_steps(steps, seconds):
         set_learning_rate(optimizer, learning_rate(settings, step, progress))
         window = random_windows(train, B, T, generator)  # [B, T + 1]
         logits = model(window[:, :-1])  # [B, T, kept + 1]
@@ -279,12 +289,12 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        step += 1
         smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
         bar.update(1)
-        bar.set_postfix(step=step, loss=f"{smoothed:.3f}", refresh=False)
+        bar.set_postfix(step=step + 1, loss=f"{smoothed:.3f}", refresh=False)
     bar.close()
     model.eval()
+    step += 1  # steps done
     return model, {"steps": step, "planned_steps": steps, "cut_short": step < steps,
                    "seconds": round(time.perf_counter() - start, 1),
                    "cpu_seconds": round(time.process_time() - cpu_start, 1),
