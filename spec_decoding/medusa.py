@@ -120,7 +120,6 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"num_heads must be an int >= 1 (tokens guessed per round), got {num_heads!r}")
         c = target.config
         self.num_heads = num_heads
-        self.shared_readout = bool(shared_readout)
         self.heads = nn.ModuleList(MedusaHead(c.n_embd, c.vocab_size, own_readout=not shared_readout)
                                    for _ in range(num_heads))
         with torch.no_grad():
@@ -128,6 +127,10 @@ class MedusaHeads(nn.Module):
                 if head.out is not None:
                     head.out.weight.copy_(target.wte.weight)  # a copy: untied from the target
         self.to(device=target.wte.weight.device, dtype=target.wte.weight.dtype)
+
+    @property
+    def shared_readout(self) -> bool:
+        return self.heads[0].out is None
 
     def forward(self, features: torch.Tensor, target: GPT2, num_heads: int | None = None) -> torch.Tensor:
         """features: the target's features (before ln_f), read through the target's ln_f (and,
