@@ -18,6 +18,16 @@ def load(data: Path, name: str):
     return load_gpt2(Path(data) / name, dtype="float32")
 
 
+def lossless_reference(inputs, data) -> list[float]:
+    """The reference of the lossless checks: the vocab target's exact distribution over
+    inputs["n_tokens"] tokens after inputs["prompt"] at temperature 1, flattened (to compare sample
+    counts with, spec_decoding.checks)."""
+    from spec_decoding.checks import exact_distribution
+
+    return exact_distribution(load(data, "vocab_target"), inputs["prompt"], inputs["n_tokens"],
+                              dict(temperature=1.0)).reshape(-1).tolist()
+
+
 def function(dotted: str):
     """The function a dotted name (module path, then attributes) points to, imported now."""
     parts = dotted.split(".")

@@ -3,7 +3,7 @@
 import torch
 
 from ..definition import Assignment, Check, Failed
-from ..probing import PROMPT, first_difference, load, seeded, tokens_of
+from ..probing import PROMPT, first_difference, load, lossless_reference, seeded, tokens_of
 
 NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
 
@@ -93,13 +93,6 @@ def lossless_probe(inputs, data):
                                     inputs["gamma"], temperature=1.0, generator=g).tokens
                for _ in range(inputs["samples"])]
     return counts_of(samples, target.config.vocab_size, inputs["n_tokens"]).tolist()
-
-
-def lossless_reference(inputs, data):
-    from spec_decoding.checks import exact_distribution
-
-    return exact_distribution(load(data, "vocab_target"), inputs["prompt"], inputs["n_tokens"],
-                              dict(temperature=1.0)).reshape(-1).tolist()
 
 
 def lossless_judge(inputs, ref, got):

@@ -10,7 +10,7 @@ classic mistakes produce, to name the mistake.
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
-from ..probing import function, max_difference, random_distributions, seeded
+from ..probing import function, lossless_reference, max_difference, random_distributions, seeded
 
 RESIDUAL = "spec_decoding.rejection.residual_distribution"
 # The rejection step every generator calls.
@@ -194,15 +194,6 @@ def lossless_probe(inputs, data):
     samples = [speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], inputs["gamma"],
                                     temperature=1.0, generator=g).tokens for _ in range(inputs["samples"])]
     return counts_of(samples, target.config.vocab_size, inputs["n_tokens"]).tolist()
-
-
-def lossless_reference(inputs, data):
-    from spec_decoding.checks import exact_distribution
-
-    from ..probing import load
-
-    target = load(data, "vocab_target")
-    return exact_distribution(target, inputs["prompt"], inputs["n_tokens"], dict(temperature=1.0)).reshape(-1).tolist()
 
 
 def lossless_judge(inputs, ref, got):

@@ -4,7 +4,7 @@ instructor.md: the notes)."""
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
-from ..probing import function, load, random_distributions, seeded
+from ..probing import function, load, lossless_reference, random_distributions, seeded
 from ..rejection_sampling import _named
 
 MULTI = "spec_decoding.rejection.multi_draft_rejection_sampling"
@@ -92,13 +92,6 @@ def lossless_probe(inputs, data):
     samples = [tree_speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], tuple(inputs["branching"]),
                                          temperature=1.0, generator=g).tokens for _ in range(inputs["samples"])]
     return counts_of(samples, target.config.vocab_size, inputs["n_tokens"]).tolist()
-
-
-def lossless_reference(inputs, data):
-    from spec_decoding.checks import exact_distribution
-
-    return exact_distribution(load(data, "vocab_target"), inputs["prompt"], inputs["n_tokens"],
-                              dict(temperature=1.0)).reshape(-1).tolist()
 
 
 def lossless_judge(inputs, ref, got):
