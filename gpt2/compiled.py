@@ -136,6 +136,7 @@ class CompiledDecode:
 
 
 COMPILE_CHOICES = (False, True, "auto")
+COMPILE_FLAGS = {"off": False, "on": True, "auto": "auto"}  # the scripts' --compile
 # compile="auto" takes the compiled path only where it is faster than eager by this fraction: a
 # closer result is timing noise, and eager is what the learner reads.
 AUTO_MARGIN = 0.05

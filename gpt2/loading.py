@@ -382,7 +382,8 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path) -> tuple[t
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
         dtype, quantize, why = auto_format(device, config)
         if why is not None and device.type == "cpu":
-            name = "float16 weights (float32 math)" if quantize == "fp16" else str(dtype).removeprefix("torch.")
+            name = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
+                quantize, str(dtype).removeprefix("torch."))
             note_once(f"note: dtype auto for {Path(path).parent.name or path}: {name}, {why}", sys.stderr)
         return dtype, quantize
     dtype = resolve_dtype(dtype, device, config)

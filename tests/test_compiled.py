@@ -113,6 +113,8 @@ def test_auto_says_why(model):
     eager(model)
 
 
-def test_load_refuses_an_unknown_compile_choice(make_checkpoint):
+def test_load_compile_flag(make_checkpoint):
+    folder = make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0)
+    assert is_compiled(load_gpt2(folder, compile=True)) and not is_compiled(load_gpt2(folder))
     with pytest.raises(ValueError, match="compile must be one of"):
-        load_gpt2(make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0), compile="yes")
+        load_gpt2(folder, compile="yes")
