@@ -14,4 +14,5 @@ docs/instructor_guide.md is the instructor's guide. The modules:
     registry.py    the ready-made ones, custom ones           grade.py    grading, reports
     references.py  inputs, reference values, checkpoints      export.py   Gradescope, GitHub Classroom
     probing.py     helpers the checks share                   runner.py, zygote.py  a check's process
+    sandbox.py     the sandbox user, namespaces, killing every process of a check
 """
