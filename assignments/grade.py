@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
+from .memory import killed_for_memory, oom_killed_between, oom_kills
 from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OUTPUT_HEAD, Sandbox
@@ -91,6 +92,7 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
     """Run the check's probe on the code in `tree` in a child forked in the sandbox; return what
     it sent back. Every process of the check is dead when this returns."""
     timeout = timeout or check.timeout
+    kills = oom_kills()  # the kernel's count: a check that ends in silence may have been killed for memory
     end = zygote.run(check.name, tree, data, inputs, timeout)
     run = ChildRun(seconds=end.seconds, extra={"exit_code": end.exit_code})
     run.output = _truncated(*end.output, OUTPUT_HEAD)
@@ -104,6 +106,8 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
         run.error = "a process your code started kept the check's pipes open after it ended"
     elif size > MAX_VALUES_BYTES:
         run.error = f"sent back {size:,} bytes of values (at most {MAX_VALUES_BYTES:,})"
+    elif not data_bytes and oom_killed_between(kills, oom_kills()):
+        run.error = killed_for_memory()
     elif not data_bytes:
         run.error = ("the process ended before the check could report: did your code call exit(), "
                      "kill itself or crash Python?")
@@ -329,18 +333,3 @@ def print_report(report: Report, file=None, show_output: bool = True) -> None:
     if report.isolation is not None:  # the instructor's grade: was it isolated, can it be trusted
         print(f"UNOFFICIAL: {'; '.join(report.unofficial)}" if report.unofficial else report.isolation["line"],
               file=file)
-
-
-def gradescope_results(report: Report) -> dict:
-    """results.json in Gradescope's autograder format (one test per check)."""
-    tests = []
-    for r in report.results:
-        output = r.message
-        if r.output.strip():
-            output += "\n\nYour code printed (truncated):\n" + r.output
-        tests.append({"name": r.check, "score": r.points, "max_score": r.max_points,
-                      "status": "passed" if r.passed else "failed",
-                      "visibility": "visible" if r.visible else "after_published", "output": output})
-    return {"score": report.points, "execution_time": round(report.seconds, 1),
-            "output": "\n".join(report.notes) or f"{report.assignment}: {report.points:g}/{report.max_points:g}",
-            "visibility": "visible", "tests": tests}
