@@ -103,7 +103,8 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
     if end.hung:
         run.error = f"did not finish within {timeout:g} s (an endless loop? a very slow loop?)"
     elif end.stuck:
-        run.error = "a process your code started kept the check's pipes open after it ended"
+        run.error = ("a process your code started kept the check's pipes open after it ended (and could not be "
+                     f"killed: {', '.join(f'pid {pid} {command!r}' for pid, command in end.stuck)})")
     elif size > MAX_VALUES_BYTES:
         run.error = f"sent back {size:,} bytes of values (at most {MAX_VALUES_BYTES:,})"
     elif not data_bytes and oom_killed_between(kills, oom_kills()):
@@ -283,7 +284,14 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
         refs = references(definition, data, seed, [c for c in definition.checks if not only or c.name in only])
         grade_tree(definition, tmp / "pristine", files, data, refs, only, timeout, notes, isolation=isolation,
                    report=report)
-    if report.isolation["level"] != "namespaces":  # it could read what every user can (your checkout)
+    return mark_isolation(report)
+
+
+def mark_isolation(report: Report) -> Report:
+    """An instructor's grade run with less than namespaces is unofficial, saying why in one line:
+    the student's code could read what every user of the machine can (your checkout, other
+    submissions) or, not isolated at all, anything of yours."""
+    if report.isolation["level"] != "namespaces":
         report.unofficial.insert(0, report.isolation["line"])
     return report
 

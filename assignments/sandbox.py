@@ -412,7 +412,24 @@ class ChildEnd:
     exit_code: int | None  # as subprocess gives it: negative for a signal; None if unknown
     seconds: float
     killed_after: int = 0  # processes it left running, killed when it ended
-    stuck: bool = False  # a pipe stayed open after the kill (only without a sandbox user)
+    stuck: list = field(default_factory=list)  # (pid, command) of processes holding its pipes after the kill
+                                               # (only possible without a sandbox user)
+
+
+def pipe_holders(inodes) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes holding the pipes with these inode numbers."""
+    wanted = {f"pipe:[{inode}]" for inode in inodes}
+    holders = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(f"{entry.path}/fd/{fd}") in wanted for fd in os.listdir(f"{entry.path}/fd")):
+                command = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                holders.append((int(entry.name), command.strip()[:120]))
+        except OSError:
+            continue
+    return holders
 
 
 def _drain(stream, keep: list, limit: int) -> None:
@@ -574,6 +591,7 @@ class Sandbox:
                 raise OSError("the sandbox's zygote process ended")
             pid = message.get("pid")
         start = time.perf_counter()
+        pipes = [os.fstat(fd).st_ino for fd in (output_read, answer_read)]
         output, answer = [], []
         threads = [threading.Thread(target=_drain, args=(os.fdopen(output_read, "rb"), output, OUTPUT_HEAD), daemon=True),
                    threading.Thread(target=_read_answer, args=(os.fdopen(answer_read, "rb"), answer), daemon=True),
@@ -595,8 +613,9 @@ class Sandbox:
         for t in threads[:2]:
             t.join(10)
             stuck |= t.is_alive()
+        holders = pipe_holders(pipes) if stuck else []
         return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
-                        seconds, killed - hung, stuck)
+                        seconds, killed - hung, holders)
 
     def kill_all(self, session: int | None = None) -> int:
         """Kill every process of the sandbox user; without one, the session `session` leads."""
