@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
+from .memory import killed_for_memory, oom_killed_between, oom_kills
 from .make import IGNORE, MANIFEST, ROOT, make, refuse_a_students_copy
 from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
 from .registry import assignment_of
@@ -146,6 +147,7 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
     """Run the check's probe on the code in `tree`, in a new process (forked from the zygote, or
     started afresh); return what it sent back."""
     timeout = timeout or check.timeout
+    kills = oom_kills()  # the kernel's count: a check that ends in silence may have been killed for memory
     answer_read, answer_write = os.pipe()
     if zygote is not None:
         stdin_read, stdin_write = os.pipe()
@@ -196,6 +198,8 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
         run.error = f"did not finish within {timeout:g} s (an endless loop? a very slow loop?)"
     elif size > MAX_VALUES_BYTES:
         run.error = f"sent back {size:,} bytes of values (at most {MAX_VALUES_BYTES:,})"
+    elif not data_bytes and oom_killed_between(kills, oom_kills()):
+        run.error = killed_for_memory()
     elif not data_bytes:
         run.error = ("the process ended before the check could report: did your code call exit(), "
                      "kill itself or crash Python?")
@@ -370,18 +374,3 @@ def print_report(report: Report, file=None, show_output: bool = True) -> None:
     verdict = "ALL PASS" if report.passed else "NOT YET: fix the failing checks above"
     print(f"\n{verdict}: {report.points:g}/{report.max_points:g} points (graded in {report.seconds:.0f} s)",
           file=file)
-
-
-def gradescope_results(report: Report) -> dict:
-    """results.json in Gradescope's autograder format (one test per check)."""
-    tests = []
-    for r in report.results:
-        output = r.message
-        if r.output.strip():
-            output += "\n\nYour code printed (truncated):\n" + r.output
-        tests.append({"name": r.check, "score": r.points, "max_score": r.max_points,
-                      "status": "passed" if r.passed else "failed",
-                      "visibility": "visible" if r.visible else "after_published", "output": output})
-    return {"score": report.points, "execution_time": round(report.seconds, 1),
-            "output": "\n".join(report.notes) or f"{report.assignment}: {report.points:g}/{report.max_points:g}",
-            "visibility": "visible", "tests": tests}

@@ -32,10 +32,13 @@ def function(dotted: str):
     """The function a dotted name (module path, then attributes) points to, imported now."""
     parts = dotted.split(".")
     for i in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:i])
         try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name and (module == error.name or module.startswith(error.name + ".")):
+                continue  # not a module: an attribute of a shorter prefix
+            raise  # a module the student's file imports is missing: that error, not ours
         for attr in parts[i:]:
             obj = getattr(obj, attr)
         return obj

@@ -19,12 +19,22 @@ from pathlib import Path
 
 def explain(error: BaseException) -> str:
     """The student's exception in one line, with where in their copy it was raised."""
+    from assignments.memory import out_of_memory
+
     if isinstance(error, NotImplementedError):
         return f"not implemented yet ({error})"
     here = str(Path.cwd().resolve())
+    memory = out_of_memory(error)
+    if memory:
+        return memory
+    if isinstance(error, SyntaxError) and error.filename and error.filename.startswith(here):
+        return (f"your code could not be imported: SyntaxError: {error.msg} at "
+                f"{Path(error.filename).relative_to(here)}:{error.lineno}")
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if f.filename.startswith(here) and "/assignments/" not in f.filename]
     where = f" at {Path(frames[-1].filename).relative_to(here)}:{frames[-1].lineno}" if frames else ""
+    if isinstance(error, ImportError):  # the student's file imports something that is not there
+        return f"your code could not be imported: {type(error).__name__}: {error}{where}"
     return f"raised {type(error).__name__}: {error}{where}"
 
 
