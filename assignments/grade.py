@@ -27,7 +27,8 @@ from pathlib import Path
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .memory import killed_for_memory, oom_killed_between, oom_kills
 from .make import IGNORE, MANIFEST, ROOT, make, refuse_a_students_copy
-from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
+from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
+                         refuse_a_failing_seed)
 from .registry import assignment_of
 from .serving import NothingServed, Server, serve_in_thread
 
@@ -345,6 +346,7 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
              ship_visible=False)
         data = make_data(tmp / "data")
         refs = references(assignment, data, seed, [c for c in assignment.checks if not only or c.name in only])
+        refuse_a_failing_seed(assignment, data, refs, seed)  # else it fails every student who computes as it does
         return grade_tree(assignment, tmp / "pristine", files, data, refs, only, timeout, notes)
 
 

@@ -8,6 +8,7 @@ from .definition import Assignment
 
 HIDDEN_SEED = 1  # the instructor's inputs; the visible ones (shipped with the copy) use seed 0
 VISIBLE_SEED = 0
+MAX_SEED = 10_000  # seeds 0..MAX_SEED give valid inputs for every check (tests/test_grader_verdicts.py sweeps them)
 
 
 def make_data(folder: Path) -> Path:
@@ -34,6 +35,11 @@ def references(assignment: Assignment, data: Path, seed: int, checks=None) -> di
     hidden checks' inputs."""
     import torch
 
+    from .definition import AssignmentError
+
+    if not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+        raise AssignmentError(f"--seed {seed}: give a seed between 0 and {MAX_SEED} (every one of them gives "
+                              f"valid inputs to every check; others are not tested)")
     torch.set_num_threads(1)
     out = {}
     for check in checks or assignment.checks:
