@@ -27,8 +27,10 @@ from pathlib import Path
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .memory import killed_for_memory, oom_killed_between, oom_kills
 from .make import IGNORE, MANIFEST, ROOT, make, refuse_a_students_copy
-from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
+from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
+                         refuse_a_failing_seed)
 from .registry import assignment_of
+from .serving import NothingServed, Server, serve_in_thread
 
 OUTPUT_HEAD, OUTPUT_TAIL = 6000, 2000  # characters of a child's output kept (start and end)
 MAX_VALUES_BYTES = 16 * 2**20  # a probe's answer larger than this is refused
@@ -124,10 +126,10 @@ class Zygote:
             stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
 
-    def fork(self, tree: Path, check: str, data: Path, stdin: int, output: int, answer: int) -> int:
+    def fork(self, tree: Path, check: str, data: Path, stdin: int, output: int, answer: int, served: int) -> int:
         """The child's pid (it leads its own session; its cwd and sys.path[0] are `tree`)."""
         socket.send_fds(self.sock, [json.dumps({"check": check, "data": str(data), "tree": str(tree)}).encode()],
-                        [stdin, output, answer])
+                        [stdin, output, answer, served])
         reply = self.sock.recv(4096)
         if not reply:
             raise OSError("the zygote process ended")
@@ -143,28 +145,34 @@ class Zygote:
 
 
 def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | None = None,
-              zygote: Zygote | None = None) -> ChildRun:
+              zygote: Zygote | None = None, server: Server | None = None) -> ChildRun:
     """Run the check's probe on the code in `tree`, in a new process (forked from the zygote, or
-    started afresh); return what it sent back."""
+    started afresh); return what it sent back. server: what this process serves the probe while
+    it runs (assignments/serving.py); what it counted is in the result's `served`."""
     timeout = timeout or check.timeout
     kills = oom_kills()  # the kernel's count: a check that ends in silence may have been killed for memory
+    server = server or NothingServed()
     answer_read, answer_write = os.pipe()
+    served_here, served_there = socket.socketpair()
     if zygote is not None:
         stdin_read, stdin_write = os.pipe()
         output_read, output_write = os.pipe()
-        pid = zygote.fork(tree, check.name, data, stdin_read, output_write, answer_write)
+        pid = zygote.fork(tree, check.name, data, stdin_read, output_write, answer_write, served_there.fileno())
         start = time.perf_counter()
         for fd in (stdin_read, output_write, answer_write):
             os.close(fd)
         stdin, output_stream, process = os.fdopen(stdin_write, "wb"), os.fdopen(output_read, "rb"), None
     else:
-        command = [sys.executable, "-E", "-s", "-m", "assignments.runner", check.name, str(data), str(answer_write)]
+        command = [sys.executable, "-E", "-s", "-m", "assignments.runner", check.name, str(data), str(answer_write),
+                   str(served_there.fileno())]
         process = subprocess.Popen(command, cwd=tree, env=child_env(tree.parent), stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(answer_write,),
-                                   start_new_session=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   pass_fds=(answer_write, served_there.fileno()), start_new_session=True)
         os.close(answer_write)
         pid, stdin, output_stream = process.pid, process.stdin, process.stdout
         start = time.perf_counter()
+    served_there.close()
+    serving = serve_in_thread(server, served_here)
     output, answer = [], []
     threads = [threading.Thread(target=_drain, args=(output_stream, output, OUTPUT_HEAD)),
                threading.Thread(target=_read_all, args=(answer_read, answer))]
@@ -189,7 +197,10 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
             t.join(10)
     if process is not None:
         process.wait()
-    run = ChildRun(seconds=time.perf_counter() - start)
+    served_here.shutdown(socket.SHUT_RDWR)  # the child is done: nothing more is served
+    serving.join(10)
+    served_here.close()
+    run = ChildRun(seconds=time.perf_counter() - start, served=server.record())
     if output:
         head, tail, total = output[0]
         run.output = _truncated(head, tail, total, OUTPUT_HEAD)
@@ -223,7 +234,8 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
     passed, message = False, run.error
     if run.error is None:
         try:
-            check.judge(inputs, reference, run.values)
+            # a check with a server also gets what the server counted (in this process)
+            check.judge(inputs, reference, run.values, *([run.served] if check.serve else []))
             passed, message = True, "ok"
         except Failed as failure:
             message = str(failure)
@@ -298,7 +310,8 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
                     if check.name not in refs or (only and check.name not in only):
                         continue
                     entry = refs[check.name]
-                    run = run_child(tree, check, entry["inputs"], data, timeout, zygote)
+                    server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
+                    run = run_child(tree, check, entry["inputs"], data, timeout, zygote, server)
                     report.results.append(judge(check, entry["inputs"], entry["reference"], run))
             finally:
                 if own:
@@ -333,6 +346,7 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
              ship_visible=False)
         data = make_data(tmp / "data")
         refs = references(assignment, data, seed, [c for c in assignment.checks if not only or c.name in only])
+        refuse_a_failing_seed(assignment, data, refs, seed)  # else it fails every student who computes as it does
         return grade_tree(assignment, tmp / "pristine", files, data, refs, only, timeout, notes)
 
 

@@ -3,9 +3,9 @@
 Importing torch costs about a second of CPU; every check paying it again would make grading
 (and this project's tests) slow. The grader starts one zygote in the temporary copy, with the
 same scrubbed environment a check gets; it imports torch and the grader's check definitions
-(assignments/, never the student's files) and waits. For each check the grader sends it three
-file descriptors over a Unix socket: the child's stdin (the inputs), its stdout/stderr, and the
-pipe for its answer. The zygote forks; the child starts its own session (so the grader can kill
+(assignments/, never the student's files) and waits. For each check the grader sends it four
+file descriptors over a Unix socket: the child's stdin (the inputs), its stdout/stderr, the
+pipe for its answer and a socket to the grader (assignments/serving.py). The zygote forks; the child starts its own session (so the grader can kill
 it and all it started on a timeout), imports the student's code fresh and runs the probe
 (assignments/runner.py). So every check still runs in its own process, with its own timeout.
 """
@@ -27,7 +27,7 @@ def serve(sock: socket.socket) -> None:
     torch.set_num_threads(1)
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 65536, 3)
+            message, fds, _, _ = socket.recv_fds(sock, 65536, 4)
         except OSError:
             message = b""
         if not message:  # the grader closed its end: done
@@ -38,7 +38,7 @@ def serve(sock: socket.socket) -> None:
         if pid == 0:
             sock.close()
             os.setsid()
-            stdin, output, answer = fds
+            stdin, output, answer, served = fds
             os.dup2(output, 1)
             os.dup2(output, 2)
             os.close(output)
@@ -50,7 +50,7 @@ def serve(sock: socket.socket) -> None:
 
             with os.fdopen(stdin) as inputs:
                 text = inputs.read()
-            run(request["check"], Path(request["data"]), answer, text)
+            run(request["check"], Path(request["data"]), answer, text, served)
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps({"pid": pid}).encode())
