@@ -14,6 +14,7 @@ or sends nothing fails with a message saying so, and the other checks are not af
 
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -23,9 +24,11 @@ from pathlib import Path
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import killed_for_memory, oom_killed_between, oom_kills
-from .references import HIDDEN_SEED, VISIBLE_SEED, make_data, references  # noqa: F401  (VISIBLE_SEED: for callers)
+from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
+                         refuse_a_failing_seed)
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OUTPUT_HEAD, Sandbox
+from .serving import NothingServed, Server, serve_in_thread
 
 
 @dataclass
@@ -88,13 +91,24 @@ def _truncated(head: str, tail: str, total: int, limit: int) -> str:
 
 
 def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | None = None,
-              zygote: Sandbox = None) -> ChildRun:
+              zygote: Sandbox = None, server: Server | None = None) -> ChildRun:
     """Run the check's probe on the code in `tree` in a child forked in the sandbox; return what
-    it sent back. Every process of the check is dead when this returns."""
+    it sent back. Every process of the check is dead when this returns. server: what this
+    process serves the probe while it runs (assignments/serving.py); what it counted is in the
+    result's `served`."""
     timeout = timeout or check.timeout
     kills = oom_kills()  # the kernel's count: a check that ends in silence may have been killed for memory
-    end = zygote.run(check.name, tree, data, inputs, timeout)
-    run = ChildRun(seconds=end.seconds, extra={"exit_code": end.exit_code})
+    server = server or NothingServed()
+    served_here, served_there = socket.socketpair()
+    serving = serve_in_thread(server, served_here)
+    try:
+        end = zygote.run(check.name, tree, data, inputs, timeout, served=served_there)
+    finally:
+        served_there.close()
+        served_here.shutdown(socket.SHUT_RDWR)  # the check's processes are dead: nothing more is served
+        serving.join(10)
+        served_here.close()
+    run = ChildRun(seconds=end.seconds, extra={"exit_code": end.exit_code}, served=server.record())
     run.output = _truncated(*end.output, OUTPUT_HEAD)
     if end.killed_after:
         run.output += (f"\n[{end.killed_after} process(es) your code started were still running when the check "
@@ -132,7 +146,8 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
     passed, message = False, run.error
     if run.error is None:
         try:
-            check.judge(inputs, reference, run.values)
+            # a check with a server also gets what the server counted (in this process)
+            check.judge(inputs, reference, run.values, *([run.served] if check.serve else []))
             passed, message = True, "ok"
         except Failed as failure:
             message = str(failure)
@@ -201,7 +216,8 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
                 if check.name not in refs or (only and check.name not in only):
                     continue
                 entry = refs[check.name]
-                run = run_child(tree, check, entry["inputs"], data, timeout, zygote)
+                server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
+                run = run_child(tree, check, entry["inputs"], data, timeout, zygote, server)
                 report.results.append(judge(check, entry["inputs"], entry["reference"], run))
                 report.seconds = time.perf_counter() - start
                 if on_result is not None:
@@ -282,6 +298,7 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
              ship_visible=False)
         data = make_data(tmp / "data")
         refs = references(definition, data, seed, [c for c in definition.checks if not only or c.name in only])
+        refuse_a_failing_seed(definition, data, refs, seed)  # else it fails every student who computes as it does
         grade_tree(definition, tmp / "pristine", files, data, refs, only, timeout, notes, isolation=isolation,
                    report=report)
     return mark_isolation(report)

@@ -1,6 +1,6 @@
 """The child process of one check, run inside the student's copy (its cwd and sys.path[0]):
 
-    python -m assignments.runner CHECK DATA_DIR FD     (the check's inputs as JSON on stdin)
+    python -m assignments.runner CHECK DATA_DIR FD SERVED_FD    (the check's inputs as JSON on stdin)
 
 (or forked by assignments/zygote.py, which has torch imported already: the same, faster).
 
@@ -38,14 +38,19 @@ def explain(error: BaseException) -> str:
     return f"raised {type(error).__name__}: {error}{where}"
 
 
-def run(check_name: str, data: Path, fd: int, inputs_text: str) -> None:
-    """Run one check's probe and write its answer to fd; never returns (os._exit)."""
+def run(check_name: str, data: Path, fd: int, inputs_text: str, served_fd: int | None = None) -> None:
+    """Run one check's probe and write its answer to fd; never returns (os._exit). served_fd: a
+    socket to the grader, for the checks it serves a model to (assignments/serving.py)."""
     import torch
 
     torch.set_num_threads(1)
     message = {}
     try:
+        from assignments import serving
         from assignments.registry import all_checks
+
+        if served_fd is not None:
+            serving.connect(served_fd)
 
         check = all_checks()[check_name]
         message = {"values": check.probe(json.loads(inputs_text), data)}
@@ -65,7 +70,7 @@ def run(check_name: str, data: Path, fd: int, inputs_text: str) -> None:
 
 
 def main(argv) -> None:
-    run(argv[0], Path(argv[1]), int(argv[2]), sys.stdin.read())
+    run(argv[0], Path(argv[1]), int(argv[2]), sys.stdin.read(), int(argv[3]) if len(argv) > 3 else None)
 
 
 if __name__ == "__main__":

@@ -574,14 +574,15 @@ class Sandbox:
         threading.Thread(target=process.stderr.read, daemon=True).start()  # never blocks it
         return process, sock
 
-    def run(self, check: str, tree: Path, data: Path, inputs, timeout: float) -> ChildEnd:
+    def run(self, check: str, tree: Path, data: Path, inputs, timeout: float, served: socket.socket) -> ChildEnd:
         """Fork a child in `tree` that runs `check`'s probe on `inputs`; wait until it exits or
-        `timeout` seconds pass; then kill every process it left; return what it sent."""
+        `timeout` seconds pass; then kill every process it left; return what it sent. served: the
+        child's end of a socket to the grader (assignments/serving.py)."""
         stdin_read, stdin_write = os.pipe()
         output_read, output_write = os.pipe()
         answer_read, answer_write = os.pipe()
         socket.send_fds(self.sock, [json.dumps({"check": check, "data": str(data), "tree": str(tree)}).encode()],
-                        [stdin_read, output_write, answer_write])
+                        [stdin_read, output_write, answer_write, served.fileno()])
         for fd in (stdin_read, output_write, answer_write):
             os.close(fd)  # the grader keeps no write end: end of file once the child's side is gone
         pid = None

@@ -5,8 +5,9 @@ Importing torch costs about a second of CPU; every check paying it again would m
 (and this project's tests) slow. The sandbox starts one zygote in its folder, with a scrubbed
 environment; with namespaces it first builds the sandbox's root folder and chroots into it
 (sandbox.build_root). It imports torch and the grader's check definitions (assignments/, never the
-student's files) and waits. For each check the grader sends it three file descriptors over a Unix
-socket: the child's stdin (the inputs), its stdout/stderr, and the pipe for its answer. The zygote
+student's files) and waits. For each check the grader sends it four file descriptors over a Unix
+socket: the child's stdin (the inputs), its stdout/stderr, the pipe for its answer and a socket to
+the grader (for the checks it serves a model to: assignments/serving.py). The zygote
 forks; the child reads its inputs, starts its own session, drops to the sandbox user
 (sandbox.enter), imports the student's code fresh and runs the probe (assignments/runner.py). The
 zygote tells the grader the child's pid, and later that it exited (and how), so the grader knows
@@ -59,7 +60,7 @@ def serve(sock: socket.socket, config: dict) -> None:
         if sock not in ready:
             continue
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 65536, 3)
+            message, fds, _, _ = socket.recv_fds(sock, 65536, 4)
         except OSError:
             message = b""
         if not message:  # the grader closed its end: done
@@ -80,17 +81,17 @@ def child(request: dict, fds, config: dict, run, enter) -> None:
     """A check's child: never returns."""
     try:
         os.setsid()  # its own session (without a sandbox user, what the grader kills)
-        stdin, output, answer = fds
+        stdin, output, answer, served = fds
         with os.fdopen(stdin, "rb") as inputs:  # read before any student code runs
             text = inputs.read().decode()
         os.dup2(output, 1)
         os.dup2(output, 2)
         os.close(output)
-        enter(config, request["tree"], keep_fds=(answer,))
+        enter(config, request["tree"], keep_fds=(answer, served))
         sys.path[0] = request["tree"]
         from pathlib import Path
 
-        run(request["check"], Path(request["data"]), answer, text)
+        run(request["check"], Path(request["data"]), answer, text, served)
     finally:
         os._exit(112)  # something above failed: the grader reports a check that sent nothing
 

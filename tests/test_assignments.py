@@ -223,7 +223,7 @@ SHORTCUTS = {
         ("spec_decoding/greedy.py", "speculative_sampling_greedy",
          "from .autoregressive import autoregressive_generate\n"
          "    return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)",
-         "greedy_speculates", "forward passes for 30 tokens"),
+         "greedy_speculates", "the target ran 30 forward passes"),
         ("spec_decoding/greedy.py", "speculative_sampling_greedy",
          "from .tree import tree_speculative_sampling\n"
          "    return tree_speculative_sampling(target, draft, prompt_ids, max_gen, (1,) * gamma, temperature=0.0, eos_id=eos_id)",
