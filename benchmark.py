@@ -71,6 +71,7 @@ from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
 from benchmarks.common import gamma_order, timed
 from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
+from gpt2.machine_load import busy_note
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.batched import MAX_BATCH_SIZE
@@ -629,6 +630,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if note := busy_note("--threads 1"):  # before any timing: its numbers will show it
+        print(note, flush=True)
     try:
         device = resolve_device(args.device)
     except ValueError as e:
