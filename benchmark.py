@@ -72,6 +72,7 @@ from gpt2.compiled import COMPILE_FLAGS
 from benchmarks.common import gamma_order, timed
 from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
+from gpt2.machine_load import busy_note
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.batched import MAX_BATCH_SIZE
@@ -632,6 +633,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if note := busy_note("--threads 1"):  # before any timing: its numbers will show it
+        print(note, flush=True)
     try:
         device = resolve_device(args.device)
     except ValueError as e:

@@ -45,6 +45,7 @@ from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
 from gpt2.compiled import COMPILE_FLAGS
 from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
+from gpt2.machine_load import busy_note
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
 from spec_decoding.decoding import check_drafter
@@ -122,7 +123,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=cli.positive_int, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=cli.probability,
                         help="sample among the most likely tokens holding this much probability")
-    parser.add_argument("--seed", type=int, help="random seed, for reproducible sampling")
+    parser.add_argument("--seed", type=int,
+                        help="random seed: the same seed, models and options on the same machine give "
+                             "the same tokens (with --gamma auto: and the same costs, --cost-model FILE)")
+    parser.add_argument("--threads", type=cli.positive_int, metavar="N",
+                        help="CPU threads for PyTorch (default: its own choice, one per core); on a "
+                             "busy machine 1 is often faster")
     parser.add_argument("--device", default="auto",
                         help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
@@ -348,6 +354,9 @@ def get_cost_model(args, target, draft) -> CostModel | None:
                              f"{cost_model.gamma_max}, or delete the file to measure again")
     else:
         print("Measuring the per-call costs for --gamma auto (a few seconds) ...", file=sys.stderr, flush=True)
+        if args.seed is not None and not args.cost_model:
+            print("note: --gamma auto decides from these costs, measured anew each run: to repeat "
+                  "this seeded run exactly, keep them with --cost-model FILE", file=sys.stderr, flush=True)
         cost_model = CostModel.calibrate(target, draft, args.gamma_max)
         if args.cost_model:
             cost_model.save(args.cost_model)
@@ -504,6 +513,10 @@ def generate_batch(args, device: torch.device) -> None:
 
 
 def generate(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if note := busy_note("--threads 1"):
+        print(note, file=sys.stderr, flush=True)
     device = resolve_device(args.device)
     if args.dtype != "auto":  # said once, before the loads (which would say it too)
         note_once(dtype_note(resolve_dtype(args.dtype, device), device), sys.stderr)
@@ -520,7 +533,9 @@ def generate(args) -> None:
         warm_up(drafter.model)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
-    seed = generator.initial_seed()  # --seed, or the random one: it reproduces this run
+    # --seed, or the random one (printed with the trace and in the JSON): with the same models,
+    # options, machine and, for --gamma auto, costs (--cost-model FILE), it reproduces this run.
+    seed = generator.initial_seed()
 
     cost_model = None if args.tree else get_cost_model(args, target, drafter)
 

@@ -23,28 +23,45 @@ def main(argv=None) -> int:
     m.add_argument("--out", required=True, type=Path, help="a new or empty folder for the student's copy")
     m.add_argument("--allow-leaks", action="store_true",
                    help="make the copy even if the leak check finds a stripped body elsewhere in it (warns)")
-    g = sub.add_parser("grade", help="the instructor's grade of a student's copy: every check, hidden inputs")
-    g.add_argument("dir", type=Path, help="the student's copy (or a folder of their edited files "
-                                          "with the copy's .assignment.json)")
+    g = sub.add_parser("grade", help="the instructor's grade of a student's copy (or of a folder of "
+                                     "submissions): every check, hidden inputs")
+    g.add_argument("dir", type=Path, help="the student's copy (or a folder of their edited files with the "
+                                          "copy's .assignment.json); with --submissions: the assignment's name")
+    g.add_argument("--submissions", type=Path, metavar="DIR",
+                   help="grade every submission in DIR (a folder per student, or Gradescope's "
+                        "'Export Submissions' folder or .zip) into one CSV (--csv)")
+    g.add_argument("--csv", type=Path, metavar="FILE", help="with --submissions: the CSV to write "
+                                                            "(default: grades-ASSIGNMENT.csv; never overwritten)")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
     g.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed (another one re-runs the "
                                                           "statistical checks on fresh samples)")
     g.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
     g.add_argument("--timeout", type=float, default=None, help="seconds per check (default: the check's own)")
+    g.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
+                   help="what to grade (else read from the copy's .assignment.json, and the grade is unofficial)")
+    g.add_argument("--functions", nargs="+", metavar="NAME", help="what to grade: a custom assignment's functions")
+    g.add_argument("--sandbox", choices=["auto", "namespaces", "user", "none"], default="auto",
+                   help="how to shut in the student's code (default: the best this machine allows; "
+                        "docs/instructor_guide.md, the threat model)")
     c = sub.add_parser("check", help="the student's run, inside their copy: the visible checks")
     c.add_argument("dir", type=Path, nargs="?", default=Path("."), help="the copy (default: here)")
     c.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--summary", type=Path, metavar="FILE",
+                   help="also append the report as a Markdown table to FILE (the GitHub workflow "
+                        "passes $GITHUB_STEP_SUMMARY)")
     e = sub.add_parser("export", help="an autograder for a course platform")
-    e.add_argument("platform", choices=["gradescope", "github-classroom"])
+    e.add_argument("platform", choices=["gradescope", "github", "github-classroom"],
+                   help="github-classroom: the same as github (Classroom's autograding actions are deprecated)")
     e.add_argument("assignment", choices=sorted(ASSIGNMENTS))
     e.add_argument("--out", required=True, type=Path,
-                   help="gradescope: the .zip to write; github-classroom: a new or empty folder")
+                   help="gradescope: the .zip to write; github: a new or empty folder")
     e.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed")
     a = sub.add_parser("autograde", help=argparse.SUPPRESS)  # what an exported run_autograder calls
     a.add_argument("--source", type=Path, required=True)
     a.add_argument("--submission", type=Path, required=True)
     a.add_argument("--results", type=Path, required=True)
+    a.add_argument("--sandbox", choices=["auto", "namespaces", "user", "none"], default="auto")
     args = parser.parse_args(argv)
     try:
         return run(args)
@@ -67,13 +84,30 @@ def run(args) -> int:
         print(f"Students check their work with: cd {args.out} && python -m assignments check")
         print(f"Grade it with: python -m assignments grade {args.out}")
         return 0
+    if args.command == "grade" and args.submissions is not None:
+        from .batch import grade_batch
+
+        if str(args.dir) not in ASSIGNMENTS:
+            raise AssignmentError(f"with --submissions, name the assignment first ({', '.join(sorted(ASSIGNMENTS))}), "
+                                  f"not {args.dir}")
+        csv = args.csv or Path(f"grades-{args.dir}.csv")
+        grade_batch(str(args.dir), args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
+                    timeout=args.timeout)
+        print(f"Wrote {csv}")
+        return 0
     if args.command in ("grade", "check"):
         if args.command == "grade":
             print(f"Grading {args.dir} (small checkpoints made on the fly) ...", file=sys.stderr)
             report = grade(args.dir, seed=HIDDEN_SEED if args.seed is None else args.seed, timeout=args.timeout,
-                           only=args.only)
+                           only=args.only, assignment=args.assignment, functions=args.functions,
+                           isolation=args.sandbox)
         else:
             report = check_locally(args.dir, only=args.only)
+            if args.summary is not None:
+                from .export import markdown_summary
+
+                with open(args.summary, "a") as summary:
+                    summary.write(markdown_summary(report))
         if args.json:
             print(json.dumps(report.to_json(), indent=2))
         else:
@@ -82,19 +116,20 @@ def run(args) -> int:
                 print("(the visible checks only; the grade runs more, on other inputs)")
         return 0 if report.passed else 1
     if args.command == "export":
-        from .export import export_github_classroom, export_gradescope
+        from .export import export_github, export_gradescope
 
         if args.platform == "gradescope":
             path = export_gradescope(args.assignment, args.out, seed=HIDDEN_SEED if args.seed is None else args.seed)
             print(f"Wrote {path}: upload it as the assignment's autograder (Gradescope: "
                   f"Configure Autograder, zip upload, base image Ubuntu with Python 3)")
         else:
-            path = export_github_classroom(args.assignment, args.out)
-            print(f"Wrote {path}: the starter repository for the assignment, with .github/workflows/classroom.yml")
+            path = export_github(args.assignment, args.out)
+            print(f"Wrote {path}: the starter repository (git init, commit everything, push; "
+                  f".github/workflows/checks.yml runs the visible checks on every push)")
         return 0
     from .export import autograde
 
-    return autograde(args.source, args.submission, args.results)
+    return autograde(args.source, args.submission, args.results, isolation=args.sandbox)
 
 
 if __name__ == "__main__":

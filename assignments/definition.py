@@ -36,6 +36,10 @@ class Check:
     reference: Callable | None = None  # (inputs, data) -> values; default: the probe on the instructor's code
     timeout: float = 60.0  # seconds for this check's child process
     about: str = ""  # one line for the report
+    # (inputs, reference, data) -> a serving.Server: what the grader serves the probe while it runs
+    # (a target model whose forwards it counts); the judge then gets a 4th argument, what the
+    # server counted: judge(inputs, reference, got, served)
+    serve: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -73,3 +77,4 @@ class ChildRun:
     output: str = ""  # the child's stdout and stderr, truncated
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    served: dict = field(default_factory=dict)  # what the check's server counted (serving.Server.record)

@@ -3,18 +3,25 @@
 Gradescope (`export gradescope NAME --out FILE.zip`): the zip unpacks into /autograder/source:
 setup.sh and run_autograder (Gradescope's names), copy/ (the student's stripped copy: the grader
 code and the project, no reference implementation), data/ (the checkpoints), hidden.json (every
-check's inputs and reference values, computed here with the instructor's code). run_autograder
-grades /autograder/submission (the whole copy, or just the edited files) and writes
-/autograder/results/results.json, one test per check. The reference values are read and then
-deleted from disk before any student code runs.
+check's inputs and reference values, computed here with the instructor's code, after checking that
+the instructor's solution passes every check on them). run_autograder grades
+/autograder/submission (the whole copy, or just the edited files) and writes
+/autograder/results/results.json, one test per check, the hidden ones shown only once the grades
+are published. The reference values are read and then deleted from disk before any student code
+runs.
 
-GitHub Classroom (`export github-classroom NAME --out DIR`): the starter repository (the copy,
-with the visible checks' references) and .github/workflows/classroom.yml, one graded step per
-visible check. Classroom has no hidden tests: the instructor grades the collected repositories
-with `python -m assignments grade`.
+GitHub (`export github NAME --out DIR`): the starter repository (the copy, with the visible
+checks' references and checkpoints, committed) and .github/workflows/checks.yml, a plain GitHub
+Actions workflow that runs the visible checks and writes their table to the job summary.
+GitHub Classroom's autograding actions are deprecated (Classroom was sunset); the hidden checks
+are the instructor's: `python -m assignments grade NAME --submissions DIR` over the collected
+repositories.
 """
 
 import json
+import os
+import signal
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -24,23 +31,36 @@ from .make import ROOT, make
 from .registry import ASSIGNMENTS
 
 SETUP_SH = """#!/usr/bin/env bash
-# Gradescope runs this once, when the autograder image is built (Ubuntu base image).
+# Gradescope runs this once, as root, when the autograder image is built (Ubuntu base image).
 set -euo pipefail
 apt-get update && apt-get install -y python3 python3-pip python3-venv
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install --upgrade pip
-# torch's CPU build (the default one pulls CUDA, gigabytes the grader never uses)
-/autograder/venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
+# torch's CPU build, the version the reference values were computed with (the default build pulls
+# CUDA, gigabytes the grader never uses)
+/autograder/venv/bin/pip install torch==TORCH_VERSION --index-url https://download.pytorch.org/whl/cpu
 /autograder/venv/bin/pip install -r /autograder/source/copy/requirements.txt
+# The hidden inputs and reference values: root's alone (the grader runs as root and deletes the
+# file once read; each check's process runs as an unprivileged user, see the instructor guide).
+chmod 600 /autograder/source/hidden.json
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for every submission (it copies it to /autograder/run_autograder, so the
-# paths are /autograder's, not this file's): grade the submission, write results.json.
+# Gradescope runs this as root for every submission (it copies it to /autograder/run_autograder,
+# so the paths are /autograder's, not this file's). The grader runs as root; it runs each check's
+# process as an unprivileged user and writes results.json itself, after the checks' processes ended.
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
+RESULTS="$ROOT/results/results.json"
+mkdir -p "$ROOT/results"
+rm -f "$RESULTS"  # only what this run's grader writes counts
 cd "$ROOT/source/copy"
-exec "${AUTOGRADER_PYTHON:-/autograder/venv/bin/python}" -m assignments autograde --source "$ROOT/source" \\
-    --submission "$ROOT/submission" --results "$ROOT/results/results.json"
+"${AUTOGRADER_PYTHON:-/autograder/venv/bin/python}" -m assignments autograde --source "$ROOT/source" \\
+    --submission "$ROOT/submission" --results "$RESULTS"
+status=$?
+if [ ! -s "$RESULTS" ]; then
+    # The grader itself died (out of memory?): Gradescope gets a zero with a reason, not nothing.
+    printf '{"score": 0, "output": "The autograder stopped before it could grade this submission (exit status %s). Resubmit, or tell your instructor.", "tests": []}\\n' "$status" > "$RESULTS"
+fi
 """
 
 
@@ -50,15 +70,47 @@ def _new_folder(out: Path) -> None:
                               f"(nothing there is overwritten)")
 
 
-def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT) -> Path:
-    """Lay out what Gradescope unpacks into /autograder/source."""
+def reference_files(assignment, root: Path = ROOT) -> dict[str, Path]:
+    """The instructor's versions of the files the student edits."""
+    from .make import resolve
+
+    return {rel: root / rel for rel in sorted({resolve(f).file for f in assignment.functions})}
+
+
+def refuse_a_seed_the_reference_fails(assignment, pristine: Path, data: Path, refs: dict, seed: int,
+                                      root: Path = ROOT, zygote=None) -> None:
+    """Grade the instructor's own solution on these inputs; a check it fails would fail every
+    student who computes what it computes: refuse the seed, naming the checks."""
+    from .grade import grade_tree
+
+    report = grade_tree(assignment, pristine, reference_files(assignment, root), data, refs, zygote=zygote)
+    failed = [r for r in report.results if not r.passed]
+    if failed:
+        listing = "\n".join(f"  {r.check}: {r.message[:300]}" for r in failed)
+        raise AssignmentError(f"seed {seed}: the reference solution fails {len(failed)} of "
+                              f"{assignment.name}'s checks on these inputs, so every student who computes "
+                              f"what it computes would fail them too:\n{listing}\nPick another --seed.")
+
+
+def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT, zygote=None,
+                      check_reference: bool = True) -> Path:
+    """Lay out what Gradescope unpacks into /autograder/source, after checking that the reference
+    solution passes every check at this seed (check_reference=False: a caller that graded it on
+    these very inputs already)."""
+    import torch
+
     from .references import make_data, references
 
     assignment = ASSIGNMENTS[name]
     make(list(assignment.functions), source / "copy", root=root, assignment=name, ship_visible=False)
     data = make_data(source / "data")
-    (source / "hidden.json").write_text(json.dumps(references(assignment, data, seed)))
-    for script, text in (("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER)):
+    refs = references(assignment, data, seed)
+    if check_reference:
+        refuse_a_seed_the_reference_fails(assignment, source / "copy", data, refs, seed, root, zygote)
+    (source / "hidden.json").write_text(json.dumps(refs))
+    version = torch.__version__.split("+")[0]
+    for script, text in (("setup.sh", SETUP_SH.replace("TORCH_VERSION", version)),
+                         ("run_autograder", RUN_AUTOGRADER)):
         (source / script).write_text(text)
         (source / script).chmod(0o755)
     return source
@@ -80,83 +132,157 @@ def export_gradescope(name: str, out: Path, seed: int = 1, root: Path = ROOT) ->
     return out
 
 
-def autograde(source: Path, submission: Path, results: Path, zygote=None) -> int:
+class Interrupted(Exception):
+    """The grader was sent SIGTERM (e.g. the platform's time limit)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
+def write_results(results: Path, payload: dict) -> None:
+    """results.json, atomically (a temporary file renamed over it): never half written."""
+    temporary = results.parent / f".{results.name}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(payload, indent=2))
+    os.replace(temporary, results)
+
+
+def autograde(source: Path, submission: Path, results: Path, zygote=None, isolation: str = "auto") -> int:
     """Gradescope's run: grade the submission against hidden.json, write results.json. Always
-    writes a results.json (a failure to grade is reported in it), and returns 0. zygote: one to
-    reuse (grade.Zygote), else one is started."""
-    from .grade import grade_tree, gradescope_results, student_files
+    writes a results.json (a failure to grade is reported in it), and returns 0. What is graded is
+    the export's own assignment (source/copy/.assignment.json, written by `export`), never what
+    the submission's files say. results.json is written by this process only, after every process
+    of a check is dead: after each check (so a killed grader leaves the verdicts it had) and at the
+    end; on SIGTERM it writes what it has. zygote: a sandbox to reuse (grade.Zygote), else one is
+    made at `isolation`."""
+    from .grade import Report, assignment_files, grade_tree, manifest_disagrees, student_files
     from .make import MANIFEST
     from .registry import assignment_of
 
-    source, results = Path(source).resolve(), Path(results)
+    source, results = Path(source).resolve(), Path(results).resolve()
     results.parent.mkdir(parents=True, exist_ok=True)
+    report = None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         hidden = source / "hidden.json"
         refs = json.loads(hidden.read_text())
         hidden.unlink()  # in memory now; the student's code runs after this and cannot read it
-        manifest = json.loads((source / "copy" / MANIFEST).read_text())
-        assignment = assignment_of(manifest)
-        files, notes = student_files(Path(submission), manifest["files"])
-        report = grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote)
-        payload = gradescope_results(report)
+        assignment = assignment_of(json.loads((source / "copy" / MANIFEST).read_text()))
+        files, notes = student_files(Path(submission), assignment_files(assignment))
+        disagreement = manifest_disagrees(Path(submission), assignment)
+        report = Report(assignment.name, list(assignment.functions), notes=[disagreement] if disagreement else [])
+        grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote,
+                   isolation=isolation, report=report,
+                   on_result=lambda so_far: write_results(results, _payload(so_far, complete=False)))
+        payload = _payload(report, complete=True)
+    except Interrupted:
+        payload = _payload(report, complete=False) if report else {
+            "score": 0, "output": "The autograder was stopped (SIGTERM) before it graded anything.", "tests": []}
     except (OSError, ValueError, AssignmentError) as error:
         payload = {"score": 0, "output": f"The autograder could not grade this submission: {error}",
                    "tests": []}
-    results.write_text(json.dumps(payload, indent=2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_results(results, payload)
     return 0
 
 
-WORKFLOW_HEAD = """name: Autograding Tests
-on: [push, workflow_dispatch, repository_dispatch]
+def _payload(report, complete: bool) -> dict:
+    payload = gradescope_results(report)
+    extra = []
+    if not complete:
+        extra.append(f"Grading stopped after {len(report.results)} check(s): the verdicts so far are above.")
+    if report.isolation and report.isolation["level"] == "none":
+        extra.append("UNOFFICIAL: " + report.isolation["line"])
+    if extra:
+        payload["output"] = "\n".join([payload["output"], *extra])
+    return payload
+
+
+def gradescope_results(report) -> dict:
+    """results.json in Gradescope's autograder format, one test per check
+    (https://gradescope-autograders.readthedocs.io/en/latest/specs/). The hidden checks are
+    "after_published": shown when the instructor publishes the grades. No top-level "score"
+    (it would override the tests' sum) and no total in the top-level "output" (shown at once):
+    Gradescope hides the total while tests are hidden, and the output says only the visible part."""
+    tests = []
+    for r in report.results:
+        output = r.message
+        if r.output.strip():
+            output += "\n\nYour code printed (truncated):\n" + r.output
+        tests.append({"name": r.check, "score": r.points, "max_score": r.max_points,
+                      "status": "passed" if r.passed else "failed",
+                      "visibility": "visible" if r.visible else "after_published", "output": output})
+    visible = [r for r in report.results if r.visible]
+    summary = (f"{report.assignment}: the visible checks give {sum(r.points for r in visible):g}/"
+               f"{sum(r.max_points for r in visible):g} points.")
+    if len(visible) < len(report.results):
+        summary += (f" The other {len(report.results) - len(visible)} checks ran on hidden inputs; their "
+                    f"results and your total are shown when the grades are published.")
+    return {"execution_time": round(report.seconds, 1), "output": "\n".join([*report.notes, summary]),
+            "stdout_visibility": "hidden", "tests": tests}
+
+
+WORKFLOW = """# The visible checks, on every push (the instructor grades the hidden ones: python -m assignments grade).
+name: Visible checks
+on: [push, pull_request, workflow_dispatch]
 permissions:
-  checks: write
-  actions: read
   contents: read
 jobs:
-  run-autograding-tests:
+  visible-checks:
     runs-on: ubuntu-latest
-    if: github.actor != 'github-classroom[bot]'
+    timeout-minutes: {minutes}
     steps:
-      - uses: actions/checkout@v4
-      - uses: actions/setup-python@v5
+      - uses: actions/checkout@v6
+      - uses: actions/setup-python@v6
         with:
-          python-version: "3.11"
+          python-version: "{python}"
       - name: Install
         run: |
-          pip install torch --index-url https://download.pytorch.org/whl/cpu
+          pip install torch=={torch} --index-url https://download.pytorch.org/whl/cpu
           pip install -r requirements.txt
+      - name: Visible checks
+        run: python -m assignments check --summary "$GITHUB_STEP_SUMMARY"
 """
 
-STEP = """      - name: {name}
-        id: {id}
-        uses: classroom-resources/autograding-command-grader@v1
-        with:
-          test-name: {name}
-          command: python -m assignments check --only {name}
-          timeout: {minutes}
-          max-score: {points}
+# The starter repository commits the visible checks' checkpoints, which the project's own
+# .gitignore (*.safetensors) would leave out of it.
+GITIGNORE_KEEP = """
+# The visible checks' checkpoints are part of this repository (the workflow runs on them).
+!.assignment/**
 """
 
 
-def export_github_classroom(name: str, out: Path, root: Path = ROOT) -> Path:
+def export_github(name: str, out: Path, root: Path = ROOT) -> Path:
+    """The starter repository: the student's copy (with the visible checks' references and
+    checkpoints) and .github/workflows/checks.yml, a plain GitHub Actions workflow that runs the
+    visible checks on every push and writes their table to the job summary."""
+    import torch
+
     out = Path(out)
     _new_folder(out)
     assignment = ASSIGNMENTS[name]
     make(list(assignment.functions), out, root=root, assignment=name)
-    visible = [c for c in assignment.checks if c.visible]
-    steps = "".join(STEP.format(name=c.name, id=c.name.replace("_", "-"), points=int(c.points),
-                                minutes=max(1, int(c.timeout // 60) + 1)) for c in visible)
-    env = "".join(f"          {c.name.upper()}_RESULTS: \"${{{{steps.{c.name.replace('_', '-')}.outputs.result}}}}\"\n"
-                  for c in visible)
-    reporter = ("      - name: Autograding Reporter\n"
-                "        uses: classroom-resources/autograding-grading-reporter@v1\n"
-                f"        env:\n{env}"
-                "        with:\n"
-                f"          runners: {','.join(c.name.replace('_', '-') for c in visible)}\n")
-    workflow = out / ".github" / "workflows" / "classroom.yml"
-    workflow.parent.mkdir(parents=True, exist_ok=True)
-    for old in workflow.parent.glob("*.yml"):
-        if old != workflow:
-            old.unlink()  # the project's own CI would run the instructor's (dropped) tests
-    workflow.write_text(WORKFLOW_HEAD + steps + reporter)
+    workflows = out / ".github" / "workflows"
+    for old in workflows.glob("*.y*ml"):
+        old.unlink()  # the project's own CI would run the instructor's (dropped) tests
+    workflows.mkdir(parents=True, exist_ok=True)
+    minutes = 10 + int(sum(c.timeout for c in assignment.checks if c.visible) // 60)  # + installing torch
+    (workflows / "checks.yml").write_text(WORKFLOW.format(
+        minutes=minutes, python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        torch=torch.__version__.split("+")[0]))
+    gitignore = out / ".gitignore"
+    gitignore.write_text((gitignore.read_text() if gitignore.exists() else "") + GITIGNORE_KEEP)
     return out
+
+
+def markdown_summary(report) -> str:
+    """The report as a Markdown table, for a GitHub job summary."""
+    verdict = "all pass" if report.passed else "not yet"
+    lines = [f"## {report.assignment}: visible checks, {report.points:g}/{report.max_points:g} points ({verdict})",
+             "", "| check | points | result |", "|---|---|---|"]
+    for r in report.results:
+        message = " ".join(r.message.split()).replace("|", "\\|")[:500]
+        lines.append(f"| {r.check} | {r.points:g}/{r.max_points:g} | {'PASS' if r.passed else 'FAIL'}: {message} |")
+    lines += ["", "The grade also runs hidden checks, on other inputs."]
+    return "\n".join(lines) + "\n"

@@ -23,6 +23,8 @@ SHIPPED = ".assignment"  # in the copy: the visible checks' inputs and reference
 # Left out of every copy: the instructor's tests (they re-implement and exercise the code), the
 # instructor's notes and guide.
 ALWAYS_DROPPED = ("tests", "docs/instructor_guide.md", "assignments/*/instructor.md")
+# Helpers of the checks' reference computations (besides each check's `reference` itself).
+REFERENCE_HELPERS = ("assignments.greedy_speculative.served_reference",)
 LEAK_THRESHOLD = 0.7  # share of a stripped body's normalised syntax found, in order, in another function
 LEAK_MIN_TOKENS = 25  # bodies shorter than this are too generic to compare
 # Not copied: version control, caches, run outputs.
@@ -66,6 +68,9 @@ def resolve(name: str, root: Path = ROOT) -> Target:
         file = root / module_path.with_suffix(".py")
         if file.is_file():
             break
+        file = root / module_path / "__init__.py"  # a function defined in a package's __init__.py
+        if i < len(parts) and file.is_file() and parts[i] in _definitions(ast.parse(file.read_text())):
+            break
     else:
         raise AssignmentError(f"{name}: no module {parts[0]!r} in the project ({root}); names start with "
                               f"the module's path, e.g. spec_decoding.rejection.residual_distribution")
@@ -98,10 +103,12 @@ def _example(package_dir: Path, name: str) -> str:
     return f"{name}.<module>.<function>"
 
 
-def strip_bodies(source: str, targets: list[Target], removed: tuple[str, ...] = ()) -> str:
+def strip_bodies(source: str, targets: list[Target], removed: tuple[str, ...] = (),
+                 grader_only: tuple[str, ...] = ()) -> str:
     """The source with each target's body (after its docstring) replaced by one
     `raise NotImplementedError(...)` line. Targets named in `removed` (siblings that would answer
-    the assignment) get a message saying they are not to be used."""
+    the assignment) get a message saying they are not to be used; those in `grader_only` (the
+    checks' reference computations) one saying they are the grader's."""
     lines = source.splitlines(keepends=True)
     # Bottom-up, so earlier line numbers stay valid.
     for t in sorted(targets, key=lambda t: t.node.lineno, reverse=True):
@@ -114,7 +121,9 @@ def strip_bodies(source: str, targets: list[Target], removed: tuple[str, ...] = 
             raise AssignmentError(f"{t.name}: its body is on the same line as its def; put it on its own lines first")
         indent = lines[first_body_line - 1][:len(lines[first_body_line - 1]) - len(lines[first_body_line - 1].lstrip())]
         message = (f"{t.qualname}: removed in this assignment (write the assignment's functions without it)"
-                   if t.name in removed else f"{t.qualname}: your code here (see the docstring)")
+                   if t.name in removed else
+                   f"{t.qualname}: the grader's reference, not in the student's copy" if t.name in grader_only
+                   else f"{t.qualname}: your code here (see the docstring)")
         stub = f"{indent}raise NotImplementedError({message!r})\n"
         if rest:
             start, end = rest[0].lineno - 1, t.node.end_lineno
@@ -249,6 +258,17 @@ def _drop(out: Path, patterns) -> list[str]:
     return gone
 
 
+def reference_functions() -> tuple[str, ...]:
+    """The checks' reference computations (each check's `reference`, and their helpers): the
+    grader's alone. make strips them from every copy, as it strips the student's functions, and
+    the leak check looks for their bodies anywhere in it."""
+    from .registry import ASSIGNMENTS
+
+    names = {f"{c.reference.__module__}.{c.reference.__qualname__}"
+             for a in ASSIGNMENTS.values() for c in a.checks if c.reference is not None}
+    return tuple(sorted(names | set(REFERENCE_HELPERS)))
+
+
 def refuse_a_students_copy(root: Path, command: str) -> None:
     """make and grade need the instructor's project: its reference code computes the answers."""
     if (Path(root) / MANIFEST).is_file():
@@ -279,10 +299,13 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     targets = [resolve(name, root) for name in dict.fromkeys(functions)]
     definition = ASSIGNMENTS[assignment] if assignment else custom_assignment([t.name for t in targets])
     removed = [resolve(name, root) for name in definition.removed if name not in functions]
+    grader_only = reference_functions()
+    references = [resolve(name, root) for name in grader_only]
     by_file = {}
-    for t in targets + removed:
+    for t in targets + removed + references:
         by_file.setdefault(t.file, []).append(t)
-    stripped = {file: strip_bodies((root / file).read_text(), ts, definition.removed) for file, ts in by_file.items()}
+    stripped = {file: strip_bodies((root / file).read_text(), ts, definition.removed, grader_only)
+                for file, ts in by_file.items()}
     for file, text in stripped.items():
         ast.parse(text, filename=file)  # the copy must still be valid Python
     shutil.copytree(root, out, ignore=IGNORE, dirs_exist_ok=True)
@@ -293,8 +316,8 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
                 "files": sorted({t.file for t in targets})}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
-    bodies = {t.name: _tokens(t.node.body) for t in targets + removed}
-    leaks = find_leaks(bodies, out, skip={(t.file, t.qualname) for t in targets + removed})
+    bodies = {t.name: _tokens(t.node.body) for t in targets + removed + references}
+    leaks = find_leaks(bodies, out, skip={(t.file, t.qualname) for t in targets + removed + references})
     if leaks:
         listing = "\n".join(f"  {leak.function}: {leak.similarity:.0%} of its body is in {leak.where}"
                             for leak in leaks)

@@ -17,16 +17,29 @@
 # monkeypatch or a small subclass, from `spec_decoding/bug_zoo.py`; the library itself is never
 # edited) and the check that catches it is run on it, next to the same check on the correct code.
 #
-# | bug | caught by |
-# |---|---|
-# | the draft takes its argmax while the target samples | exact distribution, chi-square |
-# | the drafter reports q before top-k/top-p but sampled after them | exact distribution, chi-square |
-# | after a rejection, resampling from p instead of norm(max(0, p - q)) | exact distribution, chi-square |
-# | top-k/top-p before the temperature, on one model only | exact distribution, chi-square |
-# | a KV cache not rolled back after a rejection | cache vs fresh forward, every round |
-# | a bonus token past max_gen | stopping check |
-# | tokens kept after eos | stopping check |
-# | greedy "mismatch" in half precision | not a bug: a near-tie of the logits |
+# | bug | caught by | shipped in |
+# |---|---|---|
+# | the draft takes its argmax while the target samples | exact distribution, chi-square | transformers |
+# | the drafter reports q before top-k/top-p but sampled after them | exact distribution, chi-square | transformers |
+# | after a rejection, resampling from p instead of norm(max(0, p - q)) | exact distribution, chi-square | EAGLE |
+# | top-k/top-p before the temperature, on one model only | exact distribution, chi-square | fish-speech (a plain sampler) |
+# | every draft token accepted | exact distribution, chi-square | transformers |
+# | a KV cache not rolled back after a rejection | cache vs fresh forward, every round | mlx-swift-lm |
+# | a bonus token past max_gen | stopping check | a teaching repository |
+# | tokens kept after eos | stopping check | transformers |
+# | "sampler match": accept only when a fresh draw from p equals the draft token | speed check | mlxcel |
+# | the draft's KV cache rewound two entries too far, never caught up | speed check | mlxcel |
+# | the draft cut short by a confidence threshold | speed check | llama.cpp |
+# | the target's cache reset where a rollback was meant | greedy equals the target's greedy | aprender |
+# | a batch's rows rewound by one shared count | every row equals its prompt's greedy | mlx-vlm |
+# | each draft token judged by the wrong logit row | greedy equals the target's greedy | mlx-node |
+# | greedy "mismatch" in half precision | not a bug: a near-tie of the logits | |
+#
+# Every entry carries its source (`bug.source`): the project, the issue or pull request where it was
+# reported or fixed, and one sentence of what happened there. The last three kinds are new to most
+# test suites: the **speed bugs** keep the output exactly the target's (so no distribution test can
+# see them) and only throw acceptance away; the check that catches them compares the run with what
+# the pair's own distributions predict, and says "lossless, but slower".
 #
 # The checks live in `spec_decoding/checks.py`: the tests use them, and so can you on your own
 # drafter (`tests/test_bug_zoo.py` is this notebook as tests).
@@ -45,7 +58,7 @@ import torch
 from gpt2 import GPT2Config, load_gpt2
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-from spec_decoding.bug_zoo import BUGS, run_check
+from spec_decoding.bug_zoo import BUGS, SPEED_PAIR, SPEED_PAIR_CONFIG, run_check
 from spec_decoding.checks import exact_distribution
 
 torch.manual_seed(0)
@@ -68,6 +81,8 @@ target = load_gpt2(save_random_checkpoint(folder / "target", TINY_VOCAB, seed=21
 draft = load_gpt2(save_random_checkpoint(folder / "draft", TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3))
 PROMPT = [1, 2, 3]
 SAMPLES = 1000  # per check: enough to catch every sampling bug here at p < 1e-6
+speed_pair = tuple(load_gpt2(d) for d in save_agreeing_pair(folder / "speed-target", folder / "speed-draft",
+                                                           GPT2Config(**SPEED_PAIR_CONFIG), **SPEED_PAIR))
 
 exact = exact_distribution(target, PROMPT, 3, dict(temperature=1.0))
 print("exact distribution:", tuple(exact.shape), "outcomes, sums to", round(exact.sum().item(), 6))
@@ -88,13 +103,25 @@ print("most likely first tokens:", {int(t): round(first[t].item(), 3) for t in f
 #   first L accepted tokens.
 # * **check_stopping**: exactly max_gen tokens for max_gen = 1..11, and with eos_id set, the
 #   output ends at the first eos.
+# * **check_greedy_matches_target** and **check_batch_greedy**: greedy speculative output (each row
+#   of a batch) equals the target's own greedy output.
+# * **check_speed**: eight seeded generations, measured two ways. At every draft token the target
+#   judged, a correct run accepts with probability sum(min(p, q)), p and q taken from *fresh*
+#   forwards of both models over the run's own output (no cache the run could have spoiled): the
+#   accepted count's expectation is the sum of those numbers and its variance the sum of
+#   a (1 - a), exactly. And the tokens per target call, against Leviathan's
+#   (1 - alpha^(gamma+1)) / (1 - alpha) with alpha the pair's measured acceptance. Four standard
+#   deviations below fails. It runs on a second pair whose draft is the target's first block
+#   (agreeing about 70% of the time, less when it loses context): with two unrelated models a
+#   draft that forgets its context agrees no less, so there is nothing to lose.
 
 # %%
 correct = {}
 for bug in BUGS.values():
     key = (bug.check, tuple(sorted(bug.settings.items())))
     if key not in correct:
-        correct[key] = run_check(bug.check, target, draft, bug.settings, SAMPLES)
+        models = speed_pair if bug.check == "speed" else (target, draft)
+        correct[key] = run_check(bug.check, *models, bug.settings, SAMPLES)
         print(f"{bug.check:9} {bug.settings}: {correct[key]}")
 assert all(result.passed for result in correct.values())
 
@@ -110,10 +137,16 @@ caught = {}
 
 def show(name):
     bug = BUGS[name]
-    print(f"THE MISTAKE: {bug.mistake}.\nWHY TEMPTING: {bug.why_tempting}\n")
+    source = bug.source
+    print(f"THE MISTAKE: {bug.mistake}.\nWHY TEMPTING: {bug.why_tempting}")
+    print(f"WHERE IT SHIPPED: {source.project}: {source.story}")
+    for link in source.links:
+        print("   ", link)
+    print()
     print(inspect.getsource(bug.code))
+    models = speed_pair if bug.check == "speed" else (target, draft)
     with bug.planted():
-        result = run_check(bug.check, target, draft, bug.settings, SAMPLES)
+        result = run_check(bug.check, *models, bug.settings, SAMPLES)
     good = correct[(bug.check, tuple(sorted(bug.settings.items())))]
     print(f"settings {bug.settings}, check_{bug.check}")
     print(f"  correct code: {good}")
@@ -195,6 +228,113 @@ show("bonus token past max_gen")
 
 # %%
 show("tokens after eos")
+
+# %% [markdown]
+# ### 8. Every draft token accepted
+#
+# transformers' first speculative sampling counted its matches wrongly and kept every candidate:
+# the output then follows the draft's distribution, not the target's, and acceptance reads 100%.
+
+# %%
+show("every draft accepted")
+
+# %% [markdown]
+# ## The speed bugs: lossless, but slower
+#
+# The next three keep the output exactly the target's. The chi-square test passes on every one of
+# them (tests/test_bug_zoo.py proves it); only the speed check sees them.
+#
+# ### 9. "Sampler match"
+#
+# Accept a draft token only when a fresh draw from p equals it, and output that draw otherwise:
+# every output token is a draw from p, so it is exact. But two independent draws agree with
+# probability sum(p q), while the rejection test accepts with sum(min(p, q)): for p == q that is
+# sum(p^2) against 1. The mlxcel project found its "stochastic" path was this rule all along.
+
+# %%
+show("sampler match")
+
+# %% [markdown]
+# ### 10. The draft's KV cache rewound two entries too far
+#
+# Who fed which token is easy to miscount: the draft never feeds its own last proposal, the
+# target feeds one token more. mlxcel trimmed the draft cache by `rejected + 1` where
+# `rejected - 1` was right, and its drafter only feeds the newest token, so the two lost entries
+# never came back: the drafter's context fell further behind with every rejecting round, and
+# acceptance decayed. (This project's drafter feeds whatever its cache has not seen, which heals
+# a cache that is too short; the planted drafter feeds only what it *believes* is new.)
+
+# %%
+show("draft cache rewound too far")
+
+# %% [markdown]
+# ### 11. A draft cut short by a confidence threshold
+#
+# llama.cpp's speculative example stopped drafting when the draft's best token had probability
+# below `p_accept = 0.8`. A confident draft is rarely rejected, so acceptance read 100%, while
+# most rounds drafted nothing. Acceptance alone flatters it; tokens per target call, against what
+# the pair's acceptance predicts for gamma, does not.
+
+# %%
+show("draft cut by confidence")
+
+# %% [markdown]
+# The three side by side with the correct code: what each run measured (solid) against what the
+# pair's own distributions predict for it (hatched).
+
+# %%
+speed_runs = {"correct code": correct[("speed", (("temperature", 1.0),))]}
+speed_runs.update({name: caught[name] for name in ("sampler match", "draft cache rewound too far",
+                                                   "draft cut by confidence")})
+x = torch.arange(len(speed_runs)).numpy()
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+ax1.bar(x - 0.2, [r.rate for r in speed_runs.values()], 0.4, label="accepted / judged", color="tab:blue")
+ax1.bar(x + 0.2, [r.expected_accepted / r.judged for r in speed_runs.values()], 0.4, hatch="//",
+        label="predicted: mean sum(min(p, q))", color="white", edgecolor="tab:blue")
+ax1.set_ylabel("acceptance")
+ax2.bar(x - 0.2, [r.tokens_per_call for r in speed_runs.values()], 0.4, label="tokens per target call",
+        color="tab:orange")
+ax2.bar(x + 0.2, [r.predicted_tokens_per_call for r in speed_runs.values()], 0.4, hatch="//",
+        label="predicted: (1 - a^(g+1)) / (1 - a)", color="white", edgecolor="tab:orange")
+for ax in (ax1, ax2):
+    ax.set_xticks(x, list(speed_runs), rotation=15)
+    ax.legend()
+fig.suptitle("Speed bugs: lossless, but slower (gamma 4, 8 seeded runs on the agreeing pair)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Cache and indexing bugs that break greedy exactness
+#
+# ### 12. A cache reset where a rollback was meant
+#
+# aprender's self-speculative GPU path called `reset_kv_cache_gpu()` where
+# `rollback_kv_cache_gpu(snapshot)` was meant, while the rest of the code still fed only the new
+# tokens: every verification attended to an almost empty cache.
+
+# %%
+show("cache reset, not rolled back")
+
+# %% [markdown]
+# ### 13. A batch's rows rewound alike
+#
+# In a batch, rows accept different numbers of draft tokens. mlx-vlm advanced every row's cache
+# offset by the whole draft block; rows that accepted fewer kept the rejected tokens' keys and
+# values, and outputs fell into loops. Here every row is rewound by one shared count
+# (`spec_decoding.batched` keeps one length per row: notebook 09).
+
+# %%
+show("batch rows rewound alike")
+
+# %% [markdown]
+# ### 14. The wrong logit row judges each draft token
+#
+# The target's forward over [last token, d_1, ..., d_g] gives g + 1 rows; row i comes *before*
+# draft token i + 1 and judges it. Slicing from row 1 ("row 0 belongs to the last token") judges
+# each draft token by the row after it.
+
+# %%
+show("verification row off by one")
 
 # %% [markdown]
 # ## All the sampling bugs at a glance

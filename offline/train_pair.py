@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPT2Config
 from gpt2.loading import CONV1D_SUFFIXES
+from gpt2.machine_load import busy_note, load_average
 from gpt2.model import GPT2
 from gpt2.tokenizer import EOT_ID, decode, encode, get_tokenizer
 
@@ -78,6 +79,10 @@ DRAFT_SHARE = 0.3  # of a --minutes cap: the target may use the rest, the draft 
 REPRODUCIBLE_WITHIN = 0.02
 # The documented default run: its train_pair.json, copied here (docs/trained_pair.md says how).
 REFERENCE_RUN = Path(__file__).resolve().parent / "reference_run.json"
+# After this many steps a model's pace is known well enough to project its finish (pace_note).
+PACE_STEPS = 20
+# A pace this many times slower than the reference run's is worth a line of advice.
+SLOW_FACTOR = 1.5
 HELD_OUT_EVERY = 25  # every 25th file of the corpus is held out for evaluation
 MARKER = "train_pair.json"  # written last: a folder with it holds a complete pair
 
@@ -292,6 +297,8 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
         smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
         bar.update(1)
         bar.set_postfix(step=step + 1, loss=f"{smoothed:.3f}", refresh=False)
+        if step + 1 == PACE_STEPS and steps >= 2 * PACE_STEPS:
+            tqdm.write(pace_note(name, config, B, PACE_STEPS, time.perf_counter() - start, steps))
     bar.close()
     model.eval()
     step += 1  # steps done
@@ -512,7 +519,7 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
     log(f"unigram baseline: {unigram:.3f} nats/token")
     sample = sample_text(full_model(models["target"], vocab), "import os\n\n\ndef ", 80, settings.seed)
 
-    info["machine"]["load_average_end"] = load_average()
+    info["machine"]["load_average_end"] = None if (load := load_average()) is None else round(load, 2)
     info.update({
         "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "out": str(out), "corpus": corpus, "files": len(files),
@@ -536,9 +543,32 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
     return info
 
 
-def load_average() -> float | None:
-    """The 1-minute load average (runnable processes): above the core count, the machine was shared."""
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+def pace_note(name: str, config: GPT2Config, batch_size: int, steps_done: int, seconds: float, steps: int,
+              reference_path: Path = REFERENCE_RUN) -> str:
+    """One line projecting when a model's training ends, from its first steps' pace: beside the
+    documented default run's time for the same model (reference_run.json), and, when this run is
+    SLOW_FACTOR times slower or more, why that may be and what to try."""
+    projected = seconds / steps_done * steps
+    line = f"{name}: {steps_done} steps in {seconds:.0f} s, so the {steps} steps should take about {minutes(projected)}"
+    ref = json.loads(reference_path.read_text()) if reference_path.is_file() else None
+    same = ref is not None and ref["settings"]["batch_size"] == batch_size and all(
+        ref[name][k] == getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "n_positions"))
+    if not same:
+        return line
+    ref_per_step = ref[name]["seconds"] / ref[name]["steps"]
+    machine = ref["machine"]
+    line += (f" (the reference run: {minutes(ref_per_step * steps)} on {machine['cpu']}, "
+             f"{machine['torch_threads']} threads)")
+    slower = seconds / steps_done / ref_per_step
+    if slower >= SLOW_FACTOR:
+        line += (f".\nnote: {slower:.1f}x slower than the reference run: "
+                 + (busy_note("--threads 1") or f"a slower CPU, or other programs on it; with "
+                    f"{torch.get_num_threads()} threads, try --threads 1").removeprefix("note: "))
+    return line
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def machine() -> dict:
@@ -549,9 +579,10 @@ def machine() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    load = load_average()
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version(),
-            "torch": torch.__version__, "load_average_start": load_average()}
+            "torch": torch.__version__, "load_average_start": None if load is None else round(load, 2)}
 
 
 def compare_with_reference(info: dict, target_config: GPT2Config, draft_config: GPT2Config,
@@ -669,6 +700,9 @@ def main(argv=None) -> int:
     parser.add_argument("--text", nargs="+", metavar="PATH",
                         help="text files or folders to train on (default: the Python standard library's sources)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="CPU threads for PyTorch (default: its own choice, one per core); on a "
+                             "busy machine 1 is often faster")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a pair already in --out (anything else there is never replaced)")
     args = parser.parse_args(argv)
@@ -685,6 +719,12 @@ def main(argv=None) -> int:
         parser.error("--out DIR is required (the folder to create)")
     if (args.minutes is not None and args.minutes <= 0) or (args.steps is not None and args.steps < 1):
         parser.error("--minutes must be > 0 and --steps >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if note := busy_note("--threads 1"):
+        print(note, flush=True)
     settings = TrainSettings(steps=args.steps, minutes=args.minutes, seed=args.seed)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     return run_command(lambda: train_pair(args.out, args.text, settings, overwrite=args.overwrite,

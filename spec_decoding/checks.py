@@ -23,6 +23,11 @@ GenerationResult (or a plain list of tokens), kwargs being what the check passes
 - check_greedy_matches_target: greedy speculative output equals the target's own greedy output.
 - check_caches_after_every_round: every KV cache holds, at the start of every round and at the
   end, exactly what a fresh forward over the accepted tokens gives (rollback done right).
+- check_batch_greedy: every row of a batched greedy generation equals that prompt's own greedy output.
+- check_speed: the speed bugs that stay lossless. The run's acceptance and tokens per target call
+  are compared with what the pair's own distributions predict (fresh forwards of both models over
+  the output: sum(min(p, q)) at each position); a run well below them fails with "lossless, but
+  slower: ...".
 """
 
 from dataclasses import dataclass, field
@@ -31,9 +36,13 @@ import itertools
 import torch
 
 from .autoregressive import autoregressive_generate
+from .result import FROM_CORRECTION, FROM_DRAFT
 from .sampling import logits_to_probs
+from .theory import expected_tokens_per_round
 
 P_VALUE_THRESHOLD = 1e-3  # below this, the samples are declared not to follow the target
+SPEED_Z = 4.0  # check_speed: this many standard errors below the prediction fails (one-sided p ~ 3e-5)
+SPEED_SLACK = 0.15  # ... and tokens per call more than this share below (the formula's idealisation)
 MAX_OUTCOMES = 1_000_000  # V ** n_tokens above this is too many cells to enumerate and fill
 
 
@@ -302,6 +311,10 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
             if diff > atol:
                 problem = (f"after round {rounds[0]} the {role}'s KV cache differs from a fresh forward "
                            f"over the accepted tokens (max |difference| {diff:.2g})")
+        if problem and role == "draft":
+            # A drafter's state only shapes the proposals; the q it reports is still the one it
+            # sampled from, so the output keeps the target's distribution: only acceptance suffers.
+            problem = "lossless, but slower: " + problem
         snapshots.append(CacheSnapshot(role, rounds[0], n, len(sequence), problem, at_end))
 
     def watch(model, role):
@@ -401,3 +414,154 @@ def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settin
             problems.append(f"with eos_id={eos} the output should stop after {len(expected)} tokens "
                             f"(at the first eos, kept), got {len(stopped)} tokens{extra}")
     return StoppingCheck(not problems, problems)
+
+
+# ------------------------------------------------------------------------------------------------
+# Batches: every row is its prompt's own greedy output
+# ------------------------------------------------------------------------------------------------
+
+def check_batch_greedy(batch_generate_fn, target, prompts: list[list[int]], max_gen: int = 20) -> GreedyCheck:
+    """batch_generate_fn(prompts, max_gen) -> a BatchedResult (or one token list per prompt) must
+    give every row exactly its prompt's own greedy output from the target. Returns the first row
+    that differs (its GreedyCheck, the message naming the row), or a pass."""
+    result = batch_generate_fn([list(p) for p in prompts], max_gen)
+    rows = result.tokens if hasattr(result, "tokens") else result
+    for i, (prompt, tokens) in enumerate(zip(prompts, rows)):
+        row = check_greedy_matches_target(lambda *_: list(tokens), target, list(prompt), max_gen)
+        if not row.passed:
+            return BatchGreedyCheck(False, row.tokens, row.expected, row.first_mismatch, i, len(prompts))
+    return BatchGreedyCheck(True, [], [], None, None, len(prompts))
+
+
+@dataclass
+class BatchGreedyCheck(GreedyCheck):
+    row: int | None = None  # the first row that differs
+    rows: int = 0
+
+    @property
+    def message(self) -> str:
+        if self.passed:
+            return f"every one of the {self.rows} rows equals its prompt's own greedy output"
+        return f"row {self.row} of the batch: " + GreedyCheck.message.fget(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Speed: acceptance and tokens per target call against what the pair's distributions predict
+# ------------------------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def acceptance_by_position(target, draft, prompt: list[int], tokens: list[int], settings: dict) -> list[float]:
+    """sum(min(p, q)) before each output token [len(tokens)]: the chance that a draft token drawn
+    from q is accepted there (Leviathan et al. 2023, section 3), p and q from fresh forwards of the
+    target and the draft over prompt + tokens (no cache a run could have spoiled). Greedy
+    (temperature 0): 1 where the two argmaxes agree, else 0."""
+    device = target.wte.weight.device
+    idx = torch.tensor([list(prompt) + list(tokens)[:-1]], device=device)
+    n = len(tokens)
+    target_logits = target(idx, num_last_logits=n)[0].double()  # [n, V]
+    draft_logits = draft(idx.to(draft.wte.weight.device), num_last_logits=n)[0].double().to(device)
+    if settings.get("temperature", 0) == 0:
+        return (target_logits.argmax(-1) == draft_logits.argmax(-1)).double().tolist()
+    p, q = logits_to_probs(target_logits, **settings), logits_to_probs(draft_logits, **settings)
+    return torch.minimum(p, q).sum(-1).tolist()
+
+
+@dataclass
+class SpeedCheck:
+    passed: bool
+    gamma: int
+    judged: int  # draft tokens the target judged (accepted, or the first rejected of a round)
+    accepted: int
+    expected_accepted: float  # sum of sum(min(p, q)) over the judged positions
+    acceptance_z: float  # (accepted - expected) / its standard deviation
+    measured_alpha: float  # mean sum(min(p, q)) over every output position: the pair's acceptance
+    rounds: int  # rounds that could draft gamma tokens (not cut by max_gen or the window)
+    tokens_per_call: float  # mean tokens those rounds output
+    predicted_tokens_per_call: float  # (1 - alpha^(gamma+1)) / (1 - alpha), alpha = measured_alpha
+    tokens_z: float  # (tokens_per_call - predicted) / its standard error
+    problem: str | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.judged if self.judged else 0.0
+
+    @property
+    def message(self) -> str:
+        if self.problem:
+            return self.problem
+        return (f"speed as the pair predicts: {self.accepted} of {self.judged} judged draft tokens accepted "
+                f"({self.expected_accepted:.1f} expected from sum(min(p, q))), {self.tokens_per_call:.2f} "
+                f"tokens per target call ({self.predicted_tokens_per_call:.2f} predicted at gamma {self.gamma})")
+
+    def __str__(self):
+        return ("PASS: " if self.passed else "FAIL: ") + self.message
+
+
+def check_speed(generate_fn, target, draft, gamma: int, prompts=((1, 2, 3),), max_gen: int = 24,
+                settings: dict | None = None, runs: int = 8, seed: int = 0, z: float = SPEED_Z,
+                slack: float = SPEED_SLACK) -> SpeedCheck:
+    """Is generate_fn as fast as its pair allows? For the bugs that keep the output's distribution
+    (so check_lossless passes) but throw acceptance away. generate_fn(prompt, max_gen,
+    [generator=g, **settings]) must return a GenerationResult (its stats) and draft up to `gamma`
+    tokens a round with `draft` (a GPT2: the check runs it afresh to measure q).
+
+    `runs` generations (prompts in turn, seeds seed, seed + 1, ...) are measured two ways:
+    1. Acceptance. At every judged position the target accepts with probability sum(min(p, q)),
+       p and q from fresh forwards over the run's own output (acceptance_by_position): the
+       accepted count's expectation is their sum and its variance the sum of a (1 - a), exactly,
+       whatever the contexts. Fails when the count is more than z standard deviations below.
+    2. Tokens per target call, over rounds that could draft gamma tokens, against
+       (1 - alpha^(gamma+1)) / (1 - alpha) with alpha the pair's acceptance measured over every
+       output position. The formula idealises (one alpha for every position), so it fails only
+       when the run is z standard errors and `slack` below it."""
+    settings = dict(settings or {})
+    sampling = settings.get("temperature", 0) != 0
+    judged = accepted = 0
+    expected = variance = 0.0
+    all_alphas, sizes = [], []
+    for i in range(runs):
+        prompt = list(prompts[i % len(prompts)])
+        kwargs = dict(generator=torch.Generator().manual_seed(seed + i), **settings) if sampling else {}
+        result = generate_fn(prompt, max_gen, **kwargs)
+        tokens, sources = list(result.tokens), list(result.stats.token_sources)
+        alphas = acceptance_by_position(target, draft, prompt, tokens, settings)
+        all_alphas += alphas
+        for a, source in zip(alphas, sources):
+            if source in (FROM_DRAFT, FROM_CORRECTION):
+                judged += 1
+                accepted += source == FROM_DRAFT
+                expected += a
+                variance += a * (1 - a)
+        window = min(target.config.n_positions, draft.config.n_positions)
+        start = 0
+        for end, source in enumerate(sources):
+            if source != FROM_DRAFT:  # a round ends with the target's own token
+                if start + gamma + 1 <= max_gen and len(prompt) + start + gamma + 1 <= window:
+                    sizes.append(end + 1 - start)
+                start = end + 1
+    # Greedy acceptance is certain given the contexts (variance 0): a floor of 1 lets a near-tie
+    # of the logits (a cached and a fresh forward may round apart) not count as a bug.
+    acceptance_z = (accepted - expected) / max(variance, 1.0) ** 0.5
+    alpha = sum(all_alphas) / len(all_alphas)
+    predicted = expected_tokens_per_round(alpha, gamma)
+    rounds = len(sizes)
+    per_call = sum(sizes) / rounds if rounds else 0.0
+    sd = (sum((s - per_call) ** 2 for s in sizes) / max(rounds - 1, 1)) ** 0.5 if rounds else 0.0
+    tokens_z = (per_call - predicted) / max(sd / max(rounds, 1) ** 0.5, 1e-9)
+    check = SpeedCheck(True, gamma, judged, accepted, expected, acceptance_z, alpha, rounds, per_call,
+                       predicted, tokens_z)
+    if judged and acceptance_z < -z:
+        check.passed = False
+        check.problem = (f"lossless, but slower: the target accepted {accepted} of {judged} judged draft "
+                         f"tokens ({check.rate:.2f}) where the pair's own distributions predict "
+                         f"{expected:.1f} ({expected / judged:.2f}; sum(min(p, q)) at each judged position, "
+                         f"from fresh forwards), {-acceptance_z:.1f} standard deviations below: the drafts "
+                         f"or the acceptance test lose agreement the two models have")
+    elif rounds and tokens_z < -z and per_call < (1 - slack) * predicted:
+        check.passed = False
+        check.problem = (f"lossless, but slower: {per_call:.2f} tokens per target call where the pair's "
+                         f"measured acceptance {alpha:.2f} predicts {predicted:.2f} at gamma {gamma} "
+                         f"((1 - alpha^(gamma+1)) / (1 - alpha)), {-tokens_z:.1f} standard errors below, "
+                         f"while acceptance reads {check.rate:.2f}: fewer tokens are drafted than gamma "
+                         f"allows")
+    return check

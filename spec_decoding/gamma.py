@@ -21,13 +21,26 @@ g * t_draft + t_target(g + 1) seconds (CostModel.round_seconds), so it picks
 which, divided by one target step, is Leviathan's predicted speed-up E(g) / (g c + verify_cost(g))
 (g = 0 gives exactly 1: the target alone).
 
-The costs it decides with are re-estimated from the rounds' own wall time as it goes, so a
-CostModel calibrated on another machine, in another format, or while the machine was busy cannot
-keep it drafting where drafting does not pay here. A round drafting g tokens takes about
-t(g) = g d + s V(g), with V(g) the CostModel's target_score_s[g]: AutoGamma fits d (a draft
-step) and s (how much slower or faster the target runs than when calibrated) by least squares
-to the timed rounds (recent ones weigh more), with the CostModel itself as a prior worth a few
-rounds at first, fading as the rounds come in. The timings never touch which tokens come out: sampling stays lossless.
+It never loses for long: speculation stays on while the estimates say it pays, or while it is
+still unsure (optimistic estimates), but a spell of drafting whose tokens per second, measured
+over its rounds, fall below a plain step's rate ends it (measured_speedup); then only a probe now
+and then drafts, until the estimates say drafting pays again.
+
+Costs, and what a seed reproduces. gamma="auto" decides from a CostModel measured before the
+generation (or read from a file) and the tokens accepted, nothing else: the same costs, prompt,
+models and seed give the same gammas, so the same random draws and the same tokens, however fast
+the machine runs this time. The costs of gamma="auto" are measured once per pair of models in a
+process; to reproduce a sampled run in another process, keep them in a file (CostModel.save,
+--cost-model FILE in the scripts) or the same costs cannot be promised (they are timed again).
+With clock= (e.g. time.perf_counter), AutoGamma instead re-estimates the costs from the rounds'
+own wall time as it goes, which corrects a CostModel from another machine or a busy moment: a
+round drafting g tokens takes about t(g) = g d + s V(g), with V(g) the CostModel's
+target_score_s[g], and it fits d (a draft step) and s (how much slower or faster the target runs
+than when calibrated) by least squares to the timed rounds (recent ones weigh more), the
+CostModel a prior worth a few rounds at first. Then the gammas follow the machine's load, and a
+seed no longer reproduces a sampled run (the output still follows the target exactly: the gammas
+only ever depend on past rounds). On a busy machine the timings are noisy enough to keep a
+losing draft on: that is why the default is clock=None.
 
 To write your own policy, subclass GammaPolicy and pass an instance as gamma=; the generators
 need no change.
@@ -107,25 +120,30 @@ class AutoGamma(GammaPolicy):
     rounds already move the estimates. Every drafting round multiplies the old counts by `decay`:
     the estimates follow the text as it changes (an effective memory of 1 / (1 - decay) rounds).
 
-    Switching off needs evidence: speculation stops only when even optimistic estimates (each a_i
-    `optimism` = 2 posterior standard deviations higher) say g = 0 is fastest, so one unlucky
-    rejection in the first round does not turn it off for good. While it is off, plain rounds add
+    Switching off needs evidence: while the estimates say g = 0 is fastest but optimistic ones
+    (each a_i `optimism` = 2 posterior standard deviations higher, the deviations from all the
+    rounds judged so far, so they shrink as the generation goes on) say otherwise, speculation
+    stays on, so one unlucky rejection in the first round does not turn it off for good; unless
+    a spell of drafting has been losing: after min_evidence drafting rounds, tokens per second
+    below a plain step's (measured_speedup() < 1) end it, and optimism counts for nothing until a
+    probe is accepted (the estimates alone can still switch it on). While it is off, plain rounds add
     nothing to the estimates, so now and then it drafts one token anyway (a probe),
     spending at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
     round_seconds(0) more than a plain step). Accepted probes can switch speculation back on.
 
-    Costs (see the module docstring): with a clock (default time.perf_counter), each round's wall
-    time, from next_gamma() returning to update(), refits the draft step d and the target's scale s
-    (all but the first round, which also holds the prompt's prefill: make a new AutoGamma for each
-    generation, as gamma="auto" does);
-    cost_prior_rounds is how many rounds the CostModel counts as at first, cost_decay how fast old
-    rounds (and the prior) fade. clock=None keeps the CostModel's costs as they are (simulations).
+    Costs (see the module docstring): clock=None (the default) decides from the CostModel's
+    costs as they are, so a seeded run reproduces. With a clock (e.g. time.perf_counter), each
+    round's wall time, from next_gamma() returning to update(), refits the draft step d and the
+    target's scale s (all but the first round, which also holds the prompt's prefill: make a new
+    AutoGamma for each generation, as gamma="auto" does), and the drafting spells are measured in
+    those seconds; cost_prior_rounds is how many rounds the CostModel counts as at first,
+    cost_decay how fast old rounds (and the prior) fade.
     """
 
     def __init__(self, cost_model: CostModel, gamma_max: int | None = None, prior_alpha: float = 0.5,
                  prior_strength: float = 2.0, decay: float = 0.95, probe_budget: float = 0.02,
-                 optimism: float = 2.0, clock=time.perf_counter, cost_prior_rounds: float = 2.0,
-                 cost_decay: float = 0.95):
+                 optimism: float = 2.0, clock=None, cost_prior_rounds: float = 2.0,
+                 cost_decay: float = 0.95, min_evidence: int = 4):
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
         gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
@@ -140,9 +158,16 @@ class AutoGamma(GammaPolicy):
         self.prior_alpha, self.prior_strength, self.decay = prior_alpha, prior_strength, decay
         self.optimism = optimism
         self.judged = [0.0] * gamma_max  # decayed counts per draft position
+        self.judged_ever = [0] * gamma_max  # the same, not decayed: how sure the estimates are
         self.accepted = [0.0] * gamma_max
         self.probe_budget = probe_budget
         self.plain_rounds = 0  # plain rounds chosen since the last drafting round
+        # What the current spell of drafting (the rounds since the last plain one) has given:
+        # tokens made (accepted + 1 a round), seconds spent (as costed, or as clocked), rounds;
+        # losing: a spell measured slower than plain decoding, until a probe is accepted.
+        self.min_evidence = min_evidence
+        self.made, self.spent, self.evidence = 0, 0.0, 0
+        self.plain_rounds_before, self.losing = False, False
         # Costs: a round of g tokens takes g * draft_step_s + target_scale * target_score_s[g].
         self.clock, self.cost_decay = clock, cost_decay
         self.draft_step_s, self.target_scale = cost_model.draft_step_s, 1.0
@@ -194,8 +219,8 @@ class AutoGamma(GammaPolicy):
         s = self.prior_strength
         pooled = (sum(self.accepted) + s * self.prior_alpha) / (sum(self.judged) + s)
         alphas = []
-        for accepted, judged in zip(self.accepted, self.judged):
-            n, mean = judged + s, (accepted + s * pooled) / (judged + s)
+        for accepted, judged, ever in zip(self.accepted, self.judged, self.judged_ever):
+            n, mean = ever + s, (accepted + s * pooled) / (judged + s)
             alphas.append(min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / (n + 1))))
         return alphas
 
@@ -210,10 +235,24 @@ class AutoGamma(GammaPolicy):
         self._round_start = self.clock() if self.clock is not None else None
         return g
 
+    def measured_speedup(self) -> float | None:
+        """Tokens per second of the current spell of drafting rounds (since the last plain round)
+        over a plain step's rate: below 1, speculation has been losing. Each round's seconds are
+        its costs (round_seconds), or its wall time with a clock. None before min_evidence rounds."""
+        if self.evidence < self.min_evidence:
+            return None
+        return self.made / self.spent * self.round_seconds(0)
+
     def _choose(self) -> int:
         rates = self.tokens_per_second()
         best = max(range(1, self.gamma_max + 1), key=rates.__getitem__)
-        if rates[best] > rates[0] or max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
+        if rates[best] > rates[0]:  # the estimates say drafting pays
+            return best
+        # Not sure yet: optimistic estimates keep it drafting, unless a spell has been losing
+        # (then only an accepted probe gives them another chance).
+        if (measured := self.measured_speedup()) is not None and measured < 1:
+            self.losing = True
+        if not self.losing and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
             return best
         if self.plain_rounds >= self.probe_every:
             self.plain_rounds = 0
@@ -222,16 +261,29 @@ class AutoGamma(GammaPolicy):
         return 0
 
     def update(self, drafted: int, accepted: int) -> None:
+        seconds = None  # this round's wall time, where it was clocked
         if self._round_start is not None and 0 <= drafted <= self.gamma_max and not self._prefill_round:
-            self.observe_round(drafted, self.clock() - self._round_start)
+            seconds = self.clock() - self._round_start
+            self.observe_round(drafted, seconds)
         self._round_start, self._prefill_round = None, False
         if drafted == 0:
+            self.plain_rounds_before = True  # the next drafting round starts a new spell
             return
+        if self.plain_rounds_before:
+            self.made, self.spent, self.evidence = 0, 0.0, 0
+            self.plain_rounds_before = False
+            self.losing = self.losing and accepted < drafted
         self.plain_rounds = 0
+        if seconds is None:
+            seconds = self.round_seconds(min(drafted, self.gamma_max))
+        self.made += accepted + 1
+        self.spent += seconds
+        self.evidence += 1
         self.judged = [j * self.decay for j in self.judged]
         self.accepted = [a * self.decay for a in self.accepted]
         for i in range(min(accepted + 1, drafted)):  # positions the target judged
             self.judged[i] += 1
+            self.judged_ever[i] += 1
             self.accepted[i] += i < accepted
 
     def __repr__(self):
@@ -266,8 +318,9 @@ _CALIBRATED: dict[tuple, CostModel] = {}
 def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | None = None,
                 target=None, draft=None) -> GammaPolicy:
     """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
-    "auto" (AutoGamma; its CostModel is cost_model, which must be for target and draft, or one
-    calibrated now, once per pair of models in this process, with one line on stderr saying so),
+    "auto" (AutoGamma, deciding from fixed costs: a seeded run reproduces; its CostModel is
+    cost_model, which must be for target and draft, or one calibrated now, once per pair of
+    models in this process, with one line on stderr saying so),
     "heuristic" (HeuristicGamma), or a
     GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
     CostModel's, or 8)."""
@@ -289,7 +342,8 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
                     print(f"note: gamma auto: measured this pair's costs here in "
                           f"{time.perf_counter() - start:.1f} s (c = {costs.c:.3f}, verifying "
                           f"{min(5, gamma_max + 1)} tokens = {costs.verify_cost(min(4, gamma_max)):.2f} "
-                          f"steps); the rounds' own timings refine them as it runs",
+                          f"steps); it decides from these costs in every generation of this pair "
+                          f"in this process (CostModel.save keeps them for another)",
                           file=sys.stderr, flush=True)
                 cost_model = _CALIBRATED[key]
             elif target is not None:

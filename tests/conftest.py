@@ -1,6 +1,7 @@
 """Shared fixtures. Every checkpoint is made here, on the fly, in temporary folders, in exactly the
 layout of the Hugging Face hub files (random weights: the hub is unreachable offline)."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,14 @@ TINY_VOCAB = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_si
 TINY_TEXT = GPT2Config(n_layer=4, n_head=2, n_embd=64, n_positions=128, vocab_size=50257)
 # The target of the agreeing pair (pair_dirs / target / draft below): its draft is its first 2 blocks.
 AGREEING_TARGET = TINY.with_(n_layer=4)
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """The scripts say when the machine is busy (gpt2.machine_load: a load average above the core
+    count); the tests check their other output, so in this process the machine looks quiet
+    whatever its load (tests/test_machine_load.py fakes a busy one)."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,10 @@ import pytest
 
 from assignments import __main__ as cli
 from assignments.registry import ASSIGNMENTS
-from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, gradescope_results, make_data, references,
+from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, make_data, references,
                                student_files)
-from assignments.export import autograde, gradescope_source
-from assignments.make import MANIFEST, AssignmentError, _definitions, make, resolve
+from assignments.export import autograde, gradescope_results, gradescope_source
+from assignments.make import AssignmentError, _definitions, make, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -223,7 +223,7 @@ SHORTCUTS = {
         ("spec_decoding/greedy.py", "speculative_sampling_greedy",
          "from .autoregressive import autoregressive_generate\n"
          "    return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)",
-         "greedy_speculates", "forward passes for 30 tokens"),
+         "greedy_speculates", "the target ran 30 forward passes"),
         ("spec_decoding/greedy.py", "speculative_sampling_greedy",
          "from .tree import tree_speculative_sampling\n"
          "    return tree_speculative_sampling(target, draft, prompt_ids, max_gen, (1,) * gamma, temperature=0.0, eos_id=eos_id)",
@@ -408,14 +408,14 @@ GRADESCOPE_STATUSES, GRADESCOPE_VISIBILITY = {"passed", "failed"}, {"hidden", "a
 
 def valid_gradescope_results(results: dict, checks) -> None:
     """Gradescope's results.json: tests[] each with name, score, max_score, status, visibility, output."""
-    assert isinstance(results["score"], (int, float)) and isinstance(results["tests"], list)
+    assert isinstance(results["tests"], list)
     assert [t["name"] for t in results["tests"]] == [c.name for c in checks]
     for test, check in zip(results["tests"], checks):
         assert set(test) == {"name", "score", "max_score", "status", "visibility", "output"}
         assert test["max_score"] == check.points and 0 <= test["score"] <= test["max_score"]
         assert test["status"] in GRADESCOPE_STATUSES and test["visibility"] in GRADESCOPE_VISIBILITY
         assert isinstance(test["output"], str) and test["output"]
-    assert results["score"] == sum(t["score"] for t in results["tests"])
+    assert "score" not in results  # Gradescope sums the tests, and hides the sum while some are hidden
 
 
 def gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path):
@@ -434,8 +434,8 @@ def gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path):
             z.extractall(source)
         for script in ("setup.sh", "run_autograder"):
             os.chmod(source / script, 0o755)
-    else:
-        gradescope_source(name, source, HIDDEN_SEED)
+    else:  # the reference solution was graded on these inputs above: not again
+        gradescope_source(name, source, HIDDEN_SEED, check_reference=False)
     assert {"setup.sh", "run_autograder", "hidden.json", "copy", "data"} <= {p.name for p in source.iterdir()}
     (autograder / "submission").mkdir()
     (autograder / "results").mkdir()
@@ -470,24 +470,7 @@ def test_gradescope_results_of_a_failing_submission():
     results = gradescope_results(report)
     assert [t["status"] for t in results["tests"]] == ["failed", "passed"]
     assert [t["visibility"] for t in results["tests"]] == ["visible", "after_published"]
-    assert "hi" in results["tests"][0]["output"] and results["score"] == 1.0
-
-
-def test_github_classroom_export_has_one_graded_step_per_visible_check(tmp_path):
-    import yaml
-
-    out = tmp_path / "repo"
-    assert cli.main(["export", "github-classroom", "rejection_sampling", "--out", str(out)]) == 0
-    workflow = yaml.safe_load((out / ".github/workflows/classroom.yml").read_text())
-    steps = workflow["jobs"]["run-autograding-tests"]["steps"]
-    graded = [s for s in steps if "autograding-command-grader" in s.get("uses", "")]
-    visible = [c for c in ASSIGNMENTS["rejection_sampling"].checks if c.visible]
-    assert [s["with"]["test-name"] for s in graded] == [c.name for c in visible]
-    assert [s["with"]["max-score"] for s in graded] == [c.points for c in visible]
-    assert all(s["with"]["command"] == f"python -m assignments check --only {s['with']['test-name']}" for s in graded)
-    reporter = steps[-1]
-    assert reporter["with"]["runners"] == ",".join(s["id"] for s in graded)
-    assert (out / ".assignment/visible.json").is_file() and (out / MANIFEST).is_file()
+    assert "hi" in results["tests"][0]["output"] and "score" not in results
 
 
 def test_leak_check_ignores_shared_input_guards():

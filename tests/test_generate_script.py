@@ -184,8 +184,53 @@ def test_seeded_sampling_is_reproducible(text_pair_dirs, capsys):
         code, out, err = run_main(argv, capsys)
         assert code == 0, err
         reports.append(json.loads(out))
-    assert reports[0]["tokens"] == reports[1]["tokens"]
+    print([r["stats"]["gamma_by_round"] for r in reports]); assert reports[0]["tokens"] == reports[1]["tokens"]
     assert reports[0]["settings"]["seed"] == 1
+
+
+def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(text_pair_dirs, tmp_path,
+                                                                               capsys, monkeypatch):
+    """The same seeded --gamma auto sampling command twice, with the same --cost-model (it says
+    the draft costs a tenth of the target), once with the target 20 ms slower a call, once with the
+    draft 20 ms slower a token (a machine busy in other ways): the same gammas and tokens, as gamma
+    auto decides from the costs, not from this run's timings. (Refitting the costs from the
+    rounds' wall time, the second run stopped drafting: other gammas, other random draws, other
+    tokens, and this test failed.)"""
+    import time
+    import spec_decoding.speculative
+    from spec_decoding import CostModel
+    from spec_decoding.costs import describe_model
+    from spec_decoding.drafters import ModelDrafter
+    from gpt2 import load_gpt2
+    target, draft = text_pair_dirs
+    costs = tmp_path / "costs.json"
+    CostModel(target=describe_model(load_gpt2(target, dtype="float32")),
+              draft=describe_model(load_gpt2(draft, dtype="float32")), draft_step_s=1e-4,
+              target_score_s=[1e-3 * (1 + 0.1 * k) for k in range(9)]).save(costs)
+    argv = ["--target", target, "--draft", draft, "--dtype", "float32", "--prompt", PROMPT, "--max-gen", 40,
+            "--gamma", "auto", "--temperature", 1, "--top-k", 3, "--seed", 3, "--cost-model", costs, "--json"]
+    reports = []
+    for target_delay, draft_delay in ((0.02, 0.0), (0.0, 0.02)):
+        propose, target_forward = ModelDrafter.propose, spec_decoding.speculative.target_forward
+        monkeypatch.setattr(ModelDrafter, "propose", lambda self, tokens, n, *a, **k:
+                            time.sleep(draft_delay * n) or propose(self, tokens, n, *a, **k))
+        monkeypatch.setattr(spec_decoding.speculative, "target_forward",
+                            lambda *a, **k: time.sleep(target_delay) or target_forward(*a, **k))
+        code, out, err = run_main(argv, capsys)
+        assert code == 0, err
+        reports.append(json.loads(out))
+        monkeypatch.undo()
+    assert reports[0]["tokens"] == reports[1]["tokens"]
+    assert reports[0]["stats"]["gamma_by_round"] == reports[1]["stats"]["gamma_by_round"]
+    assert sum(reports[0]["stats"]["gamma_by_round"]) > 0  # it drafted: the timings could have mattered
+
+
+def test_a_seeded_gamma_auto_run_without_a_cost_file_says_how_to_repeat_it(text_pair_dirs, capsys):
+    target, draft = text_pair_dirs
+    code, _, err = run_main(["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 4,
+                             "--gamma", "auto", "--temperature", 1, "--seed", 3], capsys)
+    assert code == 0, err
+    assert "to repeat this seeded run exactly, keep them with --cost-model FILE" in err
 
 
 def test_top_p_runs(text_pair_dirs, capsys):

@@ -6,7 +6,7 @@ return the numbers; the judge compares them with the instructor's and names the 
 import math
 
 from ..definition import Assignment, Check, Failed
-from ..probing import function
+from ..probing import function, number, plain
 
 PER_ROUND = "spec_decoding.theory.expected_tokens_per_round"
 SPEEDUP = "spec_decoding.theory.predicted_speedup"
@@ -27,7 +27,7 @@ def grid_inputs(seed):
 
 def per_round_probe(inputs, data):
     f = function(PER_ROUND)
-    return [[float(f(a, g)) for g in inputs["gammas"]] for a in inputs["alphas"]]
+    return [[number(f(a, g), "expected_tokens_per_round") for g in inputs["gammas"]] for a in inputs["alphas"]]
 
 
 def per_round_judge(inputs, ref, got):
@@ -45,7 +45,8 @@ def per_round_judge(inputs, ref, got):
 
 def speedup_probe(inputs, data):
     f = function(SPEEDUP)
-    return [[[float(f(a, g, c, 1.2)) for g in inputs["gammas"]] for c in inputs["cs"]] for a in inputs["alphas"]]
+    return [[[number(f(a, g, c, 1.2), "predicted_speedup") for g in inputs["gammas"]] for c in inputs["cs"]]
+            for a in inputs["alphas"]]
 
 
 def speedup_judge(inputs, ref, got):
@@ -58,15 +59,15 @@ def speedup_judge(inputs, ref, got):
 
 
 def best_inputs(seed):
-    return {"cases": [[0.8, 0.05, 16], [0.6, 0.3, 16], [0.95, 0.01, 12], [0.2, 0.5, 8], [0.9, 0.1 + 0.01 * seed, 16]]}
+    return {"cases": [[0.8, 0.05, 16], [0.6, 0.3, 16], [0.95, 0.01, 12], [0.2, 0.5, 8], [0.9, 0.1 + 0.01 * (seed % 40), 16]]}
 
 
 def best_probe(inputs, data):
     f = function(BEST)
-    plain = [f(a, c, range(1, n + 1)) for a, c, n in inputs["cases"]]
+    fixed = [plain(f(a, c, range(1, n + 1)), "best_gamma") for a, c, n in inputs["cases"]]
     # a verification cost that grows with gamma (as measured on a CPU): 1 + 0.15 gamma
-    costly = [f(a, c, range(1, n + 1), lambda g: 1 + 0.15 * g) for a, c, n in inputs["cases"]]
-    return {"plain": plain, "costly": costly}
+    costly = [plain(f(a, c, range(1, n + 1), lambda g: 1 + 0.15 * g), "best_gamma") for a, c, n in inputs["cases"]]
+    return {"plain": fixed, "costly": costly}
 
 
 def best_judge(inputs, ref, got):
@@ -82,12 +83,12 @@ def best_judge(inputs, ref, got):
 
 
 def by_position_inputs(seed):
-    return {"cases": [[], [0.5], [0.9, 0.8, 0.5], [1.0, 1.0, 1.0, 0.0, 1.0], [0.3 + 0.1 * seed] * 4]}
+    return {"cases": [[], [0.5], [0.9, 0.8, 0.5], [1.0, 1.0, 1.0, 0.0, 1.0], [0.3 + 0.1 * (seed % 8)] * 4]}
 
 
 def by_position_probe(inputs, data):
     f = function(BY_POSITION)
-    return [float(f(alphas)) for alphas in inputs["cases"]]
+    return [number(f(alphas), "expected_tokens_by_position") for alphas in inputs["cases"]]
 
 
 def by_position_judge(inputs, ref, got):
@@ -104,14 +105,14 @@ def by_position_judge(inputs, ref, got):
 
 
 def seconds_inputs(seed):
-    return {"draft_step_s": 0.002 + 0.001 * seed, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03]}
+    return {"draft_step_s": 0.002 + 0.001 * (seed % 20), "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03]}
 
 
 def seconds_probe(inputs, data):
     from spec_decoding.costs import CostModel
 
     model = CostModel("target", "draft", inputs["draft_step_s"], inputs["target_score_s"])
-    return [float(model.round_seconds(g)) for g in range(len(inputs["target_score_s"]))]
+    return [number(model.round_seconds(g), "CostModel.round_seconds") for g in range(len(inputs["target_score_s"]))]
 
 
 def seconds_judge(inputs, ref, got):
@@ -131,7 +132,7 @@ def seconds_judge(inputs, ref, got):
 def measured_inputs(seed):
     return {"draft_step_s": 0.004, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03, 0.035, 0.041],
             "alphas": [[0.9, 0.85, 0.8, 0.7, 0.6, 0.5], [0.5, 0.4, 0.3, 0.3, 0.2, 0.2],
-                       [0.99, 0.98, 0.97, 0.96, 0.95, 0.94 - 0.01 * seed], [0.1] * 6]}
+                       [0.99, 0.98, 0.97, 0.96, 0.95, 0.94 - 0.01 * (seed % 50)], [0.1] * 6]}
 
 
 def measured_probe(inputs, data):
@@ -144,7 +145,8 @@ def measured_probe(inputs, data):
     by_position = function(BY_POSITION)
     out = []
     for alphas in inputs["alphas"]:
-        rates = [float(by_position(alphas[:g]) / model.round_seconds(g)) for g in range(len(alphas) + 1)]
+        rates = [number(by_position(alphas[:g]), "expected_tokens_by_position")
+                 / number(model.round_seconds(g), "CostModel.round_seconds") for g in range(len(alphas) + 1)]
         out.append({"rates": rates, "best": max(range(len(rates)), key=rates.__getitem__)})
     return out
 

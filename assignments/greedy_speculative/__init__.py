@@ -3,22 +3,84 @@
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
-from ..probing import PROMPT, counting_forwards, first_difference, function, load, max_difference, tokens_of
+from ..probing import (PROMPT, counting_forwards, first_difference, function, load, max_difference, tokens_of,
+                       whole_number)
+from ..serving import TargetServer, ask, secret_target, served_model
 
 GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
 
 
-def _generate(data, draft_name, prompt, max_gen, gamma, **kwargs):
-    target = load(data, "target")
-    draft = load(data, draft_name)  # a separate instance even when it is the target's checkpoint
+# ---- the served target ------------------------------------------------------------------------------
+# Every check here runs the student's loop on a target served by the grader (assignments/serving.py):
+# a target whose later blocks are re-drawn from a secret seed, so the child can neither compute
+# its logits itself nor count its forwards; the grader counts them. The draft (data/draft) shares
+# the target's first blocks, so it agrees with it most of the time.
+
+def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secret: int | None = None) -> dict:
+    """The grader's: a secret (fresh unless given), the served target's own greedy output for each
+    run ({"prompt", "max_gen", "gamma", "eos_id"?}) and the target forwards the instructor's
+    speculative loop takes for all of them (counted here, on the model itself)."""
+    import secrets
+
+    from spec_decoding import autoregressive_generate
+    from spec_decoding.greedy import speculative_sampling_greedy
+
+    secret = secrets.randbits(62) if secret is None else secret
+    target = secret_target(data, secret)
+    tokens, forwards = [], 0
+    for run in runs:
+        tokens.append(autoregressive_generate(target, run["prompt"], run["max_gen"], eos_id=run.get("eos_id")).tokens)
+        with counting_forwards(target) as calls:
+            speculative_sampling_greedy(target, load(data, draft), run["prompt"], run["max_gen"], run["gamma"],
+                                        eos_id=run.get("eos_id"))
+        forwards += calls[0]
+    return {"secret": secret, "tokens": tokens, "forwards": forwards, "runs": len(runs)}
+
+
+def serve_target(inputs, reference, data):
+    """What the grader serves these checks: the secret target (and, for the stopping check, the
+    eos token, which only the secret target's output decides)."""
+    return TargetServer(secret_target(data, reference["secret"]), facts={"eos_id": reference.get("eos_id")})
+
+
+def allowed_forwards(reference) -> int:
+    """Target forwards a speculative loop may take: the instructor's, one more per generation (an
+    honest loop may run the prompt on its own first) and a quarter more (other round structures).
+    Plain decoding takes one per token: far more with this draft."""
+    return reference["forwards"] + reference["runs"] + reference["forwards"] // 4
+
+
+def check_speculated(reference, served, what: str, hidden: bool) -> None:
+    forwards = served.get("forwards", 0)
+    if forwards <= allowed_forwards(reference):
+        return
+    about = "far more than a speculative loop needs with this draft" if hidden else (
+        f"a speculative loop needs about {reference['forwards']} with this draft")
+    raise Failed(f"{what}: the output is the target's, but the target ran {forwards} forward passes; {about}. "
+                 f"Draft gamma tokens, then score them all in ONE target forward per round (plain decoding runs "
+                 f"one forward per token)")
+
+
+def _generate(target, data, draft_name, prompt, max_gen, gamma, **kwargs):
+    draft = load(data, draft_name)
     return function(GREEDY)(target, draft, prompt, max_gen, gamma, **kwargs)
 
 
-def target_greedy(prompt, max_gen, data, eos_id=None):
-    """The reference: the target's own greedy output (plain decoding, the instructor's code)."""
-    from spec_decoding import autoregressive_generate
+def plain_tokens(result) -> list[int]:
+    return [whole_number(t, "a generated token") for t in tokens_of(result)]
 
-    return autoregressive_generate(load(data, "target"), prompt, max_gen, eos_id=eos_id).tokens
+
+def check_tokens(got, want, what: str, hidden: bool) -> None:
+    """Failed if the output differs from the target's greedy output; a hidden check says where,
+    never what was expected."""
+    if not (isinstance(got, list) and all(type(t) is int for t in got)):
+        raise Failed(f"{what}: the output is not a list of token ids")
+    problem = first_difference(got, want)
+    if problem and hidden:
+        i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        problem = f"differs from the target's own greedy output from token {i} on ({len(got)} tokens)"
+    if problem:
+        raise Failed(f"{what}: the output {problem}")
 
 
 # ---- the output is the target's greedy output ------------------------------------------------------
@@ -27,26 +89,32 @@ def equals_inputs(seed):
     return {"prompt": PROMPT[seed % 3:], "max_gen": 30, "gammas": [1, 3, 5] if seed == 0 else [2, 4, 6]}
 
 
+def equals_runs(inputs):
+    return [{"prompt": inputs["prompt"], "max_gen": inputs["max_gen"], "gamma": g} for g in inputs["gammas"]]
+
+
 def equals_probe(inputs, data, draft="draft"):
-    """The output for each gamma, and where each token came from (on_tokens' sources)."""
-    out = []
+    """The output for each gamma, and where each token came from (on_tokens' sources: only to
+    explain a wrong token)."""
+    target, out = served_model(data), []
     for gamma in inputs["gammas"]:
         sources = []
-        result = _generate(data, draft, inputs["prompt"], inputs["max_gen"], gamma,
+        result = _generate(target, data, draft, inputs["prompt"], inputs["max_gen"], gamma,
                            on_tokens=lambda tokens, where: sources.extend(str(s) for s in where))
-        out.append({"tokens": tokens_of(result), "sources": sources})
+        out.append({"tokens": plain_tokens(result), "sources": sources})
     return out
 
 
-def equals_reference(inputs, data):
-    return target_greedy(inputs["prompt"], inputs["max_gen"], data)
+def equals_reference(inputs, data, draft="draft"):
+    return served_reference(inputs, data, equals_runs(inputs), draft)
 
 
-def equals_judge(inputs, ref, got, what="with a draft that mostly agrees"):
-    for gamma, run in zip(inputs["gammas"], got):
-        problem = first_difference(run["tokens"], ref)
-        if problem:
-            i = next((i for i, (a, b) in enumerate(zip(run["tokens"], ref)) if a != b), None)
+def equals_judge(inputs, ref, got, served, what="with a draft that mostly agrees", hidden=False):
+    for gamma, run, want in zip(inputs["gammas"], got, ref["tokens"]):
+        try:
+            check_tokens(run["tokens"], want, f"gamma={gamma}, {what}", hidden)
+        except Failed as failure:
+            i = next((i for i, (a, b) in enumerate(zip(run["tokens"], want)) if a != b), None)
             source = run["sources"][i] if i is not None and i < len(run["sources"]) else None
             why = {"draft": " (a draft token the target's argmax disagrees with was kept: keep draft tokens "
                             "only while each equals the target's argmax after the tokens before it)",
@@ -54,50 +122,42 @@ def equals_judge(inputs, ref, got, what="with a draft that mostly agrees"):
                                  "argmax of row n of the target's logits)",
                    "bonus": " (the bonus token is wrong: after all draft tokens are accepted it is the argmax "
                             "of the target's last row)"}.get(source, "")
-            raise Failed(f"gamma={gamma}, {what}: the output {problem}{why}")
+            raise Failed(f"{failure}{why}") from None
+    if not hidden:
+        check_speculated(ref, served, f"gammas {inputs['gammas']}", hidden)
 
 
 def unrelated_probe(inputs, data):
     return equals_probe(inputs, data, draft="unrelated")
 
 
-def unrelated_judge(inputs, ref, got):
-    equals_judge(inputs, ref, got, "with an unrelated draft (nearly every draft token rejected)")
+def unrelated_reference(inputs, data):
+    return equals_reference(inputs, data, draft="unrelated")
+
+
+def unrelated_judge(inputs, ref, got, served):
+    # nearly every draft token is rejected: a speculative loop runs about as many target forwards
+    # as plain decoding, so only the output is judged
+    equals_judge(inputs, ref, got, served, "with an unrelated draft (nearly every draft token rejected)", hidden=True)
 
 
 # ---- speculation happened ---------------------------------------------------------------------------
 
 def speculates_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gen": 30, "gamma": 4 + seed}
+    return {"prompt": PROMPT[seed % 3:], "max_gen": 30, "gamma": 4 + seed % 3}
 
 
 def speculates_probe(inputs, data):
-    """With the draft a copy of the target every draft token is accepted: count the target's
-    forward passes and the draft's."""
-    target, draft = load(data, "target"), load(data, "target")
-    with counting_forwards(target) as target_calls, counting_forwards(draft) as draft_calls:
-        result = function(GREEDY)(target, draft, inputs["prompt"], inputs["max_gen"], inputs["gamma"])
-    return {"tokens": tokens_of(result), "target_calls": target_calls[0], "draft_calls": draft_calls[0]}
+    return plain_tokens(_generate(served_model(data), data, "draft", inputs["prompt"], inputs["max_gen"], inputs["gamma"]))
 
 
 def speculates_reference(inputs, data):
-    return target_greedy(inputs["prompt"], inputs["max_gen"], data)
+    return served_reference(inputs, data, [inputs])
 
 
-def speculates_judge(inputs, ref, got):
-    gamma, max_gen = inputs["gamma"], inputs["max_gen"]
-    problem = first_difference(got["tokens"], ref)
-    if problem:
-        raise Failed(f"gamma={gamma}, with draft == target: the output {problem}")
-    rounds = -(-max_gen // (gamma + 1))  # every round gives gamma + 1 tokens
-    allowed = rounds + 2  # the prompt's forward, and a little slack
-    if got["target_calls"] > allowed:
-        raise Failed(f"the target ran {got['target_calls']} forward passes for {max_gen} tokens with a draft "
-                     f"identical to it (gamma={gamma}): every draft token should be accepted, so a speculative "
-                     f"loop needs about max_gen / (gamma + 1) = {rounds} rounds of ONE target forward each "
-                     f"(plus the prompt's). Is the draft used, and are all its tokens scored in one forward?")
-    if got["draft_calls"] == 0:
-        raise Failed("the draft model was never run: the drafter must propose the tokens the target checks")
+def speculates_judge(inputs, ref, got, served):
+    check_tokens(got, ref["tokens"][0], f"gamma={inputs['gamma']}", hidden=False)
+    check_speculated(ref, served, f"gamma={inputs['gamma']}, {inputs['max_gen']} tokens", hidden=False)
 
 
 # ---- caches after every round -----------------------------------------------------------------------
@@ -113,95 +173,105 @@ def _key_digest(keys: torch.Tensor) -> list[float]:
 
 
 def caches_probe(inputs, data):
-    """Before every forward that reuses a cache, and at the end: the cache's length and its last
-    layer's keys, for the target and the draft model. Each must hold what a fresh forward over
-    the accepted tokens gives."""
-    models = {"target": load(data, "target"), "draft": load(data, "draft")}
-    seen, snapshots = {}, {"target": [], "draft": []}
+    """The output, and the draft model's cache at the start of every round (before a forward on a
+    cache that was rolled back) and at the end: its length and its last layer's keys, which must
+    be what a fresh forward over the accepted tokens gives. (Diagnostics only: the verdict rests
+    on the grader's own counts. The target's cache is judged from what it was asked to score.)"""
+    draft = load(data, "draft")
+    seen, snapshots, end = {}, [], [0]
 
-    def snapshot(role, cache):
-        snapshots[role].append({"length": cache.length,
-                                "digest": _key_digest(cache.keys[-1][:, :, :cache.length])})
+    def snapshot(cache):
+        snapshots.append({"length": cache.length, "digest": _key_digest(cache.keys[-1][:, :, :cache.length])})
 
-    def watch(role):
-        def before_forward(module, args):
-            if len(args) > 1 and args[1] is not None:
-                seen[role] = args[1]
-                if args[1].length > 0:
-                    snapshot(role, args[1])
-        models[role].register_forward_pre_hook(before_forward)
-
-    watch("target")
-    watch("draft")
-    result = function(GREEDY)(models["target"], models["draft"], inputs["prompt"], inputs["max_gen"], inputs["gamma"])
-    for role, cache in seen.items():
-        snapshot(role, cache)
-    return {"tokens": tokens_of(result), "snapshots": snapshots}
+    def before_forward(module, args):
+        if len(args) > 1 and args[1] is not None:
+            seen["draft"] = args[1]
+            if 0 < args[1].length < end[0]:  # rolled back since the last forward: a new round
+                snapshot(args[1])
+            end[0] = args[1].length + args[0].shape[1]
+    draft.register_forward_pre_hook(before_forward)
+    result = function(GREEDY)(served_model(data), draft, inputs["prompt"], inputs["max_gen"], inputs["gamma"])
+    if "draft" in seen:
+        snapshot(seen["draft"])
+    return {"tokens": plain_tokens(result), "snapshots": snapshots}
 
 
 def caches_reference(inputs, data):
-    tokens = target_greedy(inputs["prompt"], inputs["max_gen"], data)
-    digests = {}
-    for role in ("target", "draft"):
-        model = load(data, role)
-        cache = model.new_kv_cache()
-        with torch.inference_mode():
-            model(torch.tensor([inputs["prompt"] + tokens]), cache)
-        digests[role] = _key_digest(cache.keys[-1][:, :, :cache.length])
-    return {"tokens": tokens, "digests": digests}
+    reference = served_reference(inputs, data, [inputs])
+    draft = load(data, "draft")
+    cache = draft.new_kv_cache()
+    with torch.inference_mode():
+        draft(torch.tensor([inputs["prompt"] + reference["tokens"][0]]), cache)
+    return reference | {"draft_digest": _key_digest(cache.keys[-1][:, :, :cache.length])}
 
 
-def caches_judge(inputs, ref, got):
-    mine, want = inputs["prompt"] + got["tokens"], inputs["prompt"] + ref["tokens"]
+def caches_judge(inputs, ref, got, served):
+    want = inputs["prompt"] + ref["tokens"][0]
+    for tokens, last in served.get("requests", []):
+        context = tokens[:len(tokens) - last + 1]  # what the first scored position follows
+        if context != want[:len(context)]:
+            raise Failed("the target was asked to score draft tokens after a sequence holding tokens that were "
+                         "never accepted: its KV cache still held rejected draft tokens. Roll back the target's "
+                         "cache AND the drafter after every round (roll_back does both; the bug zoo's 'cache "
+                         "not rolled back')")
+    mine = inputs["prompt"] + got["tokens"]
     agree = next((i for i, (a, b) in enumerate(zip(mine, want)) if a != b), min(len(mine), len(want)))
-    if not got["snapshots"]["target"]:
-        raise Failed("the target never ran a forward on a cache it had filled before: reuse its KV cache "
-                     "across rounds (target_forward does), rolling it back after each round")
-    for role in ("target", "draft"):
-        for i, snap in enumerate(got["snapshots"][role]):
-            length = min(snap["length"], agree)  # compare where the sequence is the reference's
-            if max_difference(snap["digest"][:length], ref["digests"][role][:length]) > 1e-3:
-                raise Failed(f"the {role}'s KV cache, at its forward number {i + 2}, does not hold what a fresh "
-                             f"forward over the accepted tokens gives: rejected draft tokens are still in it. Roll "
-                             f"back the target's cache AND the drafter after every round (roll_back does both; the "
-                             f"bug zoo's 'cache not rolled back')")
-    problem = first_difference(got["tokens"], ref["tokens"])
-    if problem:
-        raise Failed(f"the output {problem}")
+    for i, snap in enumerate(got["snapshots"]):
+        length = min(snap["length"], agree)  # compare where the sequence is the reference's
+        if max_difference(snap["digest"][:length], ref["draft_digest"][:length]) > 1e-3:
+            raise Failed(f"the draft's KV cache, at the start of a round (snapshot {i + 1}), does not hold what a fresh forward "
+                         f"over the accepted tokens gives: rejected draft tokens are still in it. Roll back the "
+                         f"drafter after every round too (roll_back does both)")
+    check_tokens(got["tokens"], ref["tokens"][0], "", hidden=True)
+    check_speculated(ref, served, "", hidden=True)
 
 
 # ---- stopping ---------------------------------------------------------------------------------------
 
 def stopping_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gens": [1, 2, 3, 5, 8], "gamma": 3, "eos_at": 6 + seed}
+    return {"prompt": PROMPT[seed % 3:], "max_gens": [1, 2, 3, 5, 8], "gamma": 3, "eos_at": 6 + seed % 20}
+
+
+def stopping_runs(inputs, eos_id=None):
+    runs = [{"prompt": inputs["prompt"], "max_gen": m, "gamma": inputs["gamma"]} for m in inputs["max_gens"]]
+    return runs + [{"prompt": inputs["prompt"], "max_gen": 30, "gamma": inputs["gamma"], "eos_id": eos_id}]
 
 
 def stopping_probe(inputs, data):
-    out = {"lengths": [], "eos": None}
-    for max_gen in inputs["max_gens"]:
-        out["lengths"].append(len(tokens_of(_generate(data, "draft", inputs["prompt"], max_gen, inputs["gamma"]))))
-    eos_id = target_greedy(inputs["prompt"], 30, data)[inputs["eos_at"]]
-    out["eos"] = tokens_of(_generate(data, "draft", inputs["prompt"], 30, inputs["gamma"], eos_id=eos_id))
-    return out
+    target = served_model(data)
+    lengths = [len(plain_tokens(_generate(target, data, "draft", inputs["prompt"], m, inputs["gamma"])))
+               for m in inputs["max_gens"]]
+    eos_id = ask({"fact": "eos_id"})["value"]  # the served target's token at eos_at: only the grader knows it
+    return {"lengths": lengths,
+            "eos": plain_tokens(_generate(target, data, "draft", inputs["prompt"], 30, inputs["gamma"], eos_id=eos_id))}
 
 
 def stopping_reference(inputs, data):
-    tokens = target_greedy(inputs["prompt"], 30, data)
-    eos_id = tokens[inputs["eos_at"]]
-    return {"lengths": inputs["max_gens"], "eos": tokens[:tokens.index(eos_id) + 1], "eos_id": eos_id}
+    """eos_id: the served target's greedy token at position eos_at (generation stops at its first
+    occurrence, which may come earlier)."""
+    import secrets
+
+    from spec_decoding import autoregressive_generate
+
+    secret = secrets.randbits(62)
+    greedy = autoregressive_generate(secret_target(data, secret), inputs["prompt"], 30).tokens
+    eos_id = greedy[inputs["eos_at"]]
+    return served_reference(inputs, data, stopping_runs(inputs, eos_id), secret=secret) | {"eos_id": eos_id}
 
 
-def stopping_judge(inputs, ref, got):
+def stopping_judge(inputs, ref, got, served):
     for max_gen, n in zip(inputs["max_gens"], got["lengths"]):
         if n != max_gen:
             raise Failed(f"with max_gen={max_gen} the output has {n} tokens"
                          + (" (the bug zoo's 'bonus token past max_gen': a round never drafts more tokens "
                             "than are left; round_gamma does it)" if n > max_gen else ""))
-    if got["eos"] != ref["eos"]:
-        after = len(got["eos"]) > len(ref["eos"]) and got["eos"][:len(ref["eos"])] == ref["eos"]
-        raise Failed(f"with eos_id={ref['eos_id']} the output is {got['eos']}, expected {ref['eos']}"
+    want = ref["tokens"][-1]
+    if got["eos"] != want:
+        after = len(got["eos"]) > len(want) and got["eos"][:len(want)] == want
+        raise Failed(f"with eos_id={ref['eos_id']} the output is {got['eos']}, expected {want}"
                      + (" (the bug zoo's 'tokens after eos': stop at the first eos, keep it, drop the rest "
                         "of the round; take_tokens does it)" if after else ""))
+    check_speculated(ref, served, f"max_gen {inputs['max_gens']} and 30 with eos", hidden=False)
 
 
 ASSIGNMENT = Assignment(
@@ -209,20 +279,26 @@ ASSIGNMENT = Assignment(
     functions=(GREEDY,),
     # Siblings that would do the work if called: the sampling loop (at a tiny temperature it is
     # greedy), the token tree (a chain of 1-wide levels is this loop), the tree's greedy verify.
+    # And the batched loop, with its one-row greedy verdict (the accept rule word for word).
     removed=("spec_decoding.speculative.speculative_sampling", "spec_decoding.tree.tree_speculative_sampling",
-             "spec_decoding.tree.verify_tree_greedy"),
+             "spec_decoding.tree.verify_tree_greedy", "spec_decoding.batched.greedy_verdict",
+             "spec_decoding.batched.batched_speculative_sampling"),
     dropped=("notebooks/02_parallel_verification.*",),
     readme="assignments/greedy_speculative/README.md",
+    # Every check runs on the grader's served target and (but for the unrelated draft, where a
+    # speculative loop saves nothing) asks for a speculative number of target forwards: plain
+    # decoding earns the unrelated-draft check only, 1 of 8.
     checks=(
         Check("greedy_equals_target", (GREEDY,), equals_inputs, equals_probe, equals_judge, points=2,
-              reference=equals_reference),
+              reference=equals_reference, serve=serve_target),
         Check("greedy_speculates", (GREEDY,), speculates_inputs, speculates_probe, speculates_judge, points=2,
-              reference=speculates_reference, about="draft == target: all accepted, ~max_gen/(gamma+1) target calls"),
+              reference=speculates_reference, serve=serve_target,
+              about="the grader counts the target's forwards: about max_gen / (accepted + 1) of them, not max_gen"),
         Check("greedy_unrelated_draft", (GREEDY,), equals_inputs, unrelated_probe, unrelated_judge,
-              visible=False, reference=equals_reference),
+              visible=False, reference=unrelated_reference, serve=serve_target),
         Check("greedy_caches", (GREEDY,), caches_inputs, caches_probe, caches_judge, visible=False,
-              reference=caches_reference),
+              reference=caches_reference, serve=serve_target),
         Check("greedy_stopping", (GREEDY,), stopping_inputs, stopping_probe, stopping_judge, points=2,
-              reference=stopping_reference),
+              reference=stopping_reference, serve=serve_target),
     ),
 )

@@ -3,7 +3,9 @@
 import torch
 
 from ..definition import Assignment, Check, Failed
-from ..probing import PROMPT, first_difference, load, lossless_reference, seeded, tokens_of
+from ..greedy_speculative import check_speculated, check_tokens, plain_tokens, serve_target, served_reference
+from ..probing import PROMPT, counting_forwards, follows, load, lossless_reference, sample_counts, seeded, whole_number
+from ..serving import secret_target, served_model
 
 NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
 
@@ -40,7 +42,7 @@ def lookup_probe(inputs, data):
     out = []
     for _, tokens, num_tokens, max_ngram, cap in inputs["cases"]:
         proposal, q = NGramDrafter(max_ngram=max_ngram, num_tokens=cap).propose(list(tokens), num_tokens)
-        out.append({"tokens": [int(t) for t in proposal], "q_is_none": q is None})
+        out.append({"tokens": [whole_number(t, "propose()'s token") for t in proposal], "q_is_none": q is None})
     return out
 
 
@@ -55,29 +57,35 @@ def lookup_judge(inputs, ref, got):
 
 
 def greedy_inputs(seed):
-    return {"prompt": PROMPT + PROMPT[:4] + [seed], "max_gen": 24, "gamma": 4}
+    return {"prompt": PROMPT + PROMPT[:4] + [seed % 100], "max_gen": 24, "gamma": 4}
 
 
 def greedy_probe(inputs, data):
+    """Greedy speculative decoding with the student's drafter, on the grader's served target
+    (assignments/greedy_speculative: the grader counts its forwards)."""
     from spec_decoding import NGramDrafter, speculative_sampling_greedy
 
-    result = speculative_sampling_greedy(load(data, "target"), NGramDrafter(max_ngram=3), inputs["prompt"],
+    result = speculative_sampling_greedy(served_model(data), NGramDrafter(max_ngram=3), inputs["prompt"],
                                          inputs["max_gen"], inputs["gamma"])
-    return {"tokens": tokens_of(result), "drafted": int(sum(result.stats.drafted_by_position))}
+    return plain_tokens(result)
 
 
 def greedy_reference(inputs, data):
-    from spec_decoding import autoregressive_generate
+    """The served target's greedy output, and the forwards the instructor's drafter takes."""
+    from spec_decoding import NGramDrafter, speculative_sampling_greedy
 
-    return {"tokens": autoregressive_generate(load(data, "target"), inputs["prompt"], inputs["max_gen"]).tokens}
+    reference = served_reference(inputs, data, [inputs])
+    target = secret_target(data, reference["secret"])
+    with counting_forwards(target) as calls:
+        speculative_sampling_greedy(target, NGramDrafter(max_ngram=3), inputs["prompt"], inputs["max_gen"],
+                                    inputs["gamma"])
+    return reference | {"forwards": calls[0]}
 
 
-def greedy_judge(inputs, ref, got):
-    problem = first_difference(got["tokens"], ref["tokens"])
-    if problem:
-        raise Failed(f"greedy speculative decoding with your drafter: the output {problem}")
-    if got["drafted"] == 0:
-        raise Failed("your drafter never proposed a token on a prompt that repeats itself")
+def greedy_judge(inputs, ref, got, served):
+    check_tokens(got, ref["tokens"][0], "greedy speculative decoding with your drafter", hidden=False)
+    check_speculated(ref, served, "greedy speculative decoding with your drafter on a prompt that repeats itself",
+                     hidden=False)
 
 
 def lossless_inputs(seed):
@@ -86,33 +94,34 @@ def lossless_inputs(seed):
 
 def lossless_probe(inputs, data):
     from spec_decoding import NGramDrafter, speculative_sampling
-    from spec_decoding.checks import counts_of
 
     target, g = load(data, "vocab_target"), seeded(inputs["seed"])
-    samples = [speculative_sampling(target, NGramDrafter(max_ngram=2), inputs["prompt"], inputs["n_tokens"],
-                                    inputs["gamma"], temperature=1.0, generator=g).tokens
-               for _ in range(inputs["samples"])]
-    return counts_of(samples, target.config.vocab_size, inputs["n_tokens"]).tolist()
+    return [[whole_number(t, "the generator's token") for t in
+             speculative_sampling(target, NGramDrafter(max_ngram=2), inputs["prompt"], inputs["n_tokens"],
+                                  inputs["gamma"], temperature=1.0, generator=g).tokens]
+            for _ in range(inputs["samples"])]
 
 
 def lossless_judge(inputs, ref, got):
-    from ..rejection_sampling import _named
-
-    _named(got, ref, {}, f"speculative sampling with your drafter: {inputs['samples']} samples of "
-                         f"{inputs['n_tokens']} tokens do not follow the target's exactly enumerated distribution",
-           hint="a deterministic proposal is a point mass: return None for q (the generator then uses "
-                "q(x) = 1), never a q the tokens were not drawn from")
+    follows(sample_counts(inputs, ref, got), ref, {},
+            f"speculative sampling with your drafter: {inputs['samples']} samples of {inputs['n_tokens']} tokens do "
+            f"not follow the target's exactly enumerated distribution",
+            "a deterministic proposal is a point mass: return None for q (the generator then uses q(x) = 1), "
+            "never a q the tokens were not drawn from")
 
 
 ASSIGNMENT = Assignment(
     name="ngram_drafter",
     functions=(NGRAM,),
     readme="assignments/ngram_drafter/README.md",
+    # Points follow the idea, the lookup: a drafter that proposes nothing, or repeats the last
+    # token, earns at most the end-to-end sampling check (lossless whatever is drafted), 1 of 8.
     checks=(
-        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, points=3,
+        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, points=5,
               about="propose() on sequences made to show each rule"),
-        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, reference=greedy_reference),
-        Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, points=2, visible=False,
+        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, points=2, reference=greedy_reference,
+              serve=serve_target, about="the grader counts the served target's forwards"),
+        Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, visible=False,
               reference=lossless_reference, timeout=120),
     ),
 )

@@ -1,16 +1,19 @@
 """Assignment 3: modified rejection sampling and the residual (README.md here; instructor.md:
 the notes).
 
-The statistical checks give the student's step fixed p and q tables and count what it returns;
-the grader compares the counts with the exact distributions (Pearson's chi-square, p-value
-threshold spec_decoding.checks.P_VALUE_THRESHOLD) and, when they disagree, with the distributions
-classic mistakes produce, to name the mistake.
+The statistical checks give the student's step fixed p and q tables and draft tokens; the child
+sends back what the step returned each round, raw, and the grader counts: the joint law of
+(accepted or not, output token), compared with the exact one (Pearson's chi-square, p-value
+threshold spec_decoding.checks.P_VALUE_THRESHOLD) and, when they disagree, with those classic
+mistakes produce, to name the mistake. A step that never accepts and draws from p gives the right
+tokens with the wrong joint law: it fails.
 """
 
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
-from ..probing import function, lossless_reference, max_difference, random_distributions, seeded
+from ..probing import (follows, function, lossless_reference, max_difference, outcomes, random_distributions,
+                       sample_counts, seeded, whole_number)
 
 RESIDUAL = "spec_decoding.rejection.residual_distribution"
 # The rejection step every generator calls.
@@ -59,10 +62,11 @@ def residual_judge(inputs, ref, got):
                      f"expected norm(max(0, p - q)) = {[round(x, 3) for x in want]}")
 
 
-# ---- one round of the step, counted -------------------------------------------------------------------
+# ---- one round of the step: raw outcomes from the child, counted here ---------------------------------
 
 def round_inputs(seed, draft="random"):
-    return {"p_seed": 500 + seed, "q_seed": 600 + seed, "draft": draft, "rounds": ROUNDS, "seed": 700 + seed}
+    return {"p_seed": 500 + seed, "q_seed": 600 + seed, "draft": draft, "rounds": ROUNDS,
+            "draft_seed": 650 + seed, "seed": 700 + seed}
 
 
 def tables(inputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,103 +82,115 @@ def tables(inputs) -> tuple[torch.Tensor, torch.Tensor]:
     return p, random_distributions(inputs["q_seed"], GAMMA, VOCAB)
 
 
+def draft_tokens(inputs) -> list[list[int]]:
+    """Every round's draft tokens, [rounds][GAMMA], drawn from q with their own generator: the
+    probe hands them to the student's step, and the grader draws the same ones to count with
+    (it never takes them from the child)."""
+    q = tables(inputs)[1].float()
+    g = seeded(inputs["draft_seed"])
+    return torch.stack([torch.multinomial(q[i], inputs["rounds"], replacement=True, generator=g)
+                        for i in range(GAMMA)], 1).tolist()
+
+
 def round_probe(inputs, data):
-    """Run the student's step `rounds` times on fixed p, q (draft tokens drawn from q here) and
-    count: the round's first output token, its second (when the first draft token was accepted),
-    how many were accepted, and the bonus token (when all were)."""
+    """Run the student's step once per round on fixed p, q and that round's draft tokens; return
+    what it decided, raw: [n accepted, next token] per round. It counts nothing."""
     step = function(REJECTION)
     p, q = (t.float() for t in tables(inputs))
     g = seeded(inputs["seed"])
-    first, second, bonus, accepted = [0] * VOCAB, [0] * VOCAB, [0] * VOCAB, [0] * (GAMMA + 1)
-    for _ in range(inputs["rounds"]):
-        draft_tokens = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(GAMMA)]
-        n, token = verdict_of(step(p, q, draft_tokens, g))
-        if not (isinstance(n, int) and 0 <= n <= GAMMA) or not 0 <= int(token) < VOCAB:
-            raise TypeError(f"the step returned n accepted = {n!r}, next token = {token!r}: n must be an int "
-                            f"between 0 and {GAMMA}, the token an int below {VOCAB}")
-        out = draft_tokens[:n] + [int(token)]
+    out = []
+    for drafted in draft_tokens(inputs):
+        n, token = verdict_of(step(p, q, drafted, g))
+        out.append([whole_number(n, "the step's n_accepted"), whole_number(token, "the step's next_token")])
+    return out
+
+
+def round_counts(inputs, got) -> dict:
+    """The child's raw outcomes counted here, against the draft tokens drawn here: the joint law of
+    what a round returns.
+      first  [2, V]: (was the first draft token accepted, the round's first output token)
+      second [1 + 2V]: (n = 0), then (n = 1, second output token), (n = 2, second output token)
+      bonus  [GAMMA + 1, V]: (n accepted, next token)
+      accepted [GAMMA + 1]: how many draft tokens were accepted"""
+    rounds = outcomes(got, inputs["rounds"], 2, "the rejection step")
+    first, second = [[0] * VOCAB for _ in range(2)], [0] * (1 + 2 * VOCAB)
+    bonus, accepted = [[0] * VOCAB for _ in range(GAMMA + 1)], [0] * (GAMMA + 1)
+    for drafted, (n, token) in zip(draft_tokens(inputs), rounds):
+        if not 0 <= n <= GAMMA or not 0 <= token < VOCAB:
+            raise Failed(f"the step returned n accepted = {n}, next token = {token}: n must be between 0 and "
+                         f"{GAMMA} (the number of draft tokens), the token a token id below {VOCAB}")
+        out = drafted[:n] + [token]
         accepted[n] += 1
-        first[out[0]] += 1
-        if n >= 1:
-            second[out[1]] += 1
-        if n == GAMMA:
-            bonus[int(token)] += 1
-    return {"first": first, "second": second, "bonus": bonus, "accepted": accepted}
+        first[min(n, 1)][out[0]] += 1
+        second[0 if n == 0 else 1 + (n - 1) * VOCAB + out[1]] += 1
+        bonus[n][token] += 1
+    return {"first": sum(first, []), "second": second, "bonus": sum(bonus, []), "accepted": accepted}
 
 
 def round_reference(inputs, data):
-    """The exact distributions the counts are compared with, and those classic mistakes give
-    (to name a mistake when its distribution fits), computed with the instructor's residual."""
+    """The exact joint laws round_counts are compared with, and those of classic mistakes (to name
+    a mistake when its law fits), computed with the instructor's residual. The grader's alone:
+    make strips it from the copy."""
     residual = function(RESIDUAL)
     p, q = tables(inputs)
+    beta = torch.minimum(p[:GAMMA], q).sum(-1)  # acceptance probability at each position
 
-    def mistakes(i):
-        overlap = torch.minimum(p[i], q[i])
-        inverted = q[i] * torch.clamp(q[i] / p[i].clamp(min=1e-30), max=1.0)
-        return {
-            "after a rejection it draws from p instead of norm(max(0, p - q)) (the bug zoo's 'resample from p')":
-                as_floats(overlap + (1 - overlap.sum()) * p[i]),
-            "it accepts with probability min(1, q/p) instead of min(1, p/q)":
-                as_floats(inverted + (1 - inverted.sum()) * residual(p[i], q[i])),
-            "it accepts every draft token (the draft's distribution comes out, not the target's)": as_floats(q[i]),
-        }
-    return {"p": as_floats(p), "mistakes": [mistakes(i) for i in range(GAMMA)],
-            "acceptance": torch.minimum(p[0], q[0]).sum().item()}
+    def first_law(accept: torch.Tensor, reject: torch.Tensor) -> list[float]:
+        return as_floats(torch.cat([reject, accept]))  # (rejected, token), then (accepted, token)
 
-
-def _test(counts, probs) -> float:
-    from spec_decoding.checks import chi_square_p_value
-
-    return chi_square_p_value(torch.tensor(counts, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
+    overlap = torch.minimum(p[0], q[0])
+    inverted = q[0] * torch.clamp(q[0] / p[0].clamp(min=1e-30), max=1.0)
+    mistakes = {
+        "after a rejection it draws from p instead of norm(max(0, p - q)) (the bug zoo's 'resample from p')":
+            first_law(overlap, (1 - overlap.sum()) * p[0]),
+        "it accepts with probability min(1, q/p) instead of min(1, p/q)":
+            first_law(inverted, (1 - inverted.sum()) * residual(p[0], q[0])),
+        "it accepts every draft token (the draft's distribution comes out, not the target's)":
+            first_law(q[0], torch.zeros(VOCAB, dtype=torch.float64)),
+        "it never accepts a draft token and draws from p (the output follows p, but nothing is gained)":
+            first_law(torch.zeros(VOCAB, dtype=torch.float64), p[0]),
+    }
+    second = torch.cat([(1 - beta[0]).view(1), beta[0] * torch.clamp(p[1] - q[1], min=0),
+                        beta[0] * torch.minimum(p[1], q[1])])
+    zeros = torch.zeros(GAMMA, VOCAB, dtype=torch.float64)
+    bonus_rows = {f"the bonus token is drawn from row {i} of p; it comes after all {GAMMA} draft tokens, so "
+                  f"from row {GAMMA} (the last)": as_floats(torch.cat([zeros.reshape(-1), p[i]])) for i in range(GAMMA)}
+    return {"first": first_law(overlap, torch.clamp(p[0] - q[0], min=0)), "first_mistakes": mistakes,
+            "second": as_floats(second),
+            "bonus": as_floats(torch.cat([zeros.reshape(-1), p[GAMMA]])), "bonus_mistakes": bonus_rows,
+            "accepted": [1 - beta[0].item(), (beta[0] * (1 - beta[1])).item(), (beta[0] * beta[1]).item()]}
 
 
 HINT = ("accept draft token x with probability min(1, p(x)/q(x)); at the first rejection draw from "
         "norm(max(0, p - q)); if all are accepted draw the bonus from the last row of p")
 
 
-def _named(counts, probs, mistakes: dict, what: str, hint: str = HINT):
-    """Raise Failed if the counts do not follow probs, naming a mistake whose distribution fits
-    (else giving the hint)."""
-    from spec_decoding.checks import P_VALUE_THRESHOLD, total_variation
-
-    p_value = _test(counts, probs)
-    if p_value >= P_VALUE_THRESHOLD:
-        return
-    tv = total_variation(torch.tensor(counts, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
-    fits = [words for words, alternative in mistakes.items() if _test(counts, alternative) >= P_VALUE_THRESHOLD]
-    cause = f"the counts fit a known mistake: {fits[0]}" if fits else hint
-    raise Failed(f"{what}: total variation {tv:.3f} from the exact distribution, chi-square p = {p_value:.1g} "
-                 f"(threshold {P_VALUE_THRESHOLD:g}; {sum(counts)} samples): {cause}")
-
-
 def first_token_judge(inputs, ref, got):
-    _named(got["first"], ref["p"][0], ref["mistakes"][0], "the first token of a round does not follow p[0]")
+    follows(round_counts(inputs, got)["first"], ref["first"], ref["first_mistakes"],
+            "whether the first draft token is accepted, and the round's first token, do not follow the exact "
+            "joint law (accepted x: min(p, q)(x); rejected, then y: max(0, p - q)(y))", HINT)
 
 
 def second_token_judge(inputs, ref, got):
-    _named(got["second"], ref["p"][1], ref["mistakes"][1],
-           "after an accepted first draft token, the round's second token does not follow p[1]")
+    follows(round_counts(inputs, got)["second"], ref["second"], {},
+            "how many draft tokens are accepted, and the round's second token, do not follow the exact joint law",
+            HINT)
 
 
 def acceptance_judge(inputs, ref, got):
-    expected = ref["acceptance"]
-    rounds = sum(got["accepted"])
-    rate = 1 - got["accepted"][0] / rounds
-    sd = (expected * (1 - expected) / rounds) ** 0.5
-    if abs(rate - expected) > 5 * sd:
-        raise Failed(f"the first draft token was accepted {rate:.3f} of the time; the theory says "
-                     f"sum(min(p, q)) = {expected:.3f} (accept x with probability min(1, p(x)/q(x)))")
+    follows(round_counts(inputs, got)["accepted"], ref["accepted"], {},
+            "the number of accepted draft tokens does not follow the theory (token i is accepted with "
+            "probability sum(min(p_i, q_i)), once all before it were)", HINT)
 
 
 def bonus_judge(inputs, ref, got):
-    p = ref["p"]
-    rounds = sum(got["accepted"])
-    if got["accepted"][GAMMA] != rounds:
+    counts = round_counts(inputs, got)
+    rounds = sum(counts["accepted"])
+    if counts["accepted"][GAMMA] != rounds:
         raise Failed(f"with q == p every draft token must be accepted (min(1, p/q) = 1), but in "
-                     f"{rounds - got['accepted'][GAMMA]} of {rounds} rounds some were rejected")
-    wrong_rows = {f"the bonus token is drawn from row {i} of p; it comes after all {GAMMA} draft tokens, "
-                  f"so from row {GAMMA} (the last)": p[i] for i in range(GAMMA)}
-    _named(got["bonus"], p[GAMMA], wrong_rows, f"the bonus token does not follow the last row of p (p[{GAMMA}])")
+                     f"{rounds - counts['accepted'][GAMMA]} of {rounds} rounds some were rejected")
+    follows(counts["bonus"], ref["bonus"], ref["bonus_mistakes"],
+            f"the bonus token does not follow the last row of p (p[{GAMMA}])", HINT)
 
 
 # ---- end to end: speculative sampling with the student's functions --------------------------------------
@@ -185,21 +201,20 @@ def lossless_inputs(seed):
 
 def lossless_probe(inputs, data):
     from spec_decoding import speculative_sampling
-    from spec_decoding.checks import counts_of
 
     from ..probing import load
 
     target, draft = load(data, "vocab_target"), load(data, "vocab_draft")
     g = seeded(inputs["seed"])
-    samples = [speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], inputs["gamma"],
-                                    temperature=1.0, generator=g).tokens for _ in range(inputs["samples"])]
-    return counts_of(samples, target.config.vocab_size, inputs["n_tokens"]).tolist()
+    return [[whole_number(t, "the generator's token") for t in
+             speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], inputs["gamma"],
+                                  temperature=1.0, generator=g).tokens] for _ in range(inputs["samples"])]
 
 
 def lossless_judge(inputs, ref, got):
-    _named(got, ref, {},
-           f"speculative sampling with your functions: {inputs['samples']} samples of {inputs['n_tokens']} "
-           f"tokens do not follow the target's exactly enumerated distribution")
+    follows(sample_counts(inputs, ref, got), ref, {},
+            f"speculative sampling with your functions: {inputs['samples']} samples of {inputs['n_tokens']} "
+            f"tokens do not follow the target's exactly enumerated distribution", HINT)
 
 
 ASSIGNMENT = Assignment(
@@ -210,20 +225,22 @@ ASSIGNMENT = Assignment(
     # Notebook 05 tests a naive multi-draft rule whose accept line is this step's.
     dropped=("notebooks/05_token_trees.*",),
     readme="assignments/rejection_sampling/README.md",
+    # Points follow the idea, the accept/reject rule: a step that never accepts and draws from p
+    # (right tokens, nothing gained) earns only the residual and the end-to-end check, 2 of 10.
     checks=(
-        Check("residual", (RESIDUAL,), residual_inputs, residual_probe, residual_judge, points=2),
-        Check("first_token", (REJECTION, RESIDUAL), round_inputs, round_probe, first_token_judge, points=2,
-              reference=round_reference, about="the round's first token follows p[0] (chi-square)"),
+        Check("residual", (RESIDUAL,), residual_inputs, residual_probe, residual_judge, points=1),
+        Check("first_token", (REJECTION, RESIDUAL), round_inputs, round_probe, first_token_judge, points=3,
+              reference=round_reference, about="(accepted?, first token) follows the exact joint law (chi-square)"),
         Check("bonus_token", (REJECTION,), lambda seed: round_inputs(seed, "same"), round_probe, bonus_judge,
               reference=round_reference, about="q == p: all accepted, the bonus follows the last row"),
         Check("acceptance_rate", (REJECTION,), round_inputs, round_probe, acceptance_judge, visible=False,
               reference=round_reference),
-        Check("second_token", (REJECTION, RESIDUAL), round_inputs, round_probe, second_token_judge,
+        Check("second_token", (REJECTION, RESIDUAL), round_inputs, round_probe, second_token_judge, points=2,
               visible=False, reference=round_reference),
         Check("point_mass_draft", (REJECTION, RESIDUAL), lambda seed: round_inputs(seed, "point"), round_probe,
               first_token_judge, visible=False, reference=round_reference,
               about="a deterministic drafter (q one-hot)"),
-        Check("lossless", (REJECTION, RESIDUAL), lossless_inputs, lossless_probe, lossless_judge, points=2,
+        Check("lossless", (REJECTION, RESIDUAL), lossless_inputs, lossless_probe, lossless_judge,
               visible=False, reference=lossless_reference, timeout=120),
     ),
 )

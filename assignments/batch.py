@@ -1,0 +1,171 @@
+"""Batch grading: every submission in a folder, graded on one build, into one CSV.
+
+    python -m assignments grade ASSIGNMENT --submissions DIR [--csv FILE] [--seed N]
+
+DIR holds a folder per student (the folder's name is the student's id in the CSV), or is
+Gradescope's "Export Submissions" download (its .zip, or the folder it unzips to): a
+submission_metadata.yml beside a folder per submission (submission_<id>/), which names each
+folder's submitters (:name, :sid, :email). In each submission the assignment's files are found by
+their path, or by name when only one file has that name (as for a single grade).
+
+The stripped copy, the checkpoints, the hidden inputs and their reference values are built once,
+the instructor's own solution is graded on them first (a seed it fails is refused), and one
+zygote process serves every submission; each submission is then graded as `grade` grades one
+(its own temporary tree, a process per check). The CSV gets a row per submission as soon as it is
+graded, so an interrupted run keeps what it did.
+"""
+
+import csv
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .definition import AssignmentError
+from .make import ROOT, make, refuse_a_students_copy
+from .registry import ASSIGNMENTS
+
+GRADESCOPE_METADATA = "submission_metadata.yml"
+
+
+@dataclass
+class Submission:
+    student: str  # the id in the CSV: the submitters' ids (Gradescope), else the folder's name
+    name: str  # the submitters' names, where known
+    folder: Path
+
+
+def _gradescope_yaml(text: str) -> dict:
+    """Gradescope's metadata: YAML written by Ruby (keys like ':submitters'; objects may carry
+    Ruby tags, read here as plain mappings)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def untagged(loader, suffix, node):
+        if isinstance(node, yaml.MappingNode):
+            return loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        return loader.construct_scalar(node)
+
+    Loader.add_multi_constructor("!", untagged)
+    return yaml.load(text, Loader=Loader) or {}
+
+
+def _submitters(record) -> tuple[str, str]:
+    people = record.get(":submitters") or [] if isinstance(record, dict) else []
+    ids = [str(p.get(":sid") or p.get(":email") or p.get(":name") or "") for p in people if isinstance(p, dict)]
+    names = [str(p.get(":name") or "") for p in people if isinstance(p, dict)]
+    return "+".join(i for i in ids if i), "+".join(n for n in names if n)
+
+
+def find_submissions(folder: Path) -> list[Submission]:
+    """The submissions in `folder`: Gradescope's export (where a submission_metadata.yml is, at the
+    top or one folder down), else one per sub-folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise AssignmentError(f"{folder} is not a folder (give a folder of submissions, or Gradescope's "
+                              f"export .zip)")
+    metadata = [p for p in [folder / GRADESCOPE_METADATA, *folder.glob(f"*/{GRADESCOPE_METADATA}")] if p.is_file()]
+    if metadata:
+        records = _gradescope_yaml(metadata[0].read_text())
+        submissions = []
+        for key, record in sorted(records.items(), key=lambda kv: str(kv[0])):
+            path = metadata[0].parent / str(key)
+            if path.is_dir():
+                student, name = _submitters(record)
+                submissions.append(Submission(student or path.name, name, path))
+        if not submissions:
+            raise AssignmentError(f"{metadata[0]} names no submission folder found beside it")
+        return submissions
+    submissions = [Submission(p.name, "", p) for p in sorted(folder.iterdir())
+                   if p.is_dir() and not p.name.startswith(".")]
+    if not submissions:
+        raise AssignmentError(f"{folder} holds no submission folders (one folder per student, or Gradescope's "
+                              f"export with its {GRADESCOPE_METADATA})")
+    return submissions
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def notes_of(report) -> str:
+    """The CSV's notes: what the grader noted about the submission, then each failed check's message."""
+    failed = [f"{r.check}: {' '.join(r.message.split())[:200]}" for r in report.results if not r.passed]
+    return "; ".join([*report.notes, *failed])
+
+
+def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path = ROOT,
+                timeout: float | None = None, file=None) -> list:
+    """Grade every submission in `submissions` for assignment `name`; write `out` (CSV: student,
+    name, submission, each check's points, total, max, notes); progress on `file` (stderr).
+    Returns the reports, in the CSV's order."""
+    from .export import reference_files, refuse_a_seed_the_reference_fails
+    from .grade import Zygote, grade_tree, student_files
+    from .references import make_data, references
+
+    file = file or sys.stderr
+    out, submissions = Path(out), Path(submissions)
+    if name not in ASSIGNMENTS:
+        raise AssignmentError(f"no ready-made assignment {name!r}; they are {', '.join(sorted(ASSIGNMENTS))}")
+    if out.exists():
+        raise AssignmentError(f"{out} exists: give a new file name for the grades (nothing is overwritten)")
+    refuse_a_students_copy(root, "grade")
+    assignment = ASSIGNMENTS[name]
+    with tempfile.TemporaryDirectory(prefix="batch-") as tmp:
+        tmp = Path(tmp)
+        if submissions.suffix == ".zip" and submissions.is_file():
+            with zipfile.ZipFile(submissions) as archive:
+                archive.extractall(tmp / "submissions")
+            submissions = tmp / "submissions"
+        found = find_submissions(submissions)
+        start = time.perf_counter()
+        print(f"Grading {len(found)} submissions of {name}: building the copy, checkpoints and reference "
+              f"values once ...", file=file)
+        pristine = tmp / "pristine"
+        make(list(assignment.functions), pristine, root=root, assignment=name, ship_visible=False)
+        data = make_data(tmp / "data")
+        refs = references(assignment, data, seed)
+        zygote = Zygote(pristine)
+        reports = []
+        try:
+            refuse_a_seed_the_reference_fails(assignment, pristine, data, refs, seed, root, zygote)
+            print(f"Built, and the reference solution passes every check at seed {seed} "
+                  f"({_duration(time.perf_counter() - start)}).", file=file)
+            files = list(reference_files(assignment, root))
+            checks = [c.name for c in assignment.checks]
+            first = time.perf_counter()
+            with open(out, "x", newline="") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(["student", "name", "submission", *checks, "total", "max", "notes"])
+                for i, submission in enumerate(found, 1):
+                    student_start = time.perf_counter()
+                    found_files, notes = student_files(submission.folder, files)
+                    report = grade_tree(assignment, pristine, found_files, data, refs, timeout=timeout, notes=notes,
+                                        zygote=zygote)
+                    reports.append(report)
+                    points = {r.check: r.points for r in report.results}
+                    writer.writerow([submission.student, submission.name, submission.folder.name,
+                                     *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}",
+                                     f"{report.max_points:g}", notes_of(report)])
+                    handle.flush()  # an interrupted run keeps the rows it wrote
+                    per = (time.perf_counter() - first) / i
+                    print(f"[{i}/{len(found)}] {submission.student}: {report.points:g}/{report.max_points:g} "
+                          f"({_duration(time.perf_counter() - student_start)}; about "
+                          f"{_duration(per * (len(found) - i))} left)", file=file)
+        finally:
+            zygote.close()
+    print(f"Graded {len(found)} submissions in {_duration(time.perf_counter() - start)}.", file=file)
+    return reports
