@@ -39,18 +39,27 @@ from .kv_cache import KVCache
 
 # Inputs of more rows than this run eagerly: a prompt, whose matrix products dominate.
 MAX_ROWS = 16
+# The keywords of GPT2.forward the compiled path serves (anything else goes to the eager forward).
+OPTIONS = {"positions", "attn_mask", "exit_layer", "return_features"}
 
 
 @torch.library.custom_op("gpt2::chosen_linear", mutates_args=())
 def chosen_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [..., in] @ weight.T + bias on the kernel gpt2.kernels chose for this weight: an opaque
     call to the compiler, which would otherwise trace into the kernel objects."""
-    return kernels.linear(x, weight, bias)
+    # contiguous: the compiler assumes the layout of the fake below (some kernels, e.g. a
+    # transposed product, give a transposed view; a copy of a few rows)
+    return kernels.linear(x, weight, bias).contiguous()
 
 
 @chosen_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def head(model, x):
+    """The output head as the model computes it (x @ wte.weight.T on its chosen kernel)."""
+    return model.head(x) if hasattr(model, "head") else kernels.linear(x, model.wte.weight, None)
 
 
 def block_step(block, x, keys, values, slots, attn_mask):
@@ -90,11 +99,13 @@ class CompiledDecode:
                 and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
                 and not model.training)
 
-    def __call__(self, idx, cache=None, num_last_logits=None, exit_layer=None, positions=None,
-                 attn_mask=None, return_features=False):
-        if not self.serves(idx, cache):
-            return self.eager_forward(idx, cache, num_last_logits, exit_layer, positions,
-                                      attn_mask, return_features)
+    def __call__(self, idx, cache=None, num_last_logits=None, **more):
+        """model(idx, cache, num_last_logits, positions=, attn_mask=, exit_layer=,
+        return_features=): the arguments of GPT2.forward."""
+        if not self.serves(idx, cache) or set(more) - OPTIONS:
+            return self.eager_forward(idx, cache, num_last_logits, **more)
+        positions, attn_mask = more.get("positions"), more.get("attn_mask")
+        exit_layer, return_features = more.get("exit_layer"), more.get("return_features", False)
         model = self.model
         start = cache.length
         model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
@@ -131,7 +142,7 @@ class CompiledDecode:
         features = x
         if num_last_logits is not None:
             x = x[:, -num_last_logits:]
-        logits = kernels.linear(model.ln_f(x), model.wte.weight, None)
+        logits = head(model, model.ln_f(x))
         return (logits, features) if return_features else logits
 
 

@@ -118,3 +118,42 @@ def test_load_compile_flag(make_checkpoint):
     assert is_compiled(load_gpt2(folder, compile=True)) and not is_compiled(load_gpt2(folder))
     with pytest.raises(ValueError, match="compile must be one of"):
         load_gpt2(folder, compile="yes")
+
+
+@torch.inference_mode()
+def test_linears_run_on_the_kernels_chosen_for_their_weights(model, monkeypatch):
+    """Inside the compiled graph each linear layer still goes through gpt2.kernels.linear with the
+    model's own parameter objects (the chosen kernel hangs on the parameter), and compiled logits
+    stay those of the eager model."""
+    import gpt2.kernels
+    seen = []
+    plain = gpt2.kernels.linear
+
+    def spy(x, weight, bias=None):
+        seen.append(weight)
+        return plain(x, weight, bias)
+
+    monkeypatch.setattr(gpt2.kernels, "linear", spy)
+    compile_decode(model)
+    cache = model.new_kv_cache(max_len=12)
+    model(torch.tensor([[1, 2, 3]]), cache)
+    seen.clear()
+    model(torch.tensor([[4]]), cache)
+    block = model.h[0]
+    weights = [block.attn.c_attn.weight, block.attn.c_proj.weight, block.mlp.c_fc.weight, block.mlp.c_proj.weight]
+    assert all(any(w is s for s in seen) for w in weights)
+    eager(model)
+
+
+@torch.inference_mode()
+def test_a_kernel_giving_a_transposed_view_is_served(model, monkeypatch):
+    """A kernel may return its rows as a transposed view (TransposedMM: (W @ x.T).T); the compiled
+    graph expects the layout it planned for, so the op hands it a contiguous result."""
+    import gpt2.kernels
+    from gpt2.fast_linear import TransposedMM
+    monkeypatch.setattr(gpt2.kernels, "linear", lambda x, weight, bias=None: TransposedMM(weight)(x, bias))
+    prompt, new = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])
+    expected = step_logits(eager(model), prompt, [new], 12)
+    got = step_logits(compile_decode(model), prompt, [new], 12)
+    torch.testing.assert_close(got[1], expected[1], atol=ATOL, rtol=0)
+    eager(model)
