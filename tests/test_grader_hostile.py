@@ -448,3 +448,24 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
     assert "not implemented yet" in written["tests"][0]["output"]
     assert "Grading stopped after 1 check(s)" in written["output"]
     assert not sandbox_processes()
+
+
+def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
+    """Where `unshare` is refused (a container without CAP_SYS_ADMIN) the level drops to "user",
+    or to "none" when other users cannot even run this Python (pyenv's under /root), and the
+    line says why; a level the machine cannot give is refused."""
+    import assignments.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_NAMESPACES_WORK", False)
+    isolation = sandbox.detect()
+    try:
+        assert isolation.level in ("user", "none")
+        assert "`unshare --pid --mount --net` does not work here" in isolation.line()
+        if isolation.level == "none":
+            assert "cannot be read by other users" in isolation.line()
+            assert isolation.line().startswith("NOT ISOLATED")
+        with pytest.raises(OSError, match="cannot isolate at level 'namespaces'"):
+            sandbox.detect("namespaces")
+    finally:
+        if isolation.user:
+            sandbox.release_user(isolation.user)
