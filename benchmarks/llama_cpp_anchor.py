@@ -169,7 +169,7 @@ EVAL = re.compile(rf"(?<!prompt )eval time\s*=\s*{NUMBER}\s*ms\s*/\s*(\d+)\s*run
                   rf"\s*{NUMBER}\s*tokens per second\)")
 ENCODED = re.compile(rf"encoded\s+(\d+)\s+tokens in\s+{NUMBER}\s+seconds")
 DECODED = re.compile(rf"decoded\s+(\d+)\s+tokens in\s+{NUMBER}\s+seconds")
-COUNTS = re.compile(r"^\S*\s*(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)\s*$", re.M)
+COUNTS = re.compile(r"\b(n_draft|n_predict|n_drafted|n_accept)\s+=\s*(\d+)\s*$", re.M)
 
 
 class TimingsNotFound(RuntimeError):
@@ -230,19 +230,27 @@ def run_llama(args_list: list[str]) -> tuple[str, str]:
     return run.stdout, run.stdout + "\n" + run.stderr
 
 
-def llama_round(llama: LlamaCpp, target_gguf: Path, draft_gguf: Path, prompt: str, settings) -> dict:
+# q8_0's repacked CPU kernels (the default) crash this version on batches of several tokens
+# (a segfault in llama-bench pp5 and in any prompt; found on an Intel Xeon with AMX), so q8_0
+# runs unrepacked: the plain q8_0 dot products.
+NO_REPACK = {"q8_0": True}
+
+
+def llama_round(llama: LlamaCpp, target_gguf: Path, draft_gguf: Path, gguf_type: str, prompt: str, settings) -> dict:
     """One round of llama.cpp: llama-bench's step and verify(5), then plain and speculative decoding."""
     t = str(settings.threads)
+    no_repack = NO_REPACK.get(gguf_type, False)
     common = ["-t", t, "-c", str(settings.ctx_size), "--temp", "0", "--seed", "0", "--ignore-eos",
-              "-n", str(settings.new_tokens), "-p", prompt]
+              "-n", str(settings.new_tokens), "-p", prompt, *(["--no-repack"] if no_repack else [])]
     bench = parse_bench_json(run_llama([str(llama.bench), "-m", str(target_gguf), "-t", t, "-p", "5",
-                                        "-n", "16", "-d", str(settings.context), "-r", "1", "-o", "json"])[0],
+                                        "-n", "16", "-d", str(settings.context), "-r", "1", "-o", "json",
+                                        "--repack", "0" if no_repack else "1"])[0],
                              settings.context)
     plain_out = run_llama([str(llama.completion), "-m", str(target_gguf), "-no-cnv", "--no-display-prompt",
                            *common])
     plain = parse_completion_timings(plain_out[1])
     spec_out = run_llama([str(llama.speculative), "-m", str(target_gguf), "-md", str(draft_gguf), "-td", t,
-                          "--spec-draft-n-max", str(settings.gamma), "--spec-draft-n-min", "0", *common])
+                          "--spec-type", "draft-simple", "--spec-draft-n-max", str(settings.gamma), "--spec-draft-n-min", "0", *common])
     spec = parse_speculative_timings(spec_out[1])
     plain_s = (plain["prompt_ms"] + plain["eval_ms"]) / 1e3
     return {"step_s": bench["step_s"], "verify5_s": bench.get("verify5_s"),
@@ -345,10 +353,14 @@ def main(argv=None) -> int:
                  for t in args.gguf_types}
         models = {}
         for fmt in args.formats:
+            if fmt == "bf16" and "auto" in models and models["auto"][0].wte.weight.dtype == torch.bfloat16 \
+                    and getattr(models["auto"][0], "quantize", None) is None:
+                print("  bf16: what auto picked, not run twice", flush=True)
+                continue
             print(f"  loading our {fmt} pair ...", flush=True)
             models[fmt] = (load_gpt2(pair.target, **FORMATS[fmt]), load_gpt2(pair.draft, **FORMATS[fmt]))
         jobs = {f"ours {fmt}": (lambda fmt=fmt: ours_round(*models[fmt], fmt, prompt_ids, args)) for fmt in models}
-        jobs |= {f"llama.cpp {t}": (lambda t=t: llama_round(llama, *ggufs[t], args.prompt, args)) for t in ggufs}
+        jobs |= {f"llama.cpp {t}": (lambda t=t: llama_round(llama, *ggufs[t], t, args.prompt, args)) for t in ggufs}
         runs = {name: [] for name in jobs}
         names = list(jobs)
         for r in range(args.repeats + 1):  # round 0 warms up (page cache, first-call setup) and is dropped

@@ -6,6 +6,7 @@ a tiny checkpoint is also converted and read back."""
 import json
 import os
 import stat
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
@@ -18,52 +19,65 @@ from tests.conftest import TINY_TEXT
 # Captured from the llama.cpp of llama-cpp-python 0.3.36 (the lines around the timings, verbatim)
 
 COMPLETION_STDERR = """\
-common_perf_print:    sampling time =      11.53 ms
-common_perf_print:    samplers time =       4.87 ms /    80 tokens
-common_perf_print:        load time =     402.95 ms
-common_perf_print: prompt eval time =     244.31 ms /    16 tokens (   15.27 ms per token,    65.49 tokens per second)
-common_perf_print:        eval time =    4329.64 ms /    63 runs   (   68.72 ms per token,    14.55 tokens per second)
-common_perf_print:       total time =    4590.41 ms /    79 tokens
-common_perf_print: unaccounted time =       4.93 ms /   0.1 %      (total - sampling - prompt eval - eval) / (total)
-common_perf_print:    graphs reused =         62
-llama_memory_breakdown_print: | memory breakdown [MiB] | total   free    self   model   context   compute    unaccounted |
+0.04.199.771 I common_perf_print:    sampling time =       8.75 ms
+0.04.199.784 I common_perf_print:    samplers time =       2.51 ms /    78 tokens
+0.04.199.791 I common_perf_print:        load time =    1076.71 ms
+0.04.199.798 I common_perf_print: prompt eval time =     718.78 ms /    14 tokens (   51.34 ms per token,    19.48 tokens per second)
+0.04.199.803 I common_perf_print:        eval time =    2006.49 ms /    63 runs   (   31.85 ms per token,    31.40 tokens per second)
+0.04.199.808 I common_perf_print:       total time =    2775.10 ms /    77 tokens
+0.04.199.813 I common_perf_print: unaccounted time =      41.08 ms /   1.5 %      (total - sampling - prompt eval - eval) / (total)
 """
 
 SPECULATIVE_STDERR = """\
-encoded   16 tokens in    0.262 seconds, speed:   61.007 t/s
-decoded   66 tokens in    2.853 seconds, speed:   23.135 t/s
+0.13.142.095 I encoded   14 tokens in    0.670 seconds, speed:   20.910 t/s
+0.13.142.096 I decoded   69 tokens in   10.331 seconds, speed:    6.679 t/s
+0.13.142.096 I
+0.13.142.096 I n_draft   = 4
+0.13.142.097 I n_predict = 69
+0.13.142.097 I n_drafted = 55
+0.13.142.098 I n_accept  = 55
+0.13.142.099 I accept    = 100.000%
+0.13.142.099 I
+0.13.142.099 I draft:
 
-n_draft   = 4
-n_predict = 66
-n_drafted = 64
-n_accept  = 50
-accept    = 78.125%
+0.13.142.135 I
+0.13.142.135 I target:
 
-draft:
-
-common_perf_print:    sampling time =      22.15 ms
-common_perf_print:        load time =     101.83 ms
-common_perf_print: prompt eval time =     512.55 ms /   106 tokens (    4.84 ms per token,   206.81 tokens per second)
-common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf tokens per second)
+0.13.142.136 I common_perf_print:    sampling time =      82.91 ms
+0.13.142.137 I common_perf_print:    samplers time =      39.92 ms /    69 tokens
+0.13.142.137 I common_perf_print:        load time =     513.98 ms
+0.13.142.138 I common_perf_print: prompt eval time =    4972.28 ms /    84 tokens (   59.19 ms per token,    16.89 tokens per second)
+0.13.142.139 I common_perf_print:        eval time =       0.00 ms /     1 runs   (    0.00 ms per token,      inf tokens per second)
 """
 
+# llama-bench -o json, fields cut to those read (and a few beside them)
 BENCH_JSON = """\
 [
   {
-    "build_commit": "0c1e570",
+    "build_commit": "1652066",
+    "model_type": "gpt2 ?B F16",
+    "n_threads": 2,
     "n_prompt": 5,
     "n_gen": 0,
     "n_depth": 64,
-    "avg_ns": 120000000,
-    "avg_ts": 41.666667
+    "avg_ns": 816602462,
+    "avg_ts": 6.12293,
+    "samples_ns": [
+      816602462
+    ]
   },
   {
-    "build_commit": "0c1e570",
+    "build_commit": "1652066",
+    "model_type": "gpt2 ?B F16",
+    "n_threads": 2,
     "n_prompt": 0,
     "n_gen": 16,
     "n_depth": 64,
-    "avg_ns": 1120000000,
-    "avg_ts": 14.285714
+    "avg_ns": 11291941015,
+    "avg_ts": 1.41694,
+    "samples_ns": [
+      11291941015
+    ]
   }
 ]
 """
@@ -72,18 +86,19 @@ BENCH_JSON = """\
 def test_completion_timings_are_read_from_its_perf_lines():
     t = anchor.parse_completion_timings(COMPLETION_STDERR)
     # the generation's line, not the prompt's (which also contains "eval time = ... ms")
-    assert t == {"prompt_ms": 244.31, "prompt_tokens": 16, "eval_ms": 4329.64, "eval_runs": 63,
-                 "ms_per_token": 68.72}
+    assert t == {"prompt_ms": 718.78, "prompt_tokens": 14, "eval_ms": 2006.49, "eval_runs": 63,
+                 "ms_per_token": 31.85}
 
 
 def test_speculative_timings_and_counts_are_read():
     t = anchor.parse_speculative_timings(SPECULATIVE_STDERR)
-    assert t == {"prompt_tokens": 16, "encode_s": 0.262, "generated": 66, "decode_s": 2.853,
-                 "n_draft": 4, "n_predict": 66, "n_drafted": 64, "n_accept": 50}
+    assert t == {"prompt_tokens": 14, "encode_s": 0.670, "generated": 69, "decode_s": 10.331,
+                 "n_draft": 4, "n_predict": 69, "n_drafted": 55, "n_accept": 55}
 
 
 def test_bench_json_gives_the_step_and_verify_at_the_depth_asked():
-    assert anchor.parse_bench_json("build: 0c1e570\n" + BENCH_JSON, 64) == {"step_s": 0.07, "verify5_s": 0.12}
+    assert anchor.parse_bench_json("build: 0c1e570\n" + BENCH_JSON, 64) == {
+        "step_s": pytest.approx(11.291941015 / 16), "verify5_s": pytest.approx(0.816602462)}
     assert anchor.parse_bench_json(BENCH_JSON, 128) == {}  # another depth: nothing taken from it
 
 
@@ -187,3 +202,43 @@ def test_a_tiny_checkpoint_converts_to_gguf_and_reads_back(make_checkpoint, tmp_
     vectors = 4 * (2 * E + 3 * E + E + 2 * E + 4 * E + E) * L + 4 * 2 * E  # f32: LayerNorms and biases
     expected = V * E * 2 + E * 4 + matrices + vectors  # head = token embedding, one position row
     assert anchor.gguf_step_bytes(list((n, b, r) for n, (b, r) in tensors.items())) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# One round of llama.cpp, against stand-in programs that print the captured output
+
+def fake_programs(root, log):
+    """llama-bench / llama-completion / llama-speculative-simple stand-ins: each appends its
+    arguments to log and prints the output captured above."""
+    samples = {"llama-bench": (BENCH_JSON, ""), "llama-completion": (" the text", COMPLETION_STDERR),
+               "llama-speculative-simple": ("", SPECULATIVE_STDERR)}
+    paths = {}
+    for name, (out, err) in samples.items():
+        (root / f"{name}.out").write_text(out)
+        (root / f"{name}.err").write_text(err)
+        path = root / name
+        path.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\ncat {root / name}.out\ncat {root / name}.err >&2\n')
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+        paths[name] = path
+    return anchor.LlamaCpp(completion=paths["llama-completion"], speculative=paths["llama-speculative-simple"],
+                           bench=paths["llama-bench"], converter=root / "convert_hf_to_gguf.py")
+
+
+@pytest.mark.parametrize("gguf_type", ["f16", "q8_0"])
+def test_a_llama_round_times_from_the_prompt_to_the_last_token(tmp_path, gguf_type):
+    log = tmp_path / "calls.txt"
+    llama = fake_programs(tmp_path, log)
+    settings = SimpleNamespace(threads=2, ctx_size=256, new_tokens=64, context=64, gamma=4)
+    r = anchor.llama_round(llama, tmp_path / "t.gguf", tmp_path / "d.gguf", gguf_type, "Hello", settings)
+    assert r["step_s"] == pytest.approx(11.291941015 / 16) and r["verify5_s"] == pytest.approx(0.816602462)
+    assert r["plain_tok_s"] == pytest.approx(64 / (0.71878 + 2.00649))  # prompt evaluation included
+    assert r["spec_tok_s"] == pytest.approx(69 / (0.670 + 10.331))
+    assert r["text"] == " the text"
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["llama-bench", "llama-completion", "llama-speculative-simple"]
+    assert all(" -t 2 " in c for c in calls)
+    assert all(" --temp 0 " in c and " -n 64 " in c for c in calls[1:])
+    assert "--spec-draft-n-max 4" in calls[2] and "--spec-type draft-simple" in calls[2]
+    # q8_0's repacked kernels crash this llama.cpp on several-token batches: q8_0 runs without them
+    assert ("--repack 0" in calls[0]) == (gguf_type == "q8_0")
+    assert all(("--no-repack" in c) == (gguf_type == "q8_0") for c in calls[1:])
