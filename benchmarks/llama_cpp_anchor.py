@@ -319,6 +319,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=64, help="cached positions for the step and verify(5) timings")
     p.add_argument("--steps", type=int, default=8, help="our step / verify(5) timings per round (median)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (medians over them)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (page cache, first-call setup)")
     p.add_argument("--threads", type=int, default=2)
     add_output_options(p, "llama_cpp_anchor", "gpt2-shaped pair, 2-block draft, 16 tokens, 1 round")
     args = p.parse_args(argv)
@@ -363,12 +364,12 @@ def main(argv=None) -> int:
         jobs |= {f"llama.cpp {t}": (lambda t=t: llama_round(llama, *ggufs[t], t, args.prompt, args)) for t in ggufs}
         runs = {name: [] for name in jobs}
         names = list(jobs)
-        for r in range(args.repeats + 1):  # round 0 warms up (page cache, first-call setup) and is dropped
+        for r in range(args.warmup + args.repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 out = jobs[name]()
-                if r > 0:
+                if r >= args.warmup:
                     runs[name].append(out)
-                print(f"  round {r}/{args.repeats} {name}: step {out['step_s'] * 1e3:.1f} ms, plain "
+                print(f"  round {r + 1}/{args.warmup + args.repeats}{' (warm-up)' if r < args.warmup else ''} {name}: step {out['step_s'] * 1e3:.1f} ms, plain "
                       f"{out['plain_tok_s']:.2f} tok/s, speculative {out['spec_tok_s']:.2f} tok/s", flush=True)
             results["bandwidth_gb_s"].append(measure_bandwidth())
         step_bytes = {f"ours {fmt}": format_bytes(models[fmt][0], fmt) for fmt in models}

@@ -242,3 +242,13 @@ def test_a_llama_round_times_from_the_prompt_to_the_last_token(tmp_path, gguf_ty
     # q8_0's repacked kernels crash this llama.cpp on several-token batches: q8_0 runs without them
     assert ("--repack 0" in calls[0]) == (gguf_type == "q8_0")
     assert all(("--no-repack" in c) == (gguf_type == "q8_0") for c in calls[1:])
+
+
+def test_each_goal_is_marked_reached_or_not_with_its_numbers():
+    theirs = {"step_s": 0.100, "verify5_s": 0.140, "floor_s": 0.090, "spec_tok_s": 20.0}
+    ours = {"step_s": 0.105, "verify5_s": 0.140, "floor_s": 0.080, "spec_tok_s": 26.0}
+    lines = anchor.goal_lines({"ours auto": ours, "llama.cpp f16": theirs}, "ours auto")
+    assert [line.split("**")[1] for line in lines] == ["reached", "not reached", "not reached", "reached"]
+    assert "105.0 ms against 100.0 ms: 1.05x" in lines[0]
+    assert "= 0.76" in lines[1] and "1.33 steps" in lines[2] and "1.30x" in lines[3]
+    assert anchor.goal_lines({"ours auto": ours}, "ours auto") == []  # no llama.cpp f16 run: no goals
