@@ -215,6 +215,8 @@ def parse_bench_json(text: str, context: int) -> dict:
             out["step_s"] = row["avg_ns"] / 1e9 / row["n_gen"]
         elif row["n_prompt"] > 0 and row["n_gen"] == 0:
             out[f"verify{row['n_prompt']}_s"] = row["avg_ns"] / 1e9
+    if "step_s" not in out:
+        raise TimingsNotFound(f"llama-bench gave no token-generation result at depth {context}:\n{text[-1500:]}")
     return out
 
 

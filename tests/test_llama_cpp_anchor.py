@@ -99,7 +99,8 @@ def test_speculative_timings_and_counts_are_read():
 def test_bench_json_gives_the_step_and_verify_at_the_depth_asked():
     assert anchor.parse_bench_json("build: 0c1e570\n" + BENCH_JSON, 64) == {
         "step_s": pytest.approx(11.291941015 / 16), "verify5_s": pytest.approx(0.816602462)}
-    assert anchor.parse_bench_json(BENCH_JSON, 128) == {}  # another depth: nothing taken from it
+    with pytest.raises(anchor.TimingsNotFound, match="no token-generation result at depth 128"):
+        anchor.parse_bench_json(BENCH_JSON, 128)  # another depth: nothing taken from it
 
 
 def test_missing_timing_lines_say_so_with_the_output_tail():
@@ -252,3 +253,25 @@ def test_each_goal_is_marked_reached_or_not_with_its_numbers():
     assert "105.0 ms against 100.0 ms: 1.05x" in lines[0]
     assert "= 0.76" in lines[1] and "1.33 steps" in lines[2] and "1.30x" in lines[3]
     assert anchor.goal_lines({"ours auto": ours}, "ours auto") == []  # no llama.cpp f16 run: no goals
+
+
+def test_a_whole_run_writes_the_table_with_the_floor_and_the_goals(text_pair_dirs, tmp_path, monkeypatch):
+    """main() end to end on a tiny pair with GPT-2's vocabulary, llama.cpp played by the stand-in programs."""
+    llama = fake_programs(tmp_path, tmp_path / "calls.txt")
+    monkeypatch.setattr(anchor, "find_llama_cpp", lambda root: (llama, ""))
+    monkeypatch.setattr(anchor, "standin_pair", lambda *args, **kwargs: text_pair_dirs)
+    monkeypatch.setattr(anchor, "convert_to_gguf", lambda llama, checkpoint, gguf_type: checkpoint / f"{gguf_type}.gguf")
+    monkeypatch.setattr(anchor, "gguf_tensors", lambda path: [("token_embd.weight", 1000, 100)])
+    monkeypatch.setattr(anchor, "measure_bandwidth", lambda: 10.0)
+    pytest.importorskip("gguf", reason="main() checks that llama.cpp's gguf package is importable")
+    out = tmp_path / "out"
+    assert anchor.main(["--llama-cpp", "x", "--formats", "fp32", "--gguf-types", "f16", "--repeats", "1",
+                        "--warmup", "0", "--new-tokens", "8", "--steps", "1", "--context", "64",
+                        "--trained-pair", str(tmp_path / "none"), "--out", str(out)]) == 0
+    table = (out / "results.md").read_text()
+    assert "| ours fp32 (float32) |" in table and "| llama.cpp f16 |" in table
+    assert "read bandwidth 10.0 GB/s" in table and "not real-model behaviour" in table
+    assert "Goals, ours fp32 against llama.cpp f16:" in table and table.count("reached") == 4
+    summary = json.loads((out / "results.json").read_text())["pairs"]
+    llama_f16 = next(iter(summary.values()))["summary"]["llama.cpp f16"]
+    assert llama_f16["weight_bytes"] == 1000 and llama_f16["floor_s"] == pytest.approx(1000 / 10e9)
