@@ -43,6 +43,8 @@ python3 -m venv /autograder/venv
 # The hidden inputs and reference values: root's alone (the grader runs as root and deletes the
 # file once read; each check's process runs as an unprivileged user, see the instructor guide).
 chmod 600 /autograder/source/hidden.json
+# That user (assignments/sandbox.py makes it when absent; made here once, with the image)
+id -u student-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin student-sandbox
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash

@@ -336,10 +336,11 @@ submission_1003:
 
 
 def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
-    """`grade ASSIGNMENT --submissions export.zip`: Gradescope's export (submission_metadata.yml
-    beside a folder per submission) graded on one build into one CSV, a row per submission with
-    each check's points, the total and notes; progress (n of N, time left) on stderr; an
-    existing CSV is never overwritten."""
+    """`grade ASSIGNMENT --submissions export.zip --jobs 2`: Gradescope's export
+    (submission_metadata.yml beside a folder per submission) graded on one build by two worker
+    processes into one CSV, a row per submission in the export's order with each check's points,
+    the total and notes; progress (n of N, time left) on stderr; an existing CSV is never
+    overwritten."""
     root = "assignment_42_export/"
     archive = tmp_path / "export.zip"
     with zipfile.ZipFile(archive, "w") as z:
@@ -351,7 +352,7 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     out = tmp_path / "grades.csv"
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    assert cli.main(["grade", NAME, "--submissions", str(archive), "--csv", str(out)]) == 0
+    assert cli.main(["grade", NAME, "--submissions", str(archive), "--csv", str(out), "--jobs", "2"]) == 0
     rows = list(csv.DictReader(out.open()))
     checks = [c.name for c in ASSIGNMENT.checks]
     assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "notes"]
@@ -371,12 +372,21 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     assert "exists: give a new file name" in err.getvalue() and out.read_text() == before
 
 
-def test_find_submissions_in_a_folder_per_student(tmp_path):
+def test_batch_grades_a_folder_per_student_in_this_process(tmp_path):
+    """A folder per student (hidden folders and stray files skipped), graded without workers."""
+    from assignments.batch import grade_batch
+
+    subs = tmp_path / "subs"
     for student in ("bob", "alice", ".hidden"):
-        (tmp_path / "subs" / student).mkdir(parents=True)
-    (tmp_path / "subs" / "README.txt").write_text("not a submission")
-    assert [(s.student, s.folder.name) for s in find_submissions(tmp_path / "subs")] == [
-        ("alice", "alice"), ("bob", "bob")]
+        (subs / student).mkdir(parents=True)
+    (subs / "README.txt").write_text("not a submission")
+    for rel, text in reference_texts().items():
+        (subs / "bob" / Path(rel).name).write_text(text)
+    assert [(s.student, s.folder.name) for s in find_submissions(subs)] == [("alice", "alice"), ("bob", "bob")]
+    reports = grade_batch(NAME, subs, tmp_path / "grades.csv", seed=1, file=io.StringIO())
+    assert [r.points for r in reports] == [0, ASSIGNMENT.points]
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert [(r["student"], r["total"]) for r in rows] == [("alice", "0"), ("bob", f"{ASSIGNMENT.points:g}")]
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no submission folders"):
         find_submissions(tmp_path / "empty")
