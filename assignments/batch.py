@@ -158,8 +158,8 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
     name, submission, each check's points, total, max, notes); progress on `file` (stderr).
     jobs: submissions graded at once, each by a worker process of its own (a check's process
     uses one core). Returns the reports, in the CSV's order."""
-    from .export import reference_files, refuse_a_seed_the_reference_fails
-    from .references import make_data, references
+    from .export import reference_files
+    from .references import make_data, references, refuse_a_failing_seed
 
     file = file or sys.stderr
     out, submissions = Path(out), Path(submissions)
@@ -185,11 +185,11 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
         make(list(assignment.functions), pristine, root=root, assignment=name, ship_visible=False)
         data = make_data(tmp / "data")
         refs = references(assignment, data, seed)
+        refuse_a_failing_seed(assignment, data, refs, seed)
         files = list(reference_files(assignment, root))
         grader = _Grader(name, pristine, data, refs, files, timeout)
         pool = None
         try:
-            refuse_a_seed_the_reference_fails(assignment, pristine, data, refs, seed, root, grader.zygote)
             print(f"Built, and the reference solution passes every check at seed {seed} "
                   f"({_duration(time.perf_counter() - start)}).", file=file)
             if jobs > 1:

@@ -79,36 +79,21 @@ def reference_files(assignment, root: Path = ROOT) -> dict[str, Path]:
     return {rel: root / rel for rel in sorted({resolve(f).file for f in assignment.functions})}
 
 
-def refuse_a_seed_the_reference_fails(assignment, pristine: Path, data: Path, refs: dict, seed: int,
-                                      root: Path = ROOT, zygote=None) -> None:
-    """Grade the instructor's own solution on these inputs; a check it fails would fail every
-    student who computes what it computes: refuse the seed, naming the checks."""
-    from .grade import grade_tree
-
-    report = grade_tree(assignment, pristine, reference_files(assignment, root), data, refs, zygote=zygote)
-    failed = [r for r in report.results if not r.passed]
-    if failed:
-        listing = "\n".join(f"  {r.check}: {r.message[:300]}" for r in failed)
-        raise AssignmentError(f"seed {seed}: the reference solution fails {len(failed)} of "
-                              f"{assignment.name}'s checks on these inputs, so every student who computes "
-                              f"what it computes would fail them too:\n{listing}\nPick another --seed.")
-
-
-def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT, zygote=None,
+def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT,
                       check_reference: bool = True) -> Path:
     """Lay out what Gradescope unpacks into /autograder/source, after checking that the reference
     solution passes every check at this seed (check_reference=False: a caller that graded it on
     these very inputs already)."""
     import torch
 
-    from .references import make_data, references
+    from .references import make_data, references, refuse_a_failing_seed
 
     assignment = ASSIGNMENTS[name]
     make(list(assignment.functions), source / "copy", root=root, assignment=name, ship_visible=False)
     data = make_data(source / "data")
     refs = references(assignment, data, seed)
-    if check_reference:
-        refuse_a_seed_the_reference_fails(assignment, source / "copy", data, refs, seed, root, zygote)
+    if check_reference:  # a check the reference fails would fail every student who computes as it does
+        refuse_a_failing_seed(assignment, data, refs, seed)
     (source / "hidden.json").write_text(json.dumps(refs))
     version = torch.__version__.split("+")[0]
     for script, text in (("setup.sh", SETUP_SH.replace("TORCH_VERSION", version)),

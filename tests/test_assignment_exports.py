@@ -246,7 +246,7 @@ def test_a_seed_the_reference_fails_is_refused(tmp_path, monkeypatch, capsys):
     who computes what it computes: export refuses the seed, names the check, writes nothing."""
     unlucky = ASSIGNMENT.checks[0]
 
-    def judge(inputs, reference, got):
+    def judge(inputs, reference, got, *served):
         raise Failed("made to fail for this test")
 
     checks = tuple(replace(c, judge=judge) if c is unlucky else c for c in ASSIGNMENT.checks)
@@ -254,8 +254,8 @@ def test_a_seed_the_reference_fails_is_refused(tmp_path, monkeypatch, capsys):
     archive = tmp_path / "hw.zip"
     assert cli.main(["export", "gradescope", NAME, "--out", str(archive), "--seed", "5"]) == 2
     err = capsys.readouterr().err
-    assert "seed 5: the reference solution fails 1 of gamma_cost_model's checks" in err
-    assert f"{unlucky.name}: made to fail for this test" in err and "Pick another --seed" in err
+    assert "at seed 5 the reference solution itself fails 1 check(s) of gamma_cost_model" in err
+    assert f"{unlucky.name}: made to fail for this test" in err and "choose another --seed" in err
     assert not archive.exists()
 
 
