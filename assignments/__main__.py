@@ -94,7 +94,7 @@ def run(args) -> int:
                                   f"not {args.dir}")
         csv = args.csv or Path(f"grades-{args.dir}.csv")
         grade_batch(str(args.dir), args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
-                    timeout=args.timeout, jobs=args.jobs)
+                    timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox)
         print(f"Wrote {csv}")
         return 0
     if args.command in ("grade", "check"):

@@ -119,31 +119,35 @@ class _Grader:
     zygote: in this process, or in each worker process of a --jobs run."""
 
     def __init__(self, name: str, pristine: Path, data: Path, refs: dict, files: list[str],
-                 timeout: float | None, zygote=None):
-        from .grade import Zygote
+                 timeout: float | None, isolation: str, submissions: Path):
+        from .sandbox import Sandbox
 
         self.assignment, self.pristine, self.data, self.refs = ASSIGNMENTS[name], pristine, data, refs
         self.files, self.timeout = files, timeout
-        self.zygote = zygote or Zygote(pristine)
+        # the other students' submissions are not the child's to see
+        self.zygote = Sandbox(pristine, isolation, hidden=[submissions])
 
     def grade(self, folder: Path):
-        from .grade import Report, grade_tree, student_files
+        from .grade import Report, grade_tree, mark_isolation, student_files
 
         try:
             found, notes = student_files(folder, self.files)
-            return grade_tree(self.assignment, self.pristine, found, self.data, self.refs, timeout=self.timeout,
-                              notes=notes, zygote=self.zygote)
+            report = grade_tree(self.assignment, self.pristine, found, self.data, self.refs, timeout=self.timeout,
+                                notes=notes, zygote=self.zygote)
         except (OSError, ValueError) as error:  # an unreadable submission: a row saying so, and on to the next
-            return Report(self.assignment.name, list(self.assignment.functions),
-                          notes=[f"could not be graded: {type(error).__name__}: {error}"])
+            report = Report(self.assignment.name, list(self.assignment.functions),
+                            notes=[f"could not be graded: {type(error).__name__}: {error}"],
+                            isolation=self.zygote.isolation.to_json())
+        return mark_isolation(report)
 
 
 _WORKER: _Grader | None = None  # a --jobs worker process's grader
 
 
-def _start_worker(name, pristine, data, refs_file, files, timeout) -> None:
+def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, submissions) -> None:
     global _WORKER
-    _WORKER = _Grader(name, pristine, data, json.loads(Path(refs_file).read_text()), files, timeout)
+    _WORKER = _Grader(name, pristine, data, json.loads(Path(refs_file).read_text()), files, timeout, isolation,
+                      submissions)
     # closed (and waited for) when the worker ends, as the pool closes
     multiprocessing.util.Finalize(_WORKER, _WORKER.zygote.close, exitpriority=10)
 
@@ -153,11 +157,12 @@ def _grade_in_worker(folder: Path):
 
 
 def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path = ROOT,
-                timeout: float | None = None, jobs: int = 1, file=None) -> list:
+                timeout: float | None = None, jobs: int = 1, isolation: str = "auto", file=None) -> list:
     """Grade every submission in `submissions` for assignment `name`; write `out` (CSV: student,
-    name, submission, each check's points, total, max, notes); progress on `file` (stderr).
-    jobs: submissions graded at once, each by a worker process of its own (a check's process
-    uses one core). Returns the reports, in the CSV's order."""
+    name, submission, each check's points, total, max, official, notes); progress on `file`
+    (stderr). jobs: submissions graded at once, each by a worker process with a sandbox of its
+    own (a check's process uses one core). isolation: the sandbox's level (sandbox.py).
+    Returns the reports, in the CSV's order."""
     from .export import reference_files
     from .references import make_data, references, refuse_a_failing_seed
 
@@ -187,16 +192,19 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
         refs = references(assignment, data, seed)
         refuse_a_failing_seed(assignment, data, refs, seed)
         files = list(reference_files(assignment, root))
-        grader = _Grader(name, pristine, data, refs, files, timeout)
+        grader = _Grader(name, pristine, data, refs, files, timeout, isolation, submissions.resolve())
         pool = None
         try:
             print(f"Built, and the reference solution passes every check at seed {seed} "
                   f"({_duration(time.perf_counter() - start)}).", file=file)
+            line = grader.zygote.isolation.line()
+            print(line if grader.zygote.isolation.level == "namespaces" else f"UNOFFICIAL: {line}", file=file)
             if jobs > 1:
                 (tmp / "refs.json").write_text(json.dumps(refs))
                 # spawned, not forked: this process has torch's threads running
                 pool = multiprocessing.get_context("spawn").Pool(
-                    jobs, _start_worker, (name, pristine, data, tmp / "refs.json", files, timeout))
+                    jobs, _start_worker, (name, pristine, data, tmp / "refs.json", files, timeout, isolation,
+                                          submissions.resolve()))
                 graded = pool.imap(_grade_in_worker, [s.folder for s in found])
             else:
                 graded = (grader.grade(s.folder) for s in found)
@@ -216,13 +224,13 @@ def _write_csv(out: Path, assignment, found: list[Submission], graded, jobs: int
     first, reports = time.perf_counter(), []
     with open(out, "x", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "name", "submission", *checks, "total", "max", "notes"])
+        writer.writerow(["student", "name", "submission", *checks, "total", "max", "official", "notes"])
         for i, (submission, report) in enumerate(zip(found, graded), 1):
             reports.append(report)
             points = {r.check: r.points for r in report.results}
             writer.writerow([submission.student, submission.name, submission.folder.name,
                              *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}",
-                             f"{assignment.points:g}", notes_of(report)])
+                             f"{assignment.points:g}", "yes" if report.official else "no", notes_of(report)])
             handle.flush()
             per = (time.perf_counter() - first) / i
             print(f"[{i}/{len(found)}] {submission.student}: {report.points:g}/{assignment.points:g} "

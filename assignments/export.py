@@ -29,6 +29,7 @@ from pathlib import Path
 from .definition import AssignmentError
 from .make import ROOT, make
 from .registry import ASSIGNMENTS
+from .sandbox import USER as SANDBOX_USER
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when the autograder image is built (Ubuntu base image).
@@ -43,8 +44,9 @@ python3 -m venv /autograder/venv
 # The hidden inputs and reference values: root's alone (the grader runs as root and deletes the
 # file once read; each check's process runs as an unprivileged user, see the instructor guide).
 chmod 600 /autograder/source/hidden.json
-# That user (assignments/sandbox.py makes it when absent; made here once, with the image)
-id -u student-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin student-sandbox
+# That user, made once with the image (assignments/sandbox.py makes it the same way when absent)
+id -u SANDBOX_USER >/dev/null 2>&1 || useradd --system --user-group --no-create-home --home-dir /nonexistent \\
+    --shell /usr/sbin/nologin SANDBOX_USER
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
@@ -96,7 +98,8 @@ def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT,
         refuse_a_failing_seed(assignment, data, refs, seed)
     (source / "hidden.json").write_text(json.dumps(refs))
     version = torch.__version__.split("+")[0]
-    for script, text in (("setup.sh", SETUP_SH.replace("TORCH_VERSION", version)),
+    setup = SETUP_SH.replace("TORCH_VERSION", version).replace("SANDBOX_USER", SANDBOX_USER)
+    for script, text in (("setup.sh", setup),
                          ("run_autograder", RUN_AUTOGRADER)):
         (source / script).write_text(text)
         (source / script).chmod(0o755)

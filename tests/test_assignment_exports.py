@@ -36,6 +36,7 @@ from assignments.grade import CheckResult, Report, Zygote, grade_tree
 from assignments.make import resolve
 from assignments.memory import killed_for_memory, oom_killed_between
 from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import USER as SANDBOX_USER, detect
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
@@ -185,6 +186,7 @@ def test_gradescope_run_autograder_as_root_writes_results_without_the_hidden_tot
         pytest.skip("Gradescope runs run_autograder as root; this user is not")
     setup = (source / "setup.sh").read_text()
     assert f"torch=={torch.__version__.split('+')[0]} " in setup and "chmod 600 /autograder/source/hidden.json" in setup
+    assert "useradd --system --user-group" in setup and f"--shell /usr/sbin/nologin {SANDBOX_USER}\n" in setup
     visible = next(c.name for c in ASSIGNMENT.checks if c.visible)
     hidden = next(c.name for c in ASSIGNMENT.checks if not c.visible)
     autograder = layout(source, tmp_path, (ROOT / THEORY).read_text(), [visible, hidden])
@@ -355,12 +357,14 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     assert cli.main(["grade", NAME, "--submissions", str(archive), "--csv", str(out), "--jobs", "2"]) == 0
     rows = list(csv.DictReader(out.open()))
     checks = [c.name for c in ASSIGNMENT.checks]
-    assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "notes"]
+    assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "official", "notes"]
     assert [(r["student"], r["name"], r["submission"]) for r in rows] == [
         ("100", "Ada Lovelace", "submission_1001"), ("200+201", "Pair One+Pair Two", "submission_1002"),
         ("noimport@example.edu", "No Import", "submission_1003")]
     assert [r["total"] for r in rows] == [f"{ASSIGNMENT.points:g}", "0", "0"]
     assert all(r["max"] == f"{ASSIGNMENT.points:g}" for r in rows)
+    isolated = detect("auto", sys.executable).level == "namespaces"  # else the grades are marked unofficial
+    assert {r["official"] for r in rows} == {"yes" if isolated else "no"}
     assert [float(rows[0][c]) for c in checks] == [c.points for c in ASSIGNMENT.checks] and rows[0]["notes"] == ""
     assert "spec_decoding/theory.py was not submitted" in rows[1]["notes"]
     assert "No module named 'numpyy'" in rows[2]["notes"]
