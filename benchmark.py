@@ -365,7 +365,7 @@ def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]
                             "baseline_tokens": len(base.tokens), "generated_tokens": s.tokens_generated,
                             "target_calls": s.target_calls, "draft_calls": s.draft_calls,
                             "tokens_drafted": s.tokens_drafted, "tokens_accepted": s.tokens_accepted,
-                            "rejections": s.tokens_rejected,
+                            "rejections": s.rejections,
                             "drafted_by_position": s.drafted_by_position,
                             "accepted_by_position": s.accepted_by_position,
                             "gamma_by_round": s.gamma_by_round,

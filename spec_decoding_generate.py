@@ -377,7 +377,7 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) 
         f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} drafted "
         f"tokens were accepted (by position: {by_position})",
         f"alpha (theory):         {'-' if stats.alpha is None else f'{stats.alpha:.1%}'} of "
-        f"{stats.tokens_accepted + stats.tokens_rejected} judged tokens were accepted (drafts after a "
+        f"{stats.tokens_accepted + stats.rejections} judged tokens were accepted (drafts after a "
         f"round's first rejection are never judged)",
         f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most {'depth' if tree else 'gamma'} + 1 = {most + 1})",
         f"gamma of each round:    {' '.join(map(str, stats.gamma_by_round))}"

@@ -270,10 +270,16 @@ def offline_ways_forward(repo_id: str) -> str:
     """The ways forward with no hub, as exact command lines: train a small real pair here, make
     random-weight stand-ins of the real shapes, or bring the files from elsewhere."""
     short = repo_id.split("/")[-1]
+    trained = Path("runs/trained_pair")
+    if (trained / "target").is_dir() and (trained / "draft").is_dir():  # made here already: use it
+        first = ("  - use the small pair already trained here (runs/trained_pair): pass both "
+                 "--target runs/trained_pair/target --draft runs/trained_pair/draft")
+    else:
+        first = (f"  - train a small real target/draft pair on this machine (about 10 minutes on 2 CPU "
+                 f"cores, no download):\n      {TRAIN_PAIR_COMMAND}\n"
+                 f"    then pass --target runs/trained_pair/target --draft runs/trained_pair/draft")
     ways = [
-        f"  - train a small real target/draft pair on this machine (about 10 minutes on 2 CPU "
-        f"cores, no download):\n      {TRAIN_PAIR_COMMAND}\n"
-        f"    then pass --target runs/trained_pair/target --draft runs/trained_pair/draft",
+        first,
         f"  - or make a random-weight stand-in pair (seconds; --size gpt2-large for the real shape, "
         f"which times like the real model; their drafts agree almost always, unlike real models):\n"
         f"      {STANDINS_COMMAND}\n"
