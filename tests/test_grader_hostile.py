@@ -101,11 +101,18 @@ for pid in os.listdir("/proc"):
 """
 
 READ_PROC = """
-import os
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
 found = []
 for pid in os.listdir("/proc"):
     if not pid.isdigit() or int(pid) == os.getpid():
         continue
+    try:
+        grader = int(pid) == os.getppid() or MARKER.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        grader = False
+    if grader and libc.ptrace(0x4206, int(pid), 0, 0) == 0:  # PTRACE_SEIZE (does not stop it)
+        found.append("PTRACE-ALLOWED")
     for name in ("cmdline", "environ"):
         try:
             text = open(f"/proc/{pid}/{name}", "rb").read()
@@ -311,10 +318,10 @@ def test_killing_the_grader_is_stopped(built, sandbox, tmp_path):
 
 
 def test_reading_the_graders_proc_and_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
-    """The child reads every /proc/<pid>/cmdline, environ, mem, cwd and root it can, and the
-    files a cheater wants: the instructor's checkout (the reference implementation), hidden.json,
+    """The child reads every /proc/<pid>/cmdline, environ, mem, cwd and root it can, tries to
+    trace the grader and its own parent (the zygote), and reads the files a cheater wants: the instructor's checkout (the reference implementation), hidden.json,
     the grader's own copy of the checkpoints and another student's submission. In the sandbox it
-    finds nothing; unsandboxed, the grader's environment, memory and those files are all there."""
+    finds nothing; unsandboxed, environments, memory, tracing and those files are all there."""
     other = tmp_path / "other-student" / "theory.py"
     other.parent.mkdir()
     other.write_text(f"# another student's submission {SECRET}\n")
@@ -331,7 +338,8 @@ def test_reading_the_graders_proc_and_files_is_stopped(built, sandbox, unsandbox
     assert "FOUND []" in local["tokens_per_round"].output, local["tokens_per_round"].output
     # unsandboxed the attack finds what it looks for
     exposed = grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed")["tokens_per_round"].output
-    for found in ("ENVIRON-READABLE", "MEM-READABLE", f"FILE-READABLE {ROOT / TARGET.file}", "WITH-SECRET"):
+    for found in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", f"FILE-READABLE {ROOT / TARGET.file}",
+                  "WITH-SECRET"):
         assert found in exposed, exposed
 
 
