@@ -16,4 +16,5 @@ docs/instructor_guide.md is the instructor's guide. The modules:
     references.py  inputs, reference values, checkpoints      export.py   Gradescope, GitHub
     memory.py      out-of-memory verdicts                     batch.py    a class's submissions, one CSV
     probing.py     helpers the checks share                   runner.py, zygote.py  a check's process
+    sandbox.py     the sandbox user, namespaces, killing every process of a check
 """

@@ -37,6 +37,12 @@ def main(argv=None) -> int:
                                                           "statistical checks on fresh samples)")
     g.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
     g.add_argument("--timeout", type=float, default=None, help="seconds per check (default: the check's own)")
+    g.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
+                   help="what to grade (else read from the copy's .assignment.json, and the grade is unofficial)")
+    g.add_argument("--functions", nargs="+", metavar="NAME", help="what to grade: a custom assignment's functions")
+    g.add_argument("--sandbox", choices=["auto", "namespaces", "user", "none"], default="auto",
+                   help="how to shut in the student's code (default: the best this machine allows; "
+                        "docs/instructor_guide.md, the threat model)")
     c = sub.add_parser("check", help="the student's run, inside their copy: the visible checks")
     c.add_argument("dir", type=Path, nargs="?", default=Path("."), help="the copy (default: here)")
     c.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
@@ -55,6 +61,7 @@ def main(argv=None) -> int:
     a.add_argument("--source", type=Path, required=True)
     a.add_argument("--submission", type=Path, required=True)
     a.add_argument("--results", type=Path, required=True)
+    a.add_argument("--sandbox", choices=["auto", "namespaces", "user", "none"], default="auto")
     args = parser.parse_args(argv)
     try:
         return run(args)
@@ -95,7 +102,8 @@ def run(args) -> int:
         if args.command == "grade":
             print(f"Grading {args.dir} (small checkpoints made on the fly) ...", file=sys.stderr)
             report = grade(args.dir, seed=HIDDEN_SEED if args.seed is None else args.seed, timeout=args.timeout,
-                           only=args.only)
+                           only=args.only, assignment=args.assignment, functions=args.functions,
+                           isolation=args.sandbox)
         else:
             report = check_locally(args.dir, only=args.only)
             if args.summary is not None:
@@ -124,7 +132,7 @@ def run(args) -> int:
         return 0
     from .export import autograde
 
-    return autograde(args.source, args.submission, args.results)
+    return autograde(args.source, args.submission, args.results, isolation=args.sandbox)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ repositories.
 """
 
 import json
+import os
+import signal
 import sys
 import tempfile
 import zipfile
@@ -130,30 +132,71 @@ def export_gradescope(name: str, out: Path, seed: int = 1, root: Path = ROOT) ->
     return out
 
 
-def autograde(source: Path, submission: Path, results: Path, zygote=None) -> int:
+class Interrupted(Exception):
+    """The grader was sent SIGTERM (e.g. the platform's time limit)."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
+def write_results(results: Path, payload: dict) -> None:
+    """results.json, atomically (a temporary file renamed over it): never half written."""
+    temporary = results.parent / f".{results.name}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(payload, indent=2))
+    os.replace(temporary, results)
+
+
+def autograde(source: Path, submission: Path, results: Path, zygote=None, isolation: str = "auto") -> int:
     """Gradescope's run: grade the submission against hidden.json, write results.json. Always
-    writes a results.json (a failure to grade is reported in it), and returns 0. zygote: one to
-    reuse (grade.Zygote), else one is started."""
-    from .grade import grade_tree, student_files
+    writes a results.json (a failure to grade is reported in it), and returns 0. What is graded is
+    the export's own assignment (source/copy/.assignment.json, written by `export`), never what
+    the submission's files say. results.json is written by this process only, after every process
+    of a check is dead: after each check (so a killed grader leaves the verdicts it had) and at the
+    end; on SIGTERM it writes what it has. zygote: a sandbox to reuse (grade.Zygote), else one is
+    made at `isolation`."""
+    from .grade import Report, assignment_files, grade_tree, manifest_disagrees, student_files
     from .make import MANIFEST
     from .registry import assignment_of
 
-    source, results = Path(source).resolve(), Path(results)
+    source, results = Path(source).resolve(), Path(results).resolve()
     results.parent.mkdir(parents=True, exist_ok=True)
+    report = None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         hidden = source / "hidden.json"
         refs = json.loads(hidden.read_text())
         hidden.unlink()  # in memory now; the student's code runs after this and cannot read it
-        manifest = json.loads((source / "copy" / MANIFEST).read_text())
-        assignment = assignment_of(manifest)
-        files, notes = student_files(Path(submission), manifest["files"])
-        report = grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote)
-        payload = gradescope_results(report)
+        assignment = assignment_of(json.loads((source / "copy" / MANIFEST).read_text()))
+        files, notes = student_files(Path(submission), assignment_files(assignment))
+        disagreement = manifest_disagrees(Path(submission), assignment)
+        report = Report(assignment.name, list(assignment.functions), notes=[disagreement] if disagreement else [])
+        grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote,
+                   isolation=isolation, report=report,
+                   on_result=lambda so_far: write_results(results, _payload(so_far, complete=False)))
+        payload = _payload(report, complete=True)
+    except Interrupted:
+        payload = _payload(report, complete=False) if report else {
+            "score": 0, "output": "The autograder was stopped (SIGTERM) before it graded anything.", "tests": []}
     except (OSError, ValueError, AssignmentError) as error:
         payload = {"score": 0, "output": f"The autograder could not grade this submission: {error}",
                    "tests": []}
-    results.write_text(json.dumps(payload, indent=2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_results(results, payload)
     return 0
+
+
+def _payload(report, complete: bool) -> dict:
+    payload = gradescope_results(report)
+    extra = []
+    if not complete:
+        extra.append(f"Grading stopped after {len(report.results)} check(s): the verdicts so far are above.")
+    if report.isolation and report.isolation["level"] == "none":
+        extra.append("UNOFFICIAL: " + report.isolation["line"])
+    if extra:
+        payload["output"] = "\n".join([payload["output"], *extra])
+    return payload
 
 
 def gradescope_results(report) -> dict:

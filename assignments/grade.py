@@ -1,10 +1,11 @@
 """`grade` and `check`: run each check's probe on the student's code in its own process, judge
 the values it sends back here.
 
-Where the student's code runs: a temporary folder holding a fresh stripped copy (made from the
-project by `make`, or shipped in the Gradescope export) with the student's versions of the
-assignment's files put in, and nothing else. The child's cwd and sys.path point there, its
-environment is scrubbed, and the grader's own cwd moves to a temporary folder while it runs.
+Where the student's code runs: a folder of the sandbox (assignments/sandbox.py: its own user,
+and where the machine allows, its own namespaces and root folder) holding a fresh stripped copy
+(made from the project by `make`, or shipped in the Gradescope export) with the student's
+versions of the assignment's files put in, and nothing else. The child's cwd and sys.path point
+there, its environment is scrubbed, and the grader's own cwd moves to a temporary folder.
 Each check gets its own process and timeout; its stdout/stderr are captured and kept only in
 part (shown truncated); its values come back on a pipe the grader opened, as JSON, and are judged
 here against reference values the student's code never sees. A check whose child hangs, crashes
@@ -13,27 +14,21 @@ or sends nothing fails with a message saying so, and the other checks are not af
 
 import json
 import os
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
+from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import killed_for_memory, oom_killed_between, oom_kills
-from .make import IGNORE, MANIFEST, ROOT, make, refuse_a_students_copy
 from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
                          refuse_a_failing_seed)
 from .registry import assignment_of
+from .sandbox import MAX_VALUES_BYTES, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
-
-OUTPUT_HEAD, OUTPUT_TAIL = 6000, 2000  # characters of a child's output kept (start and end)
-MAX_VALUES_BYTES = 16 * 2**20  # a probe's answer larger than this is refused
 
 
 @dataclass
@@ -56,6 +51,12 @@ class Report:
     results: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. a submitted file that was missing
+    isolation: dict | None = None  # how the student's code was shut in (sandbox.Isolation.to_json)
+    unofficial: list[str] = field(default_factory=list)  # why this grade cannot be trusted, if it cannot
+
+    @property
+    def official(self) -> bool:
+        return not self.unofficial
 
     @property
     def passed(self) -> bool:
@@ -72,24 +73,15 @@ class Report:
     def to_json(self) -> dict:
         return {"assignment": self.assignment, "functions": self.functions, "passed": self.passed,
                 "points": self.points, "max_points": self.max_points, "seconds": round(self.seconds, 1),
-                "notes": self.notes, "checks": [asdict(r) for r in self.results]}
+                "notes": self.notes, "official": self.official, "unofficial": self.unofficial,
+                "isolation": self.isolation, "checks": [asdict(r) for r in self.results]}
 
 
 # ------------------------------------------------------------------------------------------------
-# One check in its own process
+# One check in its own process (in the sandbox: assignments/sandbox.py)
 # ------------------------------------------------------------------------------------------------
 
-def _drain(stream, keep: list, limit: int) -> None:
-    """Read a child's stream to its end, keeping the first `limit` characters and the last
-    OUTPUT_TAIL (so a print in a loop cannot fill the grader's memory)."""
-    head, tail, total = [], "", 0
-    for chunk in iter(lambda: stream.read(8192), b""):
-        text = chunk.decode(errors="replace")
-        if total < limit:
-            head.append(text[:limit - total])
-        tail = (tail + text)[-OUTPUT_TAIL:]
-        total += len(text)
-    keep.append(("".join(head), tail, total))
+Zygote = Sandbox  # one zygote process per sandbox: the name callers know it by
 
 
 def _truncated(head: str, tail: str, total: int, limit: int) -> str:
@@ -98,115 +90,35 @@ def _truncated(head: str, tail: str, total: int, limit: int) -> str:
     return f"{head}\n... [{total - limit - len(tail):,} characters left out] ...\n{tail}"
 
 
-def _read_all(fd: int, keep: list) -> None:
-    data, size = [], 0
-    with os.fdopen(fd, "rb") as pipe:
-        for chunk in iter(lambda: pipe.read(65536), b""):
-            size += len(chunk)
-            if size <= MAX_VALUES_BYTES:
-                data.append(chunk)
-    keep.append((b"".join(data), size))
-
-
-def child_env(home: Path) -> dict:
-    """A scrubbed environment: nothing of the grader's (no PYTHONPATH, no paths to its tree)."""
-    return {"PATH": os.defpath, "HOME": str(home), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-class Zygote:
-    """assignments/zygote.py, started in the grading tree: forks one child per check."""
-
-    def __init__(self, tree: Path):
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.process = subprocess.Popen(
-            [sys.executable, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())], cwd=tree,
-            env=child_env(tree.parent), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), start_new_session=True)
-        theirs.close()
-
-    def fork(self, tree: Path, check: str, data: Path, stdin: int, output: int, answer: int, served: int) -> int:
-        """The child's pid (it leads its own session; its cwd and sys.path[0] are `tree`)."""
-        socket.send_fds(self.sock, [json.dumps({"check": check, "data": str(data), "tree": str(tree)}).encode()],
-                        [stdin, output, answer, served])
-        reply = self.sock.recv(4096)
-        if not reply:
-            raise OSError("the zygote process ended")
-        return json.loads(reply)["pid"]
-
-    def close(self):
-        self.sock.close()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-
 def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | None = None,
-              zygote: Zygote | None = None, server: Server | None = None) -> ChildRun:
-    """Run the check's probe on the code in `tree`, in a new process (forked from the zygote, or
-    started afresh); return what it sent back. server: what this process serves the probe while
-    it runs (assignments/serving.py); what it counted is in the result's `served`."""
+              zygote: Sandbox = None, server: Server | None = None) -> ChildRun:
+    """Run the check's probe on the code in `tree` in a child forked in the sandbox; return what
+    it sent back. Every process of the check is dead when this returns. server: what this
+    process serves the probe while it runs (assignments/serving.py); what it counted is in the
+    result's `served`."""
     timeout = timeout or check.timeout
     kills = oom_kills()  # the kernel's count: a check that ends in silence may have been killed for memory
     server = server or NothingServed()
-    answer_read, answer_write = os.pipe()
     served_here, served_there = socket.socketpair()
-    if zygote is not None:
-        stdin_read, stdin_write = os.pipe()
-        output_read, output_write = os.pipe()
-        pid = zygote.fork(tree, check.name, data, stdin_read, output_write, answer_write, served_there.fileno())
-        start = time.perf_counter()
-        for fd in (stdin_read, output_write, answer_write):
-            os.close(fd)
-        stdin, output_stream, process = os.fdopen(stdin_write, "wb"), os.fdopen(output_read, "rb"), None
-    else:
-        command = [sys.executable, "-E", "-s", "-m", "assignments.runner", check.name, str(data), str(answer_write),
-                   str(served_there.fileno())]
-        process = subprocess.Popen(command, cwd=tree, env=child_env(tree.parent), stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   pass_fds=(answer_write, served_there.fileno()), start_new_session=True)
-        os.close(answer_write)
-        pid, stdin, output_stream = process.pid, process.stdin, process.stdout
-        start = time.perf_counter()
-    served_there.close()
     serving = serve_in_thread(server, served_here)
-    output, answer = [], []
-    threads = [threading.Thread(target=_drain, args=(output_stream, output, OUTPUT_HEAD)),
-               threading.Thread(target=_read_all, args=(answer_read, answer))]
-    for t in threads:
-        t.start()
     try:
-        stdin.write(json.dumps(inputs).encode())
-        stdin.close()
-    except BrokenPipeError:
-        pass
-    # Done when the child closed its ends of the pipes (it exited), or at the timeout.
-    deadline = time.perf_counter() + timeout
-    for t in threads:
-        t.join(max(0.0, deadline - time.perf_counter()))
-    hung = any(t.is_alive() for t in threads)
-    if hung:
-        try:
-            os.killpg(pid, signal.SIGKILL)  # the whole session: nothing the child started survives
-        except ProcessLookupError:
-            pass
-        for t in threads:
-            t.join(10)
-    if process is not None:
-        process.wait()
-    served_here.shutdown(socket.SHUT_RDWR)  # the child is done: nothing more is served
-    serving.join(10)
-    served_here.close()
-    run = ChildRun(seconds=time.perf_counter() - start, served=server.record())
-    if output:
-        head, tail, total = output[0]
-        run.output = _truncated(head, tail, total, OUTPUT_HEAD)
-    data_bytes, size = answer[0] if answer else (b"", 0)
-    if hung:
+        end = zygote.run(check.name, tree, data, inputs, timeout, served=served_there)
+    finally:
+        served_there.close()
+        served_here.shutdown(socket.SHUT_RDWR)  # the check's processes are dead: nothing more is served
+        serving.join(10)
+        served_here.close()
+    run = ChildRun(seconds=end.seconds, extra={"exit_code": end.exit_code}, served=server.record())
+    run.output = _truncated(*end.output, OUTPUT_HEAD)
+    if end.killed_after:
+        run.output += (f"\n[{end.killed_after} process(es) your code started were still running when the check "
+                       f"ended: killed]")
+    data_bytes, size = end.answer, end.answer_size
+    if end.hung:
         run.error = f"did not finish within {timeout:g} s (an endless loop? a very slow loop?)"
+    elif end.stuck:
+        run.error = ("a process your code started kept the check's pipes open after it ended (and could not be "
+                     f"killed: {', '.join(f'pid {pid} {command!r}' for pid, command in end.stuck)})")
     elif size > MAX_VALUES_BYTES:
         run.error = f"sent back {size:,} bytes of values (at most {MAX_VALUES_BYTES:,})"
     elif not data_bytes and oom_killed_between(kills, oom_kills()):
@@ -268,16 +180,6 @@ def student_files(submission: Path, files: list[str]) -> tuple[dict[str, Path], 
     return found, notes
 
 
-def build_tree(pristine: Path, files: dict[str, Path], where: Path) -> Path:
-    """The folder the student's code runs in: the stripped copy plus the student's files."""
-    tree = where / "copy"
-    shutil.copytree(pristine, tree, ignore=IGNORE)
-    shutil.rmtree(tree / ".assignment", ignore_errors=True)  # shipped references: not the child's business
-    for rel, path in files.items():
-        shutil.copyfile(path, tree / rel)
-    return tree
-
-
 class _InFolder:
     """Run the grader with its cwd in a temporary folder (a child could read its parent's cwd)."""
 
@@ -294,28 +196,36 @@ class _InFolder:
 
 def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], data: Path, refs: dict,
                only: list[str] | None = None, timeout: float | None = None, notes=(),
-               zygote: Zygote | None = None) -> Report:
-    """Grade the stripped copy `pristine` with the student's `files` put in. zygote: one to share
-    between several gradings of the same assignment (else one is started for this one)."""
+               zygote: Sandbox | None = None, isolation: str = "auto", report: "Report | None" = None,
+               on_result=None) -> Report:
+    """Grade the stripped copy `pristine` with the student's `files` put in. zygote: a sandbox to
+    share between several gradings (else one is made for this one, at `isolation`). report: one
+    to fill (its results so far survive an exception); on_result(report) is called after each
+    check, once every process of that check is dead."""
     start = time.perf_counter()
-    report = Report(assignment.name, list(assignment.functions), notes=list(notes))
-    with tempfile.TemporaryDirectory(prefix="grading-") as tmp:
-        tmp = Path(tmp)
-        tree = build_tree(pristine, files, tmp)
-        with _InFolder(tmp):
-            own = zygote is None
-            zygote = Zygote(tree) if own else zygote
-            try:
-                for check in assignment.checks:
-                    if check.name not in refs or (only and check.name not in only):
-                        continue
-                    entry = refs[check.name]
-                    server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
-                    run = run_child(tree, check, entry["inputs"], data, timeout, zygote, server)
-                    report.results.append(judge(check, entry["inputs"], entry["reference"], run))
-            finally:
-                if own:
-                    zygote.close()
+    report = report or Report(assignment.name, list(assignment.functions))
+    report.notes.extend(notes)
+    with tempfile.TemporaryDirectory(prefix="grading-") as tmp, _InFolder(Path(tmp)):
+        own = zygote is None
+        zygote = Sandbox(pristine, isolation) if own else zygote
+        report.isolation = zygote.isolation.to_json()
+        tree = zygote.place_tree(pristine, files)
+        try:
+            data = zygote.place_data(data)
+            for check in assignment.checks:
+                if check.name not in refs or (only and check.name not in only):
+                    continue
+                entry = refs[check.name]
+                server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
+                run = run_child(tree, check, entry["inputs"], data, timeout, zygote, server)
+                report.results.append(judge(check, entry["inputs"], entry["reference"], run))
+                report.seconds = time.perf_counter() - start
+                if on_result is not None:
+                    on_result(report)
+        finally:
+            zygote.done_with(tree)
+            if own:
+                zygote.close()
     report.seconds = time.perf_counter() - start
     return report
 
@@ -332,28 +242,82 @@ def read_manifest(student: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def assignment_files(assignment: Assignment) -> list[str]:
+    """The files the student edits: those holding the assignment's functions (from the grader's
+    definition, never from the copy)."""
+    from .make import resolve
+
+    return sorted({resolve(f).file for f in assignment.functions})
+
+
+def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:
+    """A note when the submission's .assignment.json names another assignment than the one graded."""
+    path = Path(student) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+        named = manifest.get("assignment") or ", ".join(manifest.get("functions", []))
+    except (OSError, ValueError, AttributeError):
+        return None if not path.exists() else f"the submission's {MANIFEST} is not valid JSON: ignored"
+    mine = assignment.name or ", ".join(assignment.functions)
+    if named and named != mine:
+        return (f"the submission's {MANIFEST} names {named!r}, but this grader grades {mine!r}: graded as "
+                f"{mine!r} (the copy's manifest never decides what is graded)")
+    return None
+
+
 def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: float | None = None,
-          only: list[str] | None = None) -> Report:
-    """The instructor's grade of a student's copy (or a folder of just the edited files plus the
-    copy's .assignment.json): every check, hidden inputs, references from this project's code."""
+          only: list[str] | None = None, assignment: str | None = None, functions: list[str] | None = None,
+          isolation: str = "auto") -> Report:
+    """The instructor's grade of a student's copy (or a folder of just the edited files): every
+    check, hidden inputs, references from this project's code. What is graded is `assignment` (a
+    ready-made one) or `functions` (a custom one), given by the instructor; without either it is
+    read from the copy's .assignment.json, and the report is marked unofficial for it."""
+    from .registry import ASSIGNMENTS, custom_assignment
+
     refuse_a_students_copy(root, "grade")
-    manifest = read_manifest(student)
-    assignment = assignment_of(manifest)
-    files, notes = student_files(Path(student), manifest["files"])
+    unofficial = []
+    if assignment is not None:
+        if assignment not in ASSIGNMENTS:
+            raise AssignmentError(f"no ready-made assignment {assignment!r}; they are {', '.join(sorted(ASSIGNMENTS))}")
+        definition = ASSIGNMENTS[assignment]
+    elif functions:
+        definition = custom_assignment(list(functions))
+    else:
+        definition = assignment_of(read_manifest(student))
+        unofficial.append("the assignment was read from the student's .assignment.json: pass --assignment NAME")
+    if not Path(student).is_dir():
+        raise AssignmentError(f"{student} is not a folder: give the student's copy or a folder of their files")
+    files, notes = student_files(Path(student), assignment_files(definition))
+    disagreement = manifest_disagrees(student, definition)
+    if disagreement:
+        notes.insert(0, disagreement)
+    report = Report(definition.name, list(definition.functions), unofficial=unofficial)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         tmp = Path(tmp)
-        make(list(assignment.functions), tmp / "pristine", root=root, assignment=manifest["assignment"],
+        make(list(definition.functions), tmp / "pristine", root=root, assignment=definition.name,
              ship_visible=False)
         data = make_data(tmp / "data")
-        refs = references(assignment, data, seed, [c for c in assignment.checks if not only or c.name in only])
-        refuse_a_failing_seed(assignment, data, refs, seed)  # else it fails every student who computes as it does
-        return grade_tree(assignment, tmp / "pristine", files, data, refs, only, timeout, notes)
+        refs = references(definition, data, seed, [c for c in definition.checks if not only or c.name in only])
+        refuse_a_failing_seed(definition, data, refs, seed)  # else it fails every student who computes as it does
+        grade_tree(definition, tmp / "pristine", files, data, refs, only, timeout, notes, isolation=isolation,
+                   report=report)
+    return mark_isolation(report)
+
+
+def mark_isolation(report: Report) -> Report:
+    """An instructor's grade run with less than namespaces is unofficial, saying why in one line:
+    the student's code could read what every user of the machine can (your checkout, other
+    submissions) or, not isolated at all, anything of yours."""
+    if report.isolation["level"] != "namespaces":
+        report.unofficial.insert(0, report.isolation["line"])
+    return report
 
 
 def check_locally(copy: Path, only: list[str] | None = None, timeout: float | None = None,
-                  zygote: Zygote | None = None) -> Report:
+                  zygote: Sandbox | None = None, isolation: str = "none") -> Report:
     """The student's own run inside their copy: the visible checks, against the reference values
-    shipped with the copy (never rebuilt from the student's code)."""
+    shipped with the copy (never rebuilt from the student's code). Not sandboxed by default: it
+    is the student's own code on their own machine (and no user is made there)."""
     copy = Path(copy).resolve()
     manifest = read_manifest(copy)
     shipped = copy / ".assignment"
@@ -363,7 +327,10 @@ def check_locally(copy: Path, only: list[str] | None = None, timeout: float | No
     assignment = assignment_of(manifest)
     refs = json.loads((shipped / "visible.json").read_text())
     files = {rel: copy / rel for rel in manifest["files"]}
-    return grade_tree(assignment, copy, files, shipped / "data", refs, only, timeout, zygote=zygote)
+    report = grade_tree(assignment, copy, files, shipped / "data", refs, only, timeout, zygote=zygote,
+                        isolation=isolation)
+    report.isolation = None  # the student's own run: nothing to trust or distrust
+    return report
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,3 +355,6 @@ def print_report(report: Report, file=None, show_output: bool = True) -> None:
     verdict = "ALL PASS" if report.passed else "NOT YET: fix the failing checks above"
     print(f"\n{verdict}: {report.points:g}/{report.max_points:g} points (graded in {report.seconds:.0f} s)",
           file=file)
+    if report.isolation is not None:  # the instructor's grade: was it isolated, can it be trusted
+        print(f"UNOFFICIAL: {'; '.join(report.unofficial)}" if report.unofficial else report.isolation["line"],
+              file=file)

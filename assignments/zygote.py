@@ -1,72 +1,112 @@
-"""A process with torch imported that forks one child per check (python -m assignments.zygote FD).
+"""A process with torch imported that forks one child per check
+(python -m assignments.zygote FD CONFIG; started by assignments/sandbox.py).
 
 Importing torch costs about a second of CPU; every check paying it again would make grading
-(and this project's tests) slow. The grader starts one zygote in the temporary copy, with the
-same scrubbed environment a check gets; it imports torch and the grader's check definitions
-(assignments/, never the student's files) and waits. For each check the grader sends it four
-file descriptors over a Unix socket: the child's stdin (the inputs), its stdout/stderr, the
-pipe for its answer and a socket to the grader (assignments/serving.py). The zygote forks; the child starts its own session (so the grader can kill
-it and all it started on a timeout), imports the student's code fresh and runs the probe
-(assignments/runner.py). So every check still runs in its own process, with its own timeout.
+(and this project's tests) slow. The sandbox starts one zygote in its folder, with a scrubbed
+environment; with namespaces it first builds the sandbox's root folder and chroots into it
+(sandbox.build_root). It imports torch and the grader's check definitions (assignments/, never the
+student's files) and waits. For each check the grader sends it four file descriptors over a Unix
+socket: the child's stdin (the inputs), its stdout/stderr, the pipe for its answer and a socket to
+the grader (for the checks it serves a model to: assignments/serving.py). The zygote
+forks; the child reads its inputs, starts its own session, drops to the sandbox user
+(sandbox.enter), imports the student's code fresh and runs the probe (assignments/runner.py). The
+zygote tells the grader the child's pid, and later that it exited (and how), so the grader knows
+when the check is over without trusting anything the child's processes hold open.
 """
 
 import json
 import os
+import select
+import signal
 import socket
 import sys
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, config: dict) -> None:
+    from .sandbox import build_root, enter
+
+    if config["level"] == "namespaces":
+        build_root(config["spec"])
+        os.chdir(sys.path[0])  # the same path inside the new root
     import torch
 
     import assignments.registry  # noqa: F401  (the check definitions: the grader's files, not the student's)
+
+    from .runner import run
 
     # The student's modules must be imported fresh by each check's child, never here.
     assert not {m.split(".")[0] for m in sys.modules} & {"gpt2", "spec_decoding"}, "zygote imported project code"
 
     torch.set_num_threads(1)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_write)
+    children = set()
+    sock.send(json.dumps({"ready": True}).encode())
     while True:
+        ready, _, _ = select.select([sock, wake_read], [], [])
+        if wake_read in ready:
+            try:
+                while os.read(wake_read, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+            for pid, code in reaped():
+                if pid in children:
+                    children.discard(pid)
+                    sock.send(json.dumps({"exited": pid, "code": code}).encode())
+        if sock not in ready:
+            continue
         try:
             message, fds, _, _ = socket.recv_fds(sock, 65536, 4)
         except OSError:
             message = b""
         if not message:  # the grader closed its end: done
-            reap(block=True)  # waited for, so their CPU time counts as ours (and the grader's)
             return
         request = json.loads(message)
         pid = os.fork()
         if pid == 0:
-            sock.close()
-            os.setsid()
-            stdin, output, answer, served = fds
-            os.dup2(output, 1)
-            os.dup2(output, 2)
-            os.close(output)
-            os.chdir(request["tree"])
-            sys.path[0] = request["tree"]
-            from pathlib import Path
-
-            from .runner import run
-
-            with os.fdopen(stdin) as inputs:
-                text = inputs.read()
-            run(request["check"], Path(request["data"]), answer, text, served)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            child(request, fds, config, run, enter)
         for fd in fds:
             os.close(fd)
+        children.add(pid)
         sock.send(json.dumps({"pid": pid}).encode())
-        reap(block=False)
 
 
-def reap(block: bool) -> None:
-    """Wait for the children that ended (all of them, with block)."""
+def child(request: dict, fds, config: dict, run, enter) -> None:
+    """A check's child: never returns."""
+    try:
+        os.setsid()  # its own session (without a sandbox user, what the grader kills)
+        stdin, output, answer, served = fds
+        with os.fdopen(stdin, "rb") as inputs:  # read before any student code runs
+            text = inputs.read().decode()
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(output)
+        enter(config, request["tree"], keep_fds=(answer, served))
+        sys.path[0] = request["tree"]
+        from pathlib import Path
+
+        run(request["check"], Path(request["data"]), answer, text, served)
+    finally:
+        os._exit(112)  # something above failed: the grader reports a check that sent nothing
+
+
+def reaped():
+    """(pid, exit code as subprocess gives it) of each child that ended."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, 0 if block else os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    serve(socket.socket(fileno=int(sys.argv[1])), json.loads(sys.argv[2]))

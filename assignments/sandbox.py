@@ -1,0 +1,709 @@
+"""The sandbox every check's child process runs in: the student's code cannot write its own grade,
+read what the grader keeps from it, or outlive its check.
+
+The grader starts one "zygote" process (assignments/zygote.py: torch imported, waiting) per
+Sandbox and asks it to fork one child per check. How far the children are shut in is the best
+this machine allows, `Isolation.level`:
+
+- "namespaces": the grader runs as root and util-linux `unshare` works (a Linux machine or VM, a
+  container with CAP_SYS_ADMIN). The zygote starts in new PID, mount, network, IPC and UTS
+  namespaces, builds a root folder holding only the system's programs and libraries, Python and
+  its packages (an installed copy of this project masked out) and the sandbox's own folder, and
+  chroots into it. Each child then drops to a user of its own (`student-sandbox`, made with
+  useradd if absent) before any student code runs. It sees no other process of the machine,
+  no network, none of the grader's files.
+- "user": root, but no namespaces (a Docker container without CAP_SYS_ADMIN, such as
+  Gradescope's). Each child drops to the sandbox user: it cannot signal, trace or read the memory
+  of the grader's processes, nor write any file the grader reads; it can list the machine's
+  processes and read files every user can read.
+- "none": the grader is not root. The child runs as the grader's own user; the grader says so in
+  one line and the report is unofficial.
+
+Whatever the level, a check ends the same way: when its child exits or its time is up, every
+process of the sandbox user is killed (in "none": the child's session), so nothing a check
+started can write, spin or hold a pipe open after its verdict; between gradings the sandbox's
+home and temporary folders are emptied, so one submission leaves nothing for the next.
+"""
+
+import ctypes
+import fcntl
+import json
+import os
+import pwd
+import resource
+import select
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+USER = "student-sandbox"  # the unprivileged user student code runs as (one per concurrent grader: -1, -2, ...)
+LEVELS = ("namespaces", "user", "none")  # best first
+UNSHARE = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "--propagation", "private", "--kill-child"]
+LOCKS = Path("/run/assignments-sandbox")  # root's: which sandbox users are taken (flock)
+OUTPUT_HEAD, OUTPUT_TAIL = 6000, 2000  # characters of a child's output kept (start and end)
+MAX_VALUES_BYTES = 16 * 2**20  # a probe's answer larger than this is refused
+MAX_PROCESSES = 512  # a child's RLIMIT_NPROC (counts threads): stops a fork bomb, not torch
+MAX_FILE_BYTES = 256 * 2**20  # RLIMIT_FSIZE: a file written in the sandbox's folders
+
+
+@dataclass
+class Isolation:
+    """How the student's code is shut in (module docstring), and why not better."""
+
+    level: str
+    user: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+    why_not: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """One line for the printed report."""
+        why = "; ".join(self.why_not)
+        if self.level == "namespaces":
+            return (f"sandbox: the student's code ran as user {self.user}, in its own PID, mount and network "
+                    f"namespaces, seeing only its copy")
+        if self.level == "user":
+            return (f"sandbox: the student's code ran as user {self.user}, without namespaces ({why}): it could "
+                    f"list this machine's processes and read its world-readable files")
+        return f"NOT ISOLATED: the student's code ran as your own user ({why})"
+
+    def to_json(self) -> dict:
+        return {"level": self.level, "user": self.user, "why_not": self.why_not, "line": self.line()}
+
+
+def detect(requested: str = "auto", python: str = sys.executable) -> Isolation:
+    """The best isolation this machine allows, or the `requested` level if it allows that.
+    Claims a sandbox user (see claim_user) for the levels that use one."""
+    why, level = [], "namespaces"
+    if os.geteuid() != 0:
+        why.append("the grader is not running as root: run it as root (e.g. in a container) to sandbox it")
+        level = "none"
+    elif not namespaces_work():
+        why.append("`unshare --pid --mount --net` does not work here (no CAP_SYS_ADMIN?)")
+        level = "user"
+        blocked = unreadable_python(python)
+        if blocked:
+            why.append(f"{blocked} cannot be read by other users, so no sandbox user could run Python")
+            level = "none"
+    if requested != "auto":
+        if requested not in LEVELS:
+            raise ValueError(f"isolation {requested!r}: one of auto, {', '.join(LEVELS)}")
+        if LEVELS.index(requested) < LEVELS.index(level):
+            raise OSError(f"cannot isolate at level {requested!r} here: {'; '.join(why)}")
+        if requested != level:
+            why.append(f"level {requested!r} was asked for")
+        level = requested
+    isolation = Isolation(level, why_not=why)
+    if level != "none":
+        isolation.user, isolation.uid, isolation.gid = claim_user()
+    return isolation
+
+
+_NAMESPACES_WORK = None
+
+
+def namespaces_work() -> bool:
+    global _NAMESPACES_WORK
+    if _NAMESPACES_WORK is None:
+        unshare = shutil.which("unshare", path=SYSTEM_PATH)
+        try:
+            _NAMESPACES_WORK = unshare is not None and subprocess.run(
+                [unshare, *UNSHARE, "true"], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _NAMESPACES_WORK = False
+    return _NAMESPACES_WORK
+
+
+def unreadable_python(python: str) -> str | None:
+    """The first folder of the interpreter's installation that other users cannot enter, if any."""
+    for path in {Path(os.path.realpath(python)).parent, Path(sys.base_prefix), Path(sys.prefix)}:
+        for folder in [path, *path.parents]:
+            if folder.exists() and not folder.stat().st_mode & stat.S_IXOTH:
+                return str(folder)
+    return None
+
+
+_CLAIMED: dict[str, int] = {}  # user name -> the lock file held while this process uses it
+
+
+def claim_user() -> tuple[str, int, int]:
+    """A sandbox user no other grader on this machine is using (flock on a root-only file, held
+    until release_user): every process of that user may then be killed at the end of a check.
+    Made with useradd when absent."""
+    LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(LOCKS, 0o700)
+    for slot in range(64):
+        name = USER if slot == 0 else f"{USER}-{slot}"
+        if name in _CLAIMED:
+            continue
+        fd = os.open(LOCKS / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        uid, gid = _user_ids(name, slot)
+        if uid in (0, os.getuid()):
+            raise OSError(f"the sandbox user {name} has the grader's user id {uid}")
+        _CLAIMED[name] = fd
+        kill_processes_of(uid)  # left by a grader that was killed itself
+        return name, uid, gid
+    raise OSError("64 graders are running on this machine already")
+
+
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _user_ids(name: str, slot: int) -> tuple[int, int]:
+    """The user's ids: made with useradd when absent; where there is no useradd, a user id no
+    account has (a number is all setuid needs)."""
+    try:
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd", path=SYSTEM_PATH)
+    if useradd:
+        subprocess.run([useradd, "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", "--comment", "runs students' code for the grader", name],
+                       check=True, capture_output=True)
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    uid = 64000 + slot
+    while _has_account(uid):
+        uid += 64
+    return uid, uid
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+def release_user(name: str) -> None:
+    fd = _CLAIMED.pop(name, None)
+    if fd is not None:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# Killing: every process of the sandbox user
+# ------------------------------------------------------------------------------------------------
+
+def processes_of(uid: int) -> list[int]:
+    """Live processes with `uid` as their real, effective, saved or filesystem user id."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(entry.path, "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        uids = {int(u) for u in fields.get("Uid", "").split()}
+        dead = fields.get("State", "").strip().startswith(("Z", "X")) and fields.get("Threads", "1").strip() == "1"
+        if uid in uids and not dead:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_processes_of(uid: int) -> int:
+    """SIGKILL every process of `uid` until none is left (a process that forks while it is being
+    killed is caught on the next pass); the number killed."""
+    if uid in (0, os.getuid()):
+        raise ValueError(f"refusing to kill every process of user {uid} (root's or the grader's own)")
+    killed = set()
+    for attempt in range(1000):
+        alive = processes_of(uid)
+        if not alive:
+            return len(killed)
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.001 * min(attempt + 1, 20))
+    raise OSError(f"processes of user {uid} kept appearing after 1,000 rounds of killing")
+
+
+# ------------------------------------------------------------------------------------------------
+# The child's side (in the zygote): the root folder, dropping privileges
+# ------------------------------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+CLONE_NEWIPC = 0x08000000
+
+
+def _call(result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    enc = (lambda s: s.encode() if s is not None else None)
+    _call(_libc.mount(enc(source), enc(str(target)), enc(fstype), flags, enc(data)), f"mount {source} on {target}")
+
+
+def build_root(spec: dict) -> None:
+    """In the zygote (root, in its own mount namespace): mount the sandbox's root folder and chroot
+    into it. spec (root_spec): the folders bound read-only, those bound writable, the masks
+    (installed copies of the project, shown empty), symlinks to recreate."""
+    new = spec["root"]
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=16m")
+
+    for link, target in spec["symlinks"]:
+        os.symlink(target, new + link)
+    for source, target, read_only, recursive in spec["binds"]:
+        os.makedirs(new + target, exist_ok=True)
+        _mount(source, new + target, None, MS_BIND | (MS_REC if recursive else 0))
+        _mount(None, new + target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0))
+    for path in spec["masks"]:
+        if os.path.isdir(new + path):
+            _mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k")
+        else:
+            _mount("/dev/null", new + path, None, MS_BIND)
+    os.makedirs(new + "/proc", exist_ok=True)
+    _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace's
+    os.makedirs(new + "/dev", exist_ok=True)
+    _mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k")
+    for device in ("null", "zero", "full", "random", "urandom"):
+        Path(new, "dev", device).touch()
+        _mount(f"/dev/{device}", f"{new}/dev/{device}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{new}/dev/{name}")
+    os.makedirs(new + "/dev/shm")
+    _mount(spec["tmp"], new + "/dev/shm", None, MS_BIND)
+    os.chroot(new)
+    os.chdir("/")
+
+
+def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
+    """In a check's child, before any student code: its cwd, its own IPC namespace, limits, then
+    the sandbox user's ids for good (root's cannot come back: no setuid programs either)."""
+    os.chdir(tree)
+    for fd in _open_fds():  # nothing of the zygote's: only stdin/stdout/stderr and the answer pipe
+        if fd > 2 and fd not in keep_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if config["level"] == "none":
+        return
+    _libc.unshare(CLONE_NEWIPC)  # shared memory and queues of its own (fails harmlessly without namespaces)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    os.setgroups([])
+    os.setgid(config["gid"])
+    os.setuid(config["uid"])  # as root: real, effective and saved ids
+    _call(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc/self stays its own
+    os.umask(0o077)
+    if os.getuid() != config["uid"] or os.geteuid() != config["uid"] or _can_become_root():
+        os._exit(111)
+
+
+def _can_become_root() -> bool:
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return False
+    return True
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 1024))
+
+
+# ------------------------------------------------------------------------------------------------
+# The grader's side
+# ------------------------------------------------------------------------------------------------
+
+def project_names(root: Path) -> list[str]:
+    """The project's top-level packages and modules (gpt2, spec_decoding, ...): what an installed
+    copy of it holds."""
+    return sorted(p.name for p in Path(root).iterdir()
+                  if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.is_file()))
+
+
+_SYS_PATH: dict[str, list[str]] = {}
+
+
+def interpreter_path(python: str) -> list[str]:
+    """sys.path of `python -E -s` (how the zygote runs): the folders its imports come from."""
+    if python not in _SYS_PATH:
+        done = subprocess.run([python, "-E", "-s", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                              capture_output=True, text=True, cwd="/", check=True)
+        _SYS_PATH[python] = [p for p in json.loads(done.stdout) if p]
+    return _SYS_PATH[python]
+
+
+def root_spec(python: str, folder: Path, hidden: list[Path]) -> dict:
+    """What the sandbox's root holds: the system's programs, libraries and /etc, the interpreter
+    and the folders on its path, read-only; the sandbox's folder (read-only, its home and tmp
+    writable). `hidden`: folders of the grader (the project it grades from) never shown, and
+    masked where they lie inside one of those folders; installed copies of the project are masked."""
+    real = lambda p: os.path.realpath(p)  # noqa: E731
+    hidden = [real(h) for h in hidden]
+    inside = lambda p, q: p == q or p.startswith(q.rstrip("/") + "/")  # noqa: E731
+    symlinks, wanted = [], []
+    for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            symlinks.append((path, os.readlink(path)))
+        elif os.path.isdir(path):
+            wanted.append(path)
+    python_folders = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                      os.path.dirname(real(python)), *interpreter_path(python)]
+    for path in python_folders:
+        path = real(path)
+        if os.path.isdir(path) and not any(inside(path, h) for h in hidden):
+            wanted.append(path)  # one holding a hidden folder is bound with that folder masked (below)
+    wanted.append("/sys")
+    read_only = []
+    for path in sorted(set(wanted), key=len):
+        if not any(inside(path, p) for p in read_only) and not any(inside(path, link) for link, _ in symlinks):
+            read_only.append(path)
+    masks = [h for h in hidden if any(inside(h, p) for p in read_only)]
+    for site in interpreter_path(python):
+        site = real(site)
+        if os.path.isdir(site) and any(inside(site, p) for p in read_only):
+            for root in hidden:
+                for name in project_names(root) if os.path.isdir(root) else []:
+                    if os.path.exists(os.path.join(site, name)) and not inside(site, root):
+                        masks.append(os.path.join(site, name))
+    folder = str(folder)
+    # (source, target, read-only, recursive), parents before what is mounted inside them
+    binds = [(p, p, True, True) for p in read_only] + [
+        (folder, folder, True, False), (f"{folder}/home", f"{folder}/home", False, False),
+        (f"{folder}/tmp", "/tmp", False, False)]
+    return {"root": f"{folder}/root", "symlinks": symlinks, "binds": sorted(binds, key=lambda b: len(b[1])),
+            "masks": sorted(set(masks)), "tmp": f"{folder}/tmp"}
+
+
+@dataclass
+class ChildEnd:
+    """How one check's child ended, as the grader saw it."""
+
+    output: tuple[str, str, int]  # the start and end of what it printed, and how many characters
+    answer: bytes  # what it wrote on the answer pipe (at most MAX_VALUES_BYTES)
+    answer_size: int
+    hung: bool  # still running at the timeout
+    exit_code: int | None  # as subprocess gives it: negative for a signal; None if unknown
+    seconds: float
+    killed_after: int = 0  # processes it left running, killed when it ended
+    stuck: list = field(default_factory=list)  # (pid, command) of processes holding its pipes after the kill
+                                               # (only possible without a sandbox user)
+
+
+def pipe_holders(inodes) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes holding the pipes with these inode numbers."""
+    wanted = {f"pipe:[{inode}]" for inode in inodes}
+    holders = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if any(os.readlink(f"{entry.path}/fd/{fd}") in wanted for fd in os.listdir(f"{entry.path}/fd")):
+                command = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                holders.append((int(entry.name), command.strip()[:120]))
+        except OSError:
+            continue
+    return holders
+
+
+def _drain(stream, keep: list, limit: int) -> None:
+    """Read a child's stream to its end, keeping the first `limit` characters and the last
+    OUTPUT_TAIL (so a print in a loop cannot fill the grader's memory)."""
+    head, tail, total = [], "", 0
+    for chunk in iter(lambda: stream.read(8192), b""):
+        text = chunk.decode(errors="replace")
+        if total < limit:
+            head.append(text[:limit - total])
+        tail = (tail + text)[-OUTPUT_TAIL:]
+        total += len(text)
+    keep.append(("".join(head), tail, total))
+
+
+def _read_answer(stream, keep: list) -> None:
+    data, size = [], 0
+    for chunk in iter(lambda: stream.read(65536), b""):
+        size += len(chunk)
+        if size <= MAX_VALUES_BYTES:
+            data.append(chunk)
+    keep.append((b"".join(data), size))
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+        stream.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+class Sandbox:
+    """A sandbox user (when root), a private folder it may read (code, data, the copies it
+    grades) and write (home, tmp), and the zygote process that forks a child per check.
+
+    code: a stripped copy whose assignments/ package (the check definitions) the zygote imports.
+    isolation: "auto" (the best this machine allows) or a level of LEVELS.
+    hidden: folders the child must never see (default: the project this grader runs from)."""
+
+    def __init__(self, code: Path, isolation: str = "auto", python: str | None = None, hidden=()):
+        from .make import ROOT
+
+        self.python = python or sys.executable
+        self.isolation = detect(isolation, self.python)
+        self.folder = Path(tempfile.mkdtemp(prefix="sandbox-"))
+        self.count = 0
+        self._data: dict[str, Path] = {}
+        try:
+            self._lay_out(Path(code))
+            self.process, self.sock = self._start_zygote([Path(ROOT), *map(Path, hidden)])
+        except BaseException:
+            self._remove()
+            raise
+
+    # the folder -------------------------------------------------------------------------------
+    def _lay_out(self, code: Path) -> None:
+        f = self.folder
+        shutil.copytree(code / "assignments", f / "code" / "assignments",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for sub in ("data", "trees", "home", "tmp", "root"):
+            (f / sub).mkdir(exist_ok=True)
+        if self.isolation.level != "none":
+            uid, gid = self.isolation.uid, self.isolation.gid
+            os.chmod(f, 0o711)  # the user finds its way in, lists nothing
+            for sub in ("code", "data"):
+                _readable(f / sub)
+            os.chmod(f / "trees", 0o711)
+            os.chmod(f / "root", 0o700)
+            for sub in ("home", "tmp"):
+                os.chown(f / sub, uid, gid)
+                os.chmod(f / sub, 0o700)
+
+    def env(self) -> dict:
+        """A scrubbed environment: nothing of the grader's (no PYTHONPATH, no paths to its tree)."""
+        tmp = "/tmp" if self.isolation.level == "namespaces" else str(self.folder / "tmp")
+        return {"PATH": os.defpath, "HOME": str(self.folder / "home"), "TMPDIR": tmp, "LANG": "C.UTF-8",
+                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def place_tree(self, pristine: Path, files: dict[str, Path]) -> Path:
+        """The folder a submission's code runs in: a copy of the stripped copy `pristine` with the
+        student's files put in, readable (not writable) by the sandbox user."""
+        from .make import IGNORE
+
+        self.count += 1
+        tree = self.folder / "trees" / str(self.count)
+        shutil.copytree(pristine, tree, ignore=IGNORE)
+        shutil.rmtree(tree / ".assignment", ignore_errors=True)  # shipped references: not the child's business
+        for rel, path in files.items():
+            shutil.copyfile(path, tree / rel)
+        if self.isolation.level != "none":
+            _readable(tree)
+        return tree
+
+    def place_data(self, data: Path) -> Path:
+        """The checkpoints, copied where the sandbox user can read them (once per folder)."""
+        key = str(Path(data).resolve())
+        if key not in self._data:
+            target = self.folder / "data" / str(len(self._data))
+            shutil.copytree(data, target)
+            if self.isolation.level != "none":
+                _readable(target)
+            self._data[key] = target
+        return self._data[key]
+
+    def done_with(self, tree: Path) -> None:
+        """After a grading: no process of the sandbox user is left, its home and tmp are empty
+        (nothing of one submission is there for the next), the tree is removed."""
+        self.kill_all()
+        for sub in ("home", "tmp"):
+            for entry in (self.folder / sub).iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    if entry.stat().st_uid == 0 and not any(entry.iterdir()):
+                        continue  # the sandbox folder's mount point (namespaces)
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        if self.isolation.level == "user":
+            _remove_ipc_of(self.isolation.uid)
+            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+                _remove_files_of(Path(shared), self.isolation.uid)
+        shutil.rmtree(tree, ignore_errors=True)
+
+    # the zygote -------------------------------------------------------------------------------
+    def _start_zygote(self, hidden: list[Path]):
+        sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {"level": self.isolation.level, "uid": self.isolation.uid, "gid": self.isolation.gid}
+        command = [self.python, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())]
+        if self.isolation.level == "namespaces":
+            config["spec"] = root_spec(self.python, self.folder, hidden)
+            command = [shutil.which("unshare", path=SYSTEM_PATH), *UNSHARE] + command
+        process = subprocess.Popen(command + [json.dumps(config)], cwd=self.folder / "code", env=self.env(),
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        ready = _receive(sock, timeout=300)
+        if ready != {"ready": True}:
+            error = process.stderr.read().decode(errors="replace")[-3000:] if process.poll() is not None else ""
+            process.kill()
+            raise OSError(f"the sandbox's zygote process did not start: {ready or error}")
+        threading.Thread(target=process.stderr.read, daemon=True).start()  # never blocks it
+        return process, sock
+
+    def run(self, check: str, tree: Path, data: Path, inputs, timeout: float, served: socket.socket) -> ChildEnd:
+        """Fork a child in `tree` that runs `check`'s probe on `inputs`; wait until it exits or
+        `timeout` seconds pass; then kill every process it left; return what it sent. served: the
+        child's end of a socket to the grader (assignments/serving.py)."""
+        stdin_read, stdin_write = os.pipe()
+        output_read, output_write = os.pipe()
+        answer_read, answer_write = os.pipe()
+        socket.send_fds(self.sock, [json.dumps({"check": check, "data": str(data), "tree": str(tree)}).encode()],
+                        [stdin_read, output_write, answer_write, served.fileno()])
+        for fd in (stdin_read, output_write, answer_write):
+            os.close(fd)  # the grader keeps no write end: end of file once the child's side is gone
+        pid = None
+        while pid is None:
+            message = _receive(self.sock, timeout=60)
+            if message is None:
+                raise OSError("the sandbox's zygote process ended")
+            pid = message.get("pid")
+        start = time.perf_counter()
+        pipes = [os.fstat(fd).st_ino for fd in (output_read, answer_read)]
+        output, answer = [], []
+        threads = [threading.Thread(target=_drain, args=(os.fdopen(output_read, "rb"), output, OUTPUT_HEAD), daemon=True),
+                   threading.Thread(target=_read_answer, args=(os.fdopen(answer_read, "rb"), answer), daemon=True),
+                   threading.Thread(target=_feed, args=(os.fdopen(stdin_write, "wb"), json.dumps(inputs).encode()),
+                                    daemon=True)]
+        for t in threads:
+            t.start()
+        exit_code, deadline = None, start + timeout
+        while exit_code is None:
+            message = _receive(self.sock, timeout=max(0.0, deadline - time.perf_counter()))
+            if message is None:
+                break
+            if message.get("exited") == pid:
+                exit_code = message["code"]
+        seconds = time.perf_counter() - start
+        hung = exit_code is None
+        killed = self.kill_all(pid)  # the child (if hung) and everything it started
+        stuck = False
+        for t in threads[:2]:
+            t.join(10)
+            stuck |= t.is_alive()
+        holders = pipe_holders(pipes) if stuck else []
+        return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
+                        seconds, killed - hung, holders)
+
+    def kill_all(self, session: int | None = None) -> int:
+        """Kill every process of the sandbox user; without one, the session `session` leads."""
+        if self.isolation.level != "none":
+            return kill_processes_of(self.isolation.uid)
+        if session is not None:
+            try:
+                os.killpg(session, signal.SIGKILL)
+                return 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        return 0
+
+    def close(self) -> None:
+        """Stop the zygote (and with it every process of its namespaces), remove the folder."""
+        try:
+            self.sock.close()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            self.kill_all()
+        finally:
+            self._remove()
+
+    def _remove(self) -> None:
+        if self.isolation.level == "user":
+            _remove_ipc_of(self.isolation.uid)
+            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+                _remove_files_of(Path(shared), self.isolation.uid)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.isolation.user:
+            release_user(self.isolation.user)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _receive(sock: socket.socket, timeout: float) -> dict | None:
+    """The zygote's next message, or None (it ended, or nothing came within `timeout` seconds)."""
+    ready, _, _ = select.select([sock], [], [], timeout)
+    if not ready:
+        return None
+    data = sock.recv(65536)
+    return json.loads(data) if data else None
+
+
+def _readable(folder: Path) -> None:
+    """Make a folder of the grader's readable (not writable) by other users."""
+    os.chmod(folder, 0o755)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def _remove_files_of(folder: Path, uid: int) -> None:
+    """Remove what user `uid` left at the top of a shared folder (/tmp: for the next submission)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+
+
+def _remove_ipc_of(uid: int) -> None:
+    """Remove System V shared memory, queues and semaphores owned by `uid` (they outlive processes)."""
+    for kind, flag in (("shm", "-m"), ("msg", "-q"), ("sem", "-s")):
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        header = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()[0].split()
+        for line in lines:
+            row = dict(zip(header, line.split()))
+            ipcrm = shutil.which("ipcrm", path=SYSTEM_PATH)
+            if int(row.get("uid", -1)) == uid and ipcrm:
+                subprocess.run([ipcrm, flag, row["id"]], capture_output=True)

@@ -1,0 +1,421 @@
+"""Hostile submissions against the grader's sandbox (assignments/sandbox.py): one per attack class,
+each planted in a stripped copy of gamma_cost_model (the cheapest assignment) before the stub's
+`raise`, so the fair verdict is 0 points, "not implemented yet". Each attack is run (a) in the
+Gradescope layout, as root, in a folder laid out like /autograder (the export's run_autograder,
+or the `autograde` it calls), and (b) locally (`grade_tree`, as `grade` runs it). Nothing may be
+forged: no score above 0, no file of the grader's written, no process of the check left alive.
+
+The attacks only aim at this test's own folders and grader processes (found by a marker in their
+command line), so a sandbox that failed could not harm anything else on the machine. Where an
+attack is harmless to run unsandboxed, the same submission is also graded with isolation "none":
+it then succeeds, which shows the test would catch a sandbox that let it through.
+
+Needs root and working namespaces (as on this machine, a Linux VM or a privileged container);
+skipped elsewhere, with the reason."""
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from assignments import __main__ as cli
+from assignments.export import RUN_AUTOGRADER, autograde, gradescope_source
+from assignments.grade import Zygote, grade, grade_tree, student_files
+from assignments.make import MANIFEST, resolve
+from assignments.references import HIDDEN_SEED
+from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import USER, namespaces_work, processes_of
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "gamma_cost_model"
+ASSIGNMENT = ASSIGNMENTS[NAME]
+TARGET = resolve("spec_decoding.theory.expected_tokens_per_round")  # the attack runs in it
+CHECKS = ["tokens_per_round", "round_seconds"]  # the attacked check, and one after it
+SECRET = "hidden-value-7f3a9c"  # put in the hidden references: the student's code must never see it
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not namespaces_work(),
+                                reason="the sandbox's tests need root and working namespaces (unshare)")
+
+
+# ------------------------------------------------------------------------------------------------
+# The attacks: Python put before the stub's raise (run once per process); TARGETS etc. filled in
+# ------------------------------------------------------------------------------------------------
+
+REWRITE_RESULTS = """
+import json, os, time
+forged = json.dumps({"score": 100, "tests": [], "output": "FORGED"})
+targets = list(TARGETS)
+for pid in os.listdir("/proc"):  # the grader's command line names results.json
+    try:
+        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"--results" in args and MARKER.encode() in b" ".join(args):
+        targets.append(args[args.index(b"--results") + 1].decode())
+print("TARGETS", targets, flush=True)
+if os.fork() == 0:  # a daemon: double fork, own session, no pipe of the check's kept open
+    os.setsid()
+    if os.fork() == 0:
+        os.closerange(0, 1024)
+        end = time.time() + 8
+        while time.time() < end:  # rewrite them after the grader wrote them, until after it exits
+            for path in targets:
+                try:
+                    with open(path, "w") as f:
+                        f.write(forged)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+    os._exit(0)
+time.sleep(0.3)
+"""
+
+KILL_GRADER = """
+import json, os, signal
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    try:
+        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if int(pid) == os.getppid() or (MARKER.encode() in b" ".join(args) and b"autograde" in args):
+        if b"--results" in args:  # write the grade, then kill the grader so it cannot overwrite it
+            try:
+                with open(args[args.index(b"--results") + 1].decode(), "w") as f:
+                    f.write(json.dumps({"score": 100, "tests": [], "output": "FORGED"}))
+            except OSError as error:
+                print("could not write", error)
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+            print("KILLED", pid, args[:3])
+        except OSError as error:
+            print("could not kill", pid, error)
+"""
+
+READ_PROC = """
+import os
+found = []
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or int(pid) == os.getpid():
+        continue
+    for name in ("cmdline", "environ"):
+        try:
+            text = open(f"/proc/{pid}/{name}", "rb").read()
+        except OSError:
+            continue
+        if name == "environ" and text:
+            found.append("ENVIRON-READABLE")
+        if MARKER.encode() in text:
+            found.append(f"GRADER-{name.upper()}-VISIBLE")
+    try:
+        first = open(f"/proc/{pid}/maps").readline()
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            mem.seek(int(first.split("-")[0], 16))
+            if mem.read(16):
+                found.append("MEM-READABLE")
+    except (OSError, ValueError):
+        pass
+    for name in ("cwd", "root"):
+        try:
+            os.listdir(f"/proc/{pid}/{name}")
+            found.append(f"{name.upper()}-OF-ANOTHER-PROCESS")
+        except OSError:
+            pass
+for path in FILES:
+    try:
+        text = open(path, errors="replace").read()
+        found.append("FILE-READABLE " + path + (" WITH-SECRET" if SECRET in text else ""))
+    except OSError:
+        pass
+print("FOUND", sorted(set(found)), flush=True)
+"""
+
+INSTALLED_COPY = """
+import os, sys
+for entry in [*sys.path, *SITES]:
+    candidate = os.path.join(entry, "spec_decoding", "theory.py")
+    try:
+        text = open(candidate).read()
+    except OSError:
+        continue
+    if "NotImplementedError" not in text.split("def expected_tokens_per_round")[1].split("def ")[0]:
+        print("INSTALLED-COPY", candidate, flush=True)
+        namespace = {"__name__": "installed_theory"}
+        exec(compile(text, candidate, "exec"), namespace)
+        return namespace["expected_tokens_per_round"](alpha, gamma)
+print("NO-INSTALLED-COPY", flush=True)
+"""
+
+DAEMON = """
+import os
+if os.fork() == 0:  # a daemon that keeps the check's pipes open and spins
+    os.setsid()
+    if os.fork() == 0:
+        while True:
+            pass
+    os._exit(0)
+"""
+
+
+def planted(stripped: str, attack: str, once: bool = True, **values) -> str:
+    """The stripped file with `attack` run before the stub's raise (once per process, or on every
+    call), with the upper-case names in it set to `values`."""
+    stub = f"raise NotImplementedError('{TARGET.qualname}: your code here (see the docstring)')"
+    line = next(line for line in stripped.splitlines() if line.strip() == stub)
+    indent = line[:len(line) - len(line.lstrip())]
+    settings = "".join(f"{name} = {value!r}\n" for name, value in values.items())
+    guard = "if not globals().get('_attacked'):\n    globals()['_attacked'] = True\n" if once else "if True:\n"
+    block = guard + textwrap.indent(settings + textwrap.dedent(attack), "    ")
+    return stripped.replace(line, textwrap.indent(block, indent) + line, 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# One built copy, shared: the Gradescope source folder and a sandbox (zygote) for local grading
+# ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """gamma_cost_model's Gradescope source (copy, checkpoints, hidden references for CHECKS with
+    the secret among them); its hidden.json text is kept to lay out a fresh /autograder per run."""
+    folder = tmp_path_factory.mktemp("hostile")
+    source = gradescope_source(NAME, folder / "source", HIDDEN_SEED, check_reference=False)
+    refs = json.loads((source / "hidden.json").read_text())
+    refs = {name: refs[name] for name in CHECKS}
+    refs["tokens_per_round"]["secret"] = SECRET
+    return {"folder": folder, "source": source, "refs": refs,
+            "stripped": (source / "copy" / TARGET.file).read_text()}
+
+
+@pytest.fixture(scope="module")
+def sandbox(built):
+    with Zygote(built["source"] / "copy") as z:
+        assert z.isolation.level == "namespaces"
+        yield z
+
+
+@pytest.fixture(scope="module")
+def unsandboxed(built):
+    with Zygote(built["source"] / "copy", isolation="none") as z:
+        yield z
+
+
+def grade_locally(built, zygote, text: str, tmp_path: Path):
+    """Grade a submission of TARGET's file as `grade` does, in this process."""
+    submission = tmp_path / "submission"
+    (submission / TARGET.file).parent.mkdir(parents=True, exist_ok=True)
+    (submission / TARGET.file).write_text(text)
+    files, notes = student_files(submission, [TARGET.file])
+    report = grade_tree(ASSIGNMENT, built["source"] / "copy", files, built["source"] / "data", built["refs"],
+                        notes=notes, zygote=zygote)
+    return {r.check: r for r in report.results}
+
+
+def autograder(built, tmp_path: Path, text: str) -> Path:
+    """A fresh folder laid out like /autograder: the shared source (a fresh hidden.json: the
+    grader deletes it), the submission (just the edited file), results/."""
+    root = tmp_path / "autograder"
+    (root / "source").mkdir(parents=True)
+    for name in ("copy", "data"):
+        (root / "source" / name).symlink_to(built["source"] / name)
+    (root / "source" / "hidden.json").write_text(json.dumps(built["refs"]))
+    (root / "submission").mkdir()
+    (root / "submission" / Path(TARGET.file).name).write_text(text)
+    (root / "results").mkdir()
+    shutil.copy(built["source"] / "run_autograder", root / "run_autograder")
+    return root
+
+
+def run_autograder(root: Path) -> dict:
+    """Gradescope's run, as root: the exported run_autograder script, a fresh grader process."""
+    env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def sandbox_processes() -> list[int]:
+    """Live processes of any sandbox user (student-sandbox, student-sandbox-1, ...)."""
+    return [pid for user in pwd.getpwall() if user.pw_name.startswith(USER) for pid in processes_of(user.pw_uid)]
+
+
+def fair(results: dict) -> None:
+    """A stripped copy's verdicts: every check graded, none passed, 0 points."""
+    assert sorted(results) == sorted(CHECKS)
+    for r in results.values():
+        assert not r.passed and r.points == 0 and "not implemented yet" in r.message, (r.check, r.message)
+
+
+def fair_gradescope(results: dict) -> None:
+    assert "FORGED" not in json.dumps(results)
+    assert [t["name"] for t in results["tests"]] == CHECKS
+    assert all(t["score"] == 0 and "not implemented yet" in t["output"] for t in results["tests"]), results
+    assert results.get("score", 0) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# The attacks, one test each
+# ------------------------------------------------------------------------------------------------
+
+def test_rewriting_results_after_the_grader_exits_is_stopped(built, tmp_path):
+    """A daemon (double fork, setsid, every fd closed) finds results.json in the grader's command
+    line and rewrites it for 8 s, past the grader's exit: it is killed with its check, and could
+    not have written there anyway (another user; no grader process or file visible to it)."""
+    root = autograder(built, tmp_path / "gradescope", planted(built["stripped"], REWRITE_RESULTS,
+                                                               TARGETS=[], MARKER=str(tmp_path)))
+    fair_gradescope(run_autograder(root))
+    time.sleep(1.0)  # the daemon, had it lived, rewrites every 50 ms
+    fair_gradescope(json.loads((root / "results" / "results.json").read_text()))
+    assert not sandbox_processes()
+
+
+def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
+    """Locally: the same daemon aims at files the grader would read afterwards (a report it writes
+    next to the submission, the stripped copy it grades from). Unsandboxed it rewrites them after
+    the grading; in the sandbox it is dead when the check's verdict is read and wrote nothing."""
+    report = tmp_path / "report.json"
+    targets = [str(report), str(built["source"] / "copy" / "forged.txt")]
+    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=targets, MARKER=str(tmp_path))
+    fair(grade_locally(built, sandbox, text, tmp_path / "sandboxed"))
+    time.sleep(0.5)
+    assert not any(Path(t).exists() for t in targets) and not sandbox_processes()
+    # the same submission unsandboxed: its daemon outlives the grading and writes (the attack works)
+    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=[str(report)], MARKER=str(tmp_path))
+    fair(grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed"))
+    deadline = time.monotonic() + 30
+    while not (report.exists() and "FORGED" in report.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "FORGED" in report.read_text()
+
+
+def test_killing_the_grader_is_stopped(built, sandbox, tmp_path):
+    """The child writes a perfect results.json and SIGKILLs the grader (found by its command
+    line) and its own parent, the zygote: it can do neither, and every check is graded."""
+    root = autograder(built, tmp_path / "gradescope", planted(built["stripped"], KILL_GRADER, MARKER=str(tmp_path)))
+    results = run_autograder(root)
+    fair_gradescope(results)
+    assert "KILLED" not in results["tests"][0]["output"]
+    # locally, where the grader is this test's process and the zygote the child's parent
+    results = grade_locally(built, sandbox, planted(built["stripped"], KILL_GRADER, MARKER=str(tmp_path)), tmp_path)
+    fair(results)
+    assert "KILLED" not in results["tokens_per_round"].output
+    fair(grade_locally(built, sandbox, built["stripped"], tmp_path / "after"))  # the zygote still serves
+
+
+def test_reading_the_graders_proc_and_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
+    """The child reads every /proc/<pid>/cmdline, environ, mem, cwd and root it can, and the
+    files a cheater wants: the instructor's checkout (the reference implementation), hidden.json,
+    the grader's own copy of the checkpoints and another student's submission. In the sandbox it
+    finds nothing; unsandboxed, the grader's environment, memory and those files are all there."""
+    other = tmp_path / "other-student" / "theory.py"
+    other.parent.mkdir()
+    other.write_text(f"# another student's submission {SECRET}\n")
+    (tmp_path / "hidden.json").write_text(json.dumps(built["refs"]))
+    files = [str(ROOT / TARGET.file), str(other), str(tmp_path / "hidden.json"),
+             str(built["source"] / "data" / "target" / "config.json")]
+    text = planted(built["stripped"], READ_PROC, MARKER=str(tmp_path), FILES=files, SECRET=SECRET)
+    root = autograder(built, tmp_path / "gradescope", text)
+    results = run_autograder(root)
+    fair_gradescope(results)
+    assert "FOUND []" in results["tests"][0]["output"], results["tests"][0]["output"]
+    local = grade_locally(built, sandbox, text, tmp_path / "sandboxed")
+    fair(local)
+    assert "FOUND []" in local["tokens_per_round"].output, local["tokens_per_round"].output
+    # unsandboxed the attack finds what it looks for
+    exposed = grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed")["tokens_per_round"].output
+    for found in ("ENVIRON-READABLE", "MEM-READABLE", f"FILE-READABLE {ROOT / TARGET.file}", "WITH-SECRET"):
+        assert found in exposed, exposed
+
+
+@pytest.fixture(scope="module")
+def installed_python(tmp_path_factory):
+    """A Python whose site-packages holds an installed copy of the project (as `pip install .`
+    would put it), torch coming from this virtualenv's site-packages (a .pth file)."""
+    import site
+
+    venv = tmp_path_factory.mktemp("installed") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    sites = list(venv.glob("lib/python*/site-packages"))
+    assert len(sites) == 1
+    (sites[0] / "this_venv.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    for package in ("gpt2", "spec_decoding", "offline"):
+        shutil.copytree(ROOT / package, sites[0] / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return venv / "bin" / "python", sites[0]
+
+
+def test_importing_an_installed_copy_is_stopped(built, installed_python, tmp_path):
+    """The child looks for the project's theory.py in sys.path and site-packages and runs the
+    installed (complete) one instead of its stub. Graded by a Python with such a copy installed:
+    unsandboxed it passes the check; in the sandbox the copy is masked (shown empty)."""
+    python, site_packages = installed_python
+    text = planted(built["stripped"], INSTALLED_COPY, once=False, SITES=[str(site_packages)])
+    with Zygote(built["source"] / "copy", python=str(python)) as sandbox:
+        results = grade_locally(built, sandbox, text, tmp_path / "sandboxed")
+    fair(results)
+    assert "NO-INSTALLED-COPY" in results["tokens_per_round"].output
+    with Zygote(built["source"] / "copy", isolation="none", python=str(python)) as unsandboxed:
+        exposed = grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed")["tokens_per_round"]
+    assert exposed.passed and "INSTALLED-COPY" in exposed.output  # the attack works without the sandbox
+
+
+def test_a_daemon_holding_the_pipes_ends_with_its_check(built, sandbox, tmp_path):
+    """A setsid'd daemon that keeps stdout and the answer pipe open and spins: the check ends
+    when its child exits (not at the timeout), the daemon is killed, the verdict is the stub's,
+    and the grader's output says a process was left running."""
+    text = planted(built["stripped"], DAEMON)
+    root = autograder(built, tmp_path / "gradescope", text)
+    fair_gradescope(run_autograder(root))
+    assert not sandbox_processes()
+    results = grade_locally(built, sandbox, text, tmp_path / "local")
+    fair(results)
+    assert "were still running when the check ended: killed" in results["tokens_per_round"].output
+    assert not sandbox_processes()
+
+
+def test_a_wrong_manifest_does_not_choose_the_assignment(built, sandbox, tmp_path, capsys):
+    """An empty gamma_cost_model copy whose .assignment.json names kv_cache: graded as the
+    grader's assignment (the export's, or --assignment), with a note; without --assignment the
+    local grade says it read the copy's manifest and is unofficial."""
+    manifest = {"assignment": "kv_cache", "functions": list(ASSIGNMENTS["kv_cache"].functions),
+                "files": ["gpt2/kv_cache.py", "gpt2/model.py"]}
+    root = autograder(built, tmp_path / "gradescope", built["stripped"])
+    (root / "submission" / MANIFEST).write_text(json.dumps(manifest))
+    results = run_autograder(root)
+    fair_gradescope(results)
+    assert "names 'kv_cache', but this grader grades 'gamma_cost_model'" in results["output"]
+    student = tmp_path / "student"
+    (student / TARGET.file).parent.mkdir(parents=True)
+    (student / TARGET.file).write_text(built["stripped"])
+    (student / MANIFEST).write_text(json.dumps(manifest))
+    report = grade(student, assignment=NAME, only=["tokens_per_round"])
+    assert report.assignment == NAME and report.points == 0 and report.official
+    assert "names 'kv_cache'" in report.notes[0]
+    # without --assignment: the manifest decides, and the report says it cannot be trusted
+    (student / MANIFEST).write_text(json.dumps({**manifest, "assignment": NAME}))
+    assert cli.main(["grade", str(student), "--json", "--only", "tokens_per_round"]) == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["official"] is False and "pass --assignment NAME" in printed["unofficial"][0]
+    assert printed["isolation"]["level"] == "namespaces"
+
+
+def test_a_grader_that_cannot_isolate_says_so_and_is_unofficial(built, unsandboxed, tmp_path, capsys):
+    """isolation "none" (what a grader that is not root, without namespaces, gets): one line says
+    the code ran as the grader's own user, and the report is unofficial in its JSON and print."""
+    from assignments.grade import Report, mark_isolation, print_report
+
+    report = Report(NAME, list(ASSIGNMENT.functions))
+    grade_tree(ASSIGNMENT, built["source"] / "copy", {}, built["source"] / "data", built["refs"],
+               zygote=unsandboxed, report=report)
+    assert report.isolation["level"] == "none"
+    print_report(mark_isolation(report))  # as grade() does
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("UNOFFICIAL: NOT ISOLATED: the student's code ran as your own user")
+    assert report.to_json()["official"] is False
