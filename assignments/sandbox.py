@@ -101,6 +101,8 @@ def detect(requested: str = "auto", python: str = sys.executable) -> Isolation:
         if requested != level:
             why.append(f"level {requested!r} was asked for")
         level = requested
+    if level == "user":
+        why += [f"an installed copy of this project ({copy}) is readable by it" for copy in installed_copies(python)]
     isolation = Isolation(level, why_not=why)
     if level != "none":
         isolation.user, isolation.uid, isolation.gid = claim_user()
@@ -344,6 +346,15 @@ def project_names(root: Path) -> list[str]:
     copy of it holds."""
     return sorted(p.name for p in Path(root).iterdir()
                   if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.is_file()))
+
+
+def installed_copies(python: str) -> list[str]:
+    """The project's packages installed in the interpreter's path (`pip install .`)."""
+    from .make import ROOT
+
+    return [os.path.join(folder, name) for folder in interpreter_path(python) if os.path.isdir(folder)
+            and not os.path.realpath(folder).startswith(str(ROOT)) for name in project_names(ROOT)
+            if os.path.exists(os.path.join(folder, name))]
 
 
 _SYS_PATH: dict[str, list[str]] = {}

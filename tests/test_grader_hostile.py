@@ -419,3 +419,53 @@ def test_a_grader_that_cannot_isolate_says_so_and_is_unofficial(built, unsandbox
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("UNOFFICIAL: NOT ISOLATED: the student's code ran as your own user")
     assert report.to_json()["official"] is False
+
+
+def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path):
+    """Gradescope's grader sent SIGTERM (its time limit) while the second check hangs: results.json
+    holds the first check's verdict, says grading stopped, and no process of the check is left."""
+    import signal
+
+    root = autograder(built, tmp_path / "gradescope", built["stripped"])  # the first check fails at once
+    costs = resolve("spec_decoding.costs.CostModel.round_seconds")
+    stub = "raise NotImplementedError('CostModel.round_seconds: your code here (see the docstring)')"
+    stripped_costs = (built["source"] / "copy" / costs.file).read_text()
+    (root / "submission" / Path(costs.file).name).write_text(
+        stripped_costs.replace(stub, "import time\n        time.sleep(120)\n        " + stub, 1))  # the second hangs
+    env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
+    shell = subprocess.Popen(["bash", str(root / "run_autograder")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    results = root / "results" / "results.json"
+    deadline = time.monotonic() + 300
+    while not results.exists() and time.monotonic() < deadline:  # the first check's verdict is written
+        time.sleep(0.1)
+    grader = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()]
+    assert len(grader) == 1
+    os.kill(grader[0], signal.SIGTERM)
+    shell.communicate(timeout=120)
+    written = json.loads(results.read_text())
+    assert [t["name"] for t in written["tests"]] == ["tokens_per_round"]
+    assert "not implemented yet" in written["tests"][0]["output"]
+    assert "Grading stopped after 1 check(s)" in written["output"]
+    assert not sandbox_processes()
+
+
+def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
+    """Where `unshare` is refused (a container without CAP_SYS_ADMIN) the level drops to "user",
+    or to "none" when other users cannot even run this Python (pyenv's under /root), and the
+    line says why; a level the machine cannot give is refused."""
+    import assignments.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_NAMESPACES_WORK", False)
+    isolation = sandbox.detect()
+    try:
+        assert isolation.level in ("user", "none")
+        assert "`unshare --pid --mount --net` does not work here" in isolation.line()
+        if isolation.level == "none":
+            assert "cannot be read by other users" in isolation.line()
+            assert isolation.line().startswith("NOT ISOLATED")
+        with pytest.raises(OSError, match="cannot isolate at level 'namespaces'"):
+            sandbox.detect("namespaces")
+    finally:
+        if isolation.user:
+            sandbox.release_user(isolation.user)
