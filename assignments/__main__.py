@@ -32,6 +32,8 @@ def main(argv=None) -> int:
                         "'Export Submissions' folder or .zip) into one CSV (--csv)")
     g.add_argument("--csv", type=Path, metavar="FILE", help="with --submissions: the CSV to write "
                                                             "(default: grades-ASSIGNMENT.csv; never overwritten)")
+    g.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --submissions: grade N submissions at once (each check uses one core; default 1)")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
     g.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed (another one re-runs the "
                                                           "statistical checks on fresh samples)")
@@ -95,7 +97,7 @@ def run(args) -> int:
                                   f"not {args.dir}")
         csv = args.csv or Path(f"grades-{args.dir}.csv")
         grade_batch(str(args.dir), args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
-                    timeout=args.timeout)
+                    timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox)
         print(f"Wrote {csv}")
         return 0
     if args.command in ("grade", "check"):
