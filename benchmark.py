@@ -68,6 +68,7 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
+from gpt2.compiled import COMPILE_FLAGS
 from benchmarks.common import gamma_order, timed
 from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
@@ -135,6 +136,8 @@ def parse_args(argv=None):
                         "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
+    p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
+                   help="the compiled decode path (gpt2/compiled.py, CPU): on, auto (only where it measures faster here) or off (default)")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
@@ -206,9 +209,9 @@ def is_standin(name_or_path: str) -> bool:
     return (Path(name_or_path).parent / STANDIN_MARKER).is_file()
 
 
-def load_model(role: str, name_or_path: str, device, dtype, quantize=None):
+def load_model(role: str, name_or_path: str, device, dtype, quantize=None, compile="off"):
     try:
-        return load_gpt2(name_or_path, device=device, dtype=dtype, quantize=quantize)
+        return load_gpt2(name_or_path, device=device, dtype=dtype, quantize=quantize, compile=COMPILE_FLAGS[compile])
     except CheckpointError as e:
         sys.exit(f"error: could not load the {role} model {name_or_path!r}:\n{e}\n\n"
                  f"Offline? Pass local folders holding config.json + model.safetensors with "
@@ -362,7 +365,7 @@ def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]
                             "baseline_tokens": len(base.tokens), "generated_tokens": s.tokens_generated,
                             "target_calls": s.target_calls, "draft_calls": s.draft_calls,
                             "tokens_drafted": s.tokens_drafted, "tokens_accepted": s.tokens_accepted,
-                            "rejections": s.tokens_rejected,
+                            "rejections": s.rejections,
                             "drafted_by_position": s.drafted_by_position,
                             "accepted_by_position": s.accepted_by_position,
                             "gamma_by_round": s.gamma_by_round,
@@ -469,7 +472,7 @@ def environment(args, device, dtype, standins: bool) -> dict:
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "device": str(device), "device_name": device_name, "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(), "draft": str(args.draft), "target": str(args.target),
-        "quantize": args.quantize, "draft_quantize": args.draft_quantize,
+        "quantize": args.quantize, "draft_quantize": args.draft_quantize, "compile": args.compile,
         "drafters": args.drafters,
         "standins": standins, "prompts_file": str(args.prompts), "repeats": args.repeats,
         "warmup": args.warmup, "seed": args.seed, "git_commit": commit,
@@ -660,8 +663,8 @@ def main(argv=None) -> None:
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
     # dtype "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format).
-    draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize) if uses_draft else None
-    target = load_model("target", str(args.target), device, args.dtype, args.quantize)
+    draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize, args.compile) if uses_draft else None
+    target = load_model("target", str(args.target), device, args.dtype, args.quantize, args.compile)
     dtype = target.wte.weight.dtype
     models = [target] + ([draft] if draft is not None else [])
     drafters = make_drafters(args.drafters, target, draft)

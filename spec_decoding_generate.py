@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
+from gpt2.compiled import COMPILE_FLAGS
 from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.machine_load import busy_note
@@ -138,6 +139,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
                         help="the draft's format, as --quantize (the target keeps --quantize)")
+    parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
+                        help="the compiled decode path (gpt2/compiled.py, CPU): on, auto (only where "
+                             "it measures faster here) or off (default)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
@@ -229,13 +233,13 @@ def check_before_loading(prompt_ids: list[int], args) -> None:
 # Models
 
 
-def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None):
+def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None, compile="off"):
     """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format)."""
     print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        model = load_gpt2(name, device=device, dtype=dtype, quantize=quantize)
+        model = load_gpt2(name, device=device, dtype=dtype, quantize=quantize, compile=COMPILE_FLAGS[compile])
     except CheckpointError as e:  # say which of the two models failed
         raise CheckpointError(f"--{role} {name}: {e}") from None
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, "
@@ -251,7 +255,7 @@ def make_drafter(args, target, device: torch.device, dtype: str):
         number = max(1, target.config.n_layer // 4)  # the default: a quarter of the target's blocks
     spec = cli.drafter_spec(args.drafter if number is None else f"{args.drafter}:{number}")
     if cli.needs_draft_model(spec):
-        draft = load_model("draft", args.draft, device, dtype, args.draft_quantize)
+        draft = load_model("draft", args.draft, device, dtype, args.draft_quantize, args.compile)
         return cli.make_drafter(spec, target, draft), f"{spec} {args.draft}"
     try:
         drafter = cli.make_drafter(spec, target)
@@ -373,7 +377,7 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) 
         f"acceptance rate:        {'-' if rate is None else f'{rate:.1%}'} of {stats.tokens_drafted} drafted "
         f"tokens were accepted (by position: {by_position})",
         f"alpha (theory):         {'-' if stats.alpha is None else f'{stats.alpha:.1%}'} of "
-        f"{stats.tokens_accepted + stats.tokens_rejected} judged tokens were accepted (drafts after a "
+        f"{stats.tokens_accepted + stats.rejections} judged tokens were accepted (drafts after a "
         f"round's first rejection are never judged)",
         f"tokens per target call: {stats.tokens_per_target_call:.2f} (at most {'depth' if tree else 'gamma'} + 1 = {most + 1})",
         f"gamma of each round:    {' '.join(map(str, stats.gamma_by_round))}"
@@ -454,8 +458,8 @@ def generate_batch(args, device: torch.device) -> None:
     """--prompts-file: every prompt decoded together (spec_decoding.batched), stats per prompt
     and summed."""
     prompt_ids = [encode_prompt(p) for p in args.prompts]
-    target = load_model("target", args.target, device, args.dtype, args.quantize)
-    draft = load_model("draft", args.draft, device, args.dtype, args.draft_quantize)
+    target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile)
+    draft = load_model("draft", args.draft, device, args.dtype, args.draft_quantize, args.compile)
     check_drafter(target, ModelDrafter(draft))
     warm_up(target)
     warm_up(draft)
@@ -521,7 +525,7 @@ def generate(args) -> None:
     prompt_ids = encode_prompt(args.prompt)
     check_before_loading(prompt_ids, args)
     # The target first: it is the big download, and the likelier one to fail.
-    target = load_model("target", args.target, device, args.dtype, args.quantize)
+    target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile)
     drafter, drafter_line = make_drafter(args, target, device, args.dtype)
     check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)

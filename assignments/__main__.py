@@ -32,6 +32,8 @@ def main(argv=None) -> int:
                         "'Export Submissions' folder or .zip) into one CSV (--csv)")
     g.add_argument("--csv", type=Path, metavar="FILE", help="with --submissions: the CSV to write "
                                                             "(default: grades-ASSIGNMENT.csv; never overwritten)")
+    g.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="with --submissions: grade N submissions at once (each check uses one core; default 1)")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
     g.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed (another one re-runs the "
                                                           "statistical checks on fresh samples)")
@@ -78,7 +80,10 @@ def run(args) -> int:
 
         functions = args.functions or list(ASSIGNMENTS[args.assignment].functions)
         targets = make(functions, args.out, assignment=args.assignment, allow_leaks=args.allow_leaks)
-        print(f"Wrote {args.out} with these bodies removed (raise NotImplementedError):")
+        planted = args.assignment and ASSIGNMENTS[args.assignment].plant
+        print(f"Wrote {args.out} with " + ("a bug planted in one of these (the student names it in BUG.txt and "
+                                           "fixes it):" if planted else
+                                           "these bodies removed (raise NotImplementedError):"))
         for t in targets:
             print(f"  {t.name}  ({t.file}:{t.node.lineno})")
         print(f"Students check their work with: cd {args.out} && python -m assignments check")
@@ -92,7 +97,7 @@ def run(args) -> int:
                                   f"not {args.dir}")
         csv = args.csv or Path(f"grades-{args.dir}.csv")
         grade_batch(str(args.dir), args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
-                    timeout=args.timeout)
+                    timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox)
         print(f"Wrote {csv}")
         return 0
     if args.command in ("grade", "check"):

@@ -16,6 +16,9 @@ graded, so an interrupted run keeps what it did.
 """
 
 import csv
+import json
+import multiprocessing
+import multiprocessing.util
 import sys
 import tempfile
 import time
@@ -90,6 +93,10 @@ def find_submissions(folder: Path) -> list[Submission]:
     return submissions
 
 
+def _count(n: int) -> str:
+    return f"{n} submission" + ("" if n == 1 else "s")
+
+
 def _duration(seconds: float) -> str:
     if seconds < 10:
         return f"{seconds:.1f} s"
@@ -107,14 +114,57 @@ def notes_of(report) -> str:
     return "; ".join([*report.notes, *failed])
 
 
+class _Grader:
+    """Grades submissions on one build (the stripped copy, checkpoints, references) with one
+    zygote: in this process, or in each worker process of a --jobs run."""
+
+    def __init__(self, name: str, pristine: Path, data: Path, refs: dict, files: list[str],
+                 timeout: float | None, isolation: str, submissions: Path):
+        from .sandbox import Sandbox
+
+        self.assignment, self.pristine, self.data, self.refs = ASSIGNMENTS[name], pristine, data, refs
+        self.files, self.timeout = files, timeout
+        # the other students' submissions are not the child's to see
+        self.zygote = Sandbox(pristine, isolation, hidden=[submissions])
+
+    def grade(self, folder: Path):
+        from .grade import Report, grade_tree, mark_isolation, student_files
+
+        try:
+            found, notes = student_files(folder, self.files)
+            report = grade_tree(self.assignment, self.pristine, found, self.data, self.refs, timeout=self.timeout,
+                                notes=notes, zygote=self.zygote)
+        except (OSError, ValueError) as error:  # an unreadable submission: a row saying so, and on to the next
+            report = Report(self.assignment.name, list(self.assignment.functions),
+                            notes=[f"could not be graded: {type(error).__name__}: {error}"],
+                            isolation=self.zygote.isolation.to_json())
+        return mark_isolation(report)
+
+
+_WORKER: _Grader | None = None  # a --jobs worker process's grader
+
+
+def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, submissions) -> None:
+    global _WORKER
+    _WORKER = _Grader(name, pristine, data, json.loads(Path(refs_file).read_text()), files, timeout, isolation,
+                      submissions)
+    # closed (and waited for) when the worker ends, as the pool closes
+    multiprocessing.util.Finalize(_WORKER, _WORKER.zygote.close, exitpriority=10)
+
+
+def _grade_in_worker(folder: Path):
+    return _WORKER.grade(folder)
+
+
 def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path = ROOT,
-                timeout: float | None = None, file=None) -> list:
+                timeout: float | None = None, jobs: int = 1, isolation: str = "auto", file=None) -> list:
     """Grade every submission in `submissions` for assignment `name`; write `out` (CSV: student,
-    name, submission, each check's points, total, max, notes); progress on `file` (stderr).
+    name, submission, each check's points, total, max, official, notes); progress on `file`
+    (stderr). jobs: submissions graded at once, each by a worker process with a sandbox of its
+    own (a check's process uses one core). isolation: the sandbox's level (sandbox.py).
     Returns the reports, in the CSV's order."""
-    from .export import reference_files, refuse_a_seed_the_reference_fails
-    from .grade import Zygote, grade_tree, student_files
-    from .references import make_data, references
+    from .export import reference_files
+    from .references import make_data, references, refuse_a_failing_seed
 
     file = file or sys.stderr
     out, submissions = Path(out), Path(submissions)
@@ -122,6 +172,8 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
         raise AssignmentError(f"no ready-made assignment {name!r}; they are {', '.join(sorted(ASSIGNMENTS))}")
     if out.exists():
         raise AssignmentError(f"{out} exists: give a new file name for the grades (nothing is overwritten)")
+    if jobs < 1:
+        raise AssignmentError(f"--jobs {jobs}: give 1 or more")
     refuse_a_students_copy(root, "grade")
     assignment = ASSIGNMENTS[name]
     with tempfile.TemporaryDirectory(prefix="batch-") as tmp:
@@ -132,40 +184,55 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
             submissions = tmp / "submissions"
         found = find_submissions(submissions)
         start = time.perf_counter()
-        print(f"Grading {len(found)} submissions of {name}: building the copy, checkpoints and reference "
+        print(f"Grading {_count(len(found))} of {name}: building the copy, checkpoints and reference "
               f"values once ...", file=file)
         pristine = tmp / "pristine"
         make(list(assignment.functions), pristine, root=root, assignment=name, ship_visible=False)
         data = make_data(tmp / "data")
         refs = references(assignment, data, seed)
-        zygote = Zygote(pristine)
-        reports = []
+        refuse_a_failing_seed(assignment, data, refs, seed)
+        files = list(reference_files(assignment, root))
+        grader = _Grader(name, pristine, data, refs, files, timeout, isolation, submissions.resolve())
+        pool = None
         try:
-            refuse_a_seed_the_reference_fails(assignment, pristine, data, refs, seed, root, zygote)
             print(f"Built, and the reference solution passes every check at seed {seed} "
                   f"({_duration(time.perf_counter() - start)}).", file=file)
-            files = list(reference_files(assignment, root))
-            checks = [c.name for c in assignment.checks]
-            first = time.perf_counter()
-            with open(out, "x", newline="") as handle:
-                writer = csv.writer(handle)
-                writer.writerow(["student", "name", "submission", *checks, "total", "max", "notes"])
-                for i, submission in enumerate(found, 1):
-                    student_start = time.perf_counter()
-                    found_files, notes = student_files(submission.folder, files)
-                    report = grade_tree(assignment, pristine, found_files, data, refs, timeout=timeout, notes=notes,
-                                        zygote=zygote)
-                    reports.append(report)
-                    points = {r.check: r.points for r in report.results}
-                    writer.writerow([submission.student, submission.name, submission.folder.name,
-                                     *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}",
-                                     f"{report.max_points:g}", notes_of(report)])
-                    handle.flush()  # an interrupted run keeps the rows it wrote
-                    per = (time.perf_counter() - first) / i
-                    print(f"[{i}/{len(found)}] {submission.student}: {report.points:g}/{report.max_points:g} "
-                          f"({_duration(time.perf_counter() - student_start)}; about "
-                          f"{_duration(per * (len(found) - i))} left)", file=file)
+            line = grader.zygote.isolation.line()
+            print(line if grader.zygote.isolation.level == "namespaces" else f"UNOFFICIAL: {line}", file=file)
+            if jobs > 1:
+                (tmp / "refs.json").write_text(json.dumps(refs))
+                # spawned, not forked: this process has torch's threads running
+                pool = multiprocessing.get_context("spawn").Pool(
+                    jobs, _start_worker, (name, pristine, data, tmp / "refs.json", files, timeout, isolation,
+                                          submissions.resolve()))
+                graded = pool.imap(_grade_in_worker, [s.folder for s in found])
+            else:
+                graded = (grader.grade(s.folder) for s in found)
+            reports = _write_csv(out, assignment, found, graded, jobs, file)
         finally:
-            zygote.close()
-    print(f"Graded {len(found)} submissions in {_duration(time.perf_counter() - start)}.", file=file)
+            if pool is not None:
+                pool.close()
+                pool.join()
+            grader.zygote.close()
+    print(f"Graded {_count(len(found))} in {_duration(time.perf_counter() - start)}.", file=file)
+    return reports
+
+
+def _write_csv(out: Path, assignment, found: list[Submission], graded, jobs: int, file) -> list:
+    """Write a row per report as it comes (an interrupted run keeps the rows it wrote), with progress."""
+    checks = [c.name for c in assignment.checks]
+    first, reports = time.perf_counter(), []
+    with open(out, "x", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "name", "submission", *checks, "total", "max", "official", "notes"])
+        for i, (submission, report) in enumerate(zip(found, graded), 1):
+            reports.append(report)
+            points = {r.check: r.points for r in report.results}
+            writer.writerow([submission.student, submission.name, submission.folder.name,
+                             *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}",
+                             f"{assignment.points:g}", "yes" if report.official else "no", notes_of(report)])
+            handle.flush()
+            per = (time.perf_counter() - first) / i
+            print(f"[{i}/{len(found)}] {submission.student}: {report.points:g}/{assignment.points:g} "
+                  f"({_duration(report.seconds)}; about {_duration(per * (len(found) - i))} left)", file=file)
     return reports

@@ -29,6 +29,7 @@ from pathlib import Path
 from .definition import AssignmentError
 from .make import ROOT, make
 from .registry import ASSIGNMENTS
+from .sandbox import USER as SANDBOX_USER
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when the autograder image is built (Ubuntu base image).
@@ -43,6 +44,9 @@ python3 -m venv /autograder/venv
 # The hidden inputs and reference values: root's alone (the grader runs as root and deletes the
 # file once read; each check's process runs as an unprivileged user, see the instructor guide).
 chmod 600 /autograder/source/hidden.json
+# That user, made once with the image (assignments/sandbox.py makes it the same way when absent)
+id -u SANDBOX_USER >/dev/null 2>&1 || useradd --system --user-group --no-create-home --home-dir /nonexistent \\
+    --shell /usr/sbin/nologin SANDBOX_USER
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
@@ -77,39 +81,25 @@ def reference_files(assignment, root: Path = ROOT) -> dict[str, Path]:
     return {rel: root / rel for rel in sorted({resolve(f).file for f in assignment.functions})}
 
 
-def refuse_a_seed_the_reference_fails(assignment, pristine: Path, data: Path, refs: dict, seed: int,
-                                      root: Path = ROOT, zygote=None) -> None:
-    """Grade the instructor's own solution on these inputs; a check it fails would fail every
-    student who computes what it computes: refuse the seed, naming the checks."""
-    from .grade import grade_tree
-
-    report = grade_tree(assignment, pristine, reference_files(assignment, root), data, refs, zygote=zygote)
-    failed = [r for r in report.results if not r.passed]
-    if failed:
-        listing = "\n".join(f"  {r.check}: {r.message[:300]}" for r in failed)
-        raise AssignmentError(f"seed {seed}: the reference solution fails {len(failed)} of "
-                              f"{assignment.name}'s checks on these inputs, so every student who computes "
-                              f"what it computes would fail them too:\n{listing}\nPick another --seed.")
-
-
-def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT, zygote=None,
+def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT,
                       check_reference: bool = True) -> Path:
     """Lay out what Gradescope unpacks into /autograder/source, after checking that the reference
     solution passes every check at this seed (check_reference=False: a caller that graded it on
     these very inputs already)."""
     import torch
 
-    from .references import make_data, references
+    from .references import make_data, references, refuse_a_failing_seed
 
     assignment = ASSIGNMENTS[name]
     make(list(assignment.functions), source / "copy", root=root, assignment=name, ship_visible=False)
     data = make_data(source / "data")
     refs = references(assignment, data, seed)
-    if check_reference:
-        refuse_a_seed_the_reference_fails(assignment, source / "copy", data, refs, seed, root, zygote)
+    if check_reference:  # a check the reference fails would fail every student who computes as it does
+        refuse_a_failing_seed(assignment, data, refs, seed)
     (source / "hidden.json").write_text(json.dumps(refs))
     version = torch.__version__.split("+")[0]
-    for script, text in (("setup.sh", SETUP_SH.replace("TORCH_VERSION", version)),
+    setup = SETUP_SH.replace("TORCH_VERSION", version).replace("SANDBOX_USER", SANDBOX_USER)
+    for script, text in (("setup.sh", setup),
                          ("run_autograder", RUN_AUTOGRADER)):
         (source / script).write_text(text)
         (source / script).chmod(0o755)

@@ -157,7 +157,7 @@ def summarize(runs, costs, gammas, kinds=("greedy", "T=1")):
             target_calls = sum(s.target_calls for s in st)
             draft_calls = sum(s.draft_calls for s in st)
             drafted, accepted = sum(s.tokens_drafted for s in st), sum(s.tokens_accepted for s in st)
-            rejected = sum(s.tokens_rejected for s in st)
+            rejected = sum(s.rejections for s in st)
             acceptance = accepted / drafted if drafted else 0.0
             alpha = accepted / (accepted + rejected) if accepted + rejected else 0.0  # theory's alpha
             tpc = tokens / target_calls

@@ -20,8 +20,11 @@ and measures, interleaving the formats round by round (medians; the machine may 
   1. one decoding step (1 token, KV cache holding --context positions) and its weight GB/s,
   2. verifying 5 tokens in one forward, as a multiple of that format's step,
   3. greedy decoding of --new-tokens tokens: plain autoregressive and speculative (gamma
-     --gamma, the draft in the same format), tokens/s, and whether the speculative output equals
-     the same-format target's greedy output (it must).
+     --gamma, the draft in the same format), tokens/s, tokens per target call, and whether the
+     speculative output equals the same-format target's greedy output (it must),
+  4. with fp32 among the formats, how far each format's greedy output agrees with fp32's: the
+     tokens before the first difference, and the share of positions where the format's argmax
+     equals fp32's, both models reading fp32's greedy text (no drift after a first difference).
 
 With --attention it also times attention over a cache of 32..1000 positions in bfloat16 and
 float16, as is and with the float32 cache a half-precision model keeps on CPU (gpt2/model.py).
@@ -89,8 +92,9 @@ def format_bytes(model, fmt) -> int:
 
 @torch.inference_mode()
 def forward_seconds(model, cache, context_len, tokens):
-    """One forward of len(tokens) new tokens after context_len cached positions; rolls back."""
-    _, seconds = timed(None, model, torch.tensor([tokens]), cache, 1)
+    """One forward of len(tokens) new tokens after context_len cached positions, with the logits
+    of all of them (a verification needs every one); rolls back."""
+    _, seconds = timed(None, model, torch.tensor([tokens]), cache, len(tokens))
     cache.truncate(context_len)
     return seconds
 
@@ -222,7 +226,8 @@ def main(argv=None):
               flush=True)
 
     # 3. Greedy generation: autoregressive and speculative, formats interleaved.
-    ar, spec, same, alpha = ({f: [] for f in targets} for _ in range(4))
+    ar, spec, same, alpha, per_call, prefix, argmax = ({f: [] for f in targets} for _ in range(7))
+    greedy = {}  # format -> this round's greedy tokens
     for r in range(args.repeats + args.gen_warmup):
         gen_prompt = random_prompt(32, seed=100 + r)
         for fmt in targets:
@@ -235,6 +240,12 @@ def main(argv=None):
                 spec[fmt].append(ts)
                 same[fmt].append(a.tokens == s.tokens)
                 alpha[fmt].append(s.stats.alpha)
+                per_call[fmt].append(s.stats.tokens_per_target_call)
+                greedy[fmt] = a.tokens
+        if r >= args.gen_warmup and "fp32" in targets:
+            for fmt in targets:
+                prefix[fmt].append(first_difference(greedy[fmt], greedy["fp32"]) / args.new_tokens)
+                argmax[fmt].append(argmax_agreement(targets[fmt], targets["fp32"], gen_prompt + greedy["fp32"]))
         print(f"  generation round {r + 1}/{args.repeats + args.gen_warmup}", flush=True)
 
     base = median(step["fp32"]) if "fp32" in step else None
@@ -246,13 +257,16 @@ def main(argv=None):
         results[fmt] = {"load": FORMATS[fmt], "step_s": step[fmt], "verify5_s": verify[fmt],
                         "step_median_s": st, "verify5_median_s": ve, "weight_bytes": nbytes,
                         "ar_s": ar[fmt], "spec_s": spec[fmt], "spec_equals_ar": same[fmt],
-                        "alpha": alpha[fmt]}
+                        "alpha": alpha[fmt], "tokens_per_target_call": per_call[fmt],
+                        "greedy_prefix_equal_to_fp32": prefix[fmt], "argmax_agreement_with_fp32": argmax[fmt]}
         rows.append([fmt, f"{st * 1e3:.0f}", f"{st / base:.2f}" if base else "",
                      f"{nbytes / st / BYTES_PER_GB:.1f}", f"{ve / st:.2f}", f"{ar_tps:.1f}",
                      f"{spec_tps:.1f}", f"{spec_tps / ar_tps:.2f}", f"{median(alpha[fmt]):.2f}",
-                     "yes" if all(same[fmt]) else "NO"])
+                     f"{median(per_call[fmt]):.2f}", "yes" if all(same[fmt]) else "NO",
+                     f"{median(prefix[fmt]):.0%}" if prefix[fmt] else "", f"{median(argmax[fmt]):.1%}" if argmax[fmt] else ""])
     table = markdown_table(["format", "step ms", "vs fp32", "GB/s", "verify-5 / step", "AR tok/s",
-                            f"spec tok/s (gamma {args.gamma})", "spec / AR", "alpha", "spec == AR"], rows)
+                            f"spec tok/s (gamma {args.gamma})", "spec / AR", "alpha", "tokens / target call",
+                            "spec == AR", "greedy = fp32 (prefix)", "argmax = fp32"], rows)
     md = (f"{args.target_model}-shaped random stand-in target, {args.draft_layers}-block draft "
           f"(same format), {args.threads} threads, step at context {args.context}, "
           f"{args.steps} interleaved rounds, {args.repeats} generation rounds of {args.new_tokens} "
@@ -267,6 +281,18 @@ def main(argv=None):
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
                              "read_bandwidth": bandwidth, "formats": results}, md)
+
+
+def first_difference(tokens, reference) -> int:
+    """How many tokens agree before the first difference."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+
+
+@torch.inference_mode()
+def argmax_agreement(model, reference, ids) -> float:
+    """The share of positions of `ids` where model's next-token argmax equals reference's."""
+    x = torch.tensor([ids])
+    return (model(x).argmax(-1) == reference(x).argmax(-1)).float().mean().item()
 
 
 def step_breakdown_table(targets, step, linears, other_ops, bandwidth) -> str:

@@ -54,7 +54,8 @@ def auto_format(device: torch.device, config=None) -> tuple[torch.dtype, str | N
     """What dtype="auto" picks for a model with this config on a device: (dtype, quantize, why;
     why is None where no choice was measured: a toy model, or its size not known yet).
     CPU: the format measured fastest here for the model's layer shapes (gpt2.kernels.fastest_format):
-    float32, float16 weights in a float32 model (quantize "fp16"), or bfloat16; float32 when the
+    float32, float16 weights in a float32 model (quantize "fp16"), bfloat16, or int8 weights in a
+    float32 model (quantize "int8"); float32 when the
     config is not known. CUDA: bfloat16 where the GPU supports it (same range as float32), else
     float16. MPS: float16 (bfloat16 needs a recent macOS)."""
     if device.type == "cuda":

@@ -87,8 +87,9 @@ CANDIDATES = {
     "int8": ("int8pack",),
 }
 # Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize).
+# "int8": weight-only int8 in a float32 model (its layers round their inputs to bfloat16).
 AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
-                "bfloat16": (torch.bfloat16, None)}
+                "bfloat16": (torch.bfloat16, None), "int8": (torch.float32, "int8")}
 
 
 def emulated_cpu() -> str | None:
@@ -419,23 +420,27 @@ def _measure_formats(config) -> tuple[str, str]:
     shape, weights32 = timing_weights(config)
     n = len(weights32)
     kernels, dtypes = {}, {}  # "format/path" -> kernels, activation dtype: all timed together
-    for fmt, paths in format_paths().items():
+    paths_of = format_paths()
+    for fmt, paths in paths_of.items():
         dtype = AUTO_FORMATS[fmt][0]
-        weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]
-        for p in paths:
+        weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]  # int8: quantized by build_kernel
+        for p in paths[:1] if fmt == "int8" else paths:  # int8's others: float32's, timed there
             kernels[f"{fmt}/{p}"], dtypes[f"{fmt}/{p}"] = [build_kernel(p, w) for w in weights], dtype
     times = time_kernels(kernels, shape[1], dtypes, rows=(1, 5))
     scores = {}
     for name, t in times.items():
-        fmt = name.split("/")[0]
-        best_of = scores.get(fmt, (math.inf, math.inf))
-        scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
+        fmts = [name.split("/")[0]]
+        if fmts[0] == "float32" and paths_of.get("int8"):
+            fmts.append("int8")  # an int8 model runs its float32 values there where that is faster
+        for fmt in fmts:
+            best_of = scores.get(fmt, (math.inf, math.inf))
+            scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
     scores = {fmt: t1 + t5 for fmt, (t1, t5) in scores.items()}
     best = min(scores, key=scores.get)
     if best != "float32" and scores[best] > (1 - AUTO_MARGIN) * scores["float32"]:
         best = "float32"
     ms = ", ".join(f"{f} {1000 * s:.1f} ms" for f, s in scores.items())
-    missing = [f for f, p in format_paths().items() if not p]
+    missing = [f for f, p in paths_of.items() if not p]
     why = (f"measured fastest here on {n} weights of this model's c_fc shape {list(shape)}, a "
            f"1-row plus a 5-row pass: {ms}" + (f"; no fast path here for {', '.join(missing)}" if missing else ""))
     return best, why

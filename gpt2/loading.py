@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
+from .compiled import COMPILE_CHOICES, choose_compiled, compile_decode
 from .config import GPT2Config
 from .device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
 from .fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
@@ -65,7 +66,7 @@ class CheckpointError(Exception):
     """The weights could not be found, downloaded or read. The message says what to do."""
 
 
-def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
+def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, compile=False) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
@@ -79,15 +80,25 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None) -> GPT2:
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
     whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear).
     quantize="fp16": the same weights rounded to float16 in a float32 model (dtype "auto" or
-    "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32."""
+    "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32.
+    compile: True gives the model the compiled decode path (gpt2.compiled; CPU), "auto" only where
+    it measures faster here (one line says which and why), False (default) keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
     resolve_dtype(dtype, device)  # a bad dtype fails here, before anything is downloaded
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
     if quantize == "fp16":
         dtype = fp16_weights_dtype(dtype, device)
     config, weights_path = resolve_checkpoint(name_or_path)
-    return load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
+    model = load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
+    if compile == "auto":
+        _, why = choose_compiled(model)
+        note_once(f"note: compile auto for {Path(weights_path).parent.name}: {why}", sys.stderr)
+    elif compile:
+        compile_decode(model)
+    return model
 
 
 def fp16_weights_dtype(dtype, device) -> torch.dtype:
@@ -259,10 +270,16 @@ def offline_ways_forward(repo_id: str) -> str:
     """The ways forward with no hub, as exact command lines: train a small real pair here, make
     random-weight stand-ins of the real shapes, or bring the files from elsewhere."""
     short = repo_id.split("/")[-1]
+    trained = Path("runs/trained_pair")
+    if (trained / "target").is_dir() and (trained / "draft").is_dir():  # made here already: use it
+        first = ("  - use the small pair already trained here (runs/trained_pair): pass both "
+                 "--target runs/trained_pair/target --draft runs/trained_pair/draft")
+    else:
+        first = (f"  - train a small real target/draft pair on this machine (about 10 minutes on 2 CPU "
+                 f"cores, no download):\n      {TRAIN_PAIR_COMMAND}\n"
+                 f"    then pass --target runs/trained_pair/target --draft runs/trained_pair/draft")
     ways = [
-        f"  - train a small real target/draft pair on this machine (about 10 minutes on 2 CPU "
-        f"cores, no download):\n      {TRAIN_PAIR_COMMAND}\n"
-        f"    then pass --target runs/trained_pair/target --draft runs/trained_pair/draft",
+        first,
         f"  - or make a random-weight stand-in pair (seconds; --size gpt2-large for the real shape, "
         f"which times like the real model; their drafts agree almost always, unlike real models):\n"
         f"      {STANDINS_COMMAND}\n"
@@ -371,7 +388,8 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path) -> tuple[t
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
         dtype, quantize, why = auto_format(device, config)
         if why is not None and device.type == "cpu":
-            name = "float16 weights (float32 math)" if quantize == "fp16" else str(dtype).removeprefix("torch.")
+            name = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
+                quantize, str(dtype).removeprefix("torch."))
             note_once(f"note: dtype auto for {Path(path).parent.name or path}: {name}, {why}", sys.stderr)
         return dtype, quantize
     dtype = resolve_dtype(dtype, device, config)

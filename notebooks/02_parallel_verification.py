@@ -203,28 +203,49 @@ print("all checks passed")
 #
 # Generating one token is limited by reading the weights, not by arithmetic, so feeding a few more
 # tokens in the same forward is nearly free. Measured on this machine (tiny test checkpoints are
-# dominated by Python overhead; on a GPU the curve is flatter still):
+# dominated by Python overhead; on a GPU the curve is flatter still). A timing on a shared CPU is
+# noisy, so: one thread for all (threads waiting for each other on a busy core would make the
+# curve about the machine's load), the sizes take turns round after round (a busy moment slows them
+# alike), and each point is a median. When the same call still varies too much, the cell says so
+# instead of drawing a curve it cannot vouch for.
 
 # %%
+import statistics
 import time
 
+from gpt2.device import synchronize
+from gpt2.machine_load import busy_note
+
 sizes = range(1, 9)
-ms = []
+times = {k: [] for k in sizes}
+threads = torch.get_num_threads()
+torch.set_num_threads(1)
 with torch.inference_mode():
     cache = target.new_kv_cache(max_len=L + max(sizes))
     target(torch.tensor([prompt_ids], device=DEVICE), cache)
-    for k in sizes:
-        chunk = torch.tensor([draft_tokens[:1] * k], device=DEVICE)
-        best = float("inf")
-        for _ in range(3):
+    for round_ in range(16):
+        for k in sizes:
+            chunk = torch.tensor([draft_tokens[:1] * k], device=DEVICE)
+            synchronize(torch.device(DEVICE))
             t0 = time.perf_counter()
             target(chunk, cache, num_last_logits=k)
-            best = min(best, time.perf_counter() - t0)
+            synchronize(torch.device(DEVICE))
+            if round_ > 0:  # round 0 warms up
+                times[k].append(time.perf_counter() - t0)
             cache.truncate(L)  # roll back after each timing
-        ms.append(1e3 * best)
-fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot(list(sizes), [m / ms[0] for m in ms], marker="o")
-ax.set_xlabel("tokens per target forward (gamma + 1)")
-ax.set_ylabel("time / time of 1 token")
-ax.set_title(f"Target forward cost ({ms[0]:.1f} ms for 1 token)")
-plt.show()
+torch.set_num_threads(threads)
+ms = [1e3 * statistics.median(times[k]) for k in sizes]
+q1, _, q3 = statistics.quantiles(times[1], n=4)
+spread = (q3 - q1) / statistics.median(times[1])  # how much one call's time varies, relative
+if spread > 0.25:
+    print(f"This machine is too noisy to show the curve: one 1-token forward took between "
+          f"{1e3 * q1:.1f} and {1e3 * q3:.1f} ms (middle half of {len(times[1])} runs). "
+          f"{busy_note('torch.set_num_threads(1)') or 'Other programs are using the CPU.'} "
+          f"Run this cell again when the machine is quieter.")
+else:
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot(list(sizes), [m / ms[0] for m in ms], marker="o")
+    ax.set_xlabel("tokens per target forward (gamma + 1)")
+    ax.set_ylabel("time / time of 1 token")
+    ax.set_title(f"Target forward cost ({ms[0]:.1f} ms for 1 token, 1 thread, medians)")
+    plt.show()

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 5. Write your own drafter
+# # 7. Write your own drafter
 #
 # Speculative decoding does not care where the draft tokens come from. The generators take any
 # `Drafter` (`spec_decoding/drafters.py`): an object with three methods,

@@ -7,7 +7,9 @@ The switch is three environment variables, read once when this module is importe
     DEVICE       where the models run                            (default cuda if available, else cpu)
 
 A model is an official name (gpt2 ... gpt2-xl), a hub id owner/name, a folder holding
-config.json + model.safetensors, or a single .safetensors file.
+config.json + model.safetensors, or a single .safetensors file. A relative folder or file is read
+from the repository root, as on the command line there (GPT2_TARGET=runs/standins/target), not
+from notebooks/ where Jupyter runs.
 
 Defaults: with the Hugging Face hub reachable, the real gpt2-large (target) and gpt2 (draft).
 Offline (HF_HUB_OFFLINE=1, or the hub cannot be reached), the small pair trained on this machine by
@@ -26,7 +28,16 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402  (after the path set-up above)
 
-TRAINED_PAIR = Path(os.environ.get("GPT2_TRAINED_PAIR", ROOT / "runs" / "trained_pair"))
+
+
+def from_root(name: str) -> str:
+    """A relative path as read from the repository root (where the README's commands run), when
+    it exists there; anything else (a model name, a hub id, an absolute path) as it is."""
+    path = Path(name).expanduser()
+    return str(ROOT / path) if not path.is_absolute() and (ROOT / path).exists() else name
+
+
+TRAINED_PAIR = Path(from_root(os.environ.get("GPT2_TRAINED_PAIR", str(ROOT / "runs" / "trained_pair"))))
 
 
 def hub_reachable(timeout: float = 2.0) -> bool:
@@ -55,11 +66,11 @@ def default_pair() -> tuple[str, str]:
 
 
 if "GPT2_TARGET" in os.environ and "GPT2_DRAFT" in os.environ:
-    TARGET, DRAFT = os.environ["GPT2_TARGET"], os.environ["GPT2_DRAFT"]
+    TARGET, DRAFT = from_root(os.environ["GPT2_TARGET"]), from_root(os.environ["GPT2_DRAFT"])
 else:
     TARGET, DRAFT = default_pair()
-    TARGET = os.environ.get("GPT2_TARGET", TARGET)  # p: the model whose output we want
-    DRAFT = os.environ.get("GPT2_DRAFT", DRAFT)  # q: the model that proposes tokens
+    TARGET = from_root(os.environ.get("GPT2_TARGET", TARGET))  # p: the model whose output we want
+    DRAFT = from_root(os.environ.get("GPT2_DRAFT", DRAFT))  # q: the model that proposes tokens
 DEVICE = os.environ.get("DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -91,10 +102,14 @@ def encode_prompt(text: str, vocab_size: int) -> list[int]:
 
 def load_pair():
     """(target, draft) loaded from TARGET and DRAFT onto DEVICE; prints their sizes."""
-    from gpt2 import load_gpt2
+    from gpt2 import CheckpointError, load_gpt2
 
-    target = load_gpt2(TARGET, device=DEVICE)
-    draft = load_gpt2(DRAFT, device=DEVICE)
+    try:
+        target = load_gpt2(TARGET, device=DEVICE)
+        draft = load_gpt2(DRAFT, device=DEVICE)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}\n(GPT2_TARGET and GPT2_DRAFT: a relative path is read from the "
+                              f"repository root, {ROOT}, then from the notebook's folder, {Path.cwd()})") from None
     for name, model in (("target", target), ("draft", draft)):
         c = model.config
         print(f"{name:6}: {model.num_parameters() / 1e6:7.1f}M parameters, {c.n_layer} layers, "

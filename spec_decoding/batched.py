@@ -234,13 +234,13 @@ class BatchedResult:
         return sum(r.stats.tokens_accepted for r in self.rows)
 
     @property
-    def tokens_rejected(self) -> int:
-        return sum(r.stats.tokens_rejected for r in self.rows)
+    def rejections(self) -> int:
+        return sum(r.stats.rejections for r in self.rows)
 
     @property
     def alpha(self) -> float | None:
         """Accepted / judged draft tokens over all rows (GenerationStats.alpha, summed)."""
-        judged = self.tokens_accepted + self.tokens_rejected
+        judged = self.tokens_accepted + self.rejections
         return self.tokens_accepted / judged if judged else None
 
 

@@ -42,8 +42,11 @@ def check_positive_int(name: str, value) -> None:
 
 
 def check_sampling_args(temperature, top_k, top_p) -> None:
-    if not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+    """A temperature is a finite number >= 0 (inf would flatten p and q to NaN wherever a logit is
+    -inf, e.g. outside a drafter's reduced vocabulary; nan compares false to everything)."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not 0 <= temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
     if top_k is not None:
         check_positive_int("top_k", top_k)
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
@@ -172,7 +175,7 @@ def record_round(stats: GenerationStats, n_drafted: int, n_accepted: int, draft_
         stats.rounds += 1
         stats.tokens_drafted += n_drafted
         stats.tokens_accepted += n_accepted
-        stats.tokens_rejected += n_accepted < n_drafted
+        stats.rejections += n_accepted < n_drafted
         for counts in (stats.drafted_by_position, stats.accepted_by_position):
             counts.extend([0] * (n_drafted - len(counts)))  # a round may draft more than gamma
         for i in range(n_drafted):

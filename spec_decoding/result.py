@@ -55,7 +55,10 @@ class GenerationStats:
     rounds: int = 0  # draft-then-verify rounds
     tokens_drafted: int = 0
     tokens_accepted: int = 0
-    tokens_rejected: int = 0  # rounds that ended in a rejection (at most one per round)
+    # Draft tokens the target judged and rejected: at most one a round (the first it judged
+    # wrong; the draft tokens after it are dropped unjudged, see alpha), so also the rounds that
+    # ended in a rejection. Dropped tokens in all: tokens_drafted - tokens_accepted.
+    rejections: int = 0
     drafted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that drafted position i
     accepted_by_position: list[int] = field(default_factory=list)  # [gamma]: rounds that accepted it
     nodes_verified: int = 0  # draft tokens the target scored (a chain: tokens_drafted; a tree: its nodes)
@@ -79,7 +82,7 @@ class GenerationStats:
         """Accepted / judged draft tokens: the per-token acceptance chance of Leviathan's theory.
         Tokens drafted after a round's first rejection are never judged, so for gamma > 1 this is
         higher than acceptance_rate, and it is what spec_decoding.theory expects."""
-        judged = self.tokens_accepted + self.tokens_rejected
+        judged = self.tokens_accepted + self.rejections
         return self.tokens_accepted / judged if judged else None
 
     @property

@@ -36,6 +36,7 @@ from assignments.grade import CheckResult, Report, Zygote, grade_tree
 from assignments.make import resolve
 from assignments.memory import killed_for_memory, oom_killed_between
 from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import USER as SANDBOX_USER, detect
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
@@ -185,6 +186,7 @@ def test_gradescope_run_autograder_as_root_writes_results_without_the_hidden_tot
         pytest.skip("Gradescope runs run_autograder as root; this user is not")
     setup = (source / "setup.sh").read_text()
     assert f"torch=={torch.__version__.split('+')[0]} " in setup and "chmod 600 /autograder/source/hidden.json" in setup
+    assert "useradd --system --user-group" in setup and f"--shell /usr/sbin/nologin {SANDBOX_USER}\n" in setup
     visible = next(c.name for c in ASSIGNMENT.checks if c.visible)
     hidden = next(c.name for c in ASSIGNMENT.checks if not c.visible)
     autograder = layout(source, tmp_path, (ROOT / THEORY).read_text(), [visible, hidden])
@@ -246,7 +248,7 @@ def test_a_seed_the_reference_fails_is_refused(tmp_path, monkeypatch, capsys):
     who computes what it computes: export refuses the seed, names the check, writes nothing."""
     unlucky = ASSIGNMENT.checks[0]
 
-    def judge(inputs, reference, got):
+    def judge(inputs, reference, got, *served):
         raise Failed("made to fail for this test")
 
     checks = tuple(replace(c, judge=judge) if c is unlucky else c for c in ASSIGNMENT.checks)
@@ -254,8 +256,8 @@ def test_a_seed_the_reference_fails_is_refused(tmp_path, monkeypatch, capsys):
     archive = tmp_path / "hw.zip"
     assert cli.main(["export", "gradescope", NAME, "--out", str(archive), "--seed", "5"]) == 2
     err = capsys.readouterr().err
-    assert "seed 5: the reference solution fails 1 of gamma_cost_model's checks" in err
-    assert f"{unlucky.name}: made to fail for this test" in err and "Pick another --seed" in err
+    assert "at seed 5 the reference solution itself fails 1 check(s) of gamma_cost_model" in err
+    assert f"{unlucky.name}: made to fail for this test" in err and "choose another --seed" in err
     assert not archive.exists()
 
 
@@ -336,10 +338,11 @@ submission_1003:
 
 
 def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
-    """`grade ASSIGNMENT --submissions export.zip`: Gradescope's export (submission_metadata.yml
-    beside a folder per submission) graded on one build into one CSV, a row per submission with
-    each check's points, the total and notes; progress (n of N, time left) on stderr; an
-    existing CSV is never overwritten."""
+    """`grade ASSIGNMENT --submissions export.zip --jobs 2`: Gradescope's export
+    (submission_metadata.yml beside a folder per submission) graded on one build by two worker
+    processes into one CSV, a row per submission in the export's order with each check's points,
+    the total and notes; progress (n of N, time left) on stderr; an existing CSV is never
+    overwritten."""
     root = "assignment_42_export/"
     archive = tmp_path / "export.zip"
     with zipfile.ZipFile(archive, "w") as z:
@@ -351,15 +354,17 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     out = tmp_path / "grades.csv"
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    assert cli.main(["grade", NAME, "--submissions", str(archive), "--csv", str(out)]) == 0
+    assert cli.main(["grade", NAME, "--submissions", str(archive), "--csv", str(out), "--jobs", "2"]) == 0
     rows = list(csv.DictReader(out.open()))
     checks = [c.name for c in ASSIGNMENT.checks]
-    assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "notes"]
+    assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "official", "notes"]
     assert [(r["student"], r["name"], r["submission"]) for r in rows] == [
         ("100", "Ada Lovelace", "submission_1001"), ("200+201", "Pair One+Pair Two", "submission_1002"),
         ("noimport@example.edu", "No Import", "submission_1003")]
     assert [r["total"] for r in rows] == [f"{ASSIGNMENT.points:g}", "0", "0"]
     assert all(r["max"] == f"{ASSIGNMENT.points:g}" for r in rows)
+    isolated = detect("auto", sys.executable).level == "namespaces"  # else the grades are marked unofficial
+    assert {r["official"] for r in rows} == {"yes" if isolated else "no"}
     assert [float(rows[0][c]) for c in checks] == [c.points for c in ASSIGNMENT.checks] and rows[0]["notes"] == ""
     assert "spec_decoding/theory.py was not submitted" in rows[1]["notes"]
     assert "No module named 'numpyy'" in rows[2]["notes"]
@@ -371,12 +376,21 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     assert "exists: give a new file name" in err.getvalue() and out.read_text() == before
 
 
-def test_find_submissions_in_a_folder_per_student(tmp_path):
+def test_batch_grades_a_folder_per_student_in_this_process(tmp_path):
+    """A folder per student (hidden folders and stray files skipped), graded without workers."""
+    from assignments.batch import grade_batch
+
+    subs = tmp_path / "subs"
     for student in ("bob", "alice", ".hidden"):
-        (tmp_path / "subs" / student).mkdir(parents=True)
-    (tmp_path / "subs" / "README.txt").write_text("not a submission")
-    assert [(s.student, s.folder.name) for s in find_submissions(tmp_path / "subs")] == [
-        ("alice", "alice"), ("bob", "bob")]
+        (subs / student).mkdir(parents=True)
+    (subs / "README.txt").write_text("not a submission")
+    for rel, text in reference_texts().items():
+        (subs / "bob" / Path(rel).name).write_text(text)
+    assert [(s.student, s.folder.name) for s in find_submissions(subs)] == [("alice", "alice"), ("bob", "bob")]
+    reports = grade_batch(NAME, subs, tmp_path / "grades.csv", seed=1, file=io.StringIO())
+    assert [r.points for r in reports] == [0, ASSIGNMENT.points]
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert [(r["student"], r["total"]) for r in rows] == [("alice", "0"), ("bob", f"{ASSIGNMENT.points:g}")]
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no submission folders"):
         find_submissions(tmp_path / "empty")

@@ -70,12 +70,39 @@ def link_problems(page: Path, root: Path = ROOT) -> list[str]:
             code = CODE_SPAN.search(label)
             if code and code.group(1) not in "\n".join(lines[first - 1:last]):
                 problems.append(f"{where}: `{code.group(1)}` is not on those lines of {linked.name}")
+            elif code and (defined := definition_lines(lines, code.group(1))) and first_code_line(lines, first) not in defined:
+                problems.append(f"{where}: `{code.group(1)}` is defined on line {defined[0]} of "
+                                f"{linked.name}: link its definition, not a use of it")
         elif linked.suffix == ".md":
             if anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
                 problems.append(f"{where}: no heading #{anchor} in {linked.name}")
         else:
             problems.append(f"{where}: #{anchor} is neither a line (#L12) nor a Markdown heading")
     return problems
+
+
+def definition_lines(lines: list[str], name: str) -> list[int]:
+    """The lines (1-based) where `def name` or `class name` starts in a file's lines, counting a
+    decorator just above as the start: a link naming a function that the file defines must point
+    at the definition (the code that does it), not at a line that calls it."""
+    if not re.fullmatch(r"[A-Za-z_]\w*", name):
+        return []
+    starts = []
+    for i, line in enumerate(lines):
+        if re.match(rf"\s*(?:async\s+)?(?:def|class)\s+{name}\b", line):
+            starts.append(i + 1)
+            j = i
+            while j > 0 and lines[j - 1].lstrip().startswith("@"):
+                j -= 1
+                starts.append(j + 1)
+    return sorted(starts)
+
+
+def first_code_line(lines: list[str], first: int) -> int:
+    """The first line from `first` on (1-based) that is neither blank nor a comment."""
+    while first < len(lines) and (not lines[first - 1].strip() or lines[first - 1].lstrip().startswith("#")):
+        first += 1
+    return first
 
 
 def line_count_problems(page: Path) -> list[str]:
@@ -158,7 +185,11 @@ def test_the_checker_catches_broken_links(tmp_path):
         "[section](other.md#no-such-section)": "no heading",
         "[self](#no-such-heading)": "no heading",
         "[odd](code.py#somewhere)": "neither a line",
+        "[`first`](code.py#L1-L6)": "",  # the definition and more: fine
     }
+    planted = {k: v for k, v in planted.items() if v}
+    (tmp_path / "calls.py").write_text("def first():\n    pass\n\n\nfirst()\n")
+    planted["[`first`](calls.py#L5)"] = "link its definition, not a use of it"
     for link, complaint in planted.items():
         (tmp_path / "page.md").write_text("# This page\n\n" + good + link + "\n")
         problems = link_problems(tmp_path / "page.md", tmp_path)

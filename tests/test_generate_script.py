@@ -385,7 +385,7 @@ def test_stats_show_acceptance_rate_and_alpha_as_in_the_json(runs, json_report):
     code, out, err = runs["plain"].result()
     stats = json_report["stats"]
     lines = {line.split(":")[0]: line for line in out.splitlines() if ":" in line}
-    judged = stats["tokens_accepted"] + stats["tokens_rejected"]
+    judged = stats["tokens_accepted"] + stats["rejections"]
     assert lines["acceptance rate"].split(":", 1)[1].split()[:3] == [
         f"{stats['acceptance_rate']:.1%}", "of", str(stats["tokens_drafted"])]
     assert lines["alpha (theory)"].split(":", 1)[1].split()[:3] == [f"{stats['alpha']:.1%}", "of", str(judged)]

@@ -63,8 +63,8 @@ def test_greedy_equals_target_greedy(target, draft, baseline, gamma):
     assert s.tokens_per_target_call == pytest.approx(40 / s.target_calls)
     assert sum(s.accepted_by_position) == s.tokens_accepted
     # a round ends in a rejection exactly when the target corrects the draft
-    assert s.tokens_rejected == s.token_sources.count(FROM_CORRECTION)
-    assert s.alpha == s.tokens_accepted / (s.tokens_accepted + s.tokens_rejected)
+    assert s.rejections == s.token_sources.count(FROM_CORRECTION)
+    assert s.alpha == s.tokens_accepted / (s.tokens_accepted + s.rejections)
     assert s.alpha >= s.acceptance_rate
     assert s.stop_reason == "max_gen"
 
@@ -196,8 +196,10 @@ def other_vocab_draft(tmp_path_factory):
     (dict(gamma=0), "gamma must be an int >= 1"),
     (dict(gamma=2.5), "gamma must be an int >= 1"),
     (dict(max_gen=0), "max_gen must be an int >= 1"),
-    (dict(temperature=-1.0), "temperature must be >= 0"),
-    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),  # p, q would be NaN
+    (dict(temperature=True), "temperature must be a finite number >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=0), "top_k must be an int >= 1"),
@@ -240,3 +242,48 @@ def test_half_precision_runs(pair_dirs, dtype):
                                    generator=torch.Generator().manual_seed(0))
     assert len(greedy.tokens) == len(sampled.tokens) == 12
     assert all(0 <= t < TINY.vocab_size for t in greedy.tokens + sampled.tokens)
+
+
+def planted_near_tie_model(a: int = 7, b: int = 8, gap: float = 1e-6) -> GPT2:
+    """A tiny model whose two top logits, for tokens a and b, are within about `gap` of each other
+    at every position: the final LayerNorm's bias points along u, and a's and b's embeddings (the
+    output head, tied) are 2u and 2u plus a nudge of size `gap`."""
+    torch.manual_seed(0)
+    model = GPT2(TINY).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.2)
+        u = torch.randn(TINY.n_embd)
+        u /= u.norm()
+        model.ln_f.bias.copy_(4 * u)
+        model.wte.weight[a] = 2 * u
+        model.wte.weight[b] = 2 * u + gap * torch.randn(TINY.n_embd)
+    return model
+
+
+def test_float32_greedy_speculative_parts_from_plain_greedy_only_at_a_near_tie():
+    """The one place float32 greedy speculative output and the target's own greedy output may
+    part: two logits within rounding of each other. Scoring 5 tokens in one forward and 1 token a
+    step round differently (in the last bits), which flips such a tie. Planted here on every
+    position, it makes them part on most prompts; every parting sits where the two top logits are
+    a and b, at most a few float32 roundings apart (far closer than any logits of an ordinary
+    model, where the outputs are identical: the rest of this file)."""
+    a, b = 7, 8
+    model = planted_near_tie_model(a, b)
+    parted = 0
+    for seed in range(20):
+        prompt = torch.randint(0, TINY.vocab_size, (5,), generator=torch.Generator().manual_seed(seed)).tolist()
+        plain = autoregressive_generate(model, prompt, 30).tokens
+        speculative = speculative_sampling_greedy(model, model, prompt, 30, 4).tokens
+        i = next((i for i, (x, y) in enumerate(zip(plain, speculative)) if x != y), None)
+        if i is None:
+            continue
+        parted += 1
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt + plain]))[0, len(prompt) - 1 + i]  # [V], before token i
+        top2 = logits.topk(2)
+        rounding = 8 * torch.finfo(torch.float32).eps * logits.abs().max().item()
+        assert sorted(top2.indices.tolist()) == [a, b] and {plain[i], speculative[i]} == {a, b}
+        assert (top2.values[0] - top2.values[1]).item() <= rounding, (seed, i, top2)
+    assert parted >= 5  # the near-tie really parts them: the test shows the caveat, not its absence

@@ -229,10 +229,12 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, mon
     monkeypatch.setattr(kernels, "time_kernels", fake_times)
     has_bf16 = kernels.works("onednn-bf16")  # this CPU's (or GPT2_CPU's) real answer
     monkeypatch.setattr(kernels, "format_paths", lambda: {"float32": ["onednn"], "fp16": ["fbgemm-fp16"],
-                                                          "bfloat16": ["onednn-bf16"] if has_bf16 else []})
-    for times, expected in [({"float32": 1.0, "fp16": 0.5, "bfloat16": 0.7}, "fp16"),
-                            ({"float32": 1.0, "fp16": 0.8, "bfloat16": 0.6}, "bfloat16" if has_bf16 else "fp16"),
-                            ({"float32": 1.0, "fp16": 0.95, "bfloat16": 0.95}, "float32")]:  # within the margin
+                                                          "bfloat16": ["onednn-bf16"] if has_bf16 else [],
+                                                          "int8": ["int8pack"]})
+    for times, expected in [({"float32": 1.0, "fp16": 0.5, "bfloat16": 0.7, "int8": 2.0}, "fp16"),
+                            ({"float32": 1.0, "fp16": 0.8, "bfloat16": 0.8, "int8": 0.5}, "int8"),
+                            ({"float32": 1.0, "fp16": 0.8, "bfloat16": 0.6, "int8": 2.0}, "bfloat16" if has_bf16 else "fp16"),
+                            ({"float32": 1.0, "fp16": 0.95, "bfloat16": 0.95, "int8": 0.95}, "float32")]:  # within the margin
         costs.update(times)
         kernels._FASTEST.clear()
         device._NOTES_SHOWN.clear()
@@ -247,6 +249,8 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, mon
         if quantize == "fp16":  # float16 weights in a float32 model
             assert "float16 weights" in notes[0]
             assert all(torch.equal(w, w.half().float()) for w in kernels.linear_weights(model))
+        if quantize == "int8":  # int8 weights (their dequantized values) in a float32 model
+            assert "int8 weights" in notes[0] and model.quantize == "int8"
     # a format without its fast path is never a candidate (a real probe result, not faked)
     monkeypatch.undo()
     monkeypatch.setattr(kernels, "_PROBED", {"onednn-bf16": "absent for this test"})

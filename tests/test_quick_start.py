@@ -1,6 +1,7 @@
 """The README's offline quick start, as a new user runs it: from a fresh copy of the checkout
 (the files git tracks), with nothing exported (no TIKTOKEN_CACHE_DIR, no HF_* variables), the two
-commands of the "No hub?" block succeed and write the pair and the trace page.
+commands of the "No hub?" block succeed and write the pair and the trace page, and the README's
+Python example then runs on that pair as it is written.
 
 The only change to the commands: the training is cut to 1 step per model on one file (appended
 options win in argparse), so that the test takes seconds instead of the default run's 10 minutes."""
@@ -28,6 +29,11 @@ def readme_offline_commands() -> list[list[str]]:
     return [shlex.split(line) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
+def readme_python_example() -> str:
+    """The README's Python code block (the API example)."""
+    return re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S).group(1)
+
+
 def test_readme_offline_quick_start_runs_from_a_fresh_copy_with_nothing_exported(tmp_path):
     clone = tmp_path / "clone"
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
@@ -48,3 +54,10 @@ def test_readme_offline_quick_start_runs_from_a_fresh_copy_with_nothing_exported
         assert proc.returncode == 0, f"{shlex.join(command)}\n{proc.stderr[-3000:]}"
     assert (clone / "runs" / "trained_pair" / "target" / "model.safetensors").is_file()
     assert (clone / "runs" / "trace.html").is_file()
+    example = readme_python_example()
+    assert len(example.strip().splitlines()) <= 5, "the README promises a five-line example"
+    proc = subprocess.run([sys.executable, "-c", example], cwd=clone, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{example}\n{proc.stderr[-3000:]}"
+    text, tokens_per_call = proc.stdout.rsplit(" ", 1)
+    assert text.strip() and float(tokens_per_call) >= 1

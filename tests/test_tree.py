@@ -94,7 +94,7 @@ def test_greedy_tree_equals_target_greedy(target, draft, baseline, branching):
     widths = [torch.tensor(branching[:d + 1]).prod().item() for d in range(len(branching))]
     assert s.nodes_verified == sum(r * w for r, w in zip(s.drafted_by_position, widths))
     assert max(s.accepted_depths) <= len(branching)
-    assert s.tokens_rejected == s.token_sources.count(FROM_CORRECTION)
+    assert s.rejections == s.token_sources.count(FROM_CORRECTION)
     if branching[0] > 1:  # side branches saved rounds a chain would have lost
         assert s.token_sources.count(FROM_DRAFT_BRANCH) > 0
     else:
@@ -234,7 +234,7 @@ def test_chain_branching_is_the_chain(target, draft, gamma):
                                          generator=torch.Generator().manual_seed(seed), **settings)
         assert tree.tokens == chain.tokens
         assert tree.stats.token_sources == chain.stats.token_sources
-        for key in ("target_calls", "draft_calls", "tokens_drafted", "tokens_accepted", "tokens_rejected",
+        for key in ("target_calls", "draft_calls", "tokens_drafted", "tokens_accepted", "rejections",
                     "accepted_by_position", "nodes_verified", "accepted_depths"):
             assert getattr(tree.stats, key) == getattr(chain.stats, key), key
 
@@ -381,8 +381,9 @@ def test_bad_branching_is_a_clear_error(target, draft, branching, message):
 def test_other_bad_inputs(target, draft, tmp_path):
     with pytest.raises(ValueError, match="max_gen must be an int >= 1"):
         tree_speculative_sampling(target, draft, PROMPT, 0, (2,))
-    with pytest.raises(ValueError, match="temperature must be >= 0"):
-        tree_speculative_sampling(target, draft, PROMPT, 5, (2,), temperature=-1)
+    for temperature in (-1, float("inf")):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            tree_speculative_sampling(target, draft, PROMPT, 5, (2,), temperature=temperature)
     other = load_gpt2(save_random_checkpoint(tmp_path, TINY.with_(vocab_size=50)))
     with pytest.raises(ValueError, match="vocabulary .* differs"):
         tree_speculative_sampling(target, other, PROMPT, 5, (2,))

@@ -58,15 +58,29 @@ def assert_quick_error(code, err):
     assert "NETWORK ATTEMPTED" not in err, err
 
 
-def test_no_hub_error_gives_the_offline_commands(workdir):
-    """The defaults (gpt2-large, gpt2) with no hub: the message names both offline commands, as
-    command lines to paste, and no connection was tried."""
-    code, err = run_cli(["--max-gen", "3"], workdir)
+def test_no_hub_error_gives_the_offline_commands(tmp_path):
+    """The defaults (gpt2-large, gpt2) with no hub, in a folder with no trained pair yet: the
+    message names both offline commands, as command lines to paste, and no connection was tried."""
+    code, err = run_cli(["--max-gen", "3"], tmp_path)
     assert_quick_error(code, err)
     assert "HF_HUB_OFFLINE is set" in err
     assert f"\n      {TRAIN_PAIR_COMMAND}\n" in err and f"\n      {STANDINS_COMMAND}\n" in err
     assert "--target runs/trained_pair/target --draft runs/trained_pair/draft" in err
 
+
+
+def test_forgotten_draft_offers_the_trained_pair_already_here(workdir, capsys, monkeypatch):
+    """--target runs/trained_pair/target without --draft: the draft defaults to gpt2, which the
+    hub cannot give; runs/trained_pair/draft is right there, so the message offers it (not
+    training another pair)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(workdir / "empty_hub_cache"))
+    code, err = run_main(["--target", "runs/trained_pair/target", "--max-gen", "3"], workdir, capsys, monkeypatch)
+    assert_quick_error(code, err)
+    assert "--draft gpt2" in err
+    assert "use the small pair already trained here (runs/trained_pair): pass both" in err
+    assert "--target runs/trained_pair/target --draft runs/trained_pair/draft" in err
+    assert TRAIN_PAIR_COMMAND not in err
 
 
 def test_help_names_the_offline_path(capsys):

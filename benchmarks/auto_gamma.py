@@ -1,0 +1,100 @@
+"""Does gamma="auto" ever lose to plain decoding? Ten runs of each, interleaved, on two pairs.
+
+    python -m benchmarks.auto_gamma --size gpt2 --repeats 10 --max-gen 32 --threads 1
+
+The pairs, random-weight stand-ins of the official shape (a forward's cost does not depend on the
+weights; benchmarks/common.py):
+  pays      a draft made of the target's first --draft-layers blocks that agrees with it often
+            (offline.random_weights.save_agreeing_pair): speculation pays.
+  cannot    the target drafting for itself: it always agrees, but a draft step costs a target
+            step, so every gamma is slower than the target alone (the break-even alpha is > 1).
+
+For each pair the CostModel is measured once (as gamma="auto" does, once per pair in a process);
+then each repeat runs plain decoding (autoregressive_generate) and greedy speculative decoding
+with gamma="auto" on the same prompt, back to back, in alternating order (A B, B A, ...) so a busy
+moment slows both alike. A repeat's ratio is plain seconds / auto seconds (both make the same
+tokens: checked), so below 1 auto lost. The table gives each pair's smallest, median and largest
+ratio, and how many of auto's rounds were plain steps.
+"""
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from gpt2 import load_gpt2
+from gpt2.machine_load import busy_note, load_average
+from spec_decoding import CostModel, autoregressive_generate, speculative_sampling_greedy
+
+from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, standin_pair,
+                     timed, write_results)
+
+
+def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int) -> dict:
+    """`repeats` interleaved runs of plain decoding and gamma="auto" on one pair."""
+    device = target.wte.weight.device
+    ratios, plain_rounds, rounds = [], 0, 0
+    for r in range(repeats):
+        prompt = random_prompt(prompt_len, seed=r, vocab_size=target.config.vocab_size)
+        runs = {}
+        for name in (("plain", "auto") if r % 2 == 0 else ("auto", "plain")):
+            if name == "plain":
+                runs[name] = timed(device, autoregressive_generate, target, prompt, max_gen)
+            else:
+                runs[name] = timed(device, speculative_sampling_greedy, target, draft, prompt, max_gen, "auto",
+                                   cost_model=costs)
+        (plain, plain_s), (auto, auto_s) = runs["plain"], runs["auto"]
+        if plain.tokens != auto.tokens:
+            raise AssertionError(f"repeat {r}: gamma auto's greedy tokens differ from the target's own")
+        ratios.append(plain_s / auto_s)
+        plain_rounds += auto.stats.gamma_by_round.count(0)
+        rounds += len(auto.stats.gamma_by_round)
+        print(f"  repeat {r + 1}: plain {plain_s:.2f} s, auto {auto_s:.2f} s, ratio {ratios[-1]:.2f}, "
+              f"gammas {' '.join(map(str, auto.stats.gamma_by_round))}", flush=True)
+    return {"ratios": ratios, "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios),
+            "plain_round_share": plain_rounds / rounds, "break_even_alpha": costs.break_even_alpha(),
+            "c": costs.c, "verify_cost_5": costs.verify_cost(min(4, costs.gamma_max))}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.auto_gamma", description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="gpt2", help="the stand-ins' official shape (default gpt2)")
+    parser.add_argument("--draft-layers", type=int, default=3, help="the paying pair's draft: the target's first K blocks")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--max-gen", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--threads", type=int, help="PyTorch threads (default: its own choice)")
+    parser.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS), help="where the stand-ins are kept")
+    parser.add_argument("--out", default="runs/auto-gamma", help="output folder (results.json, results.md)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if note := busy_note("--threads 1"):
+        print(note, flush=True)
+    load_start = load_average()
+    target_dir, draft_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
+                                         embedding_std=0.3)
+    target, draft = load_gpt2(target_dir, dtype="float32"), load_gpt2(draft_dir, dtype="float32")
+    results = {"machine": machine_info(), "settings": vars(args), "pairs": {}}
+    for name, pair_draft in (("pays", draft), ("cannot", target)):
+        print(f"{name}: measuring the costs ...", flush=True)
+        costs = CostModel.calibrate(target, pair_draft, gamma_max=8)
+        results["pairs"][name] = compare(target, pair_draft, costs, args.repeats, args.max_gen, args.prompt_len)
+    results["load_average_start_end"] = [load_start, load_average()]
+    rows = [[name, f"{r['c']:.2f}", f"{r['verify_cost_5']:.2f}",
+             "never" if r["break_even_alpha"] is None else f"{r['break_even_alpha']:.2f}",
+             f"{r['min']:.2f}x", f"{r['median']:.2f}x", f"{r['max']:.2f}x", f"{r['plain_round_share']:.0%}"]
+            for name, r in results["pairs"].items()]
+    table = markdown_table(["pair", "c", "verify 5 tokens", "pays from alpha", "auto / plain: min",
+                            "median", "max", "plain rounds"], rows)
+    m = results["machine"]
+    header = (f"{args.repeats} repeats, {args.size}-shaped stand-ins, greedy, {args.max_gen} tokens, "
+              f"{m['torch_threads']} threads, {m['cpu']} ({m['cores']} cores), torch {m['torch']}, "
+              f"load average {load_start:.1f} at the start, {load_average():.1f} at the end")
+    print("\n" + header + "\n\n" + table)
+    write_results(args.out, results, header + "\n\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""A compiled decode path: the decode step (1 row) and the verification forward (a few rows)
+through torch.compile, on the model's own KV cache. Opt-in (`compile_decode(model)`,
+`load_gpt2(..., compile=True)`, `--compile`), and chosen by `compile="auto"` only where it was
+measured faster on this machine.
+
+Why: a decode step of GPT-2 is four large matrix products per block (which read the weights: the
+step's floor) and some fifteen small operations per block (LayerNorms, a GELU, residual adds,
+reshapes, the cache writes, attention), each dispatched from Python. PyTorch's inductor turns the
+small ones into a few fused C++/OpenMP loops per block; the matrix products stay on the kernels
+gpt2.kernels chose (a custom op calls them, so the compiler sees an opaque call).
+
+What is compiled: one block, `block_step` below, the same function for every block of the model
+(the blocks' weights are inputs of the compiled graph, not constants: one compile serves all
+layers). It is the block of gpt2/model.py (Block.forward) written for a fixed-size cache:
+
+  - the cache buffers keep their full length max_len; new keys/values are written at their slots
+    with index_copy_, and attention runs over all max_len slots with a mask that hides the slots
+    not written yet. So the shapes do not change as the cache fills, and nothing recompiles from
+    one step to the next (a cache of another max_len reuses the graph: that size is dynamic).
+  - The number of new rows T is the one shape that varies: 1 (a step) gets its own graph, and
+    every T from 2 to MAX_ROWS (verifications, token trees) shares a second one. Longer inputs
+    (a prompt) take the eager path, whose large products dominate anyway.
+
+The embedding, ln_f and the output head run eagerly, as in GPT2.forward. gpt2/model.py itself is
+unchanged: `compile_decode` replaces `model.forward` on that one model object by a CompiledDecode,
+which sends every call it cannot serve (no cache, training, a batched cache, long inputs) to the
+eager forward.
+"""
+
+import sys
+import time
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import kernels
+from .kv_cache import KVCache
+
+# Inputs of more rows than this run eagerly: a prompt, whose matrix products dominate.
+MAX_ROWS = 16
+# The keywords of GPT2.forward the compiled path serves (anything else goes to the eager forward).
+OPTIONS = {"positions", "attn_mask", "exit_layer", "return_features"}
+
+
+@torch.library.custom_op("gpt2::chosen_linear", mutates_args=())
+def chosen_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [..., in] @ weight.T + bias on the kernel gpt2.kernels chose for this weight: an opaque
+    call to the compiler, which would otherwise trace into the kernel objects."""
+    # contiguous: the compiler assumes the layout of the fake below (some kernels, e.g. a
+    # transposed product, give a transposed view; a copy of a few rows)
+    return kernels.linear(x, weight, bias).contiguous()
+
+
+@chosen_linear.register_fake
+def _(x, weight, bias):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def head(model, x):
+    """The output head as the model computes it (x @ wte.weight.T on its chosen kernel)."""
+    return model.head(x) if hasattr(model, "head") else kernels.linear(x, model.wte.weight, None)
+
+
+def block_step(block, x, keys, values, slots, attn_mask):
+    """One Block.forward over a fixed-size cache (what torch.compile compiles).
+
+    x [B, T, C]; keys, values [B, n_head, max_len, head_dim], this block's cache buffers, written
+    in place at `slots` [T]; attn_mask [T, max_len] bool (True = may attend). Returns [B, T, C]."""
+    B, T, C = x.shape
+    attn, mlp = block.attn, block.mlp
+    head_dim = C // attn.n_head
+    q, k, v = chosen_linear(block.ln_1(x), attn.c_attn.weight, attn.c_attn.bias).split(C, dim=2)
+    q, k, v = (t.view(B, T, attn.n_head, head_dim).transpose(1, 2) for t in (q, k, v))
+    keys.index_copy_(2, slots, k.to(keys.dtype))
+    values.index_copy_(2, slots, v.to(values.dtype))
+    y = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=attn_mask).to(x.dtype)
+    x = x + chosen_linear(y.transpose(1, 2).reshape(B, T, C), attn.c_proj.weight, attn.c_proj.bias)
+    h = F.gelu(chosen_linear(block.ln_2(x), mlp.c_fc.weight, mlp.c_fc.bias), approximate="tanh")
+    return x + chosen_linear(h, mlp.c_proj.weight, mlp.c_proj.bias)
+
+
+class CompiledDecode:
+    """Stands in for model.forward (same arguments, same results up to rounding): calls with a
+    KVCache and at most MAX_ROWS new tokens go through the compiled block; any other call goes to
+    the eager forward. compile_seconds: "1 row" or "2 to 16 rows" -> seconds the call that
+    compiled it took."""
+
+    def __init__(self, model):
+        self.model = model
+        self.eager_forward = model.forward
+        self.block = torch.compile(block_step)
+        self.compile_seconds: dict[str, float] = {}
+
+    def serves(self, idx, cache) -> bool:
+        model = self.model
+        return (type(cache) is KVCache and isinstance(idx, torch.Tensor) and idx.dim() == 2
+                and 1 <= idx.shape[1] <= MAX_ROWS and model.wte.weight.device.type == "cpu"
+                and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
+                and not model.training)
+
+    def __call__(self, idx, cache=None, num_last_logits=None, **more):
+        """model(idx, cache, num_last_logits, positions=, attn_mask=, exit_layer=,
+        return_features=): the arguments of GPT2.forward."""
+        if not self.serves(idx, cache) or set(more) - OPTIONS:
+            return self.eager_forward(idx, cache, num_last_logits, **more)
+        positions, attn_mask = more.get("positions"), more.get("attn_mask")
+        exit_layer, return_features = more.get("exit_layer"), more.get("return_features", False)
+        model = self.model
+        start = cache.length
+        model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
+        T = idx.shape[1]
+        slots = torch.arange(start, start + T)  # where the new keys go
+        if positions is None:
+            positions = slots
+        key_slots = torch.arange(cache.max_len)
+        if attn_mask is None:  # causal: cached slots, then each new token up to its own
+            full_mask = key_slots[None, :] <= slots[:, None]
+        else:  # the caller's mask over [0, start + T); the slots after it are not written yet
+            full_mask = torch.zeros(T, cache.max_len, dtype=torch.bool)
+            full_mask[:, :start + T] = attn_mask
+        x = model.wte(idx) + model.wpe(positions)
+        # Sizes that change from call to call are marked dynamic up front, so that they never
+        # cause a recompile: the cache's max_len always, the rows T from 2 up (T = 1, a step,
+        # is a graph of its own: PyTorch specializes sizes 0 and 1).
+        dynamic = [(full_mask, 1)] + ([(x, 1), (slots, 0), (full_mask, 0)] if T > 1 else [])
+        for tensor, dim in dynamic:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        graphs = compiled_graphs()
+        t0 = time.perf_counter()
+        for layer, block in enumerate(model.h[:exit_layer]):
+            keys, values = cache.keys[layer], cache.values[layer]
+            torch._dynamo.maybe_mark_dynamic(keys, 2)
+            torch._dynamo.maybe_mark_dynamic(values, 2)
+            x = self.block(block, x, keys, values, slots, full_mask)
+        if compiled_graphs() > graphs:
+            rows = "1 row" if T == 1 else f"2 to {MAX_ROWS} rows"
+            self.compile_seconds[rows] = seconds = time.perf_counter() - t0
+            print(f"note: compiled the decode path for {rows} in {seconds:.1f} s (once per "
+                  f"process and shape)", file=sys.stderr)
+        cache.advance(T)
+        features = x
+        if num_last_logits is not None:
+            x = x[:, -num_last_logits:]
+        logits = head(model, model.ln_f(x))
+        return (logits, features) if return_features else logits
+
+
+COMPILE_CHOICES = (False, True, "auto")
+COMPILE_FLAGS = {"off": False, "on": True, "auto": "auto"}  # the scripts' --compile
+# compile="auto" takes the compiled path only where it is faster than eager by this fraction: a
+# closer result is timing noise, and eager is what the learner reads.
+AUTO_MARGIN = 0.05
+# The context the auto measurement decodes at (positions already in the cache).
+AUTO_CONTEXT = 32
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has compiled in this process."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def compile_decode(model):
+    """Give `model` (a CPU GPT2, inference) the compiled decode path; returns the model. Idempotent."""
+    if not is_compiled(model):
+        model.forward = CompiledDecode(model)
+    return model
+
+
+def is_compiled(model) -> bool:
+    return isinstance(model.__dict__.get("forward"), CompiledDecode)
+
+
+def eager(model):
+    """Take the compiled path off `model` again; returns the model."""
+    if is_compiled(model):
+        del model.forward
+    return model
+
+
+_DECIDED: dict[tuple, tuple[bool, str]] = {}  # (shape, dtype, format, threads) -> (compiled?, why)
+
+
+def choose_compiled(model) -> tuple[bool, str]:
+    """compile="auto": (whether the compiled path is faster for this model here, why), measured on
+    the model itself, once per process for its shape, format and threads. The model is left with
+    the path chosen."""
+    c, w = model.config, model.wte.weight
+    if w.device.type != "cpu":
+        return False, f"the compiled decode path is for CPUs (this model is on {w.device.type})"
+    key = (c.n_layer, c.n_embd, c.n_head, c.vocab_size, w.dtype, getattr(model, "quantize", None),
+           torch.get_num_threads())
+    if key not in _DECIDED:
+        _DECIDED[key] = _measure(model)
+    use, why = _DECIDED[key]
+    (compile_decode if use else eager)(model)
+    return use, why
+
+
+@torch.inference_mode()
+def _measure(model, rounds: int = 5) -> tuple[bool, str]:
+    """Time a 1-row step and a 5-row verification, eager and compiled, in turns; the fastest of
+    `rounds` each (noise only ever adds time)."""
+    compiled = CompiledDecode(model)
+    try:
+        model.forward = compiled
+        time_decode(model)  # compiles both shapes
+    except Exception as e:  # whatever inductor raises here: no compiler, a failed C++ build, ...
+        eager(model)
+        return False, f"torch.compile failed here ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]})"
+    times = {"eager": [], "compiled": []}
+    for _ in range(rounds):
+        for name in times:
+            eager(model)
+            if name == "compiled":
+                model.forward = compiled
+            times[name].append(time_decode(model))
+    best = {name: (min(t[0] for t in ts), min(t[1] for t in ts)) for name, ts in times.items()}
+    total = {name: sum(t) for name, t in best.items()}
+    use = total["compiled"] < (1 - AUTO_MARGIN) * total["eager"]
+    ms = "; ".join(f"{name} {1000 * t1:.1f} ms a step, {1000 * t5:.1f} ms a 5-row verification"
+                   for name, (t1, t5) in best.items())
+    compile_s = sum(compiled.compile_seconds.values())
+    verdict = "faster" if use else f"not faster by {AUTO_MARGIN:.0%}"
+    return use, f"compiled decode path {verdict} here ({ms}; compiling took {compile_s:.1f} s)"
+
+
+def time_decode(model, context: int = AUTO_CONTEXT) -> tuple[float, float]:
+    """Seconds of one 1-row step and one 5-row verification on a cache holding `context`
+    positions (random tokens: the time does not depend on them)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, context + 5), generator=g)
+    cache = model.new_kv_cache(max_len=context + 5)
+    model(ids[:, :context], cache)
+    seconds = []
+    for rows in (1, 5):
+        cache.truncate(context)
+        t0 = time.perf_counter()
+        model(ids[:, context:context + rows], cache, num_last_logits=rows)
+        seconds.append(time.perf_counter() - t0)
+    return seconds[0], seconds[1]

@@ -1,0 +1,159 @@
+"""The compiled decode path (gpt2/compiled.py) against the eager model: the same logits up to
+float32 rounding, the same greedy tokens, and no recompile as the cache fills or changes size.
+
+One 1-layer model keeps the compiles short (a few seconds; the graphs are the same for every
+layer count). float32 throughout: the claims are about the compiler, not a format's rounding."""
+
+import pytest
+import torch
+from conftest import TINY
+
+from gpt2 import load_gpt2
+from gpt2.compiled import MAX_ROWS, choose_compiled, compile_decode, compiled_graphs, eager, is_compiled
+from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
+
+ONE_LAYER = TINY.with_(n_layer=1)
+# Rounding only: the compiled block fuses LayerNorm/GELU/adds and attends over the whole buffer
+# with a mask, so float32 sums run in another order. A wrong mask or a wrong cache slot is far
+# above this (logits of this model are O(1)).
+ATOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def model(make_checkpoint):
+    return load_gpt2(make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0), dtype="float32")
+
+
+def step_logits(model, prompt, chunks, max_len):
+    """Logits of each forward: the prompt, then each chunk of new tokens (rows), on one cache."""
+    cache = model.new_kv_cache(max_len=max_len)
+    out = [model(prompt, cache)]
+    for chunk in chunks:
+        out.append(model(chunk, cache))
+    return out
+
+
+@torch.inference_mode()
+def test_compiled_logits_equal_eager_for_steps_and_verifications(model):
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, TINY.vocab_size, (1, 7), generator=g)
+    # Steps of 1 row and verifications of 2, 5 and MAX_ROWS rows, at growing cache lengths.
+    chunks = [torch.randint(0, TINY.vocab_size, (1, t), generator=g) for t in (1, 5, 1, 2, MAX_ROWS, 1)]
+    expected = step_logits(eager(model), prompt, chunks, max_len=40)
+    got = step_logits(compile_decode(model), prompt, chunks, max_len=40)
+    assert is_compiled(model)
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+    eager(model)
+
+
+@torch.inference_mode()
+def test_compiled_tree_mask_equals_eager(model):
+    """Token trees pass positions and a mask over the cached + new slots (two siblings at one
+    position must not see each other)."""
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, TINY.vocab_size, (1, 6), generator=g)
+    nodes = torch.randint(0, TINY.vocab_size, (1, 3), generator=g)
+    positions = torch.tensor([6, 6, 7])  # two siblings, then a child of the first
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[:, 6:] = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    results = []
+    for path in (eager, compile_decode):
+        cache = path(model).new_kv_cache(max_len=20)
+        model(prompt, cache)
+        results.append(model(nodes, cache, positions=positions, attn_mask=mask))
+    torch.testing.assert_close(results[1], results[0], atol=ATOL, rtol=0)
+    eager(model)
+
+
+def test_compiled_greedy_tokens_equal_eager(model, make_checkpoint):
+    prompt = [5, 17, 3, 99, 42]
+    draft = load_gpt2(make_checkpoint(ONE_LAYER, seed=4, std=0.3, embedding_std=1.0), dtype="float32")
+    expected = autoregressive_generate(eager(model), prompt, 30).tokens
+    assert autoregressive_generate(compile_decode(model), prompt, 30).tokens == expected
+    # Verification rows: speculative decoding with the compiled target (and draft).
+    compile_decode(draft)
+    assert speculative_sampling_greedy(model, draft, prompt, 30, gamma=4).tokens == expected
+    assert tree_speculative_sampling(model, draft, prompt, 30, (2, 2), temperature=0).tokens == expected
+    eager(model)
+
+
+@torch.inference_mode()
+def test_no_recompile_as_the_cache_fills_or_changes_size(model):
+    """Two graphs in all (1 row; 2 to MAX_ROWS rows): the cache's length is a mask, not a shape,
+    and its max_len is a dynamic size. Without that, every step or every cache recompiled."""
+    compile_decode(model)
+    step_logits(model, torch.tensor([[1, 2, 3]]), [torch.tensor([[4]]), torch.tensor([[5, 6, 7]])], 30)
+    before = compiled_graphs()
+    for max_len in (25, 31, 50):
+        chunks = [torch.tensor([[t]]) for t in range(8)] + [torch.tensor([list(range(r))]) for r in (2, 4, 9)]
+        step_logits(model, torch.tensor([[1, 2]]), chunks, max_len)
+    assert compiled_graphs() == before
+    eager(model)
+
+
+@torch.inference_mode()
+def test_calls_it_does_not_serve_stay_eager_with_their_messages(model):
+    compile_decode(model)
+    before = compiled_graphs()
+    long_prompt = torch.arange(MAX_ROWS + 1)[None] % TINY.vocab_size
+    cache = model.new_kv_cache(max_len=MAX_ROWS + 2)
+    model(long_prompt, cache)  # a prompt longer than MAX_ROWS: eager
+    model(long_prompt)  # no cache: eager
+    assert compiled_graphs() == before
+    with pytest.raises(ValueError, match="has room for"):  # the eager path's own message
+        model(torch.tensor([[1, 2]]), cache)
+    eager(model)
+
+
+def test_auto_says_why(model):
+    use, why = choose_compiled(model)
+    assert is_compiled(model) == use
+    assert "ms a step" in why and "compiling took" in why
+    eager(model)
+
+
+def test_load_compile_flag(make_checkpoint):
+    folder = make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0)
+    assert is_compiled(load_gpt2(folder, compile=True)) and not is_compiled(load_gpt2(folder))
+    with pytest.raises(ValueError, match="compile must be one of"):
+        load_gpt2(folder, compile="yes")
+
+
+@torch.inference_mode()
+def test_linears_run_on_the_kernels_chosen_for_their_weights(model, monkeypatch):
+    """Inside the compiled graph each linear layer still goes through gpt2.kernels.linear with the
+    model's own parameter objects (the chosen kernel hangs on the parameter), and compiled logits
+    stay those of the eager model."""
+    import gpt2.kernels
+    seen = []
+    plain = gpt2.kernels.linear
+
+    def spy(x, weight, bias=None):
+        seen.append(weight)
+        return plain(x, weight, bias)
+
+    monkeypatch.setattr(gpt2.kernels, "linear", spy)
+    compile_decode(model)
+    cache = model.new_kv_cache(max_len=12)
+    model(torch.tensor([[1, 2, 3]]), cache)
+    seen.clear()
+    model(torch.tensor([[4]]), cache)
+    block = model.h[0]
+    weights = [block.attn.c_attn.weight, block.attn.c_proj.weight, block.mlp.c_fc.weight, block.mlp.c_proj.weight]
+    assert all(any(w is s for s in seen) for w in weights)
+    eager(model)
+
+
+@torch.inference_mode()
+def test_a_kernel_giving_a_transposed_view_is_served(model, monkeypatch):
+    """A kernel may return its rows as a transposed view (TransposedMM: (W @ x.T).T); the compiled
+    graph expects the layout it planned for, so the op hands it a contiguous result."""
+    import gpt2.kernels
+    from gpt2.fast_linear import TransposedMM
+    monkeypatch.setattr(gpt2.kernels, "linear", lambda x, weight, bias=None: TransposedMM(weight)(x, bias))
+    prompt, new = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])
+    expected = step_logits(eager(model), prompt, [new], 12)
+    got = step_logits(compile_decode(model), prompt, [new], 12)
+    torch.testing.assert_close(got[1], expected[1], atol=ATOL, rtol=0)
+    eager(model)
