@@ -80,7 +80,10 @@ def run(args) -> int:
 
         functions = args.functions or list(ASSIGNMENTS[args.assignment].functions)
         targets = make(functions, args.out, assignment=args.assignment, allow_leaks=args.allow_leaks)
-        print(f"Wrote {args.out} with these bodies removed (raise NotImplementedError):")
+        planted = args.assignment and ASSIGNMENTS[args.assignment].plant
+        print(f"Wrote {args.out} with " + ("a bug planted in one of these (the student names it in BUG.txt and "
+                                           "fixes it):" if planted else
+                                           "these bodies removed (raise NotImplementedError):"))
         for t in targets:
             print(f"  {t.name}  ({t.file}:{t.node.lineno})")
         print(f"Students check their work with: cd {args.out} && python -m assignments check")

@@ -301,8 +301,9 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     removed = [resolve(name, root) for name in definition.removed if name not in functions]
     grader_only = reference_functions()
     references = [resolve(name, root) for name in grader_only]
+    stripped_targets = [] if definition.plant else targets  # a planted bug: the bodies stay
     by_file = {}
-    for t in targets + removed + references:
+    for t in stripped_targets + removed + references:
         by_file.setdefault(t.file, []).append(t)
     stripped = {file: strip_bodies((root / file).read_text(), ts, definition.removed, grader_only)
                 for file, ts in by_file.items()}
@@ -312,12 +313,13 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     for file, text in stripped.items():
         (out / file).write_text(text)
     _drop(out, ALWAYS_DROPPED + tuple(definition.dropped))
+    answer_files = definition.plant(out, root) if definition.plant else []
     manifest = {"assignment": assignment, "functions": [t.name for t in targets],
-                "files": sorted({t.file for t in targets})}
+                "files": sorted({t.file for t in targets} | set(answer_files))}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
-    bodies = {t.name: _tokens(t.node.body) for t in targets + removed + references}
-    leaks = find_leaks(bodies, out, skip={(t.file, t.qualname) for t in targets + removed + references})
+    bodies = {t.name: _tokens(t.node.body) for t in stripped_targets + removed + references}
+    leaks = find_leaks(bodies, out, skip={(t.file, t.qualname) for t in stripped_targets + removed + references})
     if leaks:
         listing = "\n".join(f"  {leak.function}: {leak.similarity:.0%} of its body is in {leak.where}"
                             for leak in leaks)

@@ -6,7 +6,7 @@ import importlib
 from .definition import Assignment, AssignmentError, Check
 
 READY_MADE = ("kv_cache", "greedy_speculative", "rejection_sampling", "ngram_drafter", "tree_verify",
-              "gamma_cost_model")
+              "gamma_cost_model", "find_the_bug")
 
 ASSIGNMENTS: dict[str, Assignment] = {
     name: importlib.import_module(f"{__package__}.{name}").ASSIGNMENT for name in READY_MADE}
@@ -20,10 +20,12 @@ def all_checks() -> dict[str, Check]:
 def custom_assignment(functions: list[str]) -> Assignment:
     """An assignment made of the named functions and every check that exercises one of them.
     A function no check exercises is refused: nothing would grade it."""
-    checks = {c.name: c for c in all_checks().values() if set(c.exercises) & set(functions)}
+    # A "find the bug" assignment's checks grade a planted copy, not functions written from scratch.
+    checks = {c.name: c for a in ASSIGNMENTS.values() if not a.plant for c in a.checks
+              if set(c.exercises) & set(functions)}
     unchecked = [f for f in functions if not any(f in c.exercises for c in checks.values())]
     if unchecked:
-        covered = sorted({f for c in all_checks().values() for f in c.exercises})
+        covered = sorted({f for a in ASSIGNMENTS.values() if not a.plant for c in a.checks for f in c.exercises})
         raise AssignmentError(f"no check exercises {', '.join(unchecked)}, so nothing would grade it "
                               f"(an end-to-end check that never calls it would give the stub full marks). "
                               f"Functions with checks: {', '.join(covered)}; or add checks for it in "

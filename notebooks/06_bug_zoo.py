@@ -90,6 +90,18 @@ first = exact.sum((1, 2))  # P(t1)
 print("most likely first tokens:", {int(t): round(first[t].item(), 3) for t in first.topk(3).indices})
 
 # %% [markdown]
+# ## Where each one shipped
+#
+# Every entry's source: the project, the public issue or pull request where it was reported or
+# fixed, and which check catches the planted version (with the words its message says).
+
+# %%
+for bug in BUGS.values():
+    print(f"{bug.name}  [check_{bug.check}: \"{bug.says}\"]\n  {bug.source.project}: {bug.source.story}")
+    for link in bug.source.links or ["(not found reported anywhere)"]:
+        print("   ", link)
+
+# %% [markdown]
 # ## The checks, on the correct code
 #
 # * **check_lossless** draws `SAMPLES` speculative generations of three tokens and compares the
