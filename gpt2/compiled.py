@@ -27,7 +27,11 @@ which sends every call it cannot serve (no cache, training, a batched cache, lon
 eager forward.
 """
 
+import getpass
+import os
+import re
 import sys
+import tempfile
 import time
 from typing import Optional
 
@@ -37,11 +41,27 @@ import torch.nn.functional as F
 from . import kernels
 from .kv_cache import KVCache
 
+def separate_compile_cache() -> str:
+    """Give inductor's cache of compiled code a folder per CPU capability (returns it).
+
+    Its entries do not record which vector instructions they were generated for: code compiled
+    while PyTorch acts as an AVX2 CPU (ATEN_CPU_CAPABILITY=avx2, as .ci/run does) and loaded later
+    by a native AVX-512 run, or the reverse, reads and writes out of bounds (heap corruption,
+    NaN logits). One folder per capability keeps them apart."""
+    suffix = "-" + torch.backends.cpu.get_cpu_capability().lower()
+    # inductor's default folder (torch._inductor.runtime.cache_dir_utils; importing it takes seconds)
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser()))
+    if not base.endswith(suffix):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = base + suffix
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+separate_compile_cache()  # before anything is compiled in this process
+
 # Inputs of more rows than this run eagerly: a prompt, whose matrix products dominate.
 MAX_ROWS = 16
 # The keywords of GPT2.forward the compiled path serves (anything else goes to the eager forward).
 OPTIONS = {"positions", "attn_mask", "exit_layer", "return_features"}
-
 
 @torch.library.custom_op("gpt2::chosen_linear", mutates_args=())
 def chosen_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -51,16 +71,13 @@ def chosen_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     # transposed product, give a transposed view; a copy of a few rows)
     return kernels.linear(x, weight, bias).contiguous()
 
-
 @chosen_linear.register_fake
 def _(x, weight, bias):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
-
 def head(model, x):
     """The output head as the model computes it (x @ wte.weight.T on its chosen kernel)."""
     return model.head(x) if hasattr(model, "head") else kernels.linear(x, model.wte.weight, None)
-
 
 def block_step(block, x, keys, values, slots, attn_mask):
     """One Block.forward over a fixed-size cache (what torch.compile compiles).
@@ -78,7 +95,6 @@ def block_step(block, x, keys, values, slots, attn_mask):
     x = x + chosen_linear(y.transpose(1, 2).reshape(B, T, C), attn.c_proj.weight, attn.c_proj.bias)
     h = F.gelu(chosen_linear(block.ln_2(x), mlp.c_fc.weight, mlp.c_fc.bias), approximate="tanh")
     return x + chosen_linear(h, mlp.c_proj.weight, mlp.c_proj.bias)
-
 
 class CompiledDecode:
     """Stands in for model.forward (same arguments, same results up to rounding): calls with a
@@ -153,7 +169,6 @@ class CompiledDecode:
         logits = head(model, model.ln_f(x))
         return (logits, features) if return_features else logits
 
-
 COMPILE_CHOICES = (False, True, "auto")
 COMPILE_FLAGS = {"off": False, "on": True, "auto": "auto"}  # the scripts' --compile
 # compile="auto" takes the compiled path only where it is faster than eager by this fraction: a
@@ -162,11 +177,9 @@ AUTO_MARGIN = 0.05
 # The context the auto measurement decodes at (positions already in the cache).
 AUTO_CONTEXT = 32
 
-
 def compiled_graphs() -> int:
     """How many graphs torch.compile has compiled in this process."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
-
 
 def compile_decode(model):
     """Give `model` (a CPU GPT2, inference) the compiled decode path; returns the model. Idempotent."""
@@ -178,10 +191,8 @@ def compile_decode(model):
         model.forward = CompiledDecode(model)
     return model
 
-
 def is_compiled(model) -> bool:
     return isinstance(model.__dict__.get("forward"), CompiledDecode)
-
 
 def eager(model):
     """Take the compiled path off `model` again; returns the model."""
@@ -189,9 +200,7 @@ def eager(model):
         del model.forward
     return model
 
-
 _DECIDED: dict[tuple, tuple[bool, str]] = {}  # (shape, dtype, format, threads) -> (compiled?, why)
-
 
 def choose_compiled(model) -> tuple[bool, str]:
     """compile="auto": (whether the compiled path is faster for this model here, why), measured on
@@ -207,7 +216,6 @@ def choose_compiled(model) -> tuple[bool, str]:
     use, why = _DECIDED[key]
     (compile_decode if use else eager)(model)
     return use, why
-
 
 @torch.inference_mode()
 def _measure(model, rounds: int = 5) -> tuple[bool, str]:
@@ -234,7 +242,6 @@ def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     compile_s = sum(compiled.compile_seconds.values())
     verdict = "faster" if use else f"not faster by {AUTO_MARGIN:.0%}"
     return use, f"compiled decode path {verdict} here ({ms}; compiling took {compile_s:.1f} s)"
-
 
 def time_decode(model, context: int = AUTO_CONTEXT) -> tuple[float, float]:
     """Seconds of one 1-row step and one 5-row verification on a cache holding `context`

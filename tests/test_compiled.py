@@ -178,3 +178,14 @@ def test_a_failing_compiler_falls_back_to_eager_and_says_why(model, monkeypatch,
     assert "the compiled decode path failed here" in capsys.readouterr().err
     use, why = gpt2.compiled._measure(model)
     assert not use and "compiling failed here" in why and not is_compiled(model)
+
+
+def test_compiled_code_is_kept_apart_per_cpu_capability():
+    """Inductor's cache does not record the vector instructions its code was built for: a native
+    run loading code built under ATEN_CPU_CAPABILITY=avx2 (or the reverse) corrupted memory. Each
+    capability gets a folder of its own."""
+    import os
+    from gpt2.compiled import separate_compile_cache
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("-" + capability)
+    assert separate_compile_cache() == os.environ["TORCHINDUCTOR_CACHE_DIR"]  # set once, not again
