@@ -14,6 +14,7 @@ import pytest
 
 from assignments.find_the_bug import ANSWER, PLANTS, TEMPLATE, planted_bug
 from assignments.grade import HIDDEN_SEED, Zygote, grade_tree, make_data, references, student_files
+from assignments.references import failing_checks
 from assignments.make import ROOT, make
 from assignments.registry import ASSIGNMENTS
 
@@ -40,6 +41,7 @@ def kit(tmp_path_factory):
         files, notes = student_files(submission, FILES)
         return grade_tree(ASSIGNMENT, pristine, files, data, refs, only, None, notes, zygote=zygote)
 
+    grade.data, grade.refs = data, refs
     yield pristine, grade
     zygote.close()
 
@@ -77,6 +79,13 @@ def test_the_unfixed_copy_fails_and_the_reference_passes(kit):
     assert unfixed.points == 0 and not unfixed.passed, [(r.check, r.message) for r in unfixed.results]
     solved = grade(reference_files(planted_bug(ROOT)[0]))
     assert solved.passed and solved.points == ASSIGNMENT.points == 4, [(r.check, r.message) for r in solved.results]
+
+
+def test_the_instructors_own_project_passes_its_checks(kit):
+    """What `grade` and the exports verify before grading anyone (references.failing_checks: the
+    reference solution, run in the grader's process, must pass at the seed)."""
+    _, grade = kit
+    assert failing_checks(ASSIGNMENT, grade.data, grade.refs) == {}
 
 
 def test_shortcuts_score_at_most_a_quarter(kit):

@@ -72,11 +72,15 @@ def named_inputs(seed):
 
 
 def named_probe(inputs, data):
-    """What BUG.txt says (its first 2,000 characters): raw text, judged by the grader."""
+    """What BUG.txt says (its first 2,000 characters): raw text, judged by the grader. In the
+    instructor's own project (which has plants.json and no BUG.txt: the grader checks that its
+    reference solution passes) the planted bug's name."""
     import spec_decoding
 
-    path = Path(spec_decoding.__file__).resolve().parents[1] / ANSWER
-    return path.read_text(errors="replace")[:2000] if path.is_file() else None
+    root = Path(spec_decoding.__file__).resolve().parents[1]
+    if (root / ANSWER).is_file():
+        return (root / ANSWER).read_text(errors="replace")[:2000]
+    return planted_bug(root)[0] if (root / PLANTS).is_file() else None
 
 
 def named_reference(inputs, data):  # the grader's: make strips it from the copy
