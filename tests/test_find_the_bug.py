@@ -13,7 +13,8 @@ import json
 import pytest
 
 from assignments.find_the_bug import ANSWER, PLANTS, TEMPLATE, planted_bug
-from assignments.grade import HIDDEN_SEED, Zygote, grade_tree, make_data, references, student_files
+from assignments.grade import (HIDDEN_SEED, Zygote, assignment_files, grade_tree, make_data, references,
+                               student_files)
 from assignments.references import failing_checks
 from assignments.make import ROOT, make
 from assignments.registry import ASSIGNMENTS
@@ -38,7 +39,7 @@ def kit(tmp_path_factory):
         for rel, text in texts.items():
             (submission / rel).parent.mkdir(parents=True, exist_ok=True)
             (submission / rel).write_text(text)
-        files, notes = student_files(submission, FILES)
+        files, notes = student_files(submission, assignment_files(ASSIGNMENT))
         return grade_tree(ASSIGNMENT, pristine, files, data, refs, only, None, notes, zygote=zygote)
 
     grade.data, grade.refs = data, refs
@@ -70,7 +71,8 @@ def test_the_copy_holds_the_planted_bug_and_not_which_one(kit):
         assert new in (pristine / file).read_text() and old not in (pristine / file).read_text()
     assert not (pristine / PLANTS).exists() and (pristine / ANSWER).read_text() == TEMPLATE
     manifest = json.loads((pristine / ".assignment.json").read_text())
-    assert sorted(manifest["files"]) == sorted(FILES) and name not in json.dumps(manifest)
+    assert sorted(manifest["files"]) == sorted(FILES) == assignment_files(ASSIGNMENT)
+    assert name not in json.dumps(manifest)
 
 
 def test_the_unfixed_copy_fails_and_the_reference_passes(kit):
