@@ -82,6 +82,10 @@ class Isolation:
 def detect(requested: str = "auto", python: str = sys.executable) -> Isolation:
     """The best isolation this machine allows, or the `requested` level if it allows that.
     Claims a sandbox user (see claim_user) for the levels that use one."""
+    from .definition import AssignmentError
+
+    if requested not in ("auto", *LEVELS):
+        raise AssignmentError(f"sandbox level {requested!r}: one of auto, {', '.join(LEVELS)}")
     why, level = [], "namespaces"
     if os.geteuid() != 0:
         why.append("the grader is not running as root: run it as root (e.g. in a container) to sandbox it")
@@ -89,15 +93,14 @@ def detect(requested: str = "auto", python: str = sys.executable) -> Isolation:
     elif not namespaces_work():
         why.append("`unshare --pid --mount --net` does not work here (no CAP_SYS_ADMIN?)")
         level = "user"
+    if level == "user" or requested == "user":
         blocked = unreadable_python(python)
         if blocked:
             why.append(f"{blocked} cannot be read by other users, so no sandbox user could run Python")
             level = "none"
     if requested != "auto":
-        if requested not in LEVELS:
-            raise ValueError(f"isolation {requested!r}: one of auto, {', '.join(LEVELS)}")
         if LEVELS.index(requested) < LEVELS.index(level):
-            raise OSError(f"cannot isolate at level {requested!r} here: {'; '.join(why)}")
+            raise AssignmentError(f"cannot sandbox at level {requested!r} here: {'; '.join(why)}")
         if requested != level:
             why.append(f"level {requested!r} was asked for")
         level = requested
@@ -605,10 +608,10 @@ class Sandbox:
         start = time.perf_counter()
         pipes = [os.fstat(fd).st_ino for fd in (output_read, answer_read)]
         output, answer = [], []
-        threads = [threading.Thread(target=_drain, args=(os.fdopen(output_read, "rb"), output, OUTPUT_HEAD), daemon=True),
-                   threading.Thread(target=_read_answer, args=(os.fdopen(answer_read, "rb"), answer), daemon=True),
-                   threading.Thread(target=_feed, args=(os.fdopen(stdin_write, "wb"), json.dumps(inputs).encode()),
-                                    daemon=True)]
+        jobs = [(_drain, (os.fdopen(output_read, "rb"), output, OUTPUT_HEAD)),
+                (_read_answer, (os.fdopen(answer_read, "rb"), answer)),
+                (_feed, (os.fdopen(stdin_write, "wb"), json.dumps(inputs).encode()))]
+        threads = [threading.Thread(target=job, args=args, daemon=True) for job, args in jobs]
         for t in threads:
             t.start()
         exit_code, deadline = None, start + timeout

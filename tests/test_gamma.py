@@ -520,3 +520,15 @@ def test_seeded_auto_sampling_gives_the_same_tokens_however_fast_the_machine_run
         runs.append((result.tokens, result.stats.gamma_by_round))
     assert runs[0] == runs[1]
     assert len(set(runs[0][1])) > 1  # auto changed gamma during the run: the test could fail
+
+
+def test_the_auto_gamma_benchmark_compares_interleaved_runs_of_the_same_tokens(pair):
+    """benchmarks/auto_gamma.py's comparison on the tiny pair: one ratio per repeat, and the same
+    comparison priced by the CostModel (1 exactly when every round was a plain step)."""
+    from benchmarks.auto_gamma import compare
+    target, draft = pair
+    result = compare(target, draft, pair_costs(target, draft, 0.1), repeats=2, max_gen=8, prompt_len=4)
+    assert len(result["ratios"]) == len(result["cost_model_ratios"]) == 2
+    assert result["min"] <= result["median"] <= result["max"] and result["cost_model_min"] > 0
+    never = compare(target, draft, pair_costs(target, draft, 1.0), repeats=1, max_gen=8, prompt_len=4)
+    assert never["plain_round_share"] == 1 and never["cost_model_ratios"] == [pytest.approx(1.0)]

@@ -16,6 +16,7 @@ skipped elsewhere, with the reason."""
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from assignments import __main__ as cli
-from assignments.export import RUN_AUTOGRADER, autograde, gradescope_source
+from assignments.definition import AssignmentError
+from assignments.export import gradescope_source
 from assignments.grade import Zygote, grade, grade_tree, student_files
 from assignments.make import MANIFEST, resolve
 from assignments.references import HIDDEN_SEED
@@ -101,11 +103,18 @@ for pid in os.listdir("/proc"):
 """
 
 READ_PROC = """
-import os
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
 found = []
 for pid in os.listdir("/proc"):
     if not pid.isdigit() or int(pid) == os.getpid():
         continue
+    try:
+        grader = int(pid) == os.getppid() or MARKER.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        grader = False
+    if grader and libc.ptrace(0x4206, int(pid), 0, 0) == 0:  # PTRACE_SEIZE (does not stop it)
+        found.append("PTRACE-ALLOWED")
     for name in ("cmdline", "environ"):
         try:
             text = open(f"/proc/{pid}/{name}", "rb").read()
@@ -233,18 +242,20 @@ def autograder(built, tmp_path: Path, text: str) -> Path:
     return root
 
 
-def run_autograder(root: Path) -> dict:
-    """Gradescope's run, as root: the exported run_autograder script, a fresh grader process."""
+def run_autograder(root: Path) -> tuple[dict, int]:
+    """Gradescope's run, as root: the exported run_autograder script, a fresh grader process.
+    Returns results.json and the user id the student's code ran as (from the grader's log line)."""
     env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
     done = subprocess.run(["bash", str(root / "run_autograder")], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr
-    return json.loads((root / "results" / "results.json").read_text())
+    return json.loads((root / "results" / "results.json").read_text()), user_id(done.stderr)
 
 
-def sandbox_processes() -> list[int]:
-    """Live processes of any sandbox user (student-sandbox, student-sandbox-1, ...)."""
-    return [pid for user in pwd.getpwall() if user.pw_name.startswith(USER) for pid in processes_of(user.pw_uid)]
+def user_id(log: str) -> int:
+    user = re.search(r"the student's code ran as user (\S+), in its own PID", log)
+    assert user and user[1].startswith(USER), log
+    return pwd.getpwnam(user[1]).pw_uid
 
 
 def fair(results: dict) -> None:
@@ -271,10 +282,11 @@ def test_rewriting_results_after_the_grader_exits_is_stopped(built, tmp_path):
     not have written there anyway (another user; no grader process or file visible to it)."""
     root = autograder(built, tmp_path / "gradescope", planted(built["stripped"], REWRITE_RESULTS,
                                                                TARGETS=[], MARKER=str(tmp_path)))
-    fair_gradescope(run_autograder(root))
+    results, uid = run_autograder(root)
+    fair_gradescope(results)
     time.sleep(1.0)  # the daemon, had it lived, rewrites every 50 ms
     fair_gradescope(json.loads((root / "results" / "results.json").read_text()))
-    assert not sandbox_processes()
+    assert not processes_of(uid)
 
 
 def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
@@ -286,7 +298,7 @@ def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed,
     text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=targets, MARKER=str(tmp_path))
     fair(grade_locally(built, sandbox, text, tmp_path / "sandboxed"))
     time.sleep(0.5)
-    assert not any(Path(t).exists() for t in targets) and not sandbox_processes()
+    assert not any(Path(t).exists() for t in targets) and not processes_of(sandbox.isolation.uid)
     # the same submission unsandboxed: its daemon outlives the grading and writes (the attack works)
     text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=[str(report)], MARKER=str(tmp_path))
     fair(grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed"))
@@ -300,7 +312,7 @@ def test_killing_the_grader_is_stopped(built, sandbox, tmp_path):
     """The child writes a perfect results.json and SIGKILLs the grader (found by its command
     line) and its own parent, the zygote: it can do neither, and every check is graded."""
     root = autograder(built, tmp_path / "gradescope", planted(built["stripped"], KILL_GRADER, MARKER=str(tmp_path)))
-    results = run_autograder(root)
+    results, _ = run_autograder(root)
     fair_gradescope(results)
     assert "KILLED" not in results["tests"][0]["output"]
     # locally, where the grader is this test's process and the zygote the child's parent
@@ -311,10 +323,11 @@ def test_killing_the_grader_is_stopped(built, sandbox, tmp_path):
 
 
 def test_reading_the_graders_proc_and_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
-    """The child reads every /proc/<pid>/cmdline, environ, mem, cwd and root it can, and the
-    files a cheater wants: the instructor's checkout (the reference implementation), hidden.json,
-    the grader's own copy of the checkpoints and another student's submission. In the sandbox it
-    finds nothing; unsandboxed, the grader's environment, memory and those files are all there."""
+    """The child reads every /proc/<pid>/cmdline, environ, mem, cwd and root it can, tries to
+    trace the grader and its own parent (the zygote), and reads the files a cheater wants: the
+    instructor's checkout (the reference implementation), hidden.json, the grader's own copy of
+    the checkpoints and another student's submission. In the sandbox it finds nothing;
+    unsandboxed, environments, memory, tracing and those files are all there."""
     other = tmp_path / "other-student" / "theory.py"
     other.parent.mkdir()
     other.write_text(f"# another student's submission {SECRET}\n")
@@ -323,7 +336,7 @@ def test_reading_the_graders_proc_and_files_is_stopped(built, sandbox, unsandbox
              str(built["source"] / "data" / "target" / "config.json")]
     text = planted(built["stripped"], READ_PROC, MARKER=str(tmp_path), FILES=files, SECRET=SECRET)
     root = autograder(built, tmp_path / "gradescope", text)
-    results = run_autograder(root)
+    results, _ = run_autograder(root)
     fair_gradescope(results)
     assert "FOUND []" in results["tests"][0]["output"], results["tests"][0]["output"]
     local = grade_locally(built, sandbox, text, tmp_path / "sandboxed")
@@ -331,7 +344,8 @@ def test_reading_the_graders_proc_and_files_is_stopped(built, sandbox, unsandbox
     assert "FOUND []" in local["tokens_per_round"].output, local["tokens_per_round"].output
     # unsandboxed the attack finds what it looks for
     exposed = grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed")["tokens_per_round"].output
-    for found in ("ENVIRON-READABLE", "MEM-READABLE", f"FILE-READABLE {ROOT / TARGET.file}", "WITH-SECRET"):
+    for found in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", f"FILE-READABLE {ROOT / TARGET.file}",
+                  "WITH-SECRET"):
         assert found in exposed, exposed
 
 
@@ -372,12 +386,13 @@ def test_a_daemon_holding_the_pipes_ends_with_its_check(built, sandbox, tmp_path
     and the grader's output says a process was left running."""
     text = planted(built["stripped"], DAEMON)
     root = autograder(built, tmp_path / "gradescope", text)
-    fair_gradescope(run_autograder(root))
-    assert not sandbox_processes()
+    results, uid = run_autograder(root)
+    fair_gradescope(results)
+    assert not processes_of(uid)
     results = grade_locally(built, sandbox, text, tmp_path / "local")
     fair(results)
     assert "were still running when the check ended: killed" in results["tokens_per_round"].output
-    assert not sandbox_processes()
+    assert not processes_of(sandbox.isolation.uid)
 
 
 def test_a_wrong_manifest_does_not_choose_the_assignment(built, sandbox, tmp_path, capsys):
@@ -388,7 +403,7 @@ def test_a_wrong_manifest_does_not_choose_the_assignment(built, sandbox, tmp_pat
                 "files": ["gpt2/kv_cache.py", "gpt2/model.py"]}
     root = autograder(built, tmp_path / "gradescope", built["stripped"])
     (root / "submission" / MANIFEST).write_text(json.dumps(manifest))
-    results = run_autograder(root)
+    results, _ = run_autograder(root)
     fair_gradescope(results)
     assert "names 'kv_cache', but this grader grades 'gamma_cost_model'" in results["output"]
     student = tmp_path / "student"
@@ -442,12 +457,12 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
     grader = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()]
     assert len(grader) == 1
     os.kill(grader[0], signal.SIGTERM)
-    shell.communicate(timeout=120)
+    _, log = shell.communicate(timeout=120)
     written = json.loads(results.read_text())
     assert [t["name"] for t in written["tests"]] == ["tokens_per_round"]
     assert "not implemented yet" in written["tests"][0]["output"]
     assert "Grading stopped after 1 check(s)" in written["output"]
-    assert not sandbox_processes()
+    assert not processes_of(user_id(log))
 
 
 def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
@@ -464,7 +479,7 @@ def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
         if isolation.level == "none":
             assert "cannot be read by other users" in isolation.line()
             assert isolation.line().startswith("NOT ISOLATED")
-        with pytest.raises(OSError, match="cannot isolate at level 'namespaces'"):
+        with pytest.raises(AssignmentError, match="cannot sandbox at level 'namespaces'"):
             sandbox.detect("namespaces")
     finally:
         if isolation.user:
