@@ -267,13 +267,15 @@ def ours_round(target, draft, fmt: str, prompt_ids: list[int], settings) -> dict
     with fast_kernels(not fmt.endswith("-plain")):
         cache = target.new_kv_cache(max_len=settings.context + 8)
         context = (prompt_ids * (settings.context // len(prompt_ids) + 1))[:settings.context]
+        draft_cache = draft.new_kv_cache(max_len=settings.context + 8)
+        for rows in (1, 5):  # untimed: a compiled model compiles each shape on its first call
+            forward_seconds(target, cache, 0, prompt_ids[:rows])
+            forward_seconds(draft, draft_cache, 0, prompt_ids[:rows])
         with torch.inference_mode():
             target(torch.tensor([context]), cache, 1)
-        for rows in (1, 5):  # untimed: a compiled model compiles each shape on its first call
-            forward_seconds(target, cache, settings.context, prompt_ids[:rows])
         steps = [forward_seconds(target, cache, settings.context, prompt_ids[:1]) for _ in range(settings.steps)]
         verifies = [forward_seconds(target, cache, settings.context, prompt_ids[:5]) for _ in range(settings.steps)]
-        del cache
+        del cache, draft_cache
         plain, plain_s = timed(None, autoregressive_generate, target, prompt_ids, settings.new_tokens)
         spec, spec_s = timed(None, speculative_sampling_greedy, target, draft, prompt_ids, settings.new_tokens,
                              settings.gamma)
