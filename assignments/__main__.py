@@ -25,8 +25,9 @@ def main(argv=None) -> int:
                    help="make the copy even if the leak check finds a stripped body elsewhere in it (warns)")
     g = sub.add_parser("grade", help="the instructor's grade of a student's copy (or of a folder of "
                                      "submissions): every check, hidden inputs")
-    g.add_argument("dir", type=Path, help="the student's copy (or a folder of their edited files with the "
-                                          "copy's .assignment.json); with --submissions: the assignment's name")
+    g.add_argument("dir", type=Path, nargs="?", help="the student's copy (or a folder of their edited files with "
+                                                     "the copy's .assignment.json); with --submissions: the "
+                                                     "assignment's name (or give --assignment)")
     g.add_argument("--submissions", type=Path, metavar="DIR",
                    help="grade every submission in DIR (a folder per student, or Gradescope's "
                         "'Export Submissions' folder or .zip) into one CSV (--csv)")
@@ -92,16 +93,19 @@ def run(args) -> int:
     if args.command == "grade" and args.submissions is not None:
         from .batch import grade_batch
 
-        if str(args.dir) not in ASSIGNMENTS:
-            raise AssignmentError(f"with --submissions, name the assignment first ({', '.join(sorted(ASSIGNMENTS))}), "
-                                  f"not {args.dir}")
-        csv = args.csv or Path(f"grades-{args.dir}.csv")
-        grade_batch(str(args.dir), args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
+        name = args.assignment or (str(args.dir) if args.dir is not None else None)
+        if name not in ASSIGNMENTS:
+            raise AssignmentError(f"with --submissions, name the assignment ({', '.join(sorted(ASSIGNMENTS))}): "
+                                  f"grade NAME --submissions DIR, or --assignment NAME")
+        csv = args.csv or Path(f"grades-{name}.csv")
+        grade_batch(name, args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
                     timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox)
         print(f"Wrote {csv}")
         return 0
     if args.command in ("grade", "check"):
         if args.command == "grade":
+            if args.dir is None:
+                raise AssignmentError("give the student's copy to grade (or --submissions DIR for a whole class)")
             print(f"Grading {args.dir} (small checkpoints made on the fly) ...", file=sys.stderr)
             report = grade(args.dir, seed=HIDDEN_SEED if args.seed is None else args.seed, timeout=args.timeout,
                            only=args.only, assignment=args.assignment, functions=args.functions,

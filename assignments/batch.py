@@ -1,6 +1,6 @@
 """Batch grading: every submission in a folder, graded on one build, into one CSV.
 
-    python -m assignments grade ASSIGNMENT --submissions DIR [--csv FILE] [--seed N]
+    python -m assignments grade ASSIGNMENT --submissions DIR [--csv FILE] [--seed N] [--jobs N]
 
 DIR holds a folder per student (the folder's name is the student's id in the CSV), or is
 Gradescope's "Export Submissions" download (its .zip, or the folder it unzips to): a
@@ -9,10 +9,11 @@ folder's submitters (:name, :sid, :email). In each submission the assignment's f
 their path, or by name when only one file has that name (as for a single grade).
 
 The stripped copy, the checkpoints, the hidden inputs and their reference values are built once,
-the instructor's own solution is graded on them first (a seed it fails is refused), and one
-zygote process serves every submission; each submission is then graded as `grade` grades one
-(its own temporary tree, a process per check). The CSV gets a row per submission as soon as it is
-graded, so an interrupted run keeps what it did.
+the instructor's own solution is checked on them first (a seed it fails is refused), and one
+sandbox (sandbox.py: its user, its zygote process) serves every submission, one per worker
+process with --jobs; each submission is then graded as `grade` grades one (its own tree, a
+process per check). The CSV gets a row per submission as soon as it is graded, so an interrupted
+run keeps what it did.
 """
 
 import csv
@@ -115,8 +116,8 @@ def notes_of(report) -> str:
 
 
 class _Grader:
-    """Grades submissions on one build (the stripped copy, checkpoints, references) with one
-    zygote: in this process, or in each worker process of a --jobs run."""
+    """Grades submissions on one build (the stripped copy, checkpoints, references) in one
+    sandbox: in this process, or in each worker process of a --jobs run."""
 
     def __init__(self, name: str, pristine: Path, data: Path, refs: dict, files: list[str],
                  timeout: float | None, isolation: str, submissions: Path):
@@ -125,7 +126,7 @@ class _Grader:
         self.assignment, self.pristine, self.data, self.refs = ASSIGNMENTS[name], pristine, data, refs
         self.files, self.timeout = files, timeout
         # the other students' submissions are not the child's to see
-        self.zygote = Sandbox(pristine, isolation, hidden=[submissions])
+        self.sandbox = Sandbox(pristine, isolation, hidden=[submissions])
 
     def grade(self, folder: Path):
         from .grade import Report, grade_tree, mark_isolation, student_files
@@ -133,11 +134,11 @@ class _Grader:
         try:
             found, notes = student_files(folder, self.files)
             report = grade_tree(self.assignment, self.pristine, found, self.data, self.refs, timeout=self.timeout,
-                                notes=notes, zygote=self.zygote)
+                                notes=notes, zygote=self.sandbox)
         except (OSError, ValueError) as error:  # an unreadable submission: a row saying so, and on to the next
             report = Report(self.assignment.name, list(self.assignment.functions),
                             notes=[f"could not be graded: {type(error).__name__}: {error}"],
-                            isolation=self.zygote.isolation.to_json())
+                            isolation=self.sandbox.isolation.to_json())
         return mark_isolation(report)
 
 
@@ -149,7 +150,7 @@ def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, su
     _WORKER = _Grader(name, pristine, data, json.loads(Path(refs_file).read_text()), files, timeout, isolation,
                       submissions)
     # closed (and waited for) when the worker ends, as the pool closes
-    multiprocessing.util.Finalize(_WORKER, _WORKER.zygote.close, exitpriority=10)
+    multiprocessing.util.Finalize(_WORKER, _WORKER.sandbox.close, exitpriority=10)
 
 
 def _grade_in_worker(folder: Path):
@@ -197,8 +198,8 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
         try:
             print(f"Built, and the reference solution passes every check at seed {seed} "
                   f"({_duration(time.perf_counter() - start)}).", file=file)
-            line = grader.zygote.isolation.line()
-            print(line if grader.zygote.isolation.level == "namespaces" else f"UNOFFICIAL: {line}", file=file)
+            line = grader.sandbox.isolation.line()
+            print(line if grader.sandbox.isolation.level == "namespaces" else f"UNOFFICIAL: {line}", file=file)
             if jobs > 1:
                 (tmp / "refs.json").write_text(json.dumps(refs))
                 # spawned, not forked: this process has torch's threads running
@@ -213,7 +214,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
             if pool is not None:
                 pool.close()
                 pool.join()
-            grader.zygote.close()
+            grader.sandbox.close()
     print(f"Graded {_count(len(found))} in {_duration(time.perf_counter() - start)}.", file=file)
     return reports
 

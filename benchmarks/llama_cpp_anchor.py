@@ -55,6 +55,7 @@ BINARIES = {"completion": ("llama-completion", "llama-cli"), "speculative": ("ll
             "bench": ("llama-bench",)}
 CONVERTER = "convert_hf_to_gguf.py"
 GGUF_TYPES = ("f16", "q8_0")  # what the converter writes: 16-bit weights, and 8-bit blocks (34 bytes per 32)
+COMPILE = {"off": False, "on": True, "auto": "auto"}  # --compile -> load_gpt2(compile=...)
 # The causal-mask buffers the hub's GPT-2 files carry (h.N.attn.bias): not weights, and the
 # converter of llama-cpp-python 0.3.36 fails on them ("Can not map tensor"), so they are left out.
 MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.(masked_)?bias$")
@@ -266,11 +267,15 @@ def ours_round(target, draft, fmt: str, prompt_ids: list[int], settings) -> dict
     with fast_kernels(not fmt.endswith("-plain")):
         cache = target.new_kv_cache(max_len=settings.context + 8)
         context = (prompt_ids * (settings.context // len(prompt_ids) + 1))[:settings.context]
+        draft_cache = draft.new_kv_cache(max_len=settings.context + 8)
+        for rows in (1, 5):  # untimed: a compiled model compiles each shape on its first call
+            forward_seconds(target, cache, 0, prompt_ids[:rows])
+            forward_seconds(draft, draft_cache, 0, prompt_ids[:rows])
         with torch.inference_mode():
             target(torch.tensor([context]), cache, 1)
         steps = [forward_seconds(target, cache, settings.context, prompt_ids[:1]) for _ in range(settings.steps)]
         verifies = [forward_seconds(target, cache, settings.context, prompt_ids[:5]) for _ in range(settings.steps)]
-        del cache
+        del cache, draft_cache
         plain, plain_s = timed(None, autoregressive_generate, target, prompt_ids, settings.new_tokens)
         spec, spec_s = timed(None, speculative_sampling_greedy, target, draft, prompt_ids, settings.new_tokens,
                              settings.gamma)
@@ -314,6 +319,9 @@ def main(argv=None) -> int:
                    help="also this pair (target/, draft/) if it exists (python -m offline.train_pair)")
     p.add_argument("--formats", nargs="+", default=["auto", "fp32", "bf16"], choices=list(FORMATS),
                    help="our formats (benchmarks.weight_formats.FORMATS)")
+    p.add_argument("--compile", nargs="+", default=["off"], choices=list(COMPILE),
+                   help="our decode path: eager (off), compiled (on: gpt2.compiled), or compiled where it "
+                        "measures faster (auto); several: each format runs with each")
     p.add_argument("--gguf-types", nargs="+", default=list(GGUF_TYPES), choices=GGUF_TYPES)
     p.add_argument("--prompt", default="The history of the printing press begins in the fifteenth century, when")
     p.add_argument("--new-tokens", type=int, default=64)
@@ -354,15 +362,20 @@ def main(argv=None) -> int:
         print(f"\n{pair.name}", flush=True)
         ggufs = {t: (convert_to_gguf(llama, pair.target, t), convert_to_gguf(llama, pair.draft, t))
                  for t in args.gguf_types}
-        models = {}
+        models = {}  # "ours <format>[ compile=on|auto]" -> (target, draft, format)
         for fmt in args.formats:
-            if fmt == "bf16" and "auto" in models and models["auto"][0].wte.weight.dtype == torch.bfloat16 \
-                    and getattr(models["auto"][0], "quantize", None) is None:
+            auto = models.get("ours auto")
+            if fmt == "bf16" and auto and auto[0].wte.weight.dtype == torch.bfloat16 \
+                    and getattr(auto[0], "quantize", None) is None:
                 print("  bf16: what auto picked, not run twice", flush=True)
                 continue
-            print(f"  loading our {fmt} pair ...", flush=True)
-            models[fmt] = (load_gpt2(pair.target, **FORMATS[fmt]), load_gpt2(pair.draft, **FORMATS[fmt]))
-        jobs = {f"ours {fmt}": (lambda fmt=fmt: ours_round(*models[fmt], fmt, prompt_ids, args)) for fmt in models}
+            for compile_choice in args.compile:
+                name = f"ours {fmt}" + ("" if compile_choice == "off" else f" compile={compile_choice}")
+                print(f"  loading our {fmt} pair{'' if compile_choice == 'off' else ', compile=' + compile_choice} ...",
+                      flush=True)
+                kwargs = {**FORMATS[fmt], "compile": COMPILE[compile_choice]}
+                models[name] = (load_gpt2(pair.target, **kwargs), load_gpt2(pair.draft, **kwargs), fmt)
+        jobs = {name: (lambda name=name: ours_round(*models[name], prompt_ids, args)) for name in models}
         jobs |= {f"llama.cpp {t}": (lambda t=t: llama_round(llama, *ggufs[t], t, args.prompt, args)) for t in ggufs}
         runs = {name: [] for name in jobs}
         names = list(jobs)
@@ -374,7 +387,7 @@ def main(argv=None) -> int:
                 print(f"  round {r + 1}/{args.warmup + args.repeats}{' (warm-up)' if r < args.warmup else ''} {name}: step {out['step_s'] * 1e3:.1f} ms, plain "
                       f"{out['plain_tok_s']:.2f} tok/s, speculative {out['spec_tok_s']:.2f} tok/s", flush=True)
             results["bandwidth_gb_s"].append(measure_bandwidth())
-        step_bytes = {f"ours {fmt}": format_bytes(models[fmt][0], fmt) for fmt in models}
+        step_bytes = {name: format_bytes(target, fmt) for name, (target, _, fmt) in models.items()}
         step_bytes |= {f"llama.cpp {t}": gguf_step_bytes(gguf_tensors(ggufs[t][0])) for t in ggufs}
         summary = summarize(runs, step_bytes, max(results["bandwidth_gb_s"]), models)
         results["pairs"][pair.name] = {"summary": summary, "runs": strip_text(runs)}
@@ -398,7 +411,9 @@ def summarize(runs: dict, step_bytes: dict, gb_per_s: float, models: dict) -> di
             m["alpha"] = median([r["alpha"] for r in rounds if r["alpha"] is not None])
             m["tokens_per_target_call"] = median([r["tokens_per_target_call"] for r in rounds])
             m["spec_equals_plain"] = all(r["spec_equals_plain"] for r in rounds)
-            m["dtype"] = str(models[name.removeprefix("ours ")][0].wte.weight.dtype).removeprefix("torch.")
+            target = models[name][0]
+            m["dtype"] = str(target.wte.weight.dtype).removeprefix("torch.") + (
+                f", {target.quantize} weights" if getattr(target, "quantize", None) else "")
         else:
             spec = rounds[-1]["spec"]
             m["acceptance"] = spec["n_accept"] / spec["n_drafted"] if spec.get("n_drafted") else None
@@ -452,7 +467,8 @@ def pair_markdown(pair: str, summary: dict, args, gb_per_s: float) -> str:
     table = markdown_table(["implementation (format)", "step ms", "floor ms (bytes)", "floor / step",
                             "verify(5) / step", "plain tok/s", f"speculative tok/s (gamma {args.gamma})",
                             "spec / plain", "acceptance", f"greedy tokens equal to ours (of {args.new_tokens})"], rows)
-    goals = goal_lines(summary, f"ours {args.formats[0]}")
+    first = f"ours {args.formats[0]}"  # the format whose goals are judged, eager and compiled
+    goals = {name: goal_lines(summary, name) for name in summary if name == first or name.startswith(first + " ")}
     return (f"**{pair}**: {args.threads} threads, prompt of {len(encode(args.prompt))} tokens, "
             f"{args.new_tokens} greedy tokens, step and verify(5) at {args.context} cached positions, "
             f"medians of {args.repeats} interleaved rounds; read bandwidth {gb_per_s:.1f} GB/s "
@@ -460,7 +476,8 @@ def pair_markdown(pair: str, summary: dict, args, gb_per_s: float) -> str:
             f"Acceptance: ours is alpha, llama.cpp's n_accept / n_drafted. A random-weight stand-in's draft "
             f"agrees with its target almost always, far more than a real pair's would: its speculative "
             f"speed-ups are an upper bound, not real-model behaviour."
-            + (f"\n\nGoals, ours {args.formats[0]} against llama.cpp f16:\n" + "\n".join(goals) if goals else ""))
+            + "".join(f"\n\nGoals, {name} against llama.cpp f16:\n" + "\n".join(lines)
+                      for name, lines in goals.items() if lines))
 
 
 if __name__ == "__main__":

@@ -91,13 +91,14 @@ class CompiledDecode:
         self.eager_forward = model.forward
         self.block = torch.compile(block_step)
         self.compile_seconds: dict[str, float] = {}
+        self.failed: str | None = None  # why compiling failed here (then every call runs eagerly)
 
     def serves(self, idx, cache) -> bool:
         model = self.model
         return (type(cache) is KVCache and isinstance(idx, torch.Tensor) and idx.dim() == 2
                 and 1 <= idx.shape[1] <= MAX_ROWS and model.wte.weight.device.type == "cpu"
                 and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
-                and not model.training)
+                and not model.training and self.failed is None)
 
     def __call__(self, idx, cache=None, num_last_logits=None, **more):
         """model(idx, cache, num_last_logits, positions=, attn_mask=, exit_layer=,
@@ -128,11 +129,18 @@ class CompiledDecode:
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
         graphs = compiled_graphs()
         t0 = time.perf_counter()
-        for layer, block in enumerate(model.h[:exit_layer]):
-            keys, values = cache.keys[layer], cache.values[layer]
-            torch._dynamo.maybe_mark_dynamic(keys, 2)
-            torch._dynamo.maybe_mark_dynamic(values, 2)
-            x = self.block(block, x, keys, values, slots, full_mask)
+        try:
+            for layer, block in enumerate(model.h[:exit_layer]):
+                keys, values = cache.keys[layer], cache.values[layer]
+                torch._dynamo.maybe_mark_dynamic(keys, 2)
+                torch._dynamo.maybe_mark_dynamic(values, 2)
+                x = self.block(block, x, keys, values, slots, full_mask)
+        except torch._dynamo.exc.TorchDynamoException as e:  # no C++ compiler, a failed build, ...
+            self.failed = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            print(f"note: the compiled decode path failed here ({self.failed}); this model runs "
+                  f"eagerly from now on", file=sys.stderr)
+            # The eager forward writes the same cache slots again: cache.length has not moved.
+            return self.eager_forward(idx, cache, num_last_logits, **more)
         if compiled_graphs() > graphs:
             rows = "1 row" if T == 1 else f"2 to {MAX_ROWS} rows"
             self.compile_seconds[rows] = seconds = time.perf_counter() - t0
@@ -162,6 +170,10 @@ def compiled_graphs() -> int:
 
 def compile_decode(model):
     """Give `model` (a CPU GPT2, inference) the compiled decode path; returns the model. Idempotent."""
+    device = model.wte.weight.device.type
+    if device != "cpu":
+        print(f"note: the compiled decode path is for CPUs; this model on {device} stays eager", file=sys.stderr)
+        return model
     if not is_compiled(model):
         model.forward = CompiledDecode(model)
     return model
@@ -202,12 +214,11 @@ def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     """Time a 1-row step and a 5-row verification, eager and compiled, in turns; the fastest of
     `rounds` each (noise only ever adds time)."""
     compiled = CompiledDecode(model)
-    try:
-        model.forward = compiled
-        time_decode(model)  # compiles both shapes
-    except Exception as e:  # whatever inductor raises here: no compiler, a failed C++ build, ...
+    model.forward = compiled
+    time_decode(model)  # compiles both shapes
+    if compiled.failed:
         eager(model)
-        return False, f"torch.compile failed here ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]})"
+        return False, f"compiling failed here ({compiled.failed})"
     times = {"eager": [], "compiled": []}
     for _ in range(rounds):
         for name in times:

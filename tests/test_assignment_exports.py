@@ -394,3 +394,17 @@ def test_batch_grades_a_folder_per_student_in_this_process(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no submission folders"):
         find_submissions(tmp_path / "empty")
+
+
+def test_batch_command_line_errors(tmp_path, capsys):
+    """The assignment named either way; a missing name, an empty folder: one line each, exit 2."""
+    (tmp_path / "empty").mkdir()
+    for argv in (["grade", "--assignment", NAME, "--submissions", str(tmp_path / "empty")],
+                 ["grade", NAME, "--submissions", str(tmp_path / "empty")]):
+        assert cli.main(argv) == 2
+        assert "holds no submission folders" in capsys.readouterr().err
+    assert cli.main(["grade", "--submissions", str(tmp_path / "empty")]) == 2
+    assert "with --submissions, name the assignment" in capsys.readouterr().err
+    assert cli.main(["grade"]) == 2
+    assert "give the student's copy to grade" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.csv")) and not list(Path.cwd().glob("grades-*.csv"))

@@ -157,3 +157,24 @@ def test_a_kernel_giving_a_transposed_view_is_served(model, monkeypatch):
     got = step_logits(compile_decode(model), prompt, [new], 12)
     torch.testing.assert_close(got[1], expected[1], atol=ATOL, rtol=0)
     eager(model)
+
+
+@torch.inference_mode()
+def test_a_failing_compiler_falls_back_to_eager_and_says_why(model, monkeypatch, capsys):
+    """Where inductor cannot build (no C++ compiler, ...), the call runs eagerly with one line
+    saying why, and auto does not pick the compiled path."""
+    import gpt2.compiled
+
+    def no_compiler(*args):
+        raise torch._dynamo.exc.TorchDynamoException("InvalidCxxCompiler: No working C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", lambda function: no_compiler)
+    path = gpt2.compiled.CompiledDecode(model)
+    prompt = torch.tensor([[1, 2, 3]])
+    expected = model(prompt, model.new_kv_cache(max_len=8))
+    cache = model.new_kv_cache(max_len=8)
+    torch.testing.assert_close(path(prompt, cache), expected, atol=0, rtol=0)
+    assert cache.length == 3 and "No working C++ compiler" in path.failed
+    assert "the compiled decode path failed here" in capsys.readouterr().err
+    use, why = gpt2.compiled._measure(model)
+    assert not use and "compiling failed here" in why and not is_compiled(model)
