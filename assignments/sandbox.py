@@ -128,8 +128,9 @@ def namespaces_work() -> bool:
 
 
 def unreadable_python(python: str) -> str | None:
-    """The first folder of the interpreter's installation that other users cannot enter, if any."""
-    for path in {Path(os.path.realpath(python)).parent, Path(sys.base_prefix), Path(sys.prefix)}:
+    """The first folder of the interpreter's installation (its program, the folders its imports
+    come from) that other users cannot enter, if any."""
+    for path in [Path(os.path.realpath(python)).parent, *map(Path, interpreter_path(python))]:
         for folder in [path, *path.parents]:
             if folder.exists() and not folder.stat().st_mode & stat.S_IXOTH:
                 return str(folder)

@@ -33,7 +33,7 @@ from assignments.grade import Zygote, grade, grade_tree, student_files
 from assignments.make import MANIFEST, resolve
 from assignments.references import HIDDEN_SEED
 from assignments.registry import ASSIGNMENTS
-from assignments.sandbox import USER, namespaces_work, processes_of
+from assignments.sandbox import USER, namespaces_work, processes_of, unreadable_python
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
@@ -484,3 +484,25 @@ def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
     finally:
         if isolation.user:
             sandbox.release_user(isolation.user)
+
+
+@pytest.mark.skipif(unreadable_python(sys.executable) is not None,
+                    reason="level user needs a Python other users can run (this one is under a private folder)")
+def test_without_namespaces_the_sandbox_user_still_stops_the_attacks(built, tmp_path):
+    """Level "user" (root, no namespaces: Gradescope's probable case): the /proc attack finds no
+    environment, memory or trace of the grader's and cannot read a folder of root's; the daemon is
+    killed with its check."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "theory.py").write_text(SECRET)
+    text = planted(built["stripped"], READ_PROC, MARKER=str(tmp_path), FILES=[str(private / "theory.py")],
+                   SECRET=SECRET)
+    with Zygote(built["source"] / "copy", isolation="user") as sandbox:
+        results = grade_locally(built, sandbox, text, tmp_path / "proc")
+        fair(results)
+        found = results["tokens_per_round"].output
+        for what in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", "CWD-", "ROOT-", "WITH-SECRET"):
+            assert what not in found, found
+        results = grade_locally(built, sandbox, planted(built["stripped"], DAEMON), tmp_path / "daemon")
+        fair(results)
+        assert not processes_of(sandbox.isolation.uid)
