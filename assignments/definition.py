@@ -55,10 +55,11 @@ class Assignment:
     dropped: tuple[str, ...] = ()
     readme: str = ""  # path of the README, relative to the project
     # A "find the bug" assignment: make plants a bug into the copy instead of removing bodies.
-    # plant(out, root) edits the copy at `out` (made from the project at `root`) and returns the
-    # files the student writes besides the functions' files (e.g. one naming the bug); the named
+    # plant(out, root) edits the copy at `out` (made from the project at `root`); the named
     # functions keep their bodies (the bug is in one of them).
     plant: Callable | None = None
+    # Files the student writes besides the functions' files (find_the_bug: BUG.txt, the bug's name).
+    answer_files: tuple[str, ...] = ()
 
     @property
     def points(self) -> float:

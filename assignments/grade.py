@@ -243,11 +243,11 @@ def read_manifest(student: Path) -> dict:
 
 
 def assignment_files(assignment: Assignment) -> list[str]:
-    """The files the student edits: those holding the assignment's functions (from the grader's
-    definition, never from the copy)."""
+    """The files the student edits: those holding the assignment's functions, and its answer files
+    (from the grader's definition, never from the copy)."""
     from .make import resolve
 
-    return sorted({resolve(f).file for f in assignment.functions})
+    return sorted({resolve(f).file for f in assignment.functions} | set(assignment.answer_files))
 
 
 def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:

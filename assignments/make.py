@@ -313,9 +313,10 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     for file, text in stripped.items():
         (out / file).write_text(text)
     _drop(out, ALWAYS_DROPPED + tuple(definition.dropped))
-    answer_files = definition.plant(out, root) if definition.plant else []
+    if definition.plant:
+        definition.plant(out, root)
     manifest = {"assignment": assignment, "functions": [t.name for t in targets],
-                "files": sorted({t.file for t in targets} | set(answer_files))}
+                "files": sorted({t.file for t in targets} | set(definition.answer_files))}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
     bodies = {t.name: _tokens(t.node.body) for t in stripped_targets + removed + references}

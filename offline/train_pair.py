@@ -693,7 +693,8 @@ def main(argv=None) -> int:
                         help="instead of training: score the pair in DIR on the --text files")
     parser.add_argument("--steps", type=int,
                         help=f"train each model this many steps (default: the target {TARGET_STEPS}, "
-                             f"the draft {DRAFT_STEPS}, about 10 minutes on 2 CPU cores)")
+                             f"the draft {DRAFT_STEPS}, about 10 minutes on the 2-core Intel Xeon "
+                             f"of the reference run; the run projects its own finish)")
     parser.add_argument("--minutes", type=float,
                         help="an optional cap on the training time of both models together; a run "
                              "it cuts short says so (and is not the default pair)")

@@ -129,7 +129,9 @@ def sampler_match_acceptance():
 class DrafterRewindingTooFar(drafters.ModelDrafter):
     """On every round with a rejection its KV cache is trimmed two entries further than the
     accepted sequence, and it never catches up: it feeds only the tokens it believes are new, so
-    its context falls two tokens further behind with every rejecting round."""
+    its context falls two tokens further behind with every rejecting round. (ModelDrafter feeds
+    whatever its cache has not seen, which would heal a cache trimmed too far; mlxcel's drafter fed
+    only the newest token, as this one does.)"""
 
     def start(self, prompt, max_gen):
         super().start(prompt, max_gen)

@@ -21,10 +21,11 @@ g * t_draft + t_target(g + 1) seconds (CostModel.round_seconds), so it picks
 which, divided by one target step, is Leviathan's predicted speed-up E(g) / (g c + verify_cost(g))
 (g = 0 gives exactly 1: the target alone).
 
-It never loses for long: speculation stays on while the estimates say it pays, or while it is
-still unsure (optimistic estimates), but a spell of drafting whose tokens per second, measured
-over its rounds, fall below a plain step's rate ends it (measured_speedup); then only a probe now
-and then drafts, until the estimates say drafting pays again.
+A losing spell ends: speculation stays on while the estimates say it pays, or while it is still
+unsure (optimistic estimates), but a spell of drafting whose tokens per second, measured over its
+rounds, fall below a plain step's rate ends it (measured_speedup); then only a probe now and then
+drafts, until the estimates say drafting pays again. The seconds are the CostModel's (below), so
+what this cannot see is a CostModel that is itself wrong, e.g. measured in a busy moment.
 
 Costs, and what a seed reproduces. gamma="auto" decides from a CostModel measured before the
 generation (or read from a file) and the tokens accepted, nothing else: the same costs, prompt,

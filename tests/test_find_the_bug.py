@@ -13,7 +13,9 @@ import json
 import pytest
 
 from assignments.find_the_bug import ANSWER, PLANTS, TEMPLATE, planted_bug
-from assignments.grade import HIDDEN_SEED, Zygote, grade_tree, make_data, references, student_files
+from assignments.grade import (HIDDEN_SEED, Zygote, assignment_files, grade_tree, make_data, references,
+                               student_files)
+from assignments.references import failing_checks
 from assignments.make import ROOT, make
 from assignments.registry import ASSIGNMENTS
 
@@ -37,9 +39,10 @@ def kit(tmp_path_factory):
         for rel, text in texts.items():
             (submission / rel).parent.mkdir(parents=True, exist_ok=True)
             (submission / rel).write_text(text)
-        files, notes = student_files(submission, FILES)
+        files, notes = student_files(submission, assignment_files(ASSIGNMENT))
         return grade_tree(ASSIGNMENT, pristine, files, data, refs, only, None, notes, zygote=zygote)
 
+    grade.data, grade.refs = data, refs
     yield pristine, grade
     zygote.close()
 
@@ -68,7 +71,8 @@ def test_the_copy_holds_the_planted_bug_and_not_which_one(kit):
         assert new in (pristine / file).read_text() and old not in (pristine / file).read_text()
     assert not (pristine / PLANTS).exists() and (pristine / ANSWER).read_text() == TEMPLATE
     manifest = json.loads((pristine / ".assignment.json").read_text())
-    assert sorted(manifest["files"]) == sorted(FILES) and name not in json.dumps(manifest)
+    assert sorted(manifest["files"]) == sorted(FILES) == assignment_files(ASSIGNMENT)
+    assert name not in json.dumps(manifest)
 
 
 def test_the_unfixed_copy_fails_and_the_reference_passes(kit):
@@ -77,6 +81,13 @@ def test_the_unfixed_copy_fails_and_the_reference_passes(kit):
     assert unfixed.points == 0 and not unfixed.passed, [(r.check, r.message) for r in unfixed.results]
     solved = grade(reference_files(planted_bug(ROOT)[0]))
     assert solved.passed and solved.points == ASSIGNMENT.points == 4, [(r.check, r.message) for r in solved.results]
+
+
+def test_the_instructors_own_project_passes_its_checks(kit):
+    """What `grade` and the exports verify before grading anyone (references.failing_checks: the
+    reference solution, run in the grader's process, must pass at the seed)."""
+    _, grade = kit
+    assert failing_checks(ASSIGNMENT, grade.data, grade.refs) == {}
 
 
 def test_shortcuts_score_at_most_a_quarter(kit):

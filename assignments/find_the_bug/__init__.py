@@ -52,8 +52,8 @@ def planted_bug(root: Path) -> tuple[str, list]:
     return table["bug"], table["plants"][table["bug"]]
 
 
-def plant(out: Path, root: Path) -> list[str]:
-    """make's hook: plant the chosen bug into the copy at `out`, write BUG.txt; returns [BUG.txt]."""
+def plant(out: Path, root: Path) -> None:
+    """make's hook: plant the chosen bug into the copy at `out`, and write BUG.txt's template."""
     name, edits = planted_bug(root)
     for file, old, new in edits:
         text = (Path(out) / file).read_text()
@@ -62,7 +62,6 @@ def plant(out: Path, root: Path) -> list[str]:
                                   f"{text.count(old)} times (the code changed: update the plant)")
         (Path(out) / file).write_text(text.replace(old, new))
     (Path(out) / ANSWER).write_text(TEMPLATE)
-    return [ANSWER]
 
 
 # ---- the name -----------------------------------------------------------------------------------------
@@ -72,11 +71,15 @@ def named_inputs(seed):
 
 
 def named_probe(inputs, data):
-    """What BUG.txt says (its first 2,000 characters): raw text, judged by the grader."""
+    """What BUG.txt says (its first 2,000 characters): raw text, judged by the grader. In the
+    instructor's own project (which has plants.json and no BUG.txt: the grader checks that its
+    reference solution passes) the planted bug's name."""
     import spec_decoding
 
-    path = Path(spec_decoding.__file__).resolve().parents[1] / ANSWER
-    return path.read_text(errors="replace")[:2000] if path.is_file() else None
+    root = Path(spec_decoding.__file__).resolve().parents[1]
+    if (root / ANSWER).is_file():
+        return (root / ANSWER).read_text(errors="replace")[:2000]
+    return planted_bug(root)[0] if (root / PLANTS).is_file() else None
 
 
 def named_reference(inputs, data):  # the grader's: make strips it from the copy
@@ -252,6 +255,7 @@ ASSIGNMENT = Assignment(
     dropped=(PLANTS,),
     readme="assignments/find_the_bug/README.md",
     plant=plant,
+    answer_files=(ANSWER,),
     checks=(
         Check("bug_named", FUNCTIONS, named_inputs, named_probe, named_judge, points=1, visible=False,
               reference=named_reference, about=f"{ANSWER} names the planted bug"),
