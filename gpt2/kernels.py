@@ -220,6 +220,16 @@ class KernelLinear:
         return f"KernelLinear({list(self.weight.shape)} {str(self.dtype).removeprefix('torch.')}: {self.kernel})"
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias on the KernelLinear attached to this weight, else F.linear: for code
+    outside a model that reads through one of its weights (a drafter reading out through the
+    target's tied head, spec_decoding/medusa.py and eagle.py, or batched rows through its head)."""
+    kernel = getattr(weight, "kernel_linear", None)
+    if kernel is None or kernel.bias is not bias:
+        return F.linear(x, weight, bias)
+    return kernel(x)
+
+
 def linear_layers(model) -> list[tuple[nn.Module, str, torch.Tensor, torch.Tensor | None]]:
     """(owner, attribute, weight, bias) of every linear layer of a model: each nn.Linear's forward,
     and the tied output head of a GPT2 (its `head`, on wte.weight)."""
@@ -242,9 +252,10 @@ def attached(model) -> list[KernelLinear]:
 
 def detach_kernels(model):
     """Back to the plain face: every linear layer and the head run F.linear again. Returns model."""
-    for owner, name, _, _ in linear_layers(model):
+    for owner, name, weight, _ in linear_layers(model):
         if isinstance(vars(owner).get(name), KernelLinear):
             del vars(owner)[name]
+            del weight.kernel_linear
     return model
 
 
@@ -306,8 +317,10 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             else:
                 how = "the format's default: GPT2_MEASURE_KERNELS=0"
         for owner, name, weight, bias in layers:
-            setattr(owner, name, KernelLinear(weight, bias, _rows_aware(
-                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8)))
+            kernel = KernelLinear(weight, bias, _rows_aware(
+                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8))
+            setattr(owner, name, kernel)
+            weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
     return said
 
