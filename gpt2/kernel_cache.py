@@ -118,10 +118,21 @@ def decide_once(kind: str, what: dict, measure, about: str) -> tuple[object, boo
     if value is not None:
         return value, False
     print(f"measuring {about} on this machine, once: the choice is kept in {shown_path()} "
-          f"(python -m gpt2.kernel_report --remeasure measures again)", file=sys.stderr, flush=True)
+          f"(python -m gpt2.kernel_report --remeasure measures again){busy_note()}", file=sys.stderr, flush=True)
     value = measure()
     store(kind, what, value)
     return value, True
+
+
+def busy_note() -> str:
+    """"; the machine is busy ..." when its load average is above its core count (other work then
+    slows the timed kernels unevenly, and the kept choice may not be the fastest), else ""."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:  # not on this platform
+        return ""
+    return (f"; the machine is busy (load average {load:.1f} on {cores} cores), so the timings may mislead: "
+            f"remeasure when it is quieter" if load > cores else "")
 
 
 def forget(kind: str | None = None) -> list[dict]:

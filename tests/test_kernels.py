@@ -376,6 +376,18 @@ def test_decide_once_keeps_any_kind_of_choice(kernel_cache_file, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_measuring_on_a_busy_machine_says_so(kernel_cache_file, monkeypatch, capsys):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 8.0, 7.0))
+    kernel_cache.decide_once("kernels", {"shape": [1]}, lambda: 1, "which kernel")
+    line, = capsys.readouterr().err.splitlines()
+    assert line.endswith("; the machine is busy (load average 9.0 on 2 cores), so the timings may mislead: "
+                         "remeasure when it is quieter")
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    kernel_cache.decide_once("kernels", {"shape": [2]}, lambda: 1, "which kernel")
+    assert "the machine is busy" not in capsys.readouterr().err
+
+
 def test_remeasure_forgets_this_machines_choices_and_measures_them_again(wide_dir, kernel_cache_file,
                                                                           monkeypatch, capsys):
     from gpt2.kernel_report import main
