@@ -9,9 +9,13 @@ this run's own (a temporary folder; the user's cache is never touched):
 
   1. the first load, with the cache empty: dtype "auto" measures the format and the kernels
      (said on stderr) and keeps them;
-  2. then, interleaved so that a busy spell of the machine hits both alike (A B A B ...): a load
-     in dtype "auto" that reads the kept choice (A), and a load with GPT2_FAST_LINEAR=0 (B: the
-     plain face, float32, nothing measured or attached). Medians of each.
+  2. then, interleaved so that a busy spell of the machine hits each alike (A B C D A B C D ...):
+     A: a load in dtype "auto" that reads the kept choice;
+     B: a load with GPT2_FAST_LINEAR=0 (the plain face: float32, nothing measured or attached);
+     C: the format A loads, given explicitly, with GPT2_MEASURE_KERNELS=0 (nothing measured or
+        read: what A costs beside deciding, i.e. converting and packing the weights);
+     D: float32 with the kernels attached (its choice measured in step 1 too, then read).
+     Medians of each.
 
 Each run also decodes the same prompt greedily: every later run in the auto format must give the
 first run's tokens (the same kernels, so the same rounding). The load time counted is load_gpt2
@@ -39,8 +43,9 @@ def child(folder: str) -> None:
     from gpt2 import kernels, load_gpt2
     from spec_decoding import autoregressive_generate
 
+    kwargs = json.loads(os.environ.get("LOAD_TIME_ARGS", "{}"))  # load_gpt2's options for this run
     t0 = time.perf_counter()
-    model = load_gpt2(folder)
+    model = load_gpt2(folder, **kwargs)
     seconds = time.perf_counter() - t0
     tokens = autoregressive_generate(model, random_prompt(PROMPT_LENGTH, seed=0), NEW_TOKENS).tokens
     quantize = getattr(model, "quantize", None)
@@ -78,12 +83,20 @@ def main(argv=None) -> None:
         first = run(folder, base)
         print(f"first load (cache empty): {first['load_s']:.2f} s, {first['format']}, "
               f"measured: {first['measured']}\n  " + first["stderr"].replace("\n", "\n  "), flush=True)
-        runs = {"cached choice (auto)": [], "GPT2_FAST_LINEAR=0": []}
+        float32 = {**base, "LOAD_TIME_ARGS": json.dumps({"dtype": "float32"})}
+        print("float32 with kernels, first load: " + run(folder, float32)["stderr"].replace("\n", "\n  "))
+        same_format = {"fp16": {"quantize": "fp16"}}.get(first["format"], {"dtype": first["format"]})
+        arms = {"A: cached choice (auto)": base,
+                "B: GPT2_FAST_LINEAR=0": {**base, "GPT2_FAST_LINEAR": "0"},
+                f"C: {first['format']} given, nothing measured": {
+                    **base, "GPT2_MEASURE_KERNELS": "0", "LOAD_TIME_ARGS": json.dumps(same_format)},
+                "D: float32, cached kernels": float32}
+        runs = {name: [] for name in arms}
         for i in range(args.repeats):
-            for name, env in (("cached choice (auto)", base), ("GPT2_FAST_LINEAR=0", {**base, "GPT2_FAST_LINEAR": "0"})):
+            for name, env in arms.items():
                 runs[name].append(run(folder, env))
                 print(f"  {i + 1}/{args.repeats} {name}: {runs[name][-1]['load_s']:.2f} s", flush=True)
-    cached, plain = runs["cached choice (auto)"], runs["GPT2_FAST_LINEAR=0"]
+    cached, plain = runs["A: cached choice (auto)"], runs["B: GPT2_FAST_LINEAR=0"]
     ratio = median([r["load_s"] for r in cached]) / median([r["load_s"] for r in plain])
     same = all(r["tokens"] == first["tokens"] and r["format"] == first["format"] for r in cached)
     rows = [[name, rs[0]["format"], rs[0]["kernels"], f"{median([r['load_s'] for r in rs]):.2f}",
@@ -93,8 +106,11 @@ def main(argv=None) -> None:
     print(f"\n{args.model} stand-ins ({folder}); CPU: {info['cpu']}, {info['torch_threads']} torch threads, "
           f"torch {info['torch']}, load average before: {' '.join(f'{x:.1f}' for x in info['load_average'])}")
     print(markdown_table(["load", "format", "kernels attached", "median s", "each run s", "measured"], rows))
-    print(f"\ncached-choice load / plain load (medians): {ratio:.3f}; every cached run gave the first "
-          f"run's {NEW_TOKENS} greedy tokens in its format: {same}")
+    decided = median([r["load_s"] for r in cached]) / median([r["load_s"] for r in list(runs.values())[2]])
+    float32_ratio = median([r["load_s"] for r in runs["D: float32, cached kernels"]]) / median([r["load_s"] for r in plain])
+    print(f"\nmedians: A / B (cached auto / plain) {ratio:.3f}; A / C (deciding: reading the kept choice) "
+          f"{decided:.3f}; D / B (float32 with its kernels / plain) {float32_ratio:.3f}; every cached run gave "
+          f"the first run's {NEW_TOKENS} greedy tokens in its format: {same}")
 
 
 if __name__ == "__main__":
