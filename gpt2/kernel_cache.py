@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from .machine_load import load_average
+
 # Bumped when the meaning of a kept value changes: older entries are then ignored.
 VERSION = 1
 EMULATION_SWITCHES = ("GPT2_CPU", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
@@ -127,12 +129,9 @@ def decide_once(kind: str, what: dict, measure, about: str) -> tuple[object, boo
 def busy_note() -> str:
     """"; the machine is busy ..." when its load average is above its core count (other work then
     slows the timed kernels unevenly, and the kept choice may not be the fastest), else ""."""
-    try:
-        load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    except OSError:  # not on this platform
-        return ""
+    load, cores = load_average(), os.cpu_count() or 1
     return (f"; the machine is busy (load average {load:.1f} on {cores} cores), so the timings may mislead: "
-            f"remeasure when it is quieter" if load > cores else "")
+            f"remeasure when it is quieter" if load is not None and load > cores else "")
 
 
 def forget(kind: str | None = None) -> list[dict]:
