@@ -19,7 +19,7 @@ It measures, in one run, interleaved so that machine noise hits everything alike
    hooks) equal the counts in the stats, and target calls per token = 1 / tokens per target call.
 3. transformers' assisted generation on the same two checkpoints (greedy, num_assistant_tokens =
    gamma, constant schedule, no confidence cut-off): its time, and whether its tokens equal ours.
-4. The same with gpt2.kernels.USE_ONEDNN = False (plain F.linear -> MKL) for one gamma: how
+4. The same with gpt2.kernels.ENABLED = False (the plain face: F.linear -> MKL) for one gamma: how
    verification cost and the speed-up collapse under MKL's small-M kernels on this CPU.
 
 Writes <out>/results.json and <out>/results.md and prints the table.
@@ -53,7 +53,7 @@ class ForwardCounter:
 
 
 def set_onednn(on: bool):
-    gpt2.kernels.ENABLED = gpt2.kernels.USE_ONEDNN = on  # read at call time by gpt2.kernels.linear
+    gpt2.kernels.ENABLED = on  # read at call time by the attached kernels (False: plain F.linear)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def report(res) -> str:
           f"## Per-call costs (KV cache warm, context {res['cost_context']})\n"]
     rows = []
     for mode, c in res["costs"].items():
-        label = "oneDNN (default)" if mode == "onednn" else "MKL (USE_ONEDNN=False)"
+        label = "oneDNN (default)" if mode == "onednn" else "MKL (kernels.ENABLED=False)"
         rows.append([label, _ms(c["draft_step"]), _ms(c["target_step"]),
                      f"{c['draft_step'] / c['target_step']:.3f}"]
                     + [f"{_ms(c['verify'][g])} ({c['verify'][g] / c['target_step']:.2f}x)" for g in res["gammas"]])
@@ -272,7 +272,7 @@ def report(res) -> str:
               f"{sum(r['same_tokens_as_ours'])}/{len(r['same_tokens_as_ours'])}",
               ", ".join(str(f) for f in r["first_mismatch_vs_our_baseline"])] for r in res["hf"]]))
     if res.get("mkl_summary"):
-        md.append("\n## The same with MKL (gpt2.kernels.USE_ONEDNN = False)\n")
+        md.append("\n## The same with MKL (gpt2.kernels.ENABLED = False)\n")
         md.append(spec_table(res["mkl_summary"]))
         md.append("\n(ideal uses the MKL per-call costs above)\n")
     return "\n".join(md) + "\n"
@@ -343,7 +343,7 @@ def main(argv=None):
            "hf": hf_summary(runs, args.gammas) if not args.no_hf else None}
 
     if args.mkl_gamma:
-        print(f"MKL comparison (USE_ONEDNN=False), gamma={args.mkl_gamma} ...", flush=True)
+        print(f"MKL comparison (kernels.ENABLED=False), gamma={args.mkl_gamma} ...", flush=True)
         g = args.mkl_gamma
         mkl_jobs = {k: v for k, v in jobs.items() if k in ("baseline greedy", f"spec greedy g={g}")}
         if f"spec greedy g={g}" not in mkl_jobs:

@@ -48,7 +48,6 @@ import torch
 
 import gpt2.kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.kernels import linear
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
@@ -67,7 +66,7 @@ FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()
 
 
 class fast_kernels:
-    """with fast_kernels(on): run gpt2.kernels.linear() with or without the kernels gpt2.kernels attached."""
+    """with fast_kernels(on): run a loaded model with or without the kernels gpt2.kernels attached."""
 
     def __init__(self, on: bool):
         self.on = on
@@ -102,15 +101,15 @@ def forward_seconds(model, cache, context_len, tokens):
 @torch.inference_mode()
 def linears_alone_seconds(model) -> float:
     """Every linear layer of one decoding step (4 per block, then the head), in order, one row
-    each, through gpt2.kernels.linear(): the step's matrix work without anything between."""
+    each, on the kernels loading attached: the step's matrix work without anything between."""
     layers = [lin for b in model.h for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
     dtype = model.wte.weight.dtype
     x = {n: torch.randn(1, 1, n, dtype=dtype) for n in {lin.in_features for lin in layers}}
 
     def run():
         for lin in layers:
-            linear(x[lin.in_features], lin.weight, lin.bias)
-        linear(x[model.config.n_embd], model.wte.weight, None)
+            lin(x[lin.in_features])
+        model.head(x[model.config.n_embd])
 
     return timed(None, run)[1]
 

@@ -1,28 +1,33 @@
 """What this machine's CPU can run and which kernel runs where: `python -m gpt2.kernel_report`.
 
-    python -m gpt2.kernel_report                      # the capability probe (instant)
-    python -m gpt2.kernel_report --model gpt2-large   # + kernels per format and rows, and "auto"
+    python -m gpt2.kernel_report                      # the capability probe, and the kept choices
+    python -m gpt2.kernel_report --model gpt2-large   # + kernels per format and rows, and "auto",
+                                                      #   for that size (measured if not kept yet)
+    python -m gpt2.kernel_report --remeasure          # forget this machine's kept choices and
+                                                      #   measure them again
     GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.kernel_report
                                                       # as on a CPU without AVX-512 / bfloat16
 
-The decisions themselves are gpt2/kernels.py's; this only prints them (CI prints it too, so every
-test log says what it tested).
+The decisions themselves are gpt2/kernels.py's, kept by gpt2/kernel_cache.py; this only prints
+them (CI prints it too, so every test log says what it tested).
 """
 
 import argparse
+import math
 import sys
+from types import SimpleNamespace
 
 import torch
 
-from . import kernels
+from . import kernel_cache, kernels
 from .config import GPT2Config
 
 
 def report(config: GPT2Config | None = None) -> str:
-    """The probe's findings; with a config, also the kernel measured fastest per format and row
-    count on weights of its c_fc shape (as loading such a model would choose), and what
-    dtype="auto" picks."""
-    lines = [f"CPU: {kernels.cpu_name() or 'unknown'}; flags: {' '.join(kernels.cpu_flags()) or 'none found'}",
+    """The probe's findings and this machine's kept choices; with a config, also the kernel
+    fastest per format and row count on weights of its c_fc shape (as loading such a model
+    chooses, and keeps), and what dtype="auto" picks."""
+    lines = [f"CPU: {kernel_cache.cpu_name() or 'unknown'}; flags: {' '.join(kernel_cache.cpu_flags()) or 'none found'}",
              f"torch {torch.__version__}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, "
              f"{torch.get_num_threads()} threads"
              + (f"; acting as {kernels.EMULATIONS[kernels.emulated_cpu()]}" if kernels.emulated_cpu() else ""),
@@ -31,37 +36,94 @@ def report(config: GPT2Config | None = None) -> str:
     for path, what in kernels.PATHS.items():
         why = kernels.probe(path)
         lines.append(f"  {'works ' if why is None else 'absent'}  {path:12s} {what}" + (f"  ({why})" if why else ""))
-    if config is None:
-        return "\n".join(lines)
-    shape, weights32 = kernels.timing_weights(config)
-    lines.append(f"fastest kernel per format and rows on {len(weights32)} weights of shape {list(shape)} "
-                 f"(ms per pass over them, fastest of 5 interleaved passes):")
+    if config is not None:
+        lines += model_choices(config)
+    kept = kernel_cache.entries_here()
+    lines.append(f"choices kept for this machine in {kernel_cache.shown_path()}: {len(kept)}")
+    for entry in kept:
+        lines.append(f"  {entry['measured']}  {entry['kind']} {describe_what(entry['what'])}: "
+                     f"{describe_value(entry['kind'], entry['value'])}")
+    return "\n".join(lines)
+
+
+def model_choices(config) -> list[str]:
+    """The kernels loading chooses per format for a model of this config (kept or measured now),
+    with their times, and dtype="auto"'s format."""
+    shape = (4 * config.n_embd, config.n_embd)
+    lines = [f"fastest kernel per format and rows on weights of shape {list(shape)} (ms per pass over "
+             f"{kernels.TIMING_BYTES >> 20} MiB of them, fastest of 5 interleaved passes):"]
     for fmt, paths in kernels.format_paths().items():
         if not paths:
             lines.append(f"  {fmt}: no fast path here")
             continue
         dtype = kernels.AUTO_FORMATS[fmt][0]
-        weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]
-        choice, times = kernels.choose_by_rows(weights, paths)
-        lines.append(f"  {fmt}: {kernels.describe_choice(choice)}")
-        for p in paths:
-            cells = "  ".join(f"M={m}: {1000 * t:7.2f}" for m, t in times[p].items())
-            lines.append(f"    {p:12s} {cells}")
+        choice, how = kernels.rows_choice(fmt, shape, dtype, paths, lambda: timing_sample(shape, fmt, dtype))
+        lines.append(f"  {fmt}: {kernels.describe_choice(choice)} ({how})")
+        kept = kernel_cache.lookup("kernels", kernels.rows_what(fmt, shape, dtype, paths))
+        for p, by_rows in (kept or {}).get("ms", {}).items():
+            lines.append(f"    {p:12s} " + "  ".join(f"M={m}: {t:7.2f}" for m, t in by_rows.items()))
     fmt, why = kernels.fastest_format(config)
-    lines.append(f'dtype="auto" picks {fmt}: {why}')
-    return "\n".join(lines)
+    lines.append(f'dtype="auto" picks {fmt}: {why or "not measured (a model this small, or GPT2_MEASURE_KERNELS=0)"}')
+    return lines
+
+
+def timing_sample(shape, fmt: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Weights of a shape in a format and dtype, enough of them to read TIMING_BYTES per pass
+    (their values do not change these kernels' speed)."""
+    n = max(1, math.ceil(kernels.TIMING_BYTES / (shape[0] * shape[1] * torch.finfo(dtype).bits // 8)))
+    weights = [torch.full(tuple(shape), 0.01 * (i + 1)) for i in range(n)]
+    return [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights]
+
+
+def describe_what(what: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats"))
+
+
+def describe_value(kind: str, value) -> str:
+    if kind == "kernels":
+        return kernels.describe_choice([(math.inf if m is None else m, p) for m, p in value["choice"]])
+    if kind == "format":
+        return value[0]
+    return str(value)
+
+
+def remeasure(config: GPT2Config | None) -> list[str]:
+    """Forget this machine's kept choices and measure the kernel and format ones again (and those
+    of config, if given); a choice of another kind is measured again where it is next needed."""
+    forgotten = kernel_cache.forget()
+    lines = [f"forgot {len(forgotten)} choice(s) kept for this machine in {kernel_cache.shown_path()}"]
+    for entry in forgotten:
+        what = entry["what"]
+        if entry["kind"] == "kernels":
+            dtype = getattr(torch, what["dtype"])
+            paths = kernels.candidates(what["format"], dtype)
+            if len(paths) > 1:
+                choice, _ = kernels.rows_choice(what["format"], tuple(what["shape"]), dtype, paths,
+                                                lambda: timing_sample(what["shape"], what["format"], dtype))
+                lines.append(f"  kernels {describe_what(what)}: {kernels.describe_choice(choice)}")
+        elif entry["kind"] == "format":
+            fmt, _ = kernels.fastest_format(SimpleNamespace(n_embd=what["n_embd"], n_layer=what["n_layer"]))
+            lines.append(f"  format {describe_what(what)}: {fmt}")
+        else:
+            lines.append(f"  {entry['kind']} {describe_what(what)}: measured again when next needed")
+    return lines
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gpt2.kernel_report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="also measure kernels on this GPT-2 size's "
-                        "shapes (gpt2, gpt2-medium, gpt2-large, gpt2-xl), as loading it would")
+    parser.add_argument("--model", default=None, help="also choose kernels for this GPT-2 size's "
+                        "shapes (gpt2, gpt2-medium, gpt2-large, gpt2-xl), as loading it does")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--remeasure", action="store_true", help="forget the choices kept for this "
+                        "machine and measure them again")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        print(report(GPT2Config.from_name(args.model) if args.model else None))
+        config = GPT2Config.from_name(args.model) if args.model else None
+        if args.remeasure:
+            print("\n".join(remeasure(config)))
+        print(report(config))
     except ValueError as e:
         sys.exit(f"error: {e}")
 

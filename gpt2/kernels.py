@@ -1,29 +1,38 @@
-"""Which kernel runs GPT-2's linear layers on this CPU: a capability probe, a choice measured per
-number of rows, and linear() itself. The one place that decides kernels; `python -m gpt2.kernel_report`
-prints what it decided and why.
+"""The fast face of the model: which kernel runs each of GPT-2's linear layers on this CPU, and the
+layer that runs it. gpt2/model.py is plain PyTorch (nn.Linear, F.linear); loading attaches this
+file's KernelLinear to each linear layer and the head (`attach_kernels`), which runs the same
+function of the same parameters on the kernel chosen for this machine. `python -m
+gpt2.kernel_report` prints what was chosen and why.
 
 Three questions, each answered on the machine in use, never from a number written into the code:
 
   1. Which fast paths work here? (`probe`) Each one (pre-packed oneDNN bfloat16, fbgemm's float16
-     weights, int8 packing, ...) is tried once, on a tiny tensor, the first time it is needed, and
-     its result checked against float64. A path that raises, or computes something else, is never
-     used again in this process; the reason is kept for the report. oneDNN's bfloat16 path, for
-     example, needs AVX-512 (or AVX-NE-CONVERT): most laptops' CPUs lack it, and then it raises.
-  2. Which working kernel is fastest for a decode step (1 row) and for a verification (2 to 9
-     rows)? (`attach_kernels`) At load, each candidate runs on the model's own weights, a few
-     layers' worth so they come from memory as in a real step, at ROW_COUNTS rows; each row count
-     gets its winner. Which one wins depends on the CPU (docs/linear_kernels.md).
+     weights, int8 packing, ...) is tried once per process, on a tiny tensor, the first time it is
+     needed, and its result checked against float64. A path that raises, or computes something
+     else, is never used; the reason is kept for the report. oneDNN's bfloat16 path, for example,
+     needs AVX-512 (or AVX-NE-CONVERT): most laptops' CPUs lack it, and then it raises.
+  2. Which working kernel is fastest for a decode step (1 row) and for a verification (2 to 16
+     rows)? (`attach_kernels`, `choose_by_rows`) Each candidate runs on the model's own weights,
+     a few layers' worth so they come from memory as in a real step, at ROW_COUNTS rows; each row
+     count gets its winner. Which one wins depends on the CPU (docs/linear_kernels.md).
   3. Which weight format is fastest here for this model? (`fastest_format`, behind dtype="auto")
      The same measurement on weights of the model's shapes, once per format that works.
 
-GPT2_CPU=avx2 makes the probe act as on a CPU without AVX-512 and bfloat16 instructions (an AMD
-Zen 2/3 or a recent Intel consumer CPU), so that one machine can test both kinds of paths. Use it
-together with PyTorch's and oneDNN's own switches, which must be set before torch is imported:
+Questions 2 and 3 are measured once per machine (CPU, flags, torch version, threads) and shape,
+the first time such a model is loaded, and kept in the user's cache folder (gpt2/kernel_cache.py):
+every later run reads the choice, so a machine runs the same kernels, and rounds alike, every
+time. `python -m gpt2.kernel_report --remeasure` measures again.
+
+Switches (environment variables):
+  GPT2_FAST_LINEAR=0     attach nothing: every layer runs plain PyTorch (F.linear), as
+                         load_gpt2(..., kernels=False) does for one model.
+  GPT2_MEASURE_KERNELS=0 time nothing: each format's default kernel (its first candidate), and
+                         float32 for dtype="auto" (the tests set it: no result depends on timing).
+  GPT2_CPU=avx2          act as a CPU without AVX-512 and bfloat16 instructions (an AMD Zen 2/3 or a
+                         recent Intel consumer CPU), so that one machine can test both kinds of paths.
+                         Use it with PyTorch's and oneDNN's own switches, set before torch is imported:
 
     GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.kernel_report
-
-GPT2_FAST_LINEAR=0 runs every layer on the plain path (F.linear, or oneDNN for large float32
-weights; GPT2_ONEDNN=0: F.linear only) on the same values, to compare.
 """
 
 import math
@@ -34,16 +43,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import fast_linear
+from . import fast_linear, kernel_cache
+from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
+# Read at call time by KernelLinear: False runs the plain path on a model with kernels attached
+# (the benchmarks compare the two faces of one model this way).
 ENABLED = os.environ.get("GPT2_FAST_LINEAR", "1") != "0"
-USE_ONEDNN = os.environ.get("GPT2_ONEDNN", "1") != "0"
 EMULATIONS = {"avx2": "a CPU without AVX-512 or bfloat16 instructions (GPT2_CPU=avx2)"}
 # oneDNN sets up each call; below this many weights plain F.linear is quicker, and a layer this
 # small is per-call overhead, not reading weights, so no format or kernel choice pays. Every
 # linear layer of the real GPT-2 sizes is above it; only toy test models are below.
 ONEDNN_MIN_WEIGHTS = 1 << 18
-# Rows timed at load: a decode step, and verifications of 1, 4 and 8 draft tokens. A call with
+# Rows timed: a decode step, and verifications of 1, 4 and 8 draft tokens. A call with
 # other rows uses the winner of the nearest of these (ROW_LIMITS); above the last, a prompt: the
 # format's default kernel.
 ROW_COUNTS = (1, 2, 5, 9)
@@ -101,25 +112,6 @@ def emulated_cpu() -> str | None:
         raise ValueError(f"GPT2_CPU={name!r} is not known: use GPT2_CPU=avx2 (act as a CPU without "
                          f"AVX-512/bfloat16) or leave it unset")
     return name
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's vector-instruction flags that matter here (from /proc/cpuinfo; [] elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return sorted(f for f in set(flags) if f in ("avx2", "fma", "f16c", "avx_ne_convert")
-                  or f.startswith(("avx512", "amx")))
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
 
 
 def cpu_has_bf16_instructions() -> bool:
@@ -184,23 +176,7 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# linear(): what every linear layer of gpt2/model.py calls
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] @ weight.T + bias, with weight [out, in] as in nn.Linear: on the kernels
-    attach_kernels chose for this weight (in inference, on CPU), else on the plain path."""
-    inference = not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-    if inference and x.device.type == "cpu":
-        kernel = getattr(weight, "fast_linear", None)
-        if kernel is not None and ENABLED:
-            return kernel(x, bias)
-        if (USE_ONEDNN and x.dtype == torch.float32 and weight.numel() >= ONEDNN_MIN_WEIGHTS
-                and works("onednn")):
-            # On x86, MKL's kernels for a few rows are slow on AMD processors; oneDNN reads the
-            # weights near memory speed (docs/linear_kernels.md). No autograd formula: inference only.
-            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+# 2. The fast face: a KernelLinear on each linear layer and the head
 
 
 class RowsAwareKernel:
@@ -224,25 +200,63 @@ class RowsAwareKernel:
         return f"RowsAwareKernel({describe_choice(self.paths())})"
 
 
-def describe_choice(paths: list[tuple[float, str]]) -> str:
-    """[(max_rows, path)] -> "1 row: onednn, 2-3 rows: mm, ..."."""
-    parts, low = [], 1
-    for max_rows, path in paths:
-        rows = f"{low}+" if math.isinf(max_rows) else (f"{low}" if low == max_rows else f"{low}-{max_rows}")
-        parts.append(f"{rows} {'row' if rows == '1' else 'rows'}: {path}")
-        low = max_rows + 1 if not math.isinf(max_rows) else low
-    return ", ".join(parts)
+class KernelLinear:
+    """What a linear layer's forward (or GPT2.head) becomes when kernels are attached:
+    x [..., in] -> x @ weight.T + bias [..., out], the same parameters on the kernel chosen for
+    this machine. It runs the kernel at inference on a CPU while ENABLED, and F.linear otherwise
+    (training, another device or dtype than the kernel was built for). A weight changed in place
+    after loading keeps its old kernel: detach_kernels(model) first."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, kernel: RowsAwareKernel):
+        self.weight, self.bias, self.kernel, self.dtype = weight, bias, kernel, weight.dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        inference = not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
+        if ENABLED and inference and x.device.type == "cpu" and self.weight.dtype == self.dtype:
+            return self.kernel(x, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def __repr__(self):
+        return f"KernelLinear({list(self.weight.shape)} {str(self.dtype).removeprefix('torch.')}: {self.kernel})"
 
 
-# ---------------------------------------------------------------------------------------------
-# 2. Kernels per number of rows, measured at load
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias on the KernelLinear attached to this weight, else F.linear: for code
+    outside a model that reads through one of its weights (a drafter reading out through the
+    target's tied head, spec_decoding/medusa.py and eagle.py, or batched rows through its head)."""
+    kernel = getattr(weight, "kernel_linear", None)
+    if kernel is None or kernel.bias is not bias:
+        return F.linear(x, weight, bias)
+    return kernel(x)
+
+
+def linear_layers(model) -> list[tuple[nn.Module, str, torch.Tensor, torch.Tensor | None]]:
+    """(owner, attribute, weight, bias) of every linear layer of a model: each nn.Linear's forward,
+    and the tied output head of a GPT2 (its `head`, on wte.weight)."""
+    layers = [(m, "forward", m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
+    if hasattr(model, "wte") and hasattr(model, "head"):
+        layers.insert(0, (model, "head", model.wte.weight, None))
+    return layers
 
 
 def linear_weights(model) -> list[torch.Tensor]:
-    """The weights that go through linear(): wte (a GPT2's tied output head), then every linear
-    layer's (a GPT2's or any module's, e.g. a drafter's own layers)."""
-    tied = [model.wte.weight] if hasattr(model, "wte") else []
-    return tied + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    """The weights of linear_layers(model): wte (a GPT2's tied head), then every nn.Linear's."""
+    return [weight for _, _, weight, _ in linear_layers(model)]
+
+
+def attached(model) -> list[KernelLinear]:
+    """The KernelLinears attached to model (none: its plain face)."""
+    found = [vars(owner).get(name) for owner, name, _, _ in linear_layers(model)]
+    return [k for k in found if isinstance(k, KernelLinear)]
+
+
+def detach_kernels(model):
+    """Back to the plain face: every linear layer and the head run F.linear again. Returns model."""
+    for owner, name, weight, _ in linear_layers(model):
+        if isinstance(vars(owner).get(name), KernelLinear):
+            del vars(owner)[name]
+            del weight.kernel_linear
+    return model
 
 
 def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
@@ -262,54 +276,62 @@ def candidates(fmt: str, dtype: torch.dtype) -> list[str]:
     return [p for p in paths if works(p)]
 
 
-# (format, weight shape, dtype, threads) -> [(max_rows, path)]: each chosen once per process.
-_CHOSEN: dict[tuple, list[tuple[float, str]]] = {}
+def measuring() -> bool:
+    """Whether choices may be timed (GPT2_MEASURE_KERNELS=0: no; each format's default kernel)."""
+    return os.environ.get("GPT2_MEASURE_KERNELS", "1") != "0"
 
 
-def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=None) -> int:
-    """Give each linear weight of a CPU model its kernels (a RowsAwareKernel as the weight's
-    `fast_linear` attribute, which linear() runs). int8: parameter -> (q, scale) for weights
-    quantized at load time (their parameters hold the dequantized values); fp16: the float32
-    model's linear weights hold float16-rounded values.
+def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=None) -> list[str]:
+    """Attach the fast face to a CPU model: each linear layer's forward, and a GPT2's head, become a
+    KernelLinear on the same parameters. int8: parameter -> (q, scale) for weights quantized at
+    load time (their parameters hold the dequantized values); fp16: the float32 model's linear
+    weights hold float16-rounded values.
 
-    Per format, the kernel for each range of rows is the fastest of the working candidates,
-    measured on the model's own weights of the largest shape (once per process for a format and
-    shape). choose: a function (format, sample weights, paths, int8) -> [(max_rows, path)] to use
-    instead (tests). Weights below ONEDNN_MIN_WEIGHTS are not measured: a 16-bit or int8 format
-    gets its own kernel, float32 and float16 the plain path. Returns how many weights got kernels."""
-    groups: dict[str, list[torch.Tensor]] = {}
-    for weight in linear_weights(model):
-        if weight.device.type == "cpu":
-            groups.setdefault(weight_format(weight, int8, fp16), []).append(weight)
-    count = 0
-    for fmt, weights in groups.items():
-        paths = candidates(fmt, weights[0].dtype)
-        if not paths:
+    Per format, the kernel for each range of rows is the fastest of the working candidates on the
+    format's most-read weight shape, measured once per machine and kept (rows_choice); choose: a
+    function (format, sample weights, paths, int8) -> [(max_rows, path)] to use instead (tests).
+    Weights below ONEDNN_MIN_WEIGHTS are not measured: a 16-bit or int8 format gets its own
+    kernel, float32 and float16 stay plain. Returns one line per format saying what runs where
+    (empty: nothing attached, the model stays plain)."""
+    groups: dict[str, list[tuple]] = {}
+    for layer in linear_layers(model):
+        if layer[2].device.type == "cpu":
+            groups.setdefault(weight_format(layer[2], int8, fp16), []).append(layer)
+    said = []
+    for fmt, layers in groups.items():
+        dtype = layers[0][2].dtype
+        paths = candidates(fmt, dtype)
+        small = {id(w) for _, _, w, _ in layers if w.numel() < ONEDNN_MIN_WEIGHTS}
+        if fmt in ("float32", "float16"):  # per-call overhead: the plain path
+            layers = [layer for layer in layers if layer[2].numel() >= ONEDNN_MIN_WEIGHTS]
+        if not paths or not layers:
             continue
-        large = [w for w in weights if w.numel() >= ONEDNN_MIN_WEIGHTS]
-        if large and ENABLED and len(paths) > 1:
-            # The shape whose weights a step reads most of (in GPT-2, the MLP's; not the head,
-            # the largest single matrix but read once per step).
-            by_shape: dict[tuple, list[torch.Tensor]] = {}
-            for w in large:
-                by_shape.setdefault(tuple(w.shape), []).append(w)
-            shape, sample = max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
-            key = (fmt, shape, weights[0].dtype, torch.get_num_threads())
+        large = [w for _, _, w, _ in layers if w.numel() >= ONEDNN_MIN_WEIGHTS]
+        choice, how = [(math.inf, paths[0])], "the format's default"
+        if large and len(paths) > 1:
+            shape, sample = most_read_shape(large)
             if choose is not None:
-                choice = choose(fmt, sample, paths, int8)
-            elif key in _CHOSEN:
-                choice = _CHOSEN[key]
+                choice, how = choose(fmt, sample, paths, int8), "as given"
+            elif measuring():
+                choice, how = rows_choice(fmt, shape, dtype, paths, lambda: sample, int8)
             else:
-                choice = _CHOSEN[key] = choose_by_rows(sample, paths, int8)[0]
-        else:
-            choice = [(math.inf, paths[0])]
-        for weight in weights:
-            if weight.numel() < ONEDNN_MIN_WEIGHTS and fmt in ("float32", "float16"):
-                continue  # per-call overhead: the plain path
-            small = weight.numel() < ONEDNN_MIN_WEIGHTS
-            weight.fast_linear = _rows_aware(weight, [(math.inf, paths[0])] if small else choice, int8)
-            count += 1
-    return count
+                how = "the format's default: GPT2_MEASURE_KERNELS=0"
+        for owner, name, weight, bias in layers:
+            kernel = KernelLinear(weight, bias, _rows_aware(
+                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8))
+            setattr(owner, name, kernel)
+            weight.kernel_linear = kernel  # for linear(): code that reads through this weight
+        said.append(f"{fmt}: {describe_choice(choice)} ({how})")
+    return said
+
+
+def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
+    """(shape, its weights): the shape whose weights a step reads most of (in GPT-2, the MLP's;
+    not the head, the largest single matrix but read once per step)."""
+    by_shape: dict[tuple, list[torch.Tensor]] = {}
+    for w in weights:
+        by_shape.setdefault(tuple(w.shape), []).append(w)
+    return max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
 
 
 def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
@@ -318,6 +340,44 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
         if path not in built:
             built[path] = build_kernel(path, weight, int8.get(weight) if int8 and path == "int8pack" else None)
     return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
+
+
+def describe_choice(paths: list[tuple[float, str]]) -> str:
+    """[(max_rows, path)] -> "1 row: onednn, 2-3 rows: mm, ..."."""
+    parts, low = [], 1
+    for max_rows, path in paths:
+        rows = f"{low}+" if math.isinf(max_rows) else (f"{low}" if low == max_rows else f"{low}-{max_rows}")
+        parts.append(f"{rows} {'row' if rows == '1' else 'rows'}: {path}")
+        low = max_rows + 1 if not math.isinf(max_rows) else low
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Kernels per number of rows, measured once per machine and shape
+
+
+def rows_what(fmt: str, shape, dtype: torch.dtype, paths: list[str]) -> dict:
+    """What a kernel choice depends on besides the machine (its key in the cache)."""
+    return {"format": fmt, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+            "paths": paths, "rows": list(ROW_COUNTS)}
+
+
+def rows_choice(fmt: str, shape: tuple, dtype: torch.dtype, paths: list[str], sample, int8=None
+                ) -> tuple[list[tuple[float, str]], str]:
+    """([(max_rows, path)], how it was decided) for weights of a format and shape: kept from an
+    earlier run on this machine, else measured now by choose_by_rows on sample() (a list of
+    weights of that shape) and kept. The cache keeps the times too (the report shows them)."""
+    what = rows_what(fmt, shape, dtype, paths)
+
+    def measure():
+        choice, times = choose_by_rows(sample(), paths, int8)
+        return {"choice": [[None if math.isinf(m) else m, p] for m, p in choice],
+                "ms": {p: {str(m): round(1000 * t, 4) for m, t in by_m.items()} for p, by_m in times.items()}}
+
+    kept, measured_now = kernel_cache.decide_once(
+        "kernels", what, measure, f"which kernel runs {fmt} weights {list(shape)} fastest")
+    choice = [(math.inf if m is None else m, p) for m, p in kept["choice"]]
+    return choice, ("measured now" if measured_now else "measured here before") + f", kept in {kernel_cache.shown_path()}"
 
 
 def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows=ROW_COUNTS,
@@ -377,22 +437,23 @@ def time_kernels(kernels: dict[str, list], in_features: int, dtype, rows=ROW_COU
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. The weight format dtype="auto" picks on a CPU
-
-_FASTEST: dict[tuple, tuple[str, str]] = {}  # (n_embd, threads, probe results) -> (format, why)
+# 4. The weight format dtype="auto" picks on a CPU, measured once per machine and width
 
 
 def fastest_format(config) -> tuple[str, str | None]:
-    """(format, why; None when nothing was measured): the format of AUTO_FORMATS that runs this model's linear
-    layers fastest here, measured at load on weights of its shapes ([4 n_embd, n_embd], as c_fc)
-    at 1 row (a decode step) and 5 rows (verifying 4 draft tokens). A 16-bit format must win by
-    AUTO_MARGIN. A model whose layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured."""
-    if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS:
+    """(format, why; None when nothing was measured): the format of AUTO_FORMATS that runs this
+    model's linear layers fastest here, measured on weights of its shapes ([4 n_embd, n_embd], as
+    c_fc) at 1 row (a decode step) and 5 rows (verifying 4 draft tokens), once per machine and
+    width, and kept (gpt2/kernel_cache.py). A 16-bit format must win by AUTO_MARGIN. A model whose
+    layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured, as does every model under
+    GPT2_MEASURE_KERNELS=0."""
+    if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS or not measuring():
         return "float32", None  # layers this small cost per-call overhead, which no format cuts
-    key = (config.n_embd, torch.get_num_threads(), emulated_cpu())
-    if key not in _FASTEST:
-        _FASTEST[key] = _measure_formats(config)
-    return _FASTEST[key]
+    what = {"n_embd": config.n_embd, "n_layer": config.n_layer, "formats": format_paths()}
+    (fmt, why), measured_now = kernel_cache.decide_once(
+        "format", what, lambda: list(_measure_formats(config)),
+        f'which weight format dtype="auto" loads for width {config.n_embd}')
+    return fmt, why + ("" if measured_now else f" (measured here before, kept in {kernel_cache.shown_path()})")
 
 
 def timing_weights(config) -> tuple[tuple[int, int], list[torch.Tensor]]:

@@ -16,6 +16,11 @@ device and dtype are checked before anything is read or downloaded (gpt2.device)
 on this machine for those shapes (float32, float16 weights, or bfloat16; gpt2.kernels), with one
 line saying which and why; bfloat16/float16 on CUDA, float16 on MPS; names as strings work.
 
+On a CPU, loading attaches the fast face (gpt2/kernels.py): each linear layer and the head run on
+the kernel chosen for this machine, measured once and kept in the user's cache folder; one line
+says which and where the choice is kept. kernels=False (or GPT2_FAST_LINEAR=0 for every load)
+keeps the model plain PyTorch, as gpt2/model.py reads.
+
 When a name looks like a hub repo id but the hub cannot be reached, loading fails within seconds
 (one quick probe of the endpoint instead of huggingface_hub's retry ladder) unless the files are
 in the local hub cache, and the message names the local folder it also looked for.
@@ -40,7 +45,7 @@ from .compiled import COMPILE_CHOICES, choose_compiled, compile_decode
 from .config import GPT2Config
 from .device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
 from .fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
-from .kernels import attach_kernels
+from . import kernels as fast_face
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -66,7 +71,7 @@ class CheckpointError(Exception):
     """The weights could not be found, downloaded or read. The message says what to do."""
 
 
-def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, compile=False) -> GPT2:
+def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=True, compile=False) -> GPT2:
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
@@ -81,6 +86,8 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, compile=Fa
     whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear).
     quantize="fp16": the same weights rounded to float16 in a float32 model (dtype "auto" or
     "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32.
+    kernels=False: the plain face, every linear layer on F.linear as gpt2/model.py reads (dtype
+    "auto" is then float32); True attaches gpt2/kernels.py's (unless GPT2_FAST_LINEAR=0).
     compile: True gives the model the compiled decode path (gpt2.compiled; CPU), "auto" only where
     it measures faster here (one line says which and why), False (default) keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
@@ -92,7 +99,8 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, compile=Fa
     if quantize == "fp16":
         dtype = fp16_weights_dtype(dtype, device)
     config, weights_path = resolve_checkpoint(name_or_path)
-    model = load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize)
+    model = load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize,
+                             kernels=kernels)
     if compile == "auto":
         _, why = choose_compiled(model)
         note_once(f"note: compile auto for {Path(weights_path).parent.name}: {why}", sys.stderr)
@@ -324,10 +332,11 @@ def read_config(path: Path) -> GPT2Config:
 
 
 def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=None,
-                     quantize=None) -> GPT2:
+                     quantize=None, kernels=True) -> GPT2:
     """Build a GPT2 whose parameters are the tensors of a safetensors file (either key layout).
-    device, dtype and quantize as in load_gpt2, except that dtype None (the default) keeps the
-    file's."""
+    device, dtype, quantize and kernels as in load_gpt2, except that dtype None (the default)
+    keeps the file's."""
+    kernels = kernels and fast_face.ENABLED
     path = Path(path)
     device = resolve_device("cpu" if device is None else device)
     if quantize == "fp16":
@@ -349,7 +358,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                   f"the folder.", file=sys.stderr)
         with torch.device("meta"), no_weight_init():
             model = GPT2(config)  # shapes only, no memory
-        dtype, quantize = resolve_format(dtype, quantize, device, config, path)
+        dtype, quantize = resolve_format(dtype, quantize, device, config, path, kernels)
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
         state, int8 = {}, {}
@@ -375,18 +384,24 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             f"delete it and download it again."
         ) from None
     model.load_state_dict(state, assign=True)
-    params = dict(model.named_parameters())
-    attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()}, fp16=quantize == "fp16")
+    if kernels:
+        params = dict(model.named_parameters())
+        said = fast_face.attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()},
+                                        fp16=quantize == "fp16")
+        if said:
+            note_once(f"kernels: gpt2/kernels.py, {'; '.join(said)}. Plain PyTorch (gpt2/model.py as it "
+                      f"reads): load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", sys.stderr)
     model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
 
 
-def resolve_format(dtype, quantize, device, config: GPT2Config, path) -> tuple[torch.dtype | None, str | None]:
+def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=True
+                   ) -> tuple[torch.dtype | None, str | None]:
     """(dtype, quantize) to load with, now that the model's shapes are known. "auto" without a
-    quantize option is decided here (gpt2.device.auto_format) and said in one line; a 16-bit dtype
-    without a fast path on this CPU gets its one-line note."""
+    quantize option is decided here (gpt2.device.auto_format; float32 for the plain face) and said
+    in one line; a 16-bit dtype without a fast path on this CPU gets its one-line note."""
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
-        dtype, quantize, why = auto_format(device, config)
+        dtype, quantize, why = auto_format(device, config if kernels else None)
         if why is not None and device.type == "cpu":
             name = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
                 quantize, str(dtype).removeprefix("torch."))

@@ -1,6 +1,10 @@
 """GPT-2, written out by hand: embeddings, pre-LayerNorm blocks, causal self-attention, MLP, and an
 output head tied to the token embedding. Parameter names match the official checkpoints
 (wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), so loading is a rename-free copy.
+
+This file is plain PyTorch: every linear layer is an nn.Linear, the head an F.linear. Loading a
+model attaches faster CPU kernels to those layers (gpt2/kernels.py, named in the line load prints);
+load_gpt2(..., kernels=False) keeps this plain face.
 """
 
 import torch
@@ -8,24 +12,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import GPT2Config
-from .kernels import linear  # which kernel runs each linear layer on this machine
 from .kv_cache import KVCache
-
-
-class Linear(nn.Linear):
-    """nn.Linear whose forward goes through gpt2.kernels.linear (the same math; on CPU, at
-    inference, the kernel measured fastest here for the number of rows)."""
-
-    def forward(self, x):
-        return linear(x, self.weight, self.bias)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()
         self.n_head = config.n_head
-        self.c_attn = Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
-        self.c_proj = Linear(config.n_embd, config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
 
     def forward(self, x, attn_mask, cache: KVCache | None, layer: int):
         """x [B, T, C] -> [B, T, C]. attn_mask [T, T_past + T] (True = may attend) or None."""
@@ -45,8 +40,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()
-        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
-        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
@@ -77,26 +72,56 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         # The output head is wte.weight itself (weight tying): logits = x @ wte.weight.T
 
-    def forward(
-        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
-        exit_layer: int | None = None, positions: torch.Tensor | None = None,
-        attn_mask: torch.Tensor | None = None, return_features: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
+                **more) -> torch.Tensor:
         """idx [B, T] token ids -> logits [B, T, vocab_size].
 
-        With a cache, idx continues the sequence at position cache.length, its keys/values are
-        written into the cache and cache.length grows by T. num_last_logits=n computes the
-        output head for the last n positions only (logits [B, n, vocab_size]): generation needs
-        only those, and on a long prompt the head is a large share of the work.
-        exit_layer=k runs only the first k blocks, then ln_f and the head ("early exit": the
-        self-speculative drafter, spec_decoding.drafters.LayerSkipDrafter); the cache then needs
-        only k layers.
+        With a cache, idx continues the sequence at position cache.length: its keys and values are
+        written into the cache, which grows by T. num_last_logits=n computes the output head for
+        the last n positions only (logits [B, n, vocab_size]): generation needs only those, and on
+        a long prompt the head is a large share of the work.
+
+        (Token trees, early exit and feature drafters pass more keywords: see forward_with.)
+        """
+        if more:
+            return self.forward_with(idx, cache, num_last_logits, **more)
+        start = cache.length if cache is not None else 0
+        self._check_input(idx, start, cache)
+        T = idx.shape[1]
+        positions = torch.arange(start, start + T, device=idx.device)
+        # Query i (at position start + i) may attend to keys 0 .. start + i. One token needs no mask.
+        mask = None if T == 1 else torch.arange(start + T, device=idx.device)[None, :] <= positions[:, None]
+        x = self.wte(idx) + self.wpe(positions)
+        for layer, block in enumerate(self.h):
+            x = block(x, mask, cache, layer)
+        if cache is not None:
+            cache.advance(T)
+        if num_last_logits is not None:
+            x = x[:, -num_last_logits:]
+        return self.head(self.ln_f(x))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The output head: x [B, T, n_embd] -> logits [B, T, vocab_size] = x @ wte.weight.T, the
+        token embedding's own weight (weight tying)."""
+        return F.linear(x, self.wte.weight)
+
+    def forward_with(
+        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None, *,
+        positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+        exit_layer: int | None = None, return_features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """forward with the options the algorithms beyond plain decoding need (model(idx, cache,
+        ..., positions=...) passes them here); without any, it computes exactly forward.
 
         Token trees (spec_decoding/tree.py) score several continuations at once, so two new
         tokens can sit at the same position and must not see each other. For them:
         positions [T]: the position of each new token (default: start, start + 1, ...).
         attn_mask [T, start + T] bool: which keys, cached ones first, each new token may attend
-        to (True = may; default causal). Without either, this is plain causal decoding.
+        to (True = may; default causal).
+
+        exit_layer=k runs only the first k blocks, then ln_f and the head ("early exit": the
+        self-speculative drafter, spec_decoding.drafters.LayerSkipDrafter); the cache then needs
+        only k layers.
 
         return_features=True returns (logits, features): features [B, T, n_embd] is the residual
         stream after the last block run, before ln_f, for every new position (num_last_logits
@@ -110,10 +135,8 @@ class GPT2(nn.Module):
         slots = torch.arange(start, start + T, device=idx.device)  # where the new keys go
         if positions is None:
             positions = slots
-        # Query i (in slot start+i) may attend to keys 0..start+i. One token needs no mask.
         if attn_mask is None and T > 1:
-            key_slots = torch.arange(start + T, device=idx.device)
-            attn_mask = key_slots[None, :] <= slots[:, None]
+            attn_mask = torch.arange(start + T, device=idx.device)[None, :] <= slots[:, None]
         x = self.wte(idx) + self.wpe(positions)
         for layer, block in enumerate(self.h[:exit_layer]):
             x = block(x, attn_mask, cache, layer)
@@ -122,7 +145,7 @@ class GPT2(nn.Module):
         features = x
         if num_last_logits is not None:
             x = x[:, -num_last_logits:]
-        logits = linear(self.ln_f(x), self.wte.weight, None)
+        logits = self.head(self.ln_f(x))
         return (logits, features) if return_features else logits
 
     def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,

@@ -60,11 +60,16 @@ print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
 #
 # All GPT-2 sizes share one architecture, so this notebook needs only one model: the draft
 # (`GPT2_DRAFT`, GPT-2 small with 124M parameters by default).
+#
+# `kernels=False` keeps the model plain PyTorch, exactly as `gpt2/model.py` reads: step into
+# `model(idx)` and you are in `GPT2.forward`, every linear layer an `nn.Linear`. A default load
+# attaches faster CPU kernels beside it (`gpt2/kernels.py`, named in the one line it prints),
+# which compute the same float32 logits.
 
 # %%
 from gpt2 import load_gpt2
 
-model = load_gpt2(DRAFT, device=DEVICE)
+model = load_gpt2(DRAFT, device=DEVICE, kernels=False)
 cfg = model.config
 print(cfg)
 print(f"{model.num_parameters() / 1e6:.1f}M parameters, head_dim = {cfg.head_dim}")

@@ -1,8 +1,11 @@
 """Shared fixtures. Every checkpoint is made here, on the fly, in temporary folders, in exactly the
 layout of the Hugging Face hub files (random weights: the hub is unreachable offline)."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,15 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+# Kernels are chosen without timing (each format's default kernel, float32 for dtype "auto"), so no
+# result depends on how busy the machine is; the tests of the measurement fake its timings. And
+# the kept choices go to a folder of this run's own, never the user's cache (scripts run by the
+# tests inherit both).
+os.environ["GPT2_MEASURE_KERNELS"] = "0"
+_KERNEL_CACHE = tempfile.mkdtemp(prefix="gpt2-kernel-cache-")
+atexit.register(shutil.rmtree, _KERNEL_CACHE, ignore_errors=True)
+os.environ["GPT2_KERNEL_CACHE"] = str(Path(_KERNEL_CACHE) / "kernels.json")
 
 from gpt2 import GPT2Config, load_gpt2  # noqa: E402
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint  # noqa: E402
@@ -82,6 +94,19 @@ def text_pair_dirs(tmp_path_factory):
 def text_pair(text_pair_dirs):
     target_dir, draft_dir = text_pair_dirs
     return load_gpt2(target_dir), load_gpt2(draft_dir)
+
+
+@pytest.fixture
+def kernel_cache_file(tmp_path, monkeypatch):
+    """A new, empty cache of measured kernel choices (gpt2/kernel_cache.py) with measuring on:
+    its path. Nothing kept by earlier tests in this process is seen."""
+    import gpt2.kernel_cache
+
+    path = tmp_path / "cache" / "kernels.json"
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(path))
+    monkeypatch.setenv("GPT2_MEASURE_KERNELS", "1")
+    monkeypatch.setattr(gpt2.kernel_cache, "_KEPT", {})
+    return path
 
 
 @pytest.fixture

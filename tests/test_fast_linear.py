@@ -39,8 +39,7 @@ def test_logits_close_to_fp32(medium_dir, name):
     idx = torch.randint(0, MEDIUM.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     reference = logits(load_gpt2(medium_dir), idx)
     model = load_gpt2(medium_dir, **FORMATS[name])
-    attached = sum(hasattr(w, "fast_linear") for w in kernels.linear_weights(model))
-    assert attached == 4 * MEDIUM.n_layer + 1  # every linear and the head run the format's kernel
+    assert len(kernels.attached(model)) == 4 * MEDIUM.n_layer + 1  # every linear and the head run the format's kernel
     error = (logits(model, idx) - reference).abs().max() / (reference.max() - reference.min())
     assert 1e-5 < error < TOLERANCE[name]  # not fp32 in disguise, and close
     # Most positions keep the fp32 argmax (the rest are near-ties).

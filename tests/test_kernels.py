@@ -1,21 +1,27 @@
 """gpt2/kernels.py: the capability probe (a path that raises or miscomputes is never used), the
 GPT2_CPU=avx2 switch, kernels chosen per number of rows (every choice computes the plain path's
-logits), and bfloat16 on a CPU without its fast path (runs, slower, with one note).
+logits), bfloat16 on a CPU without its fast path (runs, slower, with one note), the two faces
+(plain PyTorch: F.linear; the attached kernels: the same float32 logits), and the choices measured
+once per machine and kept (gpt2/kernel_cache.py).
 
 These run on every CPU; .ci/run runs them a second time as on an AVX2-only CPU (GPT2_CPU=avx2
 with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2), so each host tests both kinds of paths."""
 
 import ast
+import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 import gpt2.device as device
+import gpt2.kernel_cache as kernel_cache
 import gpt2.kernels as kernels
 from conftest import ROOT
 from gpt2 import GPT2Config, load_gpt2
+from spec_decoding import autoregressive_generate
 from gpt2.fast_linear import int8_per_channel
 
 # Every linear layer at least ONEDNN_MIN_WEIGHTS (n_embd 512): measured and routed like GPT-2's.
@@ -33,8 +39,21 @@ def wide_dir(make_checkpoint):
 def fresh_probe(monkeypatch):
     """A probe with nothing tried yet, restored afterwards."""
     monkeypatch.setattr(kernels, "_PROBED", {})
-    monkeypatch.setattr(kernels, "_CHOSEN", {})
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+
+
+def paths_used(model) -> set[str]:
+    return {path for k in kernels.attached(model) for _, path in k.kernel.paths()}
+
+
+def choice_of(model) -> list[tuple[float, str]]:
+    """The one kernel choice of every attached layer ([(max_rows, path)])."""
+    choices = {tuple(k.kernel.paths()) for k in kernels.attached(model)}
+    assert len(choices) == 1, choices
+    return list(choices.pop())
+
+
+MM_BELOW_PROMPTS = [(16, "mm"), (math.inf, "onednn")]  # mm wins every row count timed; prompts: the default
 
 
 def logits(model, idx):
@@ -73,17 +92,12 @@ def test_a_path_that_raises_or_miscomputes_is_never_used(wide_dir, fresh_probe, 
     assert len(calls) == 1
     model = load_gpt2(wide_dir, dtype="bfloat16")  # runs, without the broken path
     assert len(calls) == 1  # tried once, never again in this process
-    used = {path for w in kernels.linear_weights(model) for _, path in w.fast_linear.paths()}
+    used = paths_used(model)
     assert used and "onednn-bf16" not in used
     model32 = load_gpt2(wide_dir, dtype="float32")
-    assert all("onednn" not in {p for _, p in w.fast_linear.paths()}
-               for w in kernels.linear_weights(model32) if hasattr(w, "fast_linear"))
+    assert kernels.attached(model32) and "onednn" not in paths_used(model32)
     idx = torch.randint(0, WIDE.vocab_size, (1, 7), generator=torch.Generator().manual_seed(0))
     reference = logits(model32, idx)
-    with torch.inference_mode():  # the plain path no longer takes the miscomputing oneDNN either
-        x = torch.randn(1, 3, 512)
-        w = torch.randn(2048, 512)
-        torch.testing.assert_close(kernels.linear(x, w, None), x @ w.T, rtol=1e-4, atol=1e-4)
     spread = (reference.max() - reference.min()).item()
     assert (logits(model, idx) - reference).abs().max() < 0.05 * spread
 
@@ -161,7 +175,8 @@ def test_every_kernel_choice_gives_the_plain_paths_logits(wide_dir, fmt, fresh_p
     choices = [[(math.inf, p)] for p in paths] + [[(1, paths[-1]), (math.inf, paths[0])]]
     for choice in choices:
         kernels.attach_kernels(model, int8=int8, fp16=fmt == "fp16", choose=lambda *a, c=choice: c)
-        assert all(w.fast_linear.paths() == choice for w in weights if w.numel() >= kernels.ONEDNN_MIN_WEIGHTS)
+        assert all(k.kernel.paths() == choice for k in kernels.attached(model))
+        assert len(kernels.attached(model)) == len(weights)
         for got, plain in ((logits(model, idx), plain_9), (logits(model, idx[:, :1]), plain_1)):
             assert (got - plain).abs().max() <= tol * spread, (fmt, choice)
 
@@ -174,10 +189,222 @@ def test_the_report_lists_every_path():
         assert path in text
 
 
-def test_no_import_cycle_between_the_model_and_its_kernels():
-    """gpt2/model.py imports gpt2/kernels.py, which imports gpt2/fast_linear.py; neither imports back."""
-    for name in ("kernels.py", "fast_linear.py"):
-        tree = ast.parse(Path(ROOT / "gpt2" / name).read_text())
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        imported |= {f"{'.' * n.level}{n.module or ''}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+def imports_of(name: str) -> set[str]:
+    tree = ast.parse(Path(ROOT / "gpt2" / name).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {f"{'.' * n.level}{n.module or ''}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {f"{'.' * n.level}{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 for a in n.names}
+    return imported
+
+
+def test_the_model_imports_no_kernels_and_the_kernels_no_model():
+    """gpt2/model.py is plain PyTorch: it imports none of the kernel files. gpt2/kernels.py imports
+    fast_linear.py and kernel_cache.py; none of them imports the model or loading (no cycle)."""
+    assert not any("kernel" in i or "fast_linear" in i for i in imports_of("model.py"))
+    for name in ("kernels.py", "fast_linear.py", "kernel_cache.py"):
+        imported = imports_of(name)
         assert not any("model" in i or "loading" in i for i in imported), (name, imported)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two faces: plain PyTorch, and the kernels attached beside it
+
+
+def count_f_linear(monkeypatch) -> list:
+    """Make torch.nn.functional.linear count its calls (it still computes): the list of calls."""
+    calls, plain = [], torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **kw: calls.append(1) or plain(*a, **kw))
+    return calls
+
+
+def test_stepping_into_the_plain_face_reaches_f_linear(wide_dir, monkeypatch):
+    """load_gpt2(..., kernels=False) is gpt2/model.py as it reads: every linear layer and the head
+    run torch.nn.functional.linear. The default load runs them on the attached kernels instead
+    (here pinned to oneDNN, which never calls F.linear), named by its load line."""
+    plain = load_gpt2(wide_dir, dtype="float32", kernels=False)
+    fast = load_gpt2(wide_dir, dtype="float32")
+    kernels.attach_kernels(fast, choose=lambda *a: [(math.inf, "onednn")])
+    assert kernels.attached(plain) == [] and len(kernels.attached(fast)) == 4 * WIDE.n_layer + 1
+    assert type(plain.h[0].mlp.c_fc) is torch.nn.Linear and "head" not in vars(plain)
+    idx = torch.tensor([[1, 2, 3]])
+    calls = count_f_linear(monkeypatch)
+    logits(plain, idx)
+    assert len(calls) == 4 * WIDE.n_layer + 1  # 4 per block, and the head
+    calls.clear()
+    logits(fast, idx)
+    assert calls == []
+    kernels.detach_kernels(fast)  # and back: the same model, plain again
+    logits(fast, idx)
+    assert len(calls) == 4 * WIDE.n_layer + 1
+
+
+def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys):
+    monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+    model = load_gpt2(wide_dir, dtype="float32")
+    assert kernels.attached(model)
+    err = capsys.readouterr().err
+    assert err.startswith("kernels: gpt2/kernels.py, float32: 1+ rows: onednn") and "kernels=False" in err, err
+    monkeypatch.setattr(kernels, "ENABLED", False)  # what GPT2_FAST_LINEAR=0 sets at import
+    assert kernels.attached(load_gpt2(wide_dir)) == []
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("choice", [[(math.inf, "onednn")], [(math.inf, "mm")], [(math.inf, "linear")],
+                                    [(1, "mm"), (math.inf, "onednn")]])
+def test_float32_logits_are_the_same_on_both_faces(wide_dir, choice):
+    """A float32 model with no kernels and one with each float32 kernel of this machine give the
+    same logits and the same greedy tokens. Not bit for bit: oneDNN and MKL sum in other orders,
+    so logits differ in their last bits (measured: under 1e-6 of their spread); the bound is 1e-5
+    of the spread, where a real difference (a bfloat16 rounding, a missing bias) is 1e-3 or more.
+    On F.linear ("linear") the two faces are the same computation: equal bit for bit."""
+    if not all(kernels.works(path) for _, path in choice):
+        pytest.skip(f"not on this CPU: {choice}")
+    plain = load_gpt2(wide_dir, dtype="float32", kernels=False)
+    fast = load_gpt2(wide_dir, dtype="float32")
+    kernels.attach_kernels(fast, choose=lambda *a: choice)
+    idx = torch.randint(0, WIDE.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
+    for rows in (idx[:, :1], idx):
+        want, got = logits(plain, rows), logits(fast, rows)
+        if choice == [(math.inf, "linear")]:
+            assert torch.equal(got, want)
+        assert (got - want).abs().max() <= 1e-5 * (want.max() - want.min())
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    prompt = [5, 6, 7]
+    assert autoregressive_generate(fast, prompt, 12).tokens == autoregressive_generate(plain, prompt, 12).tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured once per machine, kept in the user's cache folder
+
+
+def fake_timings(monkeypatch, cost: dict) -> list:
+    """Replace the timing with chosen costs (path -> seconds at every row count): the list of
+    timing calls made."""
+    calls = []
+
+    def time_kernels(named, in_features, dtype, rows=kernels.ROW_COUNTS, repeats=5):
+        calls.append(sorted(named))
+        return {name: {m: cost.get(name.split("/")[-1], 1.0) for m in rows} for name in named}
+
+    monkeypatch.setattr(kernels, "time_kernels", time_kernels)
+    return calls
+
+
+def test_the_choice_is_measured_once_and_read_by_later_runs(wide_dir, kernel_cache_file, monkeypatch, capsys):
+    monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+    calls = fake_timings(monkeypatch, {"onednn": 2.0, "mm": 1.0, "linear": 3.0})
+    model = load_gpt2(wide_dir, dtype="float32")
+    err = capsys.readouterr().err.splitlines()
+    assert len(calls) == 1 and choice_of(model) == MM_BELOW_PROMPTS
+    assert err[0].startswith("measuring which kernel runs float32 weights [2048, 512] fastest on this machine, "
+                             f"once: the choice is kept in {kernel_cache_file}"), err
+    assert "float32: 1-16 rows: mm, 17+ rows: onednn (measured now, kept in" in err[1]
+    entry, = json.loads(kernel_cache_file.read_text())["entries"]
+    assert entry["kind"] == "kernels" and entry["value"]["choice"] == [[16, "mm"], [None, "onednn"]]
+    key = json.loads(entry["key"])
+    assert key["machine"]["cpu"] == kernel_cache.cpu_name() and key["machine"]["torch"] == torch.__version__
+    assert key["machine"]["threads"] == torch.get_num_threads() and key["what"]["shape"] == [2048, 512]
+    # A later run (this process forgets what it read): the kept choice, even though the timings
+    # would now say otherwise, and nothing timed.
+    monkeypatch.setattr(kernel_cache, "_KEPT", {})
+    fake_timings(monkeypatch, {"onednn": 1.0, "mm": 2.0})
+    calls.clear()
+    model = load_gpt2(wide_dir, dtype="float32")
+    assert choice_of(model) == MM_BELOW_PROMPTS and calls == []
+    assert "measured here before, kept in" in capsys.readouterr().err
+
+
+def test_another_machine_threads_torch_or_emulation_measures_again(kernel_cache_file, monkeypatch):
+    kernel_cache.store("kernels", {"shape": [8, 4]}, "kept")
+    assert kernel_cache.lookup("kernels", {"shape": [8, 4]}) == "kept"
+    assert kernel_cache.lookup("kernels", {"shape": [4, 8]}) is None  # another shape
+    for change in (lambda m: m.setattr(torch, "get_num_threads", lambda: 64),
+                   lambda m: m.setattr(torch, "__version__", "9.9.9"),
+                   lambda m: m.setenv("ONEDNN_MAX_CPU_ISA", "SSE41"),
+                   lambda m: m.setattr(kernel_cache, "cpu_name", lambda: "another CPU"),
+                   lambda m: m.setattr(kernel_cache, "cpu_flags", lambda: ("avx2",))):
+        with monkeypatch.context() as m:
+            m.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+            m.setattr(kernel_cache, "_KEPT", {})
+            change(m)
+            assert kernel_cache.lookup("kernels", {"shape": [8, 4]}) is None
+
+
+def test_an_unreadable_cache_is_moved_aside_and_measured_again(wide_dir, kernel_cache_file, monkeypatch, capsys):
+    fake_timings(monkeypatch, {"onednn": 1.0})
+    kernel_cache_file.parent.mkdir(parents=True)
+    for garbage in ('{"entries": [{"key": "not json"', '{"entries": 3}', "\xff\xfe binary"):
+        kernel_cache_file.write_text(garbage, encoding="latin-1")
+        monkeypatch.setattr(kernel_cache, "_KEPT", {})
+        model = load_gpt2(wide_dir, dtype="float32")
+        err = capsys.readouterr().err
+        notes = [line for line in err.splitlines() if "could not be read" in line]
+        assert len(notes) == 1 and "Traceback" not in err, err
+        assert notes[0].startswith(f"note: the kernel choice cache {kernel_cache_file} could not be read (")
+        assert f"moved aside to {kernel_cache_file}.unreadable" in notes[0]
+        assert Path(f"{kernel_cache_file}.unreadable").read_text(encoding="latin-1") == garbage  # kept, not lost
+        assert paths_used(model) == {"onednn"}
+        assert len(json.loads(kernel_cache_file.read_text())["entries"]) == 1  # measured again, kept
+
+
+def test_writes_are_whole_or_not_at_all(kernel_cache_file, monkeypatch, capsys):
+    kernel_cache.store("compiled", {"step": 1}, True)
+    before = kernel_cache_file.read_text()
+
+    def crash(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    kernel_cache.store("compiled", {"step": 5}, False)
+    note = capsys.readouterr().err
+    assert note.startswith(f"note: could not save the kernel choice to {kernel_cache_file} (OSError: No space "
+                           "left on device); it holds for this process only") and note.count("\n") == 1
+    assert kernel_cache_file.read_text() == before  # the old file, whole
+    assert [p.name for p in kernel_cache_file.parent.iterdir()] == ["kernels.json"]  # no half-written file left
+    assert kernel_cache.lookup("compiled", {"step": 5}) is False  # this process keeps it
+
+
+def test_decide_once_keeps_any_kind_of_choice(kernel_cache_file, capsys):
+    """The cache API the other "which is faster here" decisions use (e.g. a compiled decode step)."""
+    measured = []
+    value, now = kernel_cache.decide_once("compiled-decode", {"n_embd": 64}, lambda: measured.append(1) or
+                                          {"faster": True}, "whether compiled decoding is faster")
+    assert (value, now, measured) == ({"faster": True}, True, [1])
+    assert capsys.readouterr().err.startswith("measuring whether compiled decoding is faster on this machine, once")
+    assert kernel_cache.decide_once("compiled-decode", {"n_embd": 64}, lambda: 1 / 0, "never") == ({"faster": True}, False)
+    assert capsys.readouterr().err == ""
+
+
+def test_measuring_on_a_busy_machine_says_so(kernel_cache_file, monkeypatch, capsys):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 8.0, 7.0))
+    kernel_cache.decide_once("kernels", {"shape": [1]}, lambda: 1, "which kernel")
+    line, = capsys.readouterr().err.splitlines()
+    assert line.endswith("; the machine is busy (load average 9.0 on 2 cores), so the timings may mislead: "
+                         "remeasure when it is quieter")
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    kernel_cache.decide_once("kernels", {"shape": [2]}, lambda: 1, "which kernel")
+    assert "the machine is busy" not in capsys.readouterr().err
+
+
+def test_remeasure_forgets_this_machines_choices_and_measures_them_again(wide_dir, kernel_cache_file,
+                                                                          monkeypatch, capsys):
+    from gpt2.kernel_report import main
+
+    fake_timings(monkeypatch, {"onednn": 2.0, "mm": 1.0})
+    kernel_cache.store("compiled-decode", {"n_embd": 64}, True)
+    assert choice_of(load_gpt2(wide_dir, dtype="float32")) == MM_BELOW_PROMPTS
+    fake_timings(monkeypatch, {"onednn": 1.0, "mm": 2.0})  # the machine changed (say, new memory)
+    main(["--remeasure"])
+    out = capsys.readouterr().out
+    assert f"forgot 2 choice(s) kept for this machine in {kernel_cache_file}" in out
+    assert "kernels format float32, shape [2048, 512], dtype float32: 1+ rows: onednn" in out
+    assert "compiled-decode n_embd 64: measured again when next needed" in out
+    assert kernel_cache.lookup("compiled-decode", {"n_embd": 64}) is None
+    assert choice_of(load_gpt2(wide_dir, dtype="float32")) == [(math.inf, "onednn")]
+
+
+def test_the_tests_never_touch_the_users_cache():
+    assert Path(os.environ["GPT2_KERNEL_CACHE"]).parent.name.startswith("gpt2-kernel-cache-")
+    assert not str(kernel_cache.cache_path()).startswith(str(Path.home() / ".cache"))

@@ -209,17 +209,18 @@ def test_dtype_names_and_auto(folder):
     assert {p.dtype for p in load_gpt2(folder, dtype="auto", device="cpu").parameters()} == {torch.float32}
 
 
-def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, monkeypatch, capsys):
+def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, kernel_cache_file, monkeypatch,
+                                                            capsys):
     """dtype="auto" on a CPU loads the format that kernels.fastest_format measured fastest for the
     model's shapes (here its measurement is replaced by chosen times), and says so in one line; a
-    16-bit format that wins by less than the margin, or that has no fast path here, is not picked."""
+    16-bit format that wins by less than the margin, or that has no fast path here, is not picked.
+    The choice is kept: a later load reads it, whatever the timings say then."""
     import gpt2.device as device
+    import gpt2.kernel_cache as kernel_cache
     import gpt2.kernels as kernels
     wide = GPT2Config(n_layer=1, n_head=2, n_embd=64, n_positions=16, vocab_size=64)
     folder = make_checkpoint(wide, seed=3, std=0.1)
     monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 1)  # measure even this tiny model
-    monkeypatch.setattr(kernels, "_FASTEST", {})
-    monkeypatch.setattr(kernels, "_CHOSEN", {})
     costs = {}  # format -> seconds of a 1-row and a 5-row pass, whatever the path
 
     def fake_times(named_kernels, in_features, dtype, rows=kernels.ROW_COUNTS, repeats=5):
@@ -236,10 +237,10 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, mon
                             ({"float32": 1.0, "fp16": 0.8, "bfloat16": 0.6, "int8": 2.0}, "bfloat16" if has_bf16 else "fp16"),
                             ({"float32": 1.0, "fp16": 0.95, "bfloat16": 0.95, "int8": 0.95}, "float32")]:  # within the margin
         costs.update(times)
-        kernels._FASTEST.clear()
+        kernel_cache.forget()
         device._NOTES_SHOWN.clear()
         assert kernels.fastest_format(wide)[0] == expected
-        kernels._FASTEST.clear()
+        kernel_cache.forget()
         model = load_gpt2(folder)
         err = capsys.readouterr().err
         notes = [line for line in err.splitlines() if line.startswith("note: dtype auto")]
@@ -251,6 +252,10 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, mon
             assert all(torch.equal(w, w.half().float()) for w in kernels.linear_weights(model))
         if quantize == "int8":  # int8 weights (their dequantized values) in a float32 model
             assert "int8 weights" in notes[0] and model.quantize == "int8"
+    costs.update({"float32": 1.0, "fp16": 0.1, "bfloat16": 0.1})  # a later run: the kept choice stands
+    assert kernels.fastest_format(wide)[0] == "float32"
+    monkeypatch.setattr(kernel_cache, "_KEPT", {})
+    assert kernels.fastest_format(wide)[0] == "float32"
     # a format without its fast path is never a candidate (a real probe result, not faked)
     monkeypatch.undo()
     monkeypatch.setattr(kernels, "_PROBED", {"onednn-bf16": "absent for this test"})
