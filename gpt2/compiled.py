@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import kernel_cache, kernels
 from .kv_cache import KVCache
 
 def separate_compile_cache() -> str:
@@ -200,22 +200,22 @@ def eager(model):
         del model.forward
     return model
 
-_DECIDED: dict[tuple, tuple[bool, str]] = {}  # (shape, dtype, format, threads) -> (compiled?, why)
-
 def choose_compiled(model) -> tuple[bool, str]:
     """compile="auto": (whether the compiled path is faster for this model here, why), measured on
-    the model itself, once per process for its shape, format and threads. The model is left with
-    the path chosen."""
+    the model itself once per machine for its shape and format, and kept with the kernel choices
+    (gpt2/kernel_cache.py; `python -m gpt2.kernel_report --remeasure` forgets it). The model is
+    left with the path chosen."""
     c, w = model.config, model.wte.weight
     if w.device.type != "cpu":
         return False, f"the compiled decode path is for CPUs (this model is on {w.device.type})"
-    key = (c.n_layer, c.n_embd, c.n_head, c.vocab_size, w.dtype, getattr(model, "quantize", None),
-           torch.get_num_threads())
-    if key not in _DECIDED:
-        _DECIDED[key] = _measure(model)
-    use, why = _DECIDED[key]
+    what = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
+            "dtype": str(w.dtype).removeprefix("torch."), "quantize": getattr(model, "quantize", None)}
+    (use, why), measured_now = kernel_cache.decide_once(
+        "compiled", what, lambda: list(_measure(model)),
+        f"whether the compiled decode path is faster for this {c.n_layer}-block width-{c.n_embd} model")
     (compile_decode if use else eager)(model)
-    return use, why
+    return use, why + ("" if measured_now else f" (measured here before, kept in {kernel_cache.shown_path()})")
+
 
 @torch.inference_mode()
 def _measure(model, rounds: int = 5) -> tuple[bool, str]:

@@ -106,10 +106,16 @@ def test_calls_it_does_not_serve_stay_eager_with_their_messages(model):
     eager(model)
 
 
-def test_auto_says_why(model):
+def test_auto_measures_once_per_machine_and_keeps_the_choice(model, kernel_cache_file, monkeypatch):
+    import gpt2.compiled
     use, why = choose_compiled(model)
     assert is_compiled(model) == use
     assert "ms a step" in why and "compiling took" in why
+    measured = []
+    monkeypatch.setattr(gpt2.compiled, "_measure", lambda m: measured.append(m) or (not use, "other"))
+    again, why_again = choose_compiled(eager(model))
+    assert measured == [] and again == use and is_compiled(model) == use  # read, not remeasured
+    assert "measured here before" in why_again
     eager(model)
 
 
