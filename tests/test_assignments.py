@@ -26,7 +26,8 @@ from assignments.registry import ASSIGNMENTS
 from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, make_data, references,
                                student_files)
 from assignments.export import autograde, gradescope_results, gradescope_source
-from assignments.make import AssignmentError, _definitions, make, resolve
+from assignments.make import AssignmentError, _definitions, make, reference_functions, resolve
+from test_grader_verdicts import grade_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,6 +82,7 @@ def test_ready_made_assignment(tmp_path, data, name):
         stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kit)
         planted_mistakes_fail_their_check_with_a_message_naming_them(kit)
         shortcuts_fail(kit)
+        grade_variants(kit)  # shortcuts earn at most 25%, honest alternatives 100% (test_grader_verdicts.py)
         the_copy_holds_no_answer(kit)
         gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path / "gradescope")
         if name == "kv_cache":
@@ -300,7 +302,8 @@ def the_copy_holds_no_answer(kit):
     assert not (copy / "tests").exists() and not list(copy.glob("assignments/*/instructor.md"))
     for dropped in kit.assignment.dropped:
         assert not list(copy.glob(dropped))
-    for function in kit.assignment.functions + kit.assignment.removed:
+    # the student's functions, the siblings that would answer them, the checks' reference computations
+    for function in kit.assignment.functions + kit.assignment.removed + reference_functions():
         t = resolve(function)
         node = _definitions(ast.parse((copy / t.file).read_text()))[t.qualname]
         body = node.body[1:] if ast.get_docstring(node) else node.body

@@ -53,9 +53,9 @@ def speedup_judge(inputs, ref, got):
     for a, by_c, want_c in zip(inputs["alphas"], got, ref):
         for c, mine, want in zip(inputs["cs"], by_c, want_c):
             for g, x, y in zip(inputs["gammas"], mine, want):
-                if not _close(x, y):
-                    raise Failed(f"predicted_speedup(alpha={a}, gamma={g}, c={c}, verify_cost=1.2) = {x}, expected "
-                                 f"{y}: tokens per round over the round's cost, gamma * c + verify_cost")
+                if not _close(x, y):  # a hidden check: the message never shows the expected value
+                    raise Failed(f"predicted_speedup(alpha={a}, gamma={g}, c={c}, verify_cost=1.2) = {x} is wrong: "
+                                 f"tokens per round over the round's cost, gamma * c + verify_cost")
 
 
 def best_inputs(seed):
@@ -153,10 +153,12 @@ def measured_probe(inputs, data):
 
 def measured_judge(inputs, ref, got):
     for alphas, mine, want in zip(inputs["alphas"], got, ref):
-        if mine["best"] != want["best"] or not all(_close(x, y) for x, y in zip(mine["rates"], want["rates"])):
+        wrong = [g for g, y in enumerate(want["rates"]) if g >= len(mine["rates"]) or not _close(mine["rates"][g], y)]
+        if wrong or mine["best"] != want["best"]:  # a hidden check: the message never shows the right values
+            where = (f"the rate for g = {wrong[0]} is wrong" if wrong
+                     else "the best g is not the one with the most tokens per second")
             raise Failed(f"with acceptance by position {alphas} and the CostModel's times, tokens per second for "
-                         f"g = 0, 1, ... are {[round(x, 2) for x in mine['rates']]}, best g = {mine['best']}; "
-                         f"expected {[round(x, 2) for x in want['rates']]}, best g = {want['best']} "
+                         f"g = 0, 1, ... are {[round(x, 2) for x in mine['rates']]}, best g = {mine['best']}: {where} "
                          f"(expected_tokens_by_position(alphas[:g]) / CostModel.round_seconds(g))")
 
 

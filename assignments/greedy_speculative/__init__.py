@@ -16,10 +16,11 @@ GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
 # its logits itself nor count its forwards; the grader counts them. The draft (data/draft) shares
 # the target's first blocks, so it agrees with it most of the time.
 
-def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secret: int | None = None) -> dict:
+def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secret: int | None = None,
+                     count_forwards: bool = True) -> dict:
     """The grader's: a secret (fresh unless given), the served target's own greedy output for each
-    run ({"prompt", "max_gen", "gamma", "eos_id"?}) and the target forwards the instructor's
-    speculative loop takes for all of them (counted here, on the model itself)."""
+    run ({"prompt", "max_gen", "gamma", "eos_id"?}) and (count_forwards) the target forwards the
+    instructor's speculative loop takes for all of them (counted here, on the model itself)."""
     import secrets
 
     from spec_decoding import autoregressive_generate
@@ -30,6 +31,8 @@ def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secre
     tokens, forwards = [], 0
     for run in runs:
         tokens.append(autoregressive_generate(target, run["prompt"], run["max_gen"], eos_id=run.get("eos_id")).tokens)
+        if not count_forwards:
+            continue
         with counting_forwards(target) as calls:
             speculative_sampling_greedy(target, load(data, draft), run["prompt"], run["max_gen"], run["gamma"],
                                         eos_id=run.get("eos_id"))
@@ -105,8 +108,8 @@ def equals_probe(inputs, data, draft="draft"):
     return out
 
 
-def equals_reference(inputs, data, draft="draft"):
-    return served_reference(inputs, data, equals_runs(inputs), draft)
+def equals_reference(inputs, data):
+    return served_reference(inputs, data, equals_runs(inputs))
 
 
 def equals_judge(inputs, ref, got, served, what="with a draft that mostly agrees", hidden=False):
@@ -132,7 +135,8 @@ def unrelated_probe(inputs, data):
 
 
 def unrelated_reference(inputs, data):
-    return equals_reference(inputs, data, draft="unrelated")
+    # the forwards are not judged here (see unrelated_judge): not counted
+    return served_reference(inputs, data, equals_runs(inputs), "unrelated", count_forwards=False)
 
 
 def unrelated_judge(inputs, ref, got, served):
@@ -222,8 +226,8 @@ def caches_judge(inputs, ref, got, served):
             raise Failed(f"the draft's KV cache, at the start of a round (snapshot {i + 1}), does not hold what a fresh forward "
                          f"over the accepted tokens gives: rejected draft tokens are still in it. Roll back the "
                          f"drafter after every round too (roll_back does both)")
-    check_tokens(got["tokens"], ref["tokens"][0], "", hidden=True)
-    check_speculated(ref, served, "", hidden=True)
+    check_tokens(got["tokens"], ref["tokens"][0], f"gamma={inputs['gamma']}", hidden=True)
+    check_speculated(ref, served, f"gamma={inputs['gamma']}", hidden=True)
 
 
 # ---- stopping ---------------------------------------------------------------------------------------

@@ -114,12 +114,13 @@ ASSIGNMENT = Assignment(
     name="ngram_drafter",
     functions=(NGRAM,),
     readme="assignments/ngram_drafter/README.md",
-    # Points follow the idea, the lookup: a drafter that proposes nothing, or repeats the last
-    # token, earns at most the end-to-end sampling check (lossless whatever is drafted), 1 of 8.
+    # Points follow the idea, the lookup: a drafter that proposes nothing earns only the end-to-end
+    # sampling check (lossless whatever is drafted), 1 of 8; one that repeats the last token may
+    # also pass ngram_greedy when the target's output runs into a one-token loop, 2 of 8.
     checks=(
-        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, points=5,
+        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, points=6,
               about="propose() on sequences made to show each rule"),
-        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, points=2, reference=greedy_reference,
+        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, reference=greedy_reference,
               serve=serve_target, about="the grader counts the served target's forwards"),
         Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, visible=False,
               reference=lossless_reference, timeout=120),

@@ -1,0 +1,386 @@
+"""The grader owns every verdict, and points reflect the idea (issue 30).
+
+- Shortcuts that skip a function's core idea (plain decoding, never accepting, always rejecting,
+  a drafter that proposes nothing or repeats the last token) each score at most 25% of their
+  assignment; honest alternative solutions (other random-number usage, other loop structures,
+  NumPy numbers) score 100%. Both run through the real grader in
+  test_assignments.test_ready_made_assignment (on its stripped copy, references and zygote:
+  `grade_variants` below), the variants' texts are here.
+- Attacks from the student's process: replacing json.dumps to substitute ideal values, plain
+  decoding that clears the forward hooks once used to count target calls: neither earns more
+  than a shortcut (the grader counts raw outcomes itself, and serves the target itself).
+- Every seed 0..10,000 gives valid inputs to every check (the data builders, no student code),
+  others are refused with a message; hidden checks print no expected values; the leak check
+  finds a reference computation left in a copy.
+"""
+
+import ast
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from assignments.definition import AssignmentError, Failed
+from assignments.make import _tokens, find_leaks, reference_functions, resolve
+from assignments.references import MAX_SEED, VISIBLE_SEED, failing_checks, make_data, references
+from assignments.registry import ASSIGNMENTS
+from assignments.serving import serve_here
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def with_body(source: str, qualname: str, body: str) -> str:
+    """The source with the function `qualname`'s body (after its docstring) replaced by `body`
+    (written unindented; indented here to the function's body)."""
+    from assignments.make import _definitions
+
+    node = _definitions(ast.parse(source))[qualname]
+    lines = source.splitlines(keepends=True)
+    first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 else node.body[0]
+    indent = " " * first.col_offset
+    lines[first.lineno - 1:node.end_lineno] = [textwrap.indent(textwrap.dedent(body).strip("\n") + "\n", indent)]
+    return "".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# The variants: {assignment: [(what, file, qualname, body)]}, each body replacing the reference's
+# ------------------------------------------------------------------------------------------------
+
+REJECTION = "spec_decoding/rejection.py"
+SHORTCUTS = {
+    "rejection_sampling": [
+        ("never accept, draw from p", REJECTION, "modified_rejection_sampling",
+         "return Verdict(0, int(sample(target_probs[0], generator)), [], None)"),
+        # the issue's attack: a constant verdict, and json.dumps replaced in the child by one that
+        # substitutes ideal values (counts of the exact law, or per-round outcomes that follow p)
+        ("constant verdict, json.dumps replaced", REJECTION, "modified_rejection_sampling", """
+            import json, torch as _torch
+            if not getattr(json, "_forged", False):
+                real = json.dumps
+                def forged(obj, *args, **kwargs):
+                    try:
+                        from assignments.rejection_sampling import round_reference, tables
+                        values = obj["values"]
+                        if isinstance(values, list) and values and isinstance(values[0], list):
+                            p = tables({"p_seed": 500, "draft": "random", "q_seed": 600})[0]
+                            draws = _torch.multinomial(p[0].float(), len(values), replacement=True)
+                            obj = {"values": [[0, int(t)] for t in draws]}
+                        obj = {"values": round_reference(None, None)}  # stripped: raises
+                    except Exception:
+                        pass
+                    return real(obj, *args, **kwargs)
+                json.dumps, json._forged = forged, True
+            return Verdict(0, 0, [], None)
+         """),
+    ],
+    "tree_verify": [
+        ("always reject, draw from p", REJECTION, "multi_draft_rejection_sampling",
+         "return MultiDraftVerdict(None, int(sample(target_probs, generator)), [], [], target_probs)"),
+    ],
+    "greedy_speculative": [
+        ("plain decoding", "spec_decoding/greedy.py", "speculative_sampling_greedy", """
+            from .autoregressive import autoregressive_generate
+            return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)
+         """),
+        # the issue's attack: plain decoding that removes the forward hooks the old check counted with
+        ("plain decoding that clears the forward hooks", "spec_decoding/greedy.py", "speculative_sampling_greedy", """
+            from .autoregressive import autoregressive_generate
+            for model in (target, draft):
+                model._forward_pre_hooks.clear()
+                model._forward_hooks.clear()
+            return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)
+         """),
+    ],
+    "ngram_drafter": [
+        ("proposes nothing", "spec_decoding/drafters.py", "NGramDrafter.propose", "return [], None"),
+        ("repeats the last token", "spec_decoding/drafters.py", "NGramDrafter.propose", """
+            if self.num_tokens is not None:
+                num_tokens = min(num_tokens, self.num_tokens)
+            return [tokens[-1]] * num_tokens, None
+         """),
+    ],
+}
+
+HONEST = {
+    "rejection_sampling": [
+        ("all uniforms drawn first, divisions, multinomial", REJECTION, [("modified_rejection_sampling", """
+            g = len(draft_tokens)
+            uniforms = torch.rand(g, generator=generator).tolist() if g else []
+            for i, x in enumerate(draft_tokens):
+                if uniforms[i] < min(1.0, float(target_probs[i, x] / draft_probs[i, x])):
+                    continue
+                residual = residual_distribution(target_probs[i], draft_probs[i])
+                return Verdict(i, int(torch.multinomial(residual, 1, generator=generator)), uniforms[:i + 1], residual)
+            return Verdict(g, int(torch.multinomial(target_probs[g], 1, generator=generator)), uniforms, None)
+         """), ("residual_distribution", """
+            difference = torch.where(target_probs > draft_probs, target_probs - draft_probs,
+                                     torch.zeros_like(target_probs))
+            if float(difference.sum()) <= 0:
+                return target_probs
+            return difference / difference.sum()
+         """)]),
+        ("Bernoulli draws, inverse-CDF sampling", REJECTION, [("modified_rejection_sampling", """
+            def draw(probs):
+                u = torch.rand((), generator=generator, dtype=torch.float64)
+                cdf = torch.cumsum(probs.double(), 0)
+                return min(int(torch.searchsorted(cdf, u * cdf[-1], right=True)), len(probs) - 1)
+            for i, x in enumerate(draft_tokens):
+                ratio = torch.clamp(target_probs[i, x] / draft_probs[i, x], max=1.0)
+                if not bool(torch.bernoulli(ratio, generator=generator)):
+                    residual = residual_distribution(target_probs[i], draft_probs[i])
+                    return Verdict(i, draw(residual), [], residual)
+            return Verdict(len(draft_tokens), draw(target_probs[len(draft_tokens)]), [], None)
+         """)]),
+    ],
+    "tree_verify": [
+        ("uniforms first, a while loop", REJECTION, [("multi_draft_rejection_sampling", """
+            uniforms = torch.rand(len(draft_tokens), generator=generator).tolist()
+            r, i = target_probs.clone(), 0
+            while i < len(draft_tokens):
+                x = draft_tokens[i]
+                if uniforms[i] <= float(r[x] / draft_probs[x]):
+                    return MultiDraftVerdict(i, None, uniforms[:i + 1], [], r)
+                left = torch.clamp(r - draft_probs, min=0)
+                r = left / left.sum() if float(left.sum()) > 0 else r
+                i += 1
+            return MultiDraftVerdict(None, int(torch.multinomial(r, 1, generator=generator)), uniforms, [], r)
+         """)]),
+    ],
+    "greedy_speculative": [
+        ("its own loop on the model API: no helpers, prompt and draft in one first forward",
+         "spec_decoding/greedy.py", [("speculative_sampling_greedy", """
+            tokens, out = [int(t) for t in prompt_ids], []
+            target_cache, draft_cache = target.new_kv_cache(), draft.new_kv_cache()
+            while len(out) < max_gen:
+                g = max(0, min(gamma, max_gen - len(out) - 1, target.config.n_positions - len(tokens) - 1))
+                proposal = []
+                for _ in range(g):
+                    seen = (tokens + proposal)[draft_cache.length:]
+                    proposal.append(int(draft(torch.tensor([seen]), draft_cache)[0, -1].argmax()))
+                scored = target(torch.tensor([(tokens + proposal)[target_cache.length:]]), target_cache)[0, -(g + 1):]
+                choice = scored.argmax(-1).tolist()
+                n = 0
+                while n < g and proposal[n] == choice[n]:
+                    n += 1
+                new = proposal[:n] + [choice[n]]
+                if eos_id in new:
+                    new = new[:new.index(eos_id) + 1]
+                if on_tokens:
+                    on_tokens(new, ["draft"] * n + ["bonus" if n == g else "correction"])
+                tokens += new
+                out += new
+                target_cache.truncate(min(target_cache.length, len(tokens) - 1))
+                draft_cache.truncate(min(draft_cache.length, len(tokens) - 1))
+                if eos_id in new:
+                    break
+            return out[:max_gen]
+         """)]),
+    ],
+    "ngram_drafter": [
+        ("a table of every n-gram's last position", "spec_decoding/drafters.py", [("NGramDrafter.propose", """
+            limit = num_tokens if self.num_tokens is None else min(num_tokens, self.num_tokens)
+            for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
+                last_seen = {}
+                for start in range(len(tokens) - n):  # every n-gram but the suffix itself
+                    last_seen[tuple(tokens[start:start + n])] = start
+                start = last_seen.get(tuple(tokens[-n:]))
+                if start is not None and limit > 0:
+                    return list(tokens[start + n:start + n + limit]), None
+            return [], None
+         """)]),
+    ],
+    "gamma_cost_model": [
+        ("NumPy numbers everywhere", "spec_decoding/theory.py", [("best_gamma", """
+            import numpy as np
+            gammas = np.array(list(gammas))
+            costs = np.array([1.0 if verify_cost is None else verify_cost(int(g)) for g in gammas])
+            speedups = np.array([predicted_speedup(alpha, int(g), c, float(k)) for g, k in zip(gammas, costs)])
+            return gammas[int(np.argmax(speedups))]  # a NumPy integer
+         """), ("expected_tokens_by_position", """
+            import numpy as np
+            return np.float64(1.0) + np.cumprod(np.asarray(alphas, dtype=np.float64)).sum()
+         """)]),
+    ],
+}
+
+
+def shortcut_texts(kit, file, qualname, body) -> dict:
+    """The reference solution with one function replaced (its siblings stay right: the shortcut
+    alone decides what it earns)."""
+    texts = kit.reference()
+    texts[file] = with_body(texts[file], qualname, body)
+    return texts
+
+
+def grade_variants(kit) -> None:
+    """Run on test_assignments' kit: every shortcut of the assignment scores at most 25% of its
+    points, every honest alternative 100%."""
+    name, total = kit.assignment.name, kit.assignment.points
+    for what, file, qualname, body in SHORTCUTS.get(name, []):
+        report = kit.grade(shortcut_texts(kit, file, qualname, body))
+        earned = {r.check: r.points for r in report.results if r.passed}
+        assert report.points <= 0.25 * total, (name, what, report.points, total, earned)
+    for what, file, bodies in HONEST.get(name, []):
+        texts = kit.reference()
+        for qualname, body in bodies:
+            texts[file] = with_body(texts[file], qualname, body)
+        report = kit.grade(texts)
+        assert report.points == total, (name, what, [(r.check, r.message) for r in report.results if not r.passed])
+
+
+def test_the_variants_are_what_they_say():
+    """Each variant replaces an existing function's body and stays valid Python, and each
+    assignment the issue names has its shortcut and its honest alternative."""
+    assert {"rejection_sampling", "tree_verify", "greedy_speculative", "ngram_drafter"} <= set(SHORTCUTS)
+    assert set(SHORTCUTS) <= set(HONEST)
+    for name in HONEST:
+        for _, file, bodies in HONEST[name]:
+            text = (ROOT / file).read_text()
+            for qualname, body in bodies:
+                changed = with_body(text, qualname, body)
+                ast.parse(changed)
+                assert changed != text and textwrap.dedent(body).strip().splitlines()[0] in changed
+    for name in SHORTCUTS:
+        for _, file, qualname, body in SHORTCUTS[name]:
+            ast.parse(with_body((ROOT / file).read_text(), qualname, body))
+
+
+# ------------------------------------------------------------------------------------------------
+# Seeds
+# ------------------------------------------------------------------------------------------------
+
+def test_every_seed_gives_valid_inputs_to_every_check(tmp_path):
+    """Seeds 0..MAX_SEED through every check's input builder (no student code). Most builders take
+    the seed only into random generators' seeds (valid for any seed: their references are computed
+    at a few); the others wrap it into a small set of inputs: for each distinct one the reference
+    is computed, and (but for the served greedy checks) the instructor's code is judged on it. The seeds that crashed before (greedy_speculative >= 24, ngram_drafter >= 100,
+    gamma_cost_model's probabilities above 1) are among them."""
+    data = make_data(tmp_path / "data")
+    for assignment in ASSIGNMENTS.values():
+        for check in assignment.checks:
+            distinct = {}
+            for seed in range(MAX_SEED + 1):
+                inputs = check.make_inputs(seed)
+                distinct.setdefault(json.dumps(inputs, sort_keys=True), seed)
+            if len(distinct) > 60:  # the seed only seeds random generators: their reference at a few seeds
+                for seed in (0, 1, 4999, MAX_SEED):
+                    (check.reference or check.probe)(check.make_inputs(seed), data)
+                continue
+            for seed in sorted(distinct.values()):  # the seed is wrapped: every distinct input
+                inputs = check.make_inputs(seed)
+                reference = json.loads(json.dumps((check.reference or check.probe)(inputs, data)))
+                if check.serve is None:  # and judged (a served check's generations cost more: its reference ran)
+                    refs = {check.name: {"inputs": inputs, "reference": reference}}
+                    assert not failing_checks(assignment, data, refs), (check.name, seed)
+
+
+def test_seeds_outside_the_tested_range_are_refused(tmp_path):
+    assignment = ASSIGNMENTS["gamma_cost_model"]
+    for seed in (-1, MAX_SEED + 1):
+        with pytest.raises(AssignmentError, match=f"--seed {seed}: give a seed between 0 and {MAX_SEED}"):
+            references(assignment, tmp_path, seed)
+
+
+def test_the_visible_checks_always_run_on_the_visible_inputs(tmp_path):
+    """Whatever the hidden seed, a visible check's inputs are those shipped with the copy: what it
+    prints (expected values included) was the student's to see anyway."""
+    assignment = ASSIGNMENTS["gamma_cost_model"]
+    refs = references(assignment, tmp_path, 7)
+    for check in assignment.checks:
+        assert refs[check.name]["inputs"] == check.make_inputs(VISIBLE_SEED if check.visible else 7), check.name
+    assert any(check.make_inputs(VISIBLE_SEED) != check.make_inputs(7) for check in assignment.checks if check.visible)
+
+
+def test_a_seed_the_reference_fails_is_refused_with_the_reason(tmp_path, monkeypatch):
+    """grade refuses a seed where the instructor's own solution fails a check (say, a chi-square
+    test at its 1e-3 false-failure rate): it would fail every student who computes as it does."""
+    from assignments.references import refuse_a_failing_seed
+
+    assignment = ASSIGNMENTS["gamma_cost_model"]
+    refs = references(assignment, tmp_path, 3, [assignment.check("tokens_per_round")])
+    refs["tokens_per_round"]["reference"][0][0] += 1  # a reference its own solution cannot match
+    with pytest.raises(AssignmentError, match=r"(?s)at seed 3 the reference solution itself fails 1 check.*"
+                                              r"tokens_per_round.*choose another --seed"):
+        refuse_a_failing_seed(assignment, tmp_path, refs, 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the checks say, and what the copy holds
+# ------------------------------------------------------------------------------------------------
+
+def _perturbed(values):
+    """The values with every number changed: a wrong answer of the right shape."""
+    if isinstance(values, bool) or values is None:
+        return values
+    if isinstance(values, int):
+        return values + 1
+    if isinstance(values, float):
+        return values * 1.37 + 0.123
+    if isinstance(values, list):
+        return [_perturbed(v) for v in values]
+    if isinstance(values, dict):
+        return {k: _perturbed(v) for k, v in values.items()}
+    return values
+
+
+def _numbers(values) -> set[str]:
+    """How the reference's numbers would print: ints of two digits or more (small ones are
+    everywhere: gamma=4), floats as repr and rounded to 2 places."""
+    if isinstance(values, bool) or values is None or isinstance(values, str):
+        return set()
+    if isinstance(values, int):
+        return {str(values)} if abs(values) >= 10 else set()
+    if isinstance(values, float):
+        return {repr(values), f"{round(values, 2)}"} - {"0.0", "1.0"}
+    items = values.values() if isinstance(values, dict) else values
+    return set().union(*(_numbers(v) for v in items)) if items else set()
+
+
+def test_hidden_checks_print_no_expected_values(tmp_path):
+    """Each hidden check judges a wrong answer (the instructor's values, every number changed): it
+    fails, and its message shows neither the word "expected" nor any of the reference's numbers
+    or token lists (resubmitting would collect them)."""
+    data = make_data(tmp_path / "data")
+    for assignment in ASSIGNMENTS.values():
+        hidden = [c for c in assignment.checks if not c.visible]
+        refs = references(assignment, data, 1, hidden)
+        for check in hidden:
+            inputs, reference = refs[check.name]["inputs"], refs[check.name]["reference"]
+            for key, small in (("rounds", 200), ("samples", 50)):  # fewer draws: the verdict is the same
+                if key in inputs:
+                    inputs[key] = small
+
+            server = check.serve(inputs, reference, data) if check.serve else None
+            serve_here(server)
+            try:
+                got = _perturbed(json.loads(json.dumps(check.probe(inputs, data))))
+            finally:
+                serve_here(None)
+            with pytest.raises(Failed) as failure:
+                check.judge(inputs, reference, got, *([server.record()] if server else []))
+            message = str(failure.value)
+            assert "expected" not in message.replace("expected_tokens", ""), (check.name, message)
+            if len(json.dumps(reference)) < 5000:  # not the exact laws' tables: any number could be theirs
+                shown = {n for n in _numbers(reference) if n in message} - _numbers(inputs)
+                assert not shown, (check.name, shown, message)
+            tokens = reference.get("tokens") if isinstance(reference, dict) else None
+            for run in tokens or []:
+                assert str(run[:2])[1:-1] not in message, (check.name, message)
+
+
+def test_the_copy_holds_no_reference_computation_and_the_leak_check_finds_one(tmp_path):
+    """Every check's reference computation is stripped from the copy like a student's function
+    (tests/test_assignments.py's the_copy_holds_no_answer checks the copies), and its body left
+    anywhere in a copy is found by the leak check."""
+    names = reference_functions()
+    assert {"assignments.rejection_sampling.round_reference", "assignments.probing.lossless_reference",
+            "assignments.tree_verify.node_reference", "assignments.greedy_speculative.served_reference"} <= set(names)
+    target = resolve("assignments.rejection_sampling.round_reference")
+    copy = tmp_path / "copy"
+    (copy / "spec_decoding").mkdir(parents=True)
+    source = ast.get_source_segment((ROOT / target.file).read_text(), target.node)
+    (copy / "spec_decoding" / "helpers.py").write_text(
+        "from assignments.rejection_sampling import *\n\n\n" + source.replace("def round_reference", "def exact_laws"))
+    leaks = find_leaks({target.name: _tokens(target.node.body)}, copy, skip=set())
+    assert [(leak.function, leak.where) for leak in leaks] == [(target.name, "spec_decoding/helpers.py:exact_laws")]
