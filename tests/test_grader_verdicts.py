@@ -1,4 +1,4 @@
-"""The grader owns every verdict, and points reflect the idea (issue 30).
+"""The grader owns every verdict, and points reflect the idea.
 
 - Shortcuts that skip a function's core idea (plain decoding, never accepting, always rejecting,
   a drafter that proposes nothing or repeats the last token) each score at most 25% of their
