@@ -162,6 +162,9 @@ def ask(request: dict) -> dict:
 # A served GPT-2 target
 # ------------------------------------------------------------------------------------------------
 
+SHARED_BLOCKS, DAMPING = 2, 0.1  # as references.make_data's agreeing pair (its draft has 2 blocks)
+
+
 def secret_target(data: Path, secret: int):
     """The target the grader serves: data/target's embeddings, first SHARED_BLOCKS blocks and
     final LayerNorm (so the draft, which has exactly those, still agrees with it most of the
@@ -182,9 +185,6 @@ def secret_target(data: Path, secret: int):
     return model
 
 
-SHARED_BLOCKS, DAMPING = 2, 0.1  # as references.make_data's agreeing pair (its draft has 2 blocks)
-
-
 class TargetServer(Server):
     """Serves forwards of a model over whole sequences (no cache: each request carries every
     token), counting them: the judge's evidence of how often the student's code ran the target."""
@@ -199,7 +199,7 @@ class TargetServer(Server):
         tokens, last = request["tokens"], request["last"]
         n = self.model.config.n_positions
         if not (isinstance(tokens, list) and 0 < len(tokens) <= n and type(last) is int and 1 <= last <= len(tokens)
-                and all(isinstance(t, int) and 0 <= t < self.model.config.vocab_size for t in tokens)):
+                and all(type(t) is int and 0 <= t < self.model.config.vocab_size for t in tokens)):
             raise ValueError(f"tokens must be 1..{n} token ids and last between 1 and their number")
         self.forwards += 1
         self.positions += last
