@@ -40,9 +40,6 @@ class Check:
     # (a target model whose forwards it counts); the judge then gets a 4th argument, what the
     # server counted: judge(inputs, reference, got, served)
     serve: Callable | None = None
-    # The probe reads a file only a submission holds (find_the_bug's BUG.txt), not code: the
-    # instructor's project has nothing for it, so references.failing_checks does not run it.
-    reads_the_submission: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, 
 
     failures = {}
     for check in assignment.checks:
-        if check.name not in refs or check.reads_the_submission:
+        if check.name not in refs:
             continue
         inputs, reference = refs[check.name]["inputs"], refs[check.name]["reference"]
         server = check.serve(inputs, reference, data) if check.serve else None

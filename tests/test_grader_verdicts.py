@@ -317,6 +317,8 @@ def _perturbed(values):
         return values + 1
     if isinstance(values, float):
         return values * 1.37 + 0.123
+    if isinstance(values, str):
+        return values + " (changed)"
     if isinstance(values, list):
         return [_perturbed(v) for v in values]
     if isinstance(values, dict):

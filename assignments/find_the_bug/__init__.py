@@ -258,7 +258,7 @@ ASSIGNMENT = Assignment(
     answer_files=(ANSWER,),
     checks=(
         Check("bug_named", FUNCTIONS, named_inputs, named_probe, named_judge, points=1, visible=False,
-              reference=named_reference, reads_the_submission=True, about=f"{ANSWER} names the planted bug"),
+              reference=named_reference, about=f"{ANSWER} names the planted bug"),
         Check("bug_fixed", FUNCTIONS, fixed_inputs, fixed_probe, fixed_judge, points=3,
               reference=fixed_reference, serve=serve_target, timeout=180,
               about="greedy exact and speculating, sampling exact, max_gen and eos kept, speed as predicted"),
