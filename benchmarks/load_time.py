@@ -71,6 +71,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="pairs of interleaved runs (default 5)")
     parser.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS,
                         help=f"where the stand-ins are written once (default {DEFAULT_CHECKPOINTS})")
+    parser.add_argument("--arms", default="ABCD", help="which interleaved loads to run (default ABCD; "
+                        "e.g. BD: the plain face against float32 with its kernels)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -91,13 +93,14 @@ def main(argv=None) -> None:
                 f"C: {first['format']} given, nothing measured": {
                     **base, "GPT2_MEASURE_KERNELS": "0", "LOAD_TIME_ARGS": json.dumps(same_format)},
                 "D: float32, cached kernels": float32}
+        arms = {name: env for name, env in arms.items() if name[0] in args.arms.upper()}
         runs = {name: [] for name in arms}
         for i in range(args.repeats):
             for name, env in arms.items():
                 runs[name].append(run(folder, env))
                 print(f"  {i + 1}/{args.repeats} {name}: {runs[name][-1]['load_s']:.2f} s", flush=True)
-    cached, plain = runs["A: cached choice (auto)"], runs["B: GPT2_FAST_LINEAR=0"]
-    ratio = median([r["load_s"] for r in cached]) / median([r["load_s"] for r in plain])
+    seconds = {name[0]: median([r["load_s"] for r in rs]) for name, rs in runs.items()}
+    cached = runs.get("A: cached choice (auto)", [])
     same = all(r["tokens"] == first["tokens"] and r["format"] == first["format"] for r in cached)
     rows = [[name, rs[0]["format"], rs[0]["kernels"], f"{median([r['load_s'] for r in rs]):.2f}",
              " ".join(f"{r['load_s']:.2f}" for r in rs), any(r["measured"] for r in rs)]
@@ -106,11 +109,11 @@ def main(argv=None) -> None:
     print(f"\n{args.model} stand-ins ({folder}); CPU: {info['cpu']}, {info['torch_threads']} torch threads, "
           f"torch {info['torch']}, load average before: {' '.join(f'{x:.1f}' for x in info['load_average'])}")
     print(markdown_table(["load", "format", "kernels attached", "median s", "each run s", "measured"], rows))
-    decided = median([r["load_s"] for r in cached]) / median([r["load_s"] for r in list(runs.values())[2]])
-    float32_ratio = median([r["load_s"] for r in runs["D: float32, cached kernels"]]) / median([r["load_s"] for r in plain])
-    print(f"\nmedians: A / B (cached auto / plain) {ratio:.3f}; A / C (deciding: reading the kept choice) "
-          f"{decided:.3f}; D / B (float32 with its kernels / plain) {float32_ratio:.3f}; every cached run gave "
-          f"the first run's {NEW_TOKENS} greedy tokens in its format: {same}")
+    ratios = {"A / B (cached auto / plain)": "AB", "A / C (deciding: reading the kept choice)": "AC",
+              "D / B (float32 with its kernels / plain)": "DB"}
+    print("\nmedians: " + "; ".join(f"{what} {seconds[a] / seconds[b]:.3f}" for what, (a, b) in ratios.items()
+                                    if a in seconds and b in seconds)
+          + (f"; every cached run gave the first run's {NEW_TOKENS} greedy tokens in its format: {same}" if cached else ""))
 
 
 if __name__ == "__main__":
