@@ -403,7 +403,7 @@ def grade_json(kit, tmp_path):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert cli.main(["grade", str(student), "--json", "--only", "greedy_stopping"]) == 1
     report = json.loads(out.getvalue())
-    assert report["max_points"] == 2 and report["points"] == 0
+    assert report["max_points"] == 1 and report["points"] == 0
     assert [c["check"] for c in report["checks"]] == ["greedy_stopping"]
 
 

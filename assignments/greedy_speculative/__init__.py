@@ -291,18 +291,20 @@ ASSIGNMENT = Assignment(
     readme="assignments/greedy_speculative/README.md",
     # Every check runs on the grader's served target and (but for the unrelated draft, where a
     # speculative loop saves nothing) asks for a speculative number of target forwards: plain
-    # decoding earns the unrelated-draft check only, 1 of 8.
+    # decoding earns the unrelated-draft check, 1 of 8. The stopping check's short runs (max_gen 1
+    # to 8, an early eos) leave plain decoding within the forward allowance now and then, so it is
+    # worth 1 point and greedy_speculates 3: plain decoding still earns at most 2 of 8.
     checks=(
         Check("greedy_equals_target", (GREEDY,), equals_inputs, equals_probe, equals_judge, points=2,
               reference=equals_reference, serve=serve_target),
-        Check("greedy_speculates", (GREEDY,), speculates_inputs, speculates_probe, speculates_judge, points=2,
+        Check("greedy_speculates", (GREEDY,), speculates_inputs, speculates_probe, speculates_judge, points=3,
               reference=speculates_reference, serve=serve_target,
               about="the grader counts the target's forwards: about max_gen / (accepted + 1) of them, not max_gen"),
         Check("greedy_unrelated_draft", (GREEDY,), equals_inputs, unrelated_probe, unrelated_judge,
               visible=False, reference=unrelated_reference, serve=serve_target),
         Check("greedy_caches", (GREEDY,), caches_inputs, caches_probe, caches_judge, visible=False,
               reference=caches_reference, serve=serve_target),
-        Check("greedy_stopping", (GREEDY,), stopping_inputs, stopping_probe, stopping_judge, points=2,
+        Check("greedy_stopping", (GREEDY,), stopping_inputs, stopping_probe, stopping_judge, points=1,
               reference=stopping_reference, serve=serve_target),
     ),
 )
