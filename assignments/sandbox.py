@@ -558,8 +558,12 @@ class Sandbox:
         for sub in ("home", "tmp"):
             for entry in (self.folder / sub).iterdir():
                 if entry.is_dir() and not entry.is_symlink():
-                    if entry.stat().st_uid == 0 and not any(entry.iterdir()):
-                        continue  # the sandbox folder's mount point (namespaces)
+                    if entry.stat().st_uid == 0:
+                        # A mount point the zygote made (namespaces): the sandbox folder's own, or
+                        # the path to a folder bound under /tmp (a virtualenv in a temporary
+                        # folder). Removing it here would unmount that folder in the zygote's
+                        # namespace. The sandbox user cannot make root-owned folders.
+                        continue
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
                     entry.unlink(missing_ok=True)
