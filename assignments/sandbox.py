@@ -556,17 +556,7 @@ class Sandbox:
         (nothing of one submission is there for the next), the tree is removed."""
         self.kill_all()
         for sub in ("home", "tmp"):
-            for entry in (self.folder / sub).iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    if entry.stat().st_uid == 0:
-                        # A mount point the zygote made (namespaces): the sandbox folder's own, or
-                        # the path to a folder bound under /tmp (a virtualenv in a temporary
-                        # folder). Removing it here would unmount that folder in the zygote's
-                        # namespace. The sandbox user cannot make root-owned folders.
-                        continue
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+            empty_for_the_next(self.folder / sub)
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
             for shared in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -693,6 +683,19 @@ def _readable(folder: Path) -> None:
     for path in folder.rglob("*"):
         if not path.is_symlink():
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def empty_for_the_next(folder: Path) -> None:
+    """Remove what a grading left in the sandbox's home or tmp, but for root-owned folders: those
+    are mount points the zygote made (namespaces), the sandbox folder's own or the path to a folder
+    bound under /tmp (a virtualenv in a temporary folder, as .ci/run makes). Removing one here
+    would unmount that folder in the zygote's namespace. The sandbox user cannot make them."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            if entry.stat().st_uid != 0:
+                shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _remove_files_of(folder: Path, uid: int) -> None:

@@ -506,3 +506,24 @@ def test_without_namespaces_the_sandbox_user_still_stops_the_attacks(built, tmp_
         results = grade_locally(built, sandbox, planted(built["stripped"], DAEMON), tmp_path / "daemon")
         fair(results)
         assert not processes_of(sandbox.isolation.uid)
+
+
+def test_emptying_the_sandbox_keeps_the_zygotes_mount_points(tmp_path):
+    """Between gradings the sandbox's tmp is emptied of what the student left, but a root-owned
+    folder there is the path to a folder the zygote bound under /tmp (a virtualenv in a temporary
+    folder, as .ci/run makes): removing it unmounted the virtualenv in the zygote's namespace, and
+    every later grading failed to import safetensors. Fails with the old rule (root-owned folders
+    kept only when empty)."""
+    from assignments.sandbox import empty_for_the_next
+
+    mount_path = tmp_path / "tmp.venv-parent" / "venv"  # root-owned, not empty
+    mount_path.mkdir(parents=True)
+    student_dir = tmp_path / "left-by-student"
+    (student_dir / "deep").mkdir(parents=True)
+    (tmp_path / "notes.txt").write_text("left by the student")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    for path in (student_dir, student_dir / "deep", tmp_path / "notes.txt"):
+        os.chown(path, nobody, -1)
+    empty_for_the_next(tmp_path)
+    assert mount_path.is_dir()
+    assert not student_dir.exists() and not (tmp_path / "notes.txt").exists()
