@@ -13,7 +13,9 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
     (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call. Needs
     AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/kernels.py probes for it.
   - int8 (weight-only, per output channel, symmetric): torch._weight_int8pack_mm with bfloat16
-    activations (its fp32-activation path is several times slower for a few rows).
+    activations (its fp32-activation path is several times slower for a few rows); for several
+    rows, the same product on oneDNN's bfloat16 matmul (Int8AsBF16): _weight_int8pack_mm reads
+    the weights once per 4 rows, so 5 rows cost two passes.
   - float16 weights in a float32 model (quantize="fp16"): fbgemm's fp16 GEMM
     (torch.ops.quantized.linear_dynamic_fp16), which reads the 16-bit weights and multiplies in
     float32, on any x86 CPU with AVX2.
@@ -114,5 +116,28 @@ class Int8Weight:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] -> [..., out] in x's dtype."""
         y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(self.dtype), self.q, self.scale)
+        y = y.view(*x.shape[:-1], -1).to(x.dtype)
+        return y if bias is None else y + bias
+
+
+class Int8AsBF16:
+    """Weight-only int8 on oneDNN's bfloat16 matmul (AMX / AVX512-BF16), for several rows at once:
+    y = (x @ q.T) * scale + bias with Int8Weight's numbers. The int8 values q are integers in
+    [-127, 127], exact in bfloat16, so the bfloat16 copy (pre-packed once; extra memory: 2 bytes a
+    weight) holds the same weights; x is rounded to bfloat16 as Int8Weight rounds it, each
+    product is exact, the sums are float32, and the scale (the same bfloat16 scale) multiplies the
+    float32 sum inside oneDNN (a "mul" post-op) before the one rounding to bfloat16. So the two
+    differ only in the order of the float32 additions: an output now and then by one bfloat16
+    step. _weight_int8pack_mm reads the weights once per 4 rows; this reads them once."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(q.to(torch.bfloat16), 1)
+        self.scale, self.dtype = scale.to(dtype), dtype
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] -> [..., out] in x's dtype."""
+        rows = x.reshape(-1, x.shape[-1]).to(self.dtype)  # [M, in]
+        scale = self.scale.expand(rows.shape[0], -1)  # [M, out]: the post-op takes the output's shape
+        y = torch.ops.mkldnn._linear_pointwise.binary(rows, scale, self.packed, None, "mul")
         y = y.view(*x.shape[:-1], -1).to(x.dtype)
         return y if bias is None else y + bias

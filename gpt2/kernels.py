@@ -78,6 +78,7 @@ PATHS = {
     "onednn-bf16": "oneDNN, bfloat16 weights pre-packed once",
     "fbgemm-fp16": "fbgemm, float16 weights, float32 math",
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
+    "int8-bf16": "int8 weights as bfloat16 integers pre-packed for oneDNN, scale fused: int8pack's numbers, one pass for many rows",
 }
 KERNELS = {
     "linear": fast_linear.PlainLinear,
@@ -95,8 +96,10 @@ CANDIDATES = {
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
     "fp16": ("fbgemm-fp16", "onednn", "mm", "linear"),
-    "int8": ("int8pack",),
+    "int8": ("int8pack", "int8-bf16"),
 }
+# The paths that run int8 weights from their (q, scale); the others run the dequantized values.
+INT8_PATHS = ("int8pack", "int8-bf16")
 # Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize).
 # "int8": weight-only int8 in a float32 model (its layers round their inputs to bfloat16).
 AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
@@ -146,9 +149,9 @@ def works(path: str) -> bool:
 def _try(path: str) -> str | None:
     if path not in PATHS:
         raise ValueError(f"unknown kernel path {path!r}: one of {', '.join(PATHS)}")
-    if path.startswith("onednn") and not torch.backends.mkldnn.is_available():
+    if (path.startswith("onednn") or path == "int8-bf16") and not torch.backends.mkldnn.is_available():
         return "this PyTorch build has no oneDNN (mkldnn)"
-    if path == "onednn-bf16" and emulated_cpu() == "avx2":
+    if path in ("onednn-bf16", "int8-bf16") and emulated_cpu() == "avx2":
         return f"acting as {EMULATIONS['avx2']}"
     if path == "fbgemm-fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         return "this PyTorch build has no fbgemm (x86 only)"
@@ -168,10 +171,11 @@ def _try(path: str) -> str | None:
 
 
 def build_kernel(path: str, weight: torch.Tensor, int8=None):
-    """The kernel of `path` for one weight [out, in]. int8: (q, scale) for "int8pack" (default:
+    """The kernel of `path` for one weight [out, in]. int8: (q, scale) for INT8_PATHS (default:
     quantized from the weight)."""
-    if path == "int8pack":
-        return fast_linear.Int8Weight(*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
+    if path in INT8_PATHS:
+        kernel = fast_linear.Int8Weight if path == "int8pack" else fast_linear.Int8AsBF16
+        return kernel(*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
     return KERNELS[path](weight)
 
 
@@ -338,7 +342,7 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
     built = {}
     for _, path in choice:
         if path not in built:
-            built[path] = build_kernel(path, weight, int8.get(weight) if int8 and path == "int8pack" else None)
+            built[path] = build_kernel(path, weight, int8.get(weight) if int8 and path in INT8_PATHS else None)
     return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
 
 
@@ -386,7 +390,7 @@ def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows
     ([(max_rows, fastest path)], the times {path: {rows: seconds per pass}}). The first path is
     the default: another takes a row count only by winning by KERNEL_MARGIN."""
     copies = copies_for_timing(sample)
-    kernels = {p: [build_kernel(p, w, int8.get(w) if int8 and p == "int8pack" else None) for w in copies]
+    kernels = {p: [build_kernel(p, w, int8.get(w) if int8 and p in INT8_PATHS else None) for w in copies]
                for p in paths}
     times = time_kernels(kernels, copies[0].shape[1], copies[0].dtype, rows)
     def fastest(m):
@@ -485,7 +489,7 @@ def _measure_formats(config) -> tuple[str, str]:
     for fmt, paths in paths_of.items():
         dtype = AUTO_FORMATS[fmt][0]
         weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]  # int8: quantized by build_kernel
-        for p in paths[:1] if fmt == "int8" else paths:  # int8's others: float32's, timed there
+        for p in [p for p in paths if p in INT8_PATHS] if fmt == "int8" else paths:  # int8's others: float32's, timed there
             kernels[f"{fmt}/{p}"], dtypes[f"{fmt}/{p}"] = [build_kernel(p, w) for w in weights], dtype
     times = time_kernels(kernels, shape[1], dtypes, rows=(1, 5))
     scores = {}

@@ -2,12 +2,15 @@
 tolerances, the fast kernels against the plain path on the same values, exact losslessness and
 greedy equality relative to the target as loaded, and clear errors for bad options."""
 
+import math
+
 import pytest
 import torch
 
 import gpt2.kernels as kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.fast_linear import FP16Weight, Int8Weight, OneDNNPackedWeight, dequantize_int8, int8_per_channel
+from gpt2.fast_linear import (FP16Weight, Int8AsBF16, Int8Weight, OneDNNPackedWeight, dequantize_int8,
+                              int8_per_channel)
 from conftest import TINY_VOCAB
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
@@ -115,6 +118,30 @@ def test_int8_kernel_matches_its_reference():
     torch.testing.assert_close(y, reference, rtol=1e-4, atol=1e-4)
 
 
+def test_int8_on_bfloat16_matmul_gives_int8packs_numbers():
+    """The multi-row int8 kernel computes what the 1-row one does (same int8 weights, same bfloat16
+    activations and scale, float32 sums): per row count of a decode step and a verification, it
+    matches F.linear on those values, and _weight_int8pack_mm's bfloat16 outputs except, rarely,
+    by one bfloat16 step where the float32 sums were added in another order. (Rounding the sum to
+    bfloat16 before the scale, instead of in the fused post-op, changes about a quarter of them.)"""
+    if not kernels.works("int8-bf16"):
+        pytest.skip(f"this CPU has no oneDNN bfloat16 path: {kernels.probe('int8-bf16')}")
+    g = torch.Generator().manual_seed(6)
+    w, b = torch.randn(384, 1280, generator=g), torch.randn(384, generator=g)
+    q, scale = int8_per_channel(w)
+    one_pass, int8pack = Int8AsBF16(q, scale), Int8Weight(q, scale)
+    values = q.float() * scale.bfloat16().float()[:, None]  # the weights both kernels multiply by (exact)
+    for M in (1, 2, 5, 9, 16):
+        x = torch.randn(1, M, 1280, generator=g)
+        y = one_pass(x, b)
+        assert y.shape == (1, M, 384) and y.dtype == torch.float32
+        torch.testing.assert_close(y, x.bfloat16().float() @ values.T + b, rtol=0.01, atol=0.02)
+        ours, theirs = one_pass(x.bfloat16(), None).float(), int8pack(x.bfloat16(), None).float()
+        one_step = torch.maximum(ours.abs(), theirs.abs()) * 2**-7  # bfloat16 keeps 8 significant bits
+        assert ((ours - theirs).abs() <= one_step).all(), M
+        assert (ours != theirs).float().mean() < 0.01, M
+
+
 def test_onednn_packed_weight_matches_f_linear():
     if not kernels.works("onednn-bf16"):
         pytest.skip(f"this CPU has no oneDNN bfloat16 path: {kernels.probe('onednn-bf16')}")
@@ -144,6 +171,25 @@ def test_speculative_greedy_equals_same_format_target(text_pair_dirs, name):
         assert gap < 0.05 * (scores.max() - scores.min()).item(), f"not a near-tie at {i}: gap {gap}"
     else:
         assert spec == ar
+
+
+def test_int8_speculative_greedy_equals_plain_greedy_on_the_multi_row_kernel(text_pair_dirs, monkeypatch):
+    """With the one-pass int8 kernel verifying (2+ rows) and _weight_int8pack_mm decoding (1 row),
+    as the measurement picks on a CPU with AMX, greedy speculative output is still the target's own
+    greedy output: the two kernels compute the same numbers (test above)."""
+    if not kernels.works("int8-bf16"):
+        pytest.skip(f"this CPU has no oneDNN bfloat16 path: {kernels.probe('int8-bf16')}")
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the choice too
+    target_dir, draft_dir = text_pair_dirs
+    target, draft = load_gpt2(target_dir, quantize="int8"), load_gpt2(draft_dir, quantize="int8")
+    choice = [(1, "int8pack"), (math.inf, "int8-bf16")]
+    for model in (target, draft):
+        int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
+        kernels.attach_kernels(model, int8=int8, choose=lambda *a: choice)
+        assert {tuple(k.kernel.paths()) for k in kernels.attached(model)} == {tuple(choice)}
+    prompt = list(range(100, 120))
+    ar = autoregressive_generate(target, prompt, 40).tokens
+    assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == ar
 
 
 @pytest.mark.parametrize("name", ["bf16", "int8", "fp16"])
