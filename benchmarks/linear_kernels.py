@@ -71,6 +71,31 @@ def _prepacked_bf16(batch_size):
     return prepare
 
 
+def _prepacked_fp32(batch_size):
+    return lambda w, b: (torch.ops.mkldnn._reorder_linear_weight(w, batch_size), b)
+
+
+def _mkl_packed(batch_size):
+    """MKL's packed sgemm (cblas_sgemm_pack, what inductor's CPU freezing uses): packed for one
+    row count; another row count runs on the plain weight."""
+    return lambda w, b: (torch.ops.mkl._mkl_reorder_linear_weight(w, batch_size), w, b, batch_size)
+
+
+def _run_mkl_packed(x, s):
+    return torch.ops.mkl._mkl_linear(x, s[0], s[1], s[2], s[3])
+
+
+def _int8_as_bf16(w, b):
+    """gpt2.fast_linear.Int8AsBF16's layout: q as bfloat16 integers, pre-packed; scale [1, N]."""
+    q, scale = int8_per_channel(w)
+    return (torch.ops.mkldnn._reorder_linear_weight(q.to(torch.bfloat16), 1), scale.to(torch.bfloat16)[None],
+            b.to(torch.bfloat16))
+
+
+def _run_int8_as_bf16(x, s):
+    return torch.ops.mkldnn._linear_pointwise.binary(x, s[1].expand(x.shape[0], -1), s[0], None, "mul") + s[2]
+
+
 def _fbgemm_fp16(w, b):
     return (torch.ops.quantized.linear_prepack_fp16(w, b),)
 
@@ -187,6 +212,9 @@ CANDIDATES = {
     "fp32_onednn": (lambda w, b: (w, b), _onednn, torch.float32, "fp32, oneDNN (linear()'s float32 path)"),
     "fp32_mkl": (lambda w, b: (w, b), _flinear, torch.float32, "fp32, F.linear (MKL)"),
     "fp32_mm": (lambda w, b: (w, b), _mm, torch.float32, "fp32, torch.mm(W, x.T) (gpt2.kernels' mm path)"),
+    "fp32_onednn_packed1": (_prepacked_fp32(1), _onednn, torch.float32, "fp32, oneDNN, weights pre-packed for M=1"),
+    "fp32_onednn_packed5": (_prepacked_fp32(5), _onednn, torch.float32, "fp32, oneDNN, weights pre-packed for M=5"),
+    "fp32_mkl_packed5": (_mkl_packed(5), _run_mkl_packed, torch.float32, "fp32, MKL packed sgemm for M=5 (other M: plain MKL)"),
     "bf16_flinear": (_cast(torch.bfloat16), _flinear, torch.bfloat16, "bf16, F.linear"),
     "bf16_mm": (_cast(torch.bfloat16), _mm, torch.bfloat16, "bf16, torch.mm(W, x.T)"),
     "bf16_onednn": (_cast(torch.bfloat16), _onednn, torch.bfloat16, "bf16, oneDNN, plain weights (GPT2_FAST_LINEAR=0)"),
@@ -197,6 +225,7 @@ CANDIDATES = {
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),
     "bf16_compile_upcast": (_compiled_upcast(torch.bfloat16), _run_compiled, torch.float32, "bf16 weights, torch.compile(F.linear(x, w.float()))"),
     "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x (quantize=\"int8\")"),
+    "int8_bf16_onednn": (_int8_as_bf16, _run_int8_as_bf16, torch.bfloat16, "int8 per-channel as bf16 integers, oneDNN pre-packed, scale as post-op (int8-bf16)"),
     "int8_pack_fp32": (_int8pack(torch.float32), _run_int8pack, torch.float32, "int8 per-channel, torch._weight_int8pack_mm, fp32 x"),
     "int8_fbgemm_dynamic": (_fbgemm_int8_dynamic, _run_fbgemm_int8_dynamic, torch.float32, "int8 weights AND activations (W8A8 dynamic), fbgemm"),
     "int8_blocked_upcast": (_blocked_upcast(torch.int8), _run_blocked_upcast, torch.float32, "int8 tiles upcast to fp32 (scales not applied: speed only)"),

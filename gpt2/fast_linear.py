@@ -9,6 +9,8 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
   - float32: oneDNN on the plain weights (OneDNNLinear), PyTorch's F.linear (PlainLinear, MKL on
     x86), or torch.mm(W, x.T) (TransposedMM: a matrix times a few columns, which some CPUs run
     faster than oneDNN for a few rows; docs/linear_kernels.md).
+  - float32 for verifications: oneDNN on weights reordered once for a few rows
+    (OneDNNPackedForRows), as bfloat16's below.
   - bfloat16: oneDNN with the weights reordered ONCE into its blocked layout
     (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call. Needs
     AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/kernels.py probes for it.
@@ -92,6 +94,19 @@ class OneDNNPackedWeight:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] bf16 -> [..., out] bf16."""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+class OneDNNPackedForRows(OneDNNPackedWeight):
+    """A float32 weight [out, in] reordered once into the layout oneDNN picks for a verification's
+    few rows (gamma + 1 = 5 by default; the layout depends on the rows it is packed for). On some
+    CPUs a few rows run faster on it than on the plain weight, where oneDNN's and MKL's few-row
+    products cost well above a 1-row one (gpt2/kernels.py uses it only where it measures faster).
+    Extra memory: one float32 copy of the weight."""
+
+    ROWS = 5
+
+    def __init__(self, weight: torch.Tensor):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, self.ROWS)
 
 
 class FP16Weight:

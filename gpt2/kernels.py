@@ -75,6 +75,7 @@ PATHS = {
     "linear": "F.linear (PyTorch's default; MKL on x86)",
     "mm": "torch.mm(W, x.T) (the weight as the left operand)",
     "onednn": "oneDNN inner product, float32",
+    "onednn-packed": "oneDNN, float32 weights pre-packed once for a verification's few rows (a second copy)",
     "onednn-bf16": "oneDNN, bfloat16 weights pre-packed once",
     "fbgemm-fp16": "fbgemm, float16 weights, float32 math",
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
@@ -84,6 +85,7 @@ KERNELS = {
     "linear": fast_linear.PlainLinear,
     "mm": fast_linear.TransposedMM,
     "onednn": fast_linear.OneDNNLinear,
+    "onednn-packed": fast_linear.OneDNNPackedForRows,
     "onednn-bf16": fast_linear.OneDNNPackedWeight,
     "fbgemm-fp16": fast_linear.FP16Weight,
 }
@@ -92,7 +94,7 @@ KERNELS = {
 # same function of the parameters' values: "fp16" weights are float32 parameters holding
 # float16-rounded values, "int8" ones hold the dequantized values.
 CANDIDATES = {
-    "float32": ("onednn", "mm", "linear"),
+    "float32": ("onednn", "mm", "linear", "onednn-packed"),
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
     "fp16": ("fbgemm-fp16", "onednn", "mm", "linear"),

@@ -9,8 +9,8 @@ import torch
 
 import gpt2.kernels as kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.fast_linear import (FP16Weight, Int8AsBF16, Int8Weight, OneDNNPackedWeight, dequantize_int8,
-                              int8_per_channel)
+from gpt2.fast_linear import (FP16Weight, Int8AsBF16, Int8Weight, OneDNNPackedForRows, OneDNNPackedWeight,
+                              dequantize_int8, int8_per_channel)
 from conftest import TINY_VOCAB
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
@@ -116,6 +116,22 @@ def test_int8_kernel_matches_its_reference():
     reference = x @ dequantize_int8(q, scale, torch.float32).T + b
     assert y.shape == (2, 5, 48)
     torch.testing.assert_close(y, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_float32_packed_for_a_few_rows_matches_f_linear():
+    """float32 on weights pre-packed for a verification: F.linear's numbers (float32 rounding, in
+    another order) for a decode step, a verification and more rows."""
+    if not kernels.works("onednn-packed"):
+        pytest.skip(f"no oneDNN here: {kernels.probe('onednn-packed')}")
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(384, 1280, generator=g), torch.randn(384, generator=g)
+    kernel = OneDNNPackedForRows(w)
+    for M in (1, 2, 5, 9, 16):
+        x = torch.randn(1, M, 1280, generator=g)
+        y = kernel(x, b)
+        assert y.shape == (1, M, 384) and y.dtype == torch.float32
+        reference = torch.nn.functional.linear(x, w, b)
+        assert (y - reference).abs().max() <= 1e-5 * reference.abs().max(), M  # bfloat16 would be ~4e-3
 
 
 def test_int8_on_bfloat16_matmul_gives_int8packs_numbers():
