@@ -20,6 +20,7 @@ kernel cache (GPT2_KERNEL_CACHE) like any other.
 """
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -36,12 +37,17 @@ from .weight_formats import FORMATS
 
 
 def faces(model, fmt: str, without: list[str]) -> dict[str, dict]:
-    """{"all": layer -> KernelLinear as loaded, "without": the choice without `without`}."""
+    """{"all": layer -> KernelLinear as loaded, "without": the same choice, where it took a path of
+    `without` the path measured fastest for those rows without them} (so the two faces differ
+    only where the named paths won, and timing noise in the other choices cannot tell them apart)."""
     def chooser(group_fmt, sample, paths, int8):
         kept = [p for p in paths if p not in without] or paths[:1]
         shape, dtype = tuple(sample[0].shape), sample[0].dtype
-        choice, _ = kernels.rows_choice(group_fmt, shape, dtype, kept, lambda: sample, int8)
-        return choice
+        fallback, _ = kernels.rows_choice(group_fmt, shape, dtype, kept, lambda: sample, int8)
+        loaded = sample[0].kernel_linear.kernel.paths()
+        at = lambda choice, rows: next(p for m, p in choice if m >= rows)
+        return [(rows, at(loaded, rows) if at(loaded, rows) not in without else at(fallback, rows))
+                for rows in (*kernels.ROW_LIMITS, math.inf)]
 
     def current():
         return {(id(owner), name): vars(owner)[name] for owner, name, _, _ in kernels.linear_layers(model)
