@@ -27,7 +27,7 @@ from .memory import killed_for_memory, oom_killed_between, oom_kills
 from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
                          refuse_a_failing_seed)
 from .registry import assignment_of
-from .sandbox import MAX_VALUES_BYTES, OUTPUT_HEAD, Sandbox
+from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
 
 
@@ -305,10 +305,10 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
 
 
 def mark_isolation(report: Report) -> Report:
-    """An instructor's grade run with less than namespaces is unofficial, saying why in one line:
-    the student's code could read what every user of the machine can (your checkout, other
-    submissions) or, not isolated at all, anything of yours."""
-    if report.isolation["level"] != "namespaces":
+    """An instructor's grade run with less than namespaces (as root, or a user namespace without
+    it) is unofficial, saying why in one line: the student's code could read what every user of
+    the machine can (your checkout, other submissions) or, not isolated at all, anything of yours."""
+    if report.isolation["level"] not in OFFICIAL:
         report.unofficial.insert(0, report.isolation["line"])
     return report
 

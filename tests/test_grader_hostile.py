@@ -10,6 +10,10 @@ command line), so a sandbox that failed could not harm anything else on the mach
 attack is harmless to run unsandboxed, the same submission is also graded with isolation "none":
 it then succeeds, which shows the test would catch a sandbox that let it through.
 
+A grader that is not root (level "userns"): the same attacks, and escapes from the namespaces
+(remount, mount, chroot, a user namespace of its own), graded by a throwaway user this test makes,
+end in the same fair 0; with isolation "none" they succeed.
+
 Needs root and working namespaces (as on this machine, a Linux VM or a privileged container);
 skipped elsewhere, with the reason."""
 
@@ -33,7 +37,7 @@ from assignments.grade import Zygote, grade, grade_tree, student_files
 from assignments.make import MANIFEST, resolve
 from assignments.references import HIDDEN_SEED
 from assignments.registry import ASSIGNMENTS
-from assignments.sandbox import USER, namespaces_work, processes_of, unreadable_python
+from assignments.sandbox import SYSTEM_PATH, USER, kill_processes_of, namespaces_work, processes_of, unreadable_python
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
@@ -527,3 +531,240 @@ def test_emptying_the_sandbox_keeps_the_zygotes_mount_points(tmp_path):
     empty_for_the_next(tmp_path)
     assert mount_path.is_dir()
     assert not student_dir.exists() and not (tmp_path / "notes.txt").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# A grader that is not root: level "userns" (user, PID, mount and network namespaces of its own)
+# ------------------------------------------------------------------------------------------------
+
+ESCAPE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+found = []
+for line in open("/proc/self/status"):
+    if line.startswith("Cap") and int(line.split()[1], 16):
+        found.append("HAS-" + line.split(":")[0])
+if libc.mount(None, os.getcwd().encode(), None, 32 | 4096, None) == 0:  # MS_REMOUNT | MS_BIND: writable
+    found.append("REMOUNTED-WRITABLE")
+if libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None) == 0:
+    found.append("MOUNTED")
+if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER: a user namespace of its own, with every capability in it
+    found.append("NEW-USER-NAMESPACE")
+try:
+    os.chroot("/tmp")
+    found.append("CHROOTED")
+except OSError:
+    pass
+try:
+    open("forged.py", "w").write("FORGED")  # the folder its code runs in
+    found.append("TREE-WRITABLE")
+except OSError:
+    pass
+print("ESCAPE", sorted(found), flush=True)
+"""
+
+# Run as the throwaway user: grades each submission with one sandbox (python DRIVER LEVEL FOLDER
+# autograde MARKER: the attacks find the grader by these); after each, the verdicts, the report's isolation and any process of this user
+# left outside the grader and its zygote go to FOLDER/graded.jsonl (so they survive this process).
+DRIVER = """
+import json, os, sys
+from pathlib import Path
+from assignments.grade import Report, Zygote, grade_tree, mark_isolation, student_files
+from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import processes_of
+
+level, folder = sys.argv[1], Path(sys.argv[2])
+refs = json.loads((folder / "hidden.json").read_text())
+with Zygote(folder / "copy", isolation=level) as zygote:
+    for submission in sorted((folder / "submissions").iterdir()):
+        files, notes = student_files(submission, [FILE])
+        report = mark_isolation(grade_tree(ASSIGNMENTS[NAME], folder / "copy", files, folder / "data", refs,
+                                           notes=notes, zygote=zygote))
+        try:
+            zygotes = [int(p) for p in Path(f"/proc/{zygote.process.pid}/task/{zygote.process.pid}/children")
+                       .read_text().split()]
+        except OSError:
+            zygotes = []
+        ours = {os.getpid(), zygote.process.pid, *zygotes}
+        with open(folder / "graded.jsonl", "a") as out:
+            out.write(json.dumps({"submission": submission.name, "report": report.to_json(),
+                                  "left": [p for p in processes_of(os.getuid()) if p not in ours]}) + "\\n")
+"""
+
+GRADER_USER = "hostile-test-grader"
+
+
+def _runs(user: str, python: str, folder: Path, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", python, "-c", code],
+                          cwd=folder, env={"PATH": SYSTEM_PATH, "HOME": str(folder), "TMPDIR": str(folder),
+                                           "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _python_for(user: str, folder: Path) -> str | None:
+    """A Python the user can run with this virtualenv's packages: this one, else the system's
+    Python of the same version with a .pth naming this virtualenv's site-packages (this one may
+    sit under a private folder, as pyenv's under /root)."""
+    import site
+
+    probe = ("import subprocess, sys, assignments.sandbox; "  # as the grader starts its zygote
+             "subprocess.run([sys.executable, '-E', '-s', '-c', 'import torch, safetensors'], check=True)")
+    if _runs(user, sys.executable, folder, probe).returncode == 0:
+        return sys.executable
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path=SYSTEM_PATH)
+    if system is None:
+        return None
+    venv = folder / "venv"
+    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    sites = list(venv.glob("lib/python*/site-packages"))
+    (sites[0] / "grader.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    shutil.chown(venv, GRADER_USER, GRADER_USER)
+    python = str(venv / "bin" / "python")
+    return python if _runs(user, python, folder, probe).returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def not_root(built, tmp_path_factory):
+    """A throwaway user (made here, removed after), a folder of its own holding the built copy,
+    checkpoints and hidden references, and a Python it can run; skips where user namespaces do
+    not work for it."""
+    if not shutil.which("useradd", path=SYSTEM_PATH) or not shutil.which("setpriv", path=SYSTEM_PATH):
+        pytest.skip("needs useradd and setpriv (util-linux) to run the grader as another user")
+    made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", GRADER_USER], capture_output=True, text=True)
+    assert made.returncode in (0, 9), made.stderr  # 9: left by a run that was killed
+    uid = pwd.getpwnam(GRADER_USER).pw_uid
+    folder = Path(__import__("tempfile").mkdtemp(prefix="hostile-not-root-"))
+    try:
+        for name in ("copy", "data"):
+            shutil.copytree(built["source"] / name, folder / name)
+        (folder / "hidden.json").write_text(json.dumps(built["refs"]))
+        (folder / "other-student").mkdir()
+        (folder / "other-student" / "theory.py").write_text(f"# another student's submission {SECRET}\n")
+        subprocess.run(["chown", "-R", f"{GRADER_USER}:{GRADER_USER}", str(folder)], check=True)
+        python = _python_for(GRADER_USER, folder)
+        if python is None:
+            pytest.skip(f"user {GRADER_USER} cannot run a Python with this virtualenv's packages")
+        refused = _runs(GRADER_USER, python, folder,
+                        "from assignments.sandbox import user_namespaces_refused as r; print(r() or '')")
+        assert refused.returncode == 0, refused.stderr
+        if refused.stdout.strip():
+            pytest.skip(f"a grader that is not root cannot use user namespaces here: {refused.stdout.strip()}")
+        yield {"folder": folder, "python": python, "uid": uid}
+    finally:
+        kill_processes_of(uid)
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(["userdel", GRADER_USER], capture_output=True)
+
+
+def grade_as_not_root(built, not_root, level: str, attacks: dict[str, str]) -> tuple[dict, subprocess.CompletedProcess]:
+    """Grade each submission (name -> the attack planted in TARGET's file), in that order, with a
+    grader run as the throwaway user at `level`; {name: what DRIVER wrote}, and the run."""
+    folder = not_root["folder"]
+    shutil.rmtree(folder / "submissions", ignore_errors=True)
+    (folder / "graded.jsonl").unlink(missing_ok=True)
+    for i, (name, text) in enumerate(attacks.items()):
+        (folder / "submissions" / f"{i}-{name}" / TARGET.file).parent.mkdir(parents=True)
+        (folder / "submissions" / f"{i}-{name}" / TARGET.file).write_text(text)
+    subprocess.run(["chown", "-R", f"{GRADER_USER}:{GRADER_USER}", str(folder)], check=True)
+    driver = f"NAME, FILE = {NAME!r}, {TARGET.file!r}\n" + DRIVER
+    done = subprocess.run(["setpriv", f"--reuid={GRADER_USER}", f"--regid={GRADER_USER}", "--clear-groups",
+                           not_root["python"], "-c", driver, level, str(folder), "autograde", MARKER],
+                          cwd=folder, env={"PATH": SYSTEM_PATH, "HOME": str(folder), "TMPDIR": str(folder),
+                                           "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=600)
+    lines = (folder / "graded.jsonl").read_text().splitlines() if (folder / "graded.jsonl").exists() else []
+    graded = {}
+    for line in lines:
+        entry = json.loads(line)
+        graded[entry["submission"].split("-", 1)[1]] = entry
+    return graded, done
+
+
+def _verdicts(entry: dict) -> dict:
+    from assignments.grade import CheckResult
+
+    return {c["check"]: CheckResult(**c) for c in entry["report"]["checks"]}
+
+
+MARKER = f"hostile-grader-{os.getpid()}"  # in the command line of the grader run as the throwaway user
+
+
+def _attacks(built, folder: Path) -> dict[str, str]:
+    stripped, marker = built["stripped"], MARKER
+    forged = [str(folder / "report.json"), str(folder / "copy" / "forged.txt")]
+    files = [str(ROOT / TARGET.file), str(folder / "other-student" / "theory.py"), str(folder / "hidden.json"),
+             str(folder / "data" / "target" / "config.json")]
+    return {"rewrite": planted(stripped, REWRITE_RESULTS, TARGETS=forged, MARKER=marker),
+            "read-proc": planted(stripped, READ_PROC, MARKER=marker, FILES=files, SECRET=SECRET),
+            "escape": planted(stripped, ESCAPE),
+            "daemon": planted(stripped, DAEMON),
+            "kill-grader": planted(stripped, KILL_GRADER, MARKER=marker),
+            "stripped": stripped}
+
+
+def test_a_grader_that_is_not_root_stops_the_attacks_with_user_namespaces(built, not_root):
+    """Graded by a user that is not root, each attack ends in the stub's fair 0 with nothing
+    forged: the daemons die with their check (nothing of theirs is left, nothing written), the
+    grader's /proc, files and the other student's are out of sight, the child has no capability
+    (no remount, mount, chroot or user namespace of its own, its folder read-only), and killing
+    the grader or its zygote fails (the next submission is graded). The report is official."""
+    graded, done = grade_as_not_root(built, not_root, "auto", _attacks(built, not_root["folder"]))
+    assert done.returncode == 0 and len(graded) == 6, done.stderr[-3000:]
+    for name, entry in graded.items():
+        fair(_verdicts(entry))
+        assert entry["report"]["isolation"]["level"] == "userns" and entry["report"]["official"], entry["report"]
+        assert entry["left"] == [], (name, entry["left"])
+    output = {name: _verdicts(entry)["tokens_per_round"].output for name, entry in graded.items()}
+    assert "FOUND []" in output["read-proc"], output["read-proc"]
+    assert "ESCAPE []" in output["escape"], output["escape"]
+    assert "were still running when the check ended: killed" in output["daemon"]
+    time.sleep(0.5)  # the rewriting daemon, had it lived, writes every 50 ms
+    assert not (not_root["folder"] / "report.json").exists()
+    assert not (not_root["folder"] / "copy" / "forged.txt").exists()
+    assert not processes_of(not_root["uid"])
+
+
+def test_a_grader_that_is_not_root_without_isolation_lets_the_attacks_through(built, not_root):
+    """The same submissions graded by the same user at level "none": the attacks work (the daemon
+    outlives its check and writes the grader's files, the grader's environment, memory and files
+    are open, the folder the code runs in is writable, the grader is killed), so the test above
+    would catch a sandbox that let them through. The report says it is unofficial."""
+    attacks = _attacks(built, not_root["folder"])
+    graded, done = grade_as_not_root(built, not_root, "none", {name: attacks[name] for name in
+                                                               ("rewrite", "read-proc", "escape", "kill-grader")})
+    assert done.returncode == -9, done.stderr[-3000:]  # killed by the last submission
+    assert sorted(graded) == ["escape", "read-proc", "rewrite"]
+    report = graded["rewrite"]["report"]
+    assert not report["official"] and report["unofficial"][0].startswith("NOT ISOLATED")
+    assert graded["rewrite"]["left"], "the rewriting daemon outlived its check"
+    deadline = time.monotonic() + 30
+    forged = not_root["folder"] / "report.json"
+    while not (forged.exists() and "FORGED" in forged.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "FORGED" in forged.read_text()
+    exposed = _verdicts(graded["read-proc"])["tokens_per_round"].output
+    for found in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", "WITH-SECRET"):
+        assert found in exposed, exposed
+    assert "TREE-WRITABLE" in _verdicts(graded["escape"])["tokens_per_round"].output
+    kill_processes_of(not_root["uid"])
+
+
+def test_user_namespaces_refused_falls_back_to_none_and_says_why(monkeypatch):
+    """A grader that is not root where user namespaces are refused (switched off, AppArmor) is not
+    isolated, and its one line says why; where they work it gets "userns"; asking for "userns"
+    as root, or where it is refused, is refused with the reason."""
+    import assignments.sandbox as sandbox
+
+    with pytest.raises(AssignmentError, match="'userns' here: it is for a grader that is not root"):
+        sandbox.detect("userns")
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sandbox, "_USER_NAMESPACES_REFUSED", "")
+    assert sandbox.detect().level == "userns" and sandbox.detect().user is None
+    reason = "AppArmor restricts unprivileged user namespaces (sysctl kernel.apparmor_restrict_unprivileged_userns = 1)"
+    monkeypatch.setattr(sandbox, "_USER_NAMESPACES_REFUSED", reason)
+    isolation = sandbox.detect()
+    assert isolation.level == "none"
+    assert isolation.line() == f"NOT ISOLATED: the student's code ran as your own user (the grader is not root, and {reason})"
+    with pytest.raises(AssignmentError, match="cannot sandbox at level 'userns' here: the grader is not root, and AppArmor"):
+        sandbox.detect("userns")
