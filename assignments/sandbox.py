@@ -737,11 +737,12 @@ class Sandbox:
         seconds = time.perf_counter() - start
         hung = exit_code is None
         killed = self.kill_all(pid)  # the child (if hung) and everything it started
-        stuck = False
+        holders = []
         for t in threads[:2]:
             t.join(10)
-            stuck |= t.is_alive()
-        holders = pipe_holders(pipes) if stuck else []
+            while t.is_alive() and not holders:  # a busy machine: read on while nothing else holds the pipes
+                holders = pipe_holders(pipes)
+                t.join(1)
         return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
                         seconds, killed - hung, holders)
 

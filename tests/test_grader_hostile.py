@@ -55,7 +55,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not namespaces_work(),
 # ------------------------------------------------------------------------------------------------
 
 REWRITE_RESULTS = """
-import json, os, time
+import ctypes, json, os, time
+ctypes.CDLL(None).prctl(15, NAME.encode())  # PR_SET_NAME: the test finds its processes by it
 forged = json.dumps({"score": 100, "tests": [], "output": "FORGED"})
 targets = list(TARGETS)
 for pid in os.listdir("/proc"):  # the grader's command line names results.json
@@ -168,7 +169,8 @@ print("NO-INSTALLED-COPY", flush=True)
 """
 
 DAEMON = """
-import os
+import ctypes, os
+ctypes.CDLL(None).prctl(15, NAME.encode())  # PR_SET_NAME: the test finds its processes by it
 if os.fork() == 0:  # a daemon that keeps the check's pipes open and spins
     os.setsid()
     if os.fork() == 0:
@@ -176,6 +178,27 @@ if os.fork() == 0:  # a daemon that keeps the check's pipes open and spins
             pass
     os._exit(0)
 """
+
+
+def process_name(tmp_path: Path) -> str:
+    """A name (at most 15 characters, the kernel's limit) for one test's attacking processes."""
+    import zlib
+
+    return f"hostile{zlib.crc32(str(tmp_path).encode()):08x}"
+
+
+def named(name: str) -> list[int]:
+    """Live processes called `name` (whatever their user: after a grader exits, another grader
+    running beside this test may take the same sandbox user, so its processes prove nothing)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and Path(entry.path, "comm").read_text().strip() == name and \
+                    Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def planted(stripped: str, attack: str, once: bool = True, **values) -> str:
@@ -284,13 +307,14 @@ def test_rewriting_results_after_the_grader_exits_is_stopped(built, tmp_path):
     """A daemon (double fork, setsid, every fd closed) finds results.json in the grader's command
     line and rewrites it for 8 s, past the grader's exit: it is killed with its check, and could
     not have written there anyway (another user; no grader process or file visible to it)."""
+    name = process_name(tmp_path)
     root = autograder(built, tmp_path / "gradescope", planted(built["stripped"], REWRITE_RESULTS,
-                                                               TARGETS=[], MARKER=str(tmp_path)))
-    results, uid = run_autograder(root)
+                                                               TARGETS=[], MARKER=str(tmp_path), NAME=name))
+    results, _ = run_autograder(root)
     fair_gradescope(results)
+    assert not named(name)
     time.sleep(1.0)  # the daemon, had it lived, rewrites every 50 ms
     fair_gradescope(json.loads((root / "results" / "results.json").read_text()))
-    assert not processes_of(uid)
 
 
 def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
@@ -299,12 +323,13 @@ def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed,
     the grading; in the sandbox it is dead when the check's verdict is read and wrote nothing."""
     report = tmp_path / "report.json"
     targets = [str(report), str(built["source"] / "copy" / "forged.txt")]
-    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=targets, MARKER=str(tmp_path))
+    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=targets, MARKER=str(tmp_path), NAME="hostile-local")
     fair(grade_locally(built, sandbox, text, tmp_path / "sandboxed"))
     time.sleep(0.5)
     assert not any(Path(t).exists() for t in targets) and not processes_of(sandbox.isolation.uid)
     # the same submission unsandboxed: its daemon outlives the grading and writes (the attack works)
-    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=[str(report)], MARKER=str(tmp_path))
+    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=[str(report)], MARKER=str(tmp_path),
+                   NAME="hostile-none")
     fair(grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed"))
     deadline = time.monotonic() + 30
     while not (report.exists() and "FORGED" in report.read_text()) and time.monotonic() < deadline:
@@ -388,11 +413,12 @@ def test_a_daemon_holding_the_pipes_ends_with_its_check(built, sandbox, tmp_path
     """A setsid'd daemon that keeps stdout and the answer pipe open and spins: the check ends
     when its child exits (not at the timeout), the daemon is killed, the verdict is the stub's,
     and the grader's output says a process was left running."""
-    text = planted(built["stripped"], DAEMON)
+    name = process_name(tmp_path)
+    text = planted(built["stripped"], DAEMON, NAME=name)
     root = autograder(built, tmp_path / "gradescope", text)
-    results, uid = run_autograder(root)
+    results, _ = run_autograder(root)
     fair_gradescope(results)
-    assert not processes_of(uid)
+    assert not named(name)
     results = grade_locally(built, sandbox, text, tmp_path / "local")
     fair(results)
     assert "were still running when the check ended: killed" in results["tokens_per_round"].output
@@ -446,11 +472,13 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
     import signal
 
     root = autograder(built, tmp_path / "gradescope", built["stripped"])  # the first check fails at once
+    name = process_name(tmp_path)
     costs = resolve("spec_decoding.costs.CostModel.round_seconds")
     stub = "raise NotImplementedError('CostModel.round_seconds: your code here (see the docstring)')"
     stripped_costs = (built["source"] / "copy" / costs.file).read_text()
     (root / "submission" / Path(costs.file).name).write_text(
-        stripped_costs.replace(stub, "import time\n        time.sleep(120)\n        " + stub, 1))  # the second hangs
+        stripped_costs.replace(stub, f"import ctypes, time\n        ctypes.CDLL(None).prctl(15, {name.encode()!r})\n"
+                                     f"        time.sleep(120)\n        " + stub, 1))  # the second hangs
     env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
     shell = subprocess.Popen(["bash", str(root / "run_autograder")], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -466,7 +494,7 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
     assert [t["name"] for t in written["tests"]] == ["tokens_per_round"]
     assert "not implemented yet" in written["tests"][0]["output"]
     assert "Grading stopped after 1 check(s)" in written["output"]
-    assert not processes_of(user_id(log))
+    assert not named(name)
 
 
 def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
@@ -507,7 +535,8 @@ def test_without_namespaces_the_sandbox_user_still_stops_the_attacks(built, tmp_
         found = results["tokens_per_round"].output
         for what in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", "CWD-", "ROOT-", "WITH-SECRET"):
             assert what not in found, found
-        results = grade_locally(built, sandbox, planted(built["stripped"], DAEMON), tmp_path / "daemon")
+        results = grade_locally(built, sandbox, planted(built["stripped"], DAEMON, NAME="hostile-user"),
+                                tmp_path / "daemon")
         fair(results)
         assert not processes_of(sandbox.isolation.uid)
 
@@ -695,10 +724,10 @@ def _attacks(built, folder: Path) -> dict[str, str]:
     forged = [str(folder / "report.json"), str(folder / "copy" / "forged.txt")]
     files = [str(ROOT / TARGET.file), str(folder / "other-student" / "theory.py"), str(folder / "hidden.json"),
              str(folder / "data" / "target" / "config.json")]
-    return {"rewrite": planted(stripped, REWRITE_RESULTS, TARGETS=forged, MARKER=marker),
+    return {"rewrite": planted(stripped, REWRITE_RESULTS, TARGETS=forged, MARKER=marker, NAME="hostile-userns"),
             "read-proc": planted(stripped, READ_PROC, MARKER=marker, FILES=files, SECRET=SECRET),
             "escape": planted(stripped, ESCAPE),
-            "daemon": planted(stripped, DAEMON),
+            "daemon": planted(stripped, DAEMON, NAME="hostile-userns"),
             "kill-grader": planted(stripped, KILL_GRADER, MARKER=marker),
             "stripped": stripped}
 
