@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 USER = "student-sandbox"  # the unprivileged user student code runs as (one per concurrent grader: -1, -2, ...)
-LEVELS = ("namespaces", "userns", "user", "none")  # best first ("userns" only without root, the others' two with it)
+LEVELS = ("namespaces", "userns", "user", "none")  # best first; "userns" is for a grader that is not root
 OFFICIAL = ("namespaces", "userns")  # a grade made at these levels can be trusted
 UNSHARE = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "--propagation", "private", "--kill-child"]
 USER_UNSHARE = ["--user", "--map-root-user", *UNSHARE]  # the same, for a grader that is not root
@@ -498,8 +498,10 @@ def root_spec(python: str, folder: Path, hidden: list[Path]) -> dict:
                       os.path.dirname(real(python)), *interpreter_path(python)]
     for path in python_folders:
         path = real(path)
-        if os.path.isdir(path) and not any(inside(path, h) for h in hidden):
-            wanted.append(path)  # one holding a hidden folder is bound with that folder masked (below)
+        if os.path.isdir(path) and path not in hidden:
+            # one holding a hidden folder is bound with that folder masked (below); one inside a
+            # hidden folder (a virtualenv in your checkout) is bound alone, the rest staying unseen
+            wanted.append(path)
     wanted.append("/sys")
     read_only = []
     for path in sorted(set(wanted), key=len):
@@ -511,7 +513,7 @@ def root_spec(python: str, folder: Path, hidden: list[Path]) -> dict:
         if os.path.isdir(site) and any(inside(site, p) for p in read_only):
             for root in hidden:
                 for name in project_names(root) if os.path.isdir(root) else []:
-                    if os.path.exists(os.path.join(site, name)) and not inside(site, root):
+                    if os.path.exists(os.path.join(site, name)) and site != root:  # an editable install names the hidden folder itself: not bound
                         masks.append(os.path.join(site, name))
     folder = str(folder)
     # (source, target, read-only, recursive), parents before what is mounted inside them

@@ -797,3 +797,22 @@ def test_user_namespaces_refused_falls_back_to_none_and_says_why(monkeypatch):
     assert isolation.line() == f"NOT ISOLATED: the student's code ran as your own user (the grader is not root, and {reason})"
     with pytest.raises(AssignmentError, match="cannot sandbox at level 'userns' here: the grader is not root, and AppArmor"):
         sandbox.detect("userns")
+
+
+def test_a_virtualenv_inside_the_hidden_checkout_is_still_bound(installed_python, tmp_path):
+    """A grader whose virtualenv lies inside the checkout it hides (`.venv` in the project, as a
+    user that is not root often has it): the root folder binds the interpreter's folders inside
+    it (else the zygote cannot import torch), never the checkout itself, and masks an installed
+    copy of the project in that virtualenv."""
+    from assignments.sandbox import root_spec
+
+    python, site_packages = installed_python
+    checkout = Path(os.path.realpath(site_packages)).parents[3]  # checkout/venv/lib/pythonX.Y/site-packages
+    for package in ("gpt2", "spec_decoding"):  # the checkout's packages, as the project's
+        (checkout / package).mkdir(exist_ok=True)
+        (checkout / package / "__init__.py").touch()
+    spec = root_spec(str(python), tmp_path, [checkout])
+    targets = [target for _, target, _, _ in spec["binds"]]
+    assert any(str(site_packages) == t or str(site_packages).startswith(t + "/") for t in targets), targets
+    assert str(checkout) not in targets
+    assert {str(site_packages / name) for name in ("gpt2", "spec_decoding")} <= set(spec["masks"]), spec["masks"]
