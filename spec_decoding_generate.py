@@ -9,7 +9,7 @@
     python spec_decoding_generate.py --target /path/to/gpt2-large --draft /path/to/gpt2   # offline
     python spec_decoding_generate.py --json > result.json
     python spec_decoding_generate.py --tree 2,2,1   # a token tree instead of a chain of --gamma
-    python spec_decoding_generate.py --gamma auto --cost-model costs.json   # gamma chosen each round
+    python spec_decoding_generate.py --gamma auto   # gamma chosen each round (costs measured once per machine)
     python spec_decoding_generate.py --prompts-file prompts/default.txt   # one prompt a line, batched
 
 Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, one forward pass
@@ -19,9 +19,9 @@ it follows the target's distribution exactly. Only the speed changes. --drafter 
 the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
 copy what followed the last n tokens earlier in the text), the target's own first blocks
 (layerskip), or a drafter reading the target's features (medusa:DIR, eagle:DIR: docs/feature_drafters.md).
---gamma auto chooses each round's draft length from the measured costs and the acceptance so far
-(0: no drafting while it does not pay); --gamma heuristic uses transformers' schedule
-(spec_decoding/gamma.py).
+--gamma auto chooses each round's draft length from the costs measured once on this machine (and
+kept) and the acceptance so far (0: no drafting while it does not pay); --gamma heuristic uses
+transformers' schedule (spec_decoding/gamma.py).
 
 On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
 piped, it is plain text. --json prints one JSON object instead.
@@ -110,8 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gamma-max", type=cli.positive_int, default=DEFAULT_GAMMA_MAX,
                         help=f"the most draft tokens per round for auto/heuristic (default: {DEFAULT_GAMMA_MAX})")
     parser.add_argument("--cost-model", metavar="FILE",
-                        help="--gamma auto: the per-call costs, a JSON file (read if it exists, "
-                             "else measured now and written there, for reproducible runs)")
+                        help="--gamma auto: the per-call costs, a JSON file (read if it exists, else "
+                             "written there; default: those kept for this machine, measured once)")
     parser.add_argument("--tree", type=cli.branching, metavar="B1,B2,...",
                         help="draft a token tree instead of a chain: children per node at each depth, "
                              "e.g. 2,2,1 (10 nodes, verified in one target forward); replaces --gamma; "
@@ -125,7 +125,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="sample among the most likely tokens holding this much probability")
     parser.add_argument("--seed", type=int,
                         help="random seed: the same seed, models and options on the same machine give "
-                             "the same tokens (with --gamma auto: and the same costs, --cost-model FILE)")
+                             "the same tokens (--gamma auto: while its costs, kept per machine, are "
+                             "not remeasured)")
     parser.add_argument("--threads", type=cli.positive_int, metavar="N",
                         help="CPU threads for PyTorch (default: its own choice, one per core); on a "
                              "busy machine 1 is often faster")
@@ -341,8 +342,8 @@ def start_printing(prompt: str, tree: bool = False) -> TokenPrinter:
 
 
 def get_cost_model(args, target, draft) -> CostModel | None:
-    """--gamma auto: the CostModel from --cost-model FILE if it exists, else measured now (and
-    written to FILE if one was named)."""
+    """--gamma auto: the CostModel from --cost-model FILE if it exists, else the one kept for
+    this pair on this machine (measured the first time; written to FILE if one was named)."""
     if args.gamma != "auto":
         return None
     if args.cost_model and os.path.exists(args.cost_model):
@@ -353,11 +354,7 @@ def get_cost_model(args, target, draft) -> CostModel | None:
                              f"less than --gamma-max {args.gamma_max}: pass --gamma-max "
                              f"{cost_model.gamma_max}, or delete the file to measure again")
     else:
-        print("Measuring the per-call costs for --gamma auto (a few seconds) ...", file=sys.stderr, flush=True)
-        if args.seed is not None and not args.cost_model:
-            print("note: --gamma auto decides from these costs, measured anew each run: to repeat "
-                  "this seeded run exactly, keep them with --cost-model FILE", file=sys.stderr, flush=True)
-        cost_model = CostModel.calibrate(target, draft, args.gamma_max)
+        cost_model = CostModel.kept_for(target, draft, args.gamma_max)
         if args.cost_model:
             cost_model.save(args.cost_model)
     print(cost_model, file=sys.stderr, flush=True)
@@ -534,7 +531,8 @@ def generate(args) -> None:
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     # --seed, or the random one (printed with the trace and in the JSON): with the same models,
-    # options, machine and, for --gamma auto, costs (--cost-model FILE), it reproduces this run.
+    # options and machine (for --gamma auto: its costs kept there, CostModel.kept_for), it
+    # reproduces this run.
     seed = generator.initial_seed()
 
     cost_model = None if args.tree else get_cost_model(args, target, drafter)

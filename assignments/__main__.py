@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .definition import AssignmentError
 from .registry import ASSIGNMENTS
+from .sandbox import LEVELS
 
 
 def main(argv=None) -> int:
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
     g.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
                    help="what to grade (else read from the copy's .assignment.json, and the grade is unofficial)")
     g.add_argument("--functions", nargs="+", metavar="NAME", help="what to grade: a custom assignment's functions")
-    g.add_argument("--sandbox", choices=["auto", "namespaces", "user", "none"], default="auto",
+    g.add_argument("--sandbox", choices=["auto", *LEVELS], default="auto",
                    help="how to shut in the student's code (default: the best this machine allows; "
                         "docs/instructor_guide.md, the threat model)")
     c = sub.add_parser("check", help="the student's run, inside their copy: the visible checks")
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
     a.add_argument("--source", type=Path, required=True)
     a.add_argument("--submission", type=Path, required=True)
     a.add_argument("--results", type=Path, required=True)
-    a.add_argument("--sandbox", choices=["auto", "namespaces", "user", "none"], default="auto")
+    a.add_argument("--sandbox", choices=["auto", *LEVELS], default="auto")
     args = parser.parse_args(argv)
     try:
         return run(args)

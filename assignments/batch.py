@@ -30,6 +30,7 @@ from pathlib import Path
 from .definition import AssignmentError
 from .make import ROOT, make, refuse_a_students_copy
 from .registry import ASSIGNMENTS
+from .sandbox import OFFICIAL
 
 GRADESCOPE_METADATA = "submission_metadata.yml"
 
@@ -199,7 +200,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
             print(f"Built, and the reference solution passes every check at seed {seed} "
                   f"({_duration(time.perf_counter() - start)}).", file=file)
             line = grader.sandbox.isolation.line()
-            print(line if grader.sandbox.isolation.level == "namespaces" else f"UNOFFICIAL: {line}", file=file)
+            print(line if grader.sandbox.isolation.level in OFFICIAL else f"UNOFFICIAL: {line}", file=file)
             if jobs > 1:
                 (tmp / "refs.json").write_text(json.dumps(refs))
                 # spawned, not forked: this process has torch's threads running

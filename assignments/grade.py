@@ -23,11 +23,11 @@ from pathlib import Path
 
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
-from .memory import killed_for_memory, oom_killed_between, oom_kills
+from .memory import oom_kills, silent_end
 from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
                          refuse_a_failing_seed)
 from .registry import assignment_of
-from .sandbox import MAX_VALUES_BYTES, OUTPUT_HEAD, Sandbox
+from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
 
 
@@ -121,11 +121,8 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
                      f"killed: {', '.join(f'pid {pid} {command!r}' for pid, command in end.stuck)})")
     elif size > MAX_VALUES_BYTES:
         run.error = f"sent back {size:,} bytes of values (at most {MAX_VALUES_BYTES:,})"
-    elif not data_bytes and oom_killed_between(kills, oom_kills()):
-        run.error = killed_for_memory()
     elif not data_bytes:
-        run.error = ("the process ended before the check could report: did your code call exit(), "
-                     "kill itself or crash Python?")
+        run.error = silent_end(end.exit_code, kills, oom_kills())
     else:
         try:
             message = json.loads(data_bytes)
@@ -305,10 +302,10 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
 
 
 def mark_isolation(report: Report) -> Report:
-    """An instructor's grade run with less than namespaces is unofficial, saying why in one line:
-    the student's code could read what every user of the machine can (your checkout, other
-    submissions) or, not isolated at all, anything of yours."""
-    if report.isolation["level"] != "namespaces":
+    """An instructor's grade run with less than namespaces (as root, or a user namespace without
+    it) is unofficial, saying why in one line: the student's code could read what every user of
+    the machine can (your checkout, other submissions) or, not isolated at all, anything of yours."""
+    if report.isolation["level"] not in OFFICIAL:
         report.unofficial.insert(0, report.isolation["line"])
     return report
 

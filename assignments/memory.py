@@ -6,13 +6,17 @@ Two ways a check runs out of memory:
   MemoryError, torch a RuntimeError "can't allocate memory"; the check's process explains it
   (runner.explain -> out_of_memory);
 - the kernel's out-of-memory killer sends SIGKILL (a container's memory limit, as on Gradescope,
-  or the machine's memory): the process sends nothing back. The grader reads the kill counter of
-  its memory cgroup (or the machine's, /proc/vmstat) before and after the check: it went up, so
-  the check's silence was a memory kill, not an exit() in the student's code.
+  or the machine's memory): the process sends nothing back. The grader blames memory only when
+  both say so: the check's process died of SIGKILL (the grader sends none before a child exits
+  by itself), and the kill counter of the memory cgroups the check runs in (the grader's own and
+  its parents': the check's process is in them) went up meanwhile. The machine's counter
+  (/proc/vmstat) is never read: it counts every process of the machine, so another program's
+  out-of-memory kill would be blamed on the student.
 """
 
 import os
 import resource
+import signal
 from pathlib import Path
 
 NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
@@ -56,17 +60,29 @@ def _field(path: Path, name: str) -> int | None:
 
 
 def oom_kills() -> tuple:
-    """How many processes the out-of-memory killer has ended so far: in each of this process's
-    memory cgroups (cgroup v1 counts a kill only in the cgroup it happened in), and on the
-    machine (/proc/vmstat). Compare two readings with oom_killed_between."""
-    counts = [_field(folder / events, "oom_kill") for folder in _memory_cgroups()
-              for events in ("memory.events", "memory.oom_control")]
-    return tuple(counts) + (_field(Path("/proc/vmstat"), "oom_kill"),)
+    """How many processes the out-of-memory killer has ended so far in each of this process's
+    memory cgroups (cgroup v1 counts a kill only in the cgroup it happened in); None where a
+    cgroup has no counter. Compare two readings with oom_killed_between."""
+    return tuple(_field(folder / events, "oom_kill") for folder in _memory_cgroups()
+                 for events in ("memory.events", "memory.oom_control"))
 
 
 def oom_killed_between(before: tuple, after: tuple) -> bool:
     """Whether the out-of-memory killer ended a process between the two readings."""
     return any(a is not None and b is not None and a > b for b, a in zip(before, after))
+
+
+def silent_end(exit_code: int | None, before: tuple, after: tuple) -> str:
+    """The verdict of a check whose process ended without an answer. exit_code: as subprocess
+    gives it (-9: SIGKILL); before, after: oom_kills() around the check."""
+    if exit_code == -signal.SIGKILL:
+        if oom_killed_between(before, after):
+            return killed_for_memory()
+        if not any(count is not None for count in after):  # no memory cgroup to ask
+            return (f"the process was killed (SIGKILL) before the check could report: the kernel's out-of-memory "
+                    f"killer does that when memory runs out ({describe_limit()}), or did your code kill itself?")
+    return ("the process ended before the check could report: did your code call exit(), "
+            "kill itself or crash Python?")
 
 
 def memory_limit() -> int | None:

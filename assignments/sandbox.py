@@ -16,11 +16,20 @@ this machine allows, `Isolation.level`:
   Gradescope's). Each child drops to the sandbox user: it cannot signal, trace or read the memory
   of the grader's processes, nor write any file the grader reads; it can list the machine's
   processes and read files every user can read.
-- "none": the grader is not root. The child runs as the grader's own user; the grader says so in
-  one line and the report is unofficial.
+- "userns": the grader is not root, but unprivileged user namespaces work (most Linux desktops).
+  The zygote starts in a new user namespace as well (its root is the grader's user outside it) and
+  builds the same root folder; each child then drops every capability (bounding set included, no
+  new privileges), so it cannot remount, trace the zygote or undo the chroot. It runs as the
+  grader's user outside the namespace, but sees no other process of the machine, no network and
+  none of the grader's files, and it dies with its check: the zygote, the namespace's init,
+  kills every other process in it.
+- "none": the grader is not root and user namespaces do not work (switched off, or restricted by
+  AppArmor). The child runs as the grader's own user; the grader says so in one line and the
+  report is unofficial.
 
 Whatever the level, a check ends the same way: when its child exits or its time is up, every
-process of the sandbox user is killed (in "none": the child's session), so nothing a check
+process of the sandbox user is killed (in "userns": every process of the namespace but its init;
+in "none": the child's session), so nothing a check
 started can write, spin or hold a pipe open after its verdict; between gradings the sandbox's
 home and temporary folders are emptied, so one submission leaves nothing for the next.
 """
@@ -45,8 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 USER = "student-sandbox"  # the unprivileged user student code runs as (one per concurrent grader: -1, -2, ...)
-LEVELS = ("namespaces", "user", "none")  # best first
+LEVELS = ("namespaces", "userns", "user", "none")  # best first; "userns" is for a grader that is not root
+OFFICIAL = ("namespaces", "userns")  # a grade made at these levels can be trusted
 UNSHARE = ["--pid", "--fork", "--mount", "--net", "--ipc", "--uts", "--propagation", "private", "--kill-child"]
+USER_UNSHARE = ["--user", "--map-root-user", *UNSHARE]  # the same, for a grader that is not root
 LOCKS = Path("/run/assignments-sandbox")  # root's: which sandbox users are taken (flock)
 OUTPUT_HEAD, OUTPUT_TAIL = 6000, 2000  # characters of a child's output kept (start and end)
 MAX_VALUES_BYTES = 16 * 2**20  # a probe's answer larger than this is refused
@@ -70,6 +81,9 @@ class Isolation:
         if self.level == "namespaces":
             return (f"sandbox: the student's code ran as user {self.user}, in its own PID, mount and network "
                     f"namespaces, seeing only its copy")
+        if self.level == "userns":
+            return ("sandbox: the student's code ran in its own user, PID, mount and network namespaces, with no "
+                    "capabilities (your own user outside them), seeing only its copy")
         if self.level == "user":
             return (f"sandbox: the student's code ran as user {self.user}, without namespaces ({why}): it could "
                     f"list this machine's processes and read its world-readable files")
@@ -86,30 +100,41 @@ def detect(requested: str = "auto", python: str = sys.executable) -> Isolation:
 
     if requested not in ("auto", *LEVELS):
         raise AssignmentError(f"sandbox level {requested!r}: one of auto, {', '.join(LEVELS)}")
-    why, level = [], "namespaces"
-    if os.geteuid() != 0:
-        why.append("the grader is not running as root: run it as root (e.g. in a container) to sandbox it")
-        level = "none"
-    elif not namespaces_work():
-        why.append("`unshare --pid --mount --net` does not work here (no CAP_SYS_ADMIN?)")
-        level = "user"
-    if level == "user" or requested == "user":
-        blocked = unreadable_python(python)
-        if blocked:
-            why.append(f"{blocked} cannot be read by other users, so no sandbox user could run Python")
-            level = "none"
-    if requested != "auto":
-        if LEVELS.index(requested) < LEVELS.index(level):
-            raise AssignmentError(f"cannot sandbox at level {requested!r} here: {'; '.join(why)}")
-        if requested != level:
-            why.append(f"level {requested!r} was asked for")
-        level = requested
+    allowed, refused = _levels(python, requested)
+    level = allowed[0] if requested == "auto" else requested
+    if level not in allowed:
+        raise AssignmentError(f"cannot sandbox at level {requested!r} here: {refused[requested]}")
+    own = ("namespaces", "user") if os.geteuid() == 0 else ("userns",)  # the levels a grader like this one has
+    why = list(dict.fromkeys(refused[better] for better in LEVELS[:LEVELS.index(level)] if better in refused
+                             and better in own))
+    if level != allowed[0]:
+        why.append(f"level {requested!r} was asked for")
     if level == "user":
         why += [f"an installed copy of this project ({copy}) is readable by it" for copy in installed_copies(python)]
     isolation = Isolation(level, why_not=why)
-    if level != "none":
+    if level in ("namespaces", "user"):
         isolation.user, isolation.uid, isolation.gid = claim_user()
     return isolation
+
+
+def _levels(python: str, requested: str) -> tuple[list[str], dict[str, str]]:
+    """The levels this machine allows, best first, and why it refuses the others."""
+    refused = {}
+    if os.geteuid() == 0:
+        refused["userns"] = "it is for a grader that is not root (as root, level 'namespaces' gives each check a user of its own)"
+        if not namespaces_work():
+            refused["namespaces"] = "`unshare --pid --mount --net` does not work here (no CAP_SYS_ADMIN?)"
+        if "namespaces" in refused or requested == "user":
+            blocked = unreadable_python(python)
+            if blocked:
+                refused["user"] = f"{blocked} cannot be read by other users, so no sandbox user could run Python"
+    else:
+        not_root = "the grader is not running as root: run it as root (e.g. in a container) to sandbox it"
+        refused["namespaces"] = refused["user"] = not_root
+        why = user_namespaces_refused()
+        if why:
+            refused["userns"] = f"the grader is not root, and {why}"
+    return [level for level in LEVELS if level not in refused], refused
 
 
 _NAMESPACES_WORK = None
@@ -125,6 +150,41 @@ def namespaces_work() -> bool:
         except (OSError, subprocess.TimeoutExpired):
             _NAMESPACES_WORK = False
     return _NAMESPACES_WORK
+
+
+_USER_NAMESPACES_REFUSED = None
+
+
+def user_namespaces_refused() -> str | None:
+    """Why a grader that is not root cannot build the "userns" sandbox here, or None if it can
+    (util-linux `unshare` makes the namespaces and mounts a fresh /proc in them)."""
+    global _USER_NAMESPACES_REFUSED
+    if _USER_NAMESPACES_REFUSED is None:
+        _USER_NAMESPACES_REFUSED = _try_user_namespaces() or ""
+    return _USER_NAMESPACES_REFUSED or None
+
+
+def _try_user_namespaces() -> str | None:
+    unshare = shutil.which("unshare", path=SYSTEM_PATH)
+    if unshare is None:
+        return "util-linux `unshare` is not installed"
+    try:
+        done = subprocess.run([unshare, *USER_UNSHARE, "--mount-proc", "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"`unshare --user` failed ({error})"
+    if done.returncode == 0:
+        return None
+    for setting, off, what in (("user/max_user_namespaces", "0", "user namespaces are switched off"),
+                               ("kernel/unprivileged_userns_clone", "0", "unprivileged user namespaces are switched off"),
+                               ("kernel/apparmor_restrict_unprivileged_userns", "1",
+                                "AppArmor restricts unprivileged user namespaces")):
+        try:
+            if Path("/proc/sys", setting).read_text().strip() == off:
+                return f"{what} (sysctl {setting.replace('/', '.')} = {off})"
+        except OSError:
+            pass
+    error = done.stderr.decode(errors="replace").strip().splitlines()
+    return f"`unshare --user --map-root-user --pid --mount` does not work here ({error[-1] if error else done.returncode})"
 
 
 def unreadable_python(python: str) -> str | None:
@@ -251,7 +311,11 @@ def kill_processes_of(uid: int) -> int:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
-PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 24, 28, 38, 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECURE_NOROOT_ALL = 0xEF  # securebits: no capabilities for uid 0, none kept, fixed up or raised ambient; locked
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWIPC = 0x08000000
 
 
@@ -272,13 +336,16 @@ def build_root(spec: dict) -> None:
     (installed copies of the project, shown empty), symlinks to recreate."""
     new = spec["root"]
     _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=16m")
+    # In a user namespace the flags of a mount made outside it are locked: a remount must keep them.
+    kept = _mount_flags if spec.get("userns") else (lambda path: 0)
 
     for link, target in spec["symlinks"]:
         os.symlink(target, new + link)
     for source, target, read_only, recursive in spec["binds"]:
         os.makedirs(new + target, exist_ok=True)
         _mount(source, new + target, None, MS_BIND | (MS_REC if recursive else 0))
-        _mount(None, new + target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0))
+        _mount(None, new + target, None,
+               MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0) | kept(source))
     for path in spec["masks"]:
         if os.path.isdir(new + path):
             _mount("tmpfs", new + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=755,size=4k")
@@ -300,9 +367,41 @@ def build_root(spec: dict) -> None:
     os.chdir("/")
 
 
+def _mount_flags(path: str) -> int:
+    """The flags of the mount `path` is on (read-only, noexec, atime...), as mount(2) takes them."""
+    flags = os.statvfs(path).f_flag
+    pairs = ((os.ST_RDONLY, MS_RDONLY), (os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV),
+             (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
+             (os.ST_RELATIME, MS_RELATIME))
+    return sum(ms for st, ms in pairs if flags & st)
+
+
+def drop_capabilities() -> None:
+    """In "userns", where the child is root inside its user namespace: give up every capability
+    for good (effective, permitted, inheritable, ambient, the bounding set; uid 0 gets none back
+    on exec), so it cannot remount the read-only folders, leave the chroot or trace the zygote."""
+    _call(_libc.prctl(PR_SET_SECUREBITS, SECURE_NOROOT_ALL, 0, 0, 0), "prctl(SET_SECUREBITS)")
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if os.path.exists(
+        "/proc/sys/kernel/cap_last_cap") else 63
+    for capability in range(last + 1):
+        _call(_libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0), f"prctl(CAPBSET_DROP, {capability})")
+    _call(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(CAP_AMBIENT_CLEAR_ALL)")
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    nothing = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice 32 bits each
+    _call(_libc.capset(header, nothing), "capset")
+
+
+def capabilities_left() -> list[str]:
+    """The capability sets of this process that are not empty (/proc/self/status)."""
+    sets = dict(line.split(":\t", 1) for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("Cap"))
+    return [name for name, value in sets.items() if int(value, 16)]
+
+
 def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     """In a check's child, before any student code: its cwd, its own IPC namespace, limits, then
-    the sandbox user's ids for good (root's cannot come back: no setuid programs either)."""
+    the sandbox user's ids for good (root's cannot come back: no setuid programs either), or in
+    "userns" no capabilities for good."""
     os.chdir(tree)
     for fd in _open_fds():  # nothing of the zygote's: only stdin/stdout/stderr and the answer pipe
         if fd > 2 and fd not in keep_fds:
@@ -316,6 +415,13 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
+    if config["level"] == "userns":
+        drop_capabilities()
+        _call(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        os.umask(0o077)
+        if capabilities_left():
+            os._exit(111)
+        return
     os.setgroups([])
     os.setgid(config["gid"])
     os.setuid(config["uid"])  # as root: real, effective and saved ids
@@ -392,8 +498,10 @@ def root_spec(python: str, folder: Path, hidden: list[Path]) -> dict:
                       os.path.dirname(real(python)), *interpreter_path(python)]
     for path in python_folders:
         path = real(path)
-        if os.path.isdir(path) and not any(inside(path, h) for h in hidden):
-            wanted.append(path)  # one holding a hidden folder is bound with that folder masked (below)
+        if os.path.isdir(path) and path not in hidden:
+            # one holding a hidden folder is bound with that folder masked (below); one inside a
+            # hidden folder (a virtualenv in your checkout) is bound alone, the rest staying unseen
+            wanted.append(path)
     wanted.append("/sys")
     read_only = []
     for path in sorted(set(wanted), key=len):
@@ -405,7 +513,7 @@ def root_spec(python: str, folder: Path, hidden: list[Path]) -> dict:
         if os.path.isdir(site) and any(inside(site, p) for p in read_only):
             for root in hidden:
                 for name in project_names(root) if os.path.isdir(root) else []:
-                    if os.path.exists(os.path.join(site, name)) and not inside(site, root):
+                    if os.path.exists(os.path.join(site, name)) and site != root:  # an editable install names the hidden folder itself: not bound
                         masks.append(os.path.join(site, name))
     folder = str(folder)
     # (source, target, read-only, recursive), parents before what is mounted inside them
@@ -493,9 +601,18 @@ class Sandbox:
         self.folder = Path(tempfile.mkdtemp(prefix="sandbox-"))
         self.count = 0
         self._data: dict[str, Path] = {}
+        self._mount_paths: set[Path] = set()
         try:
             self._lay_out(Path(code))
-            self.process, self.sock = self._start_zygote([Path(ROOT), *map(Path, hidden)])
+            try:
+                self.process, self.sock = self._start_zygote([Path(ROOT), *map(Path, hidden)])
+            except OSError as error:
+                if isolation != "auto" or self.isolation.level != "userns":
+                    raise
+                # the probe passed, but this machine refused something the root folder needs
+                reason = str(error).strip().splitlines()[-1][:200]
+                self.isolation = Isolation("none", why_not=[f"the user-namespace sandbox could not be built ({reason})"])
+                self.process, self.sock = self._start_zygote([Path(ROOT), *map(Path, hidden)])
         except BaseException:
             self._remove()
             raise
@@ -507,7 +624,7 @@ class Sandbox:
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for sub in ("data", "trees", "home", "tmp", "root"):
             (f / sub).mkdir(exist_ok=True)
-        if self.isolation.level != "none":
+        if self.isolation.uid is not None:
             uid, gid = self.isolation.uid, self.isolation.gid
             os.chmod(f, 0o711)  # the user finds its way in, lists nothing
             for sub in ("code", "data"):
@@ -520,7 +637,7 @@ class Sandbox:
 
     def env(self) -> dict:
         """A scrubbed environment: nothing of the grader's (no PYTHONPATH, no paths to its tree)."""
-        tmp = "/tmp" if self.isolation.level == "namespaces" else str(self.folder / "tmp")
+        tmp = "/tmp" if self.isolation.level in ("namespaces", "userns") else str(self.folder / "tmp")
         return {"PATH": os.defpath, "HOME": str(self.folder / "home"), "TMPDIR": tmp, "LANG": "C.UTF-8",
                 "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0",
                 "PYTHONDONTWRITEBYTECODE": "1"}
@@ -536,7 +653,7 @@ class Sandbox:
         shutil.rmtree(tree / ".assignment", ignore_errors=True)  # shipped references: not the child's business
         for rel, path in files.items():
             shutil.copyfile(path, tree / rel)
-        if self.isolation.level != "none":
+        if self.isolation.uid is not None:
             _readable(tree)
         return tree
 
@@ -546,7 +663,7 @@ class Sandbox:
         if key not in self._data:
             target = self.folder / "data" / str(len(self._data))
             shutil.copytree(data, target)
-            if self.isolation.level != "none":
+            if self.isolation.uid is not None:
                 _readable(target)
             self._data[key] = target
         return self._data[key]
@@ -556,7 +673,7 @@ class Sandbox:
         (nothing of one submission is there for the next), the tree is removed."""
         self.kill_all()
         for sub in ("home", "tmp"):
-            empty_for_the_next(self.folder / sub)
+            empty_for_the_next(self.folder / sub, self._mount_paths)
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
             for shared in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -568,9 +685,12 @@ class Sandbox:
         sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"level": self.isolation.level, "uid": self.isolation.uid, "gid": self.isolation.gid}
         command = [self.python, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())]
-        if self.isolation.level == "namespaces":
-            config["spec"] = root_spec(self.python, self.folder, hidden)
-            command = [shutil.which("unshare", path=SYSTEM_PATH), *UNSHARE] + command
+        if self.isolation.level in ("namespaces", "userns"):
+            spec = config["spec"] = root_spec(self.python, self.folder, hidden)
+            spec["userns"] = self.isolation.level == "userns"
+            self._mount_paths = mount_paths(spec)
+            unshare = USER_UNSHARE if self.isolation.level == "userns" else UNSHARE
+            command = [shutil.which("unshare", path=SYSTEM_PATH), *unshare] + command
         process = subprocess.Popen(command + [json.dumps(config)], cwd=self.folder / "code", env=self.env(),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                    pass_fds=(theirs.fileno(),), start_new_session=True)
@@ -619,17 +739,30 @@ class Sandbox:
         seconds = time.perf_counter() - start
         hung = exit_code is None
         killed = self.kill_all(pid)  # the child (if hung) and everything it started
-        stuck = False
+        holders = []
         for t in threads[:2]:
             t.join(10)
-            stuck |= t.is_alive()
-        holders = pipe_holders(pipes) if stuck else []
+            while t.is_alive() and not holders:  # a busy machine: read on while nothing else holds the pipes
+                holders = pipe_holders(pipes)
+                t.join(1)
         return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
                         seconds, killed - hung, holders)
 
     def kill_all(self, session: int | None = None) -> int:
-        """Kill every process of the sandbox user; without one, the session `session` leads."""
-        if self.isolation.level != "none":
+        """Kill every process of the sandbox user; in "userns" every process of the namespace but
+        the zygote (it does it: it is the namespace's init); without either, the session `session`
+        leads."""
+        if self.isolation.level == "userns":
+            if self.sock.fileno() < 0:
+                return 0  # closed: the zygote ended, and the kernel killed its namespace with it
+            self.sock.send(json.dumps({"kill": True}).encode())
+            while True:
+                message = _receive(self.sock, timeout=60)
+                if message is None:
+                    raise OSError("the sandbox's zygote process did not answer when asked to end a check")
+                if "killed" in message:
+                    return message["killed"]
+        if self.isolation.uid is not None:
             return kill_processes_of(self.isolation.uid)
         if session is not None:
             try:
@@ -685,14 +818,27 @@ def _readable(folder: Path) -> None:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
 
 
-def empty_for_the_next(folder: Path) -> None:
-    """Remove what a grading left in the sandbox's home or tmp, but for root-owned folders: those
-    are mount points the zygote made (namespaces), the sandbox folder's own or the path to a folder
-    bound under /tmp (a virtualenv in a temporary folder, as .ci/run makes). Removing one here
-    would unmount that folder in the zygote's namespace. The sandbox user cannot make them."""
+def mount_paths(spec: dict) -> set[Path]:
+    """The folders in the sandbox's tmp that are (or lead to) a folder the zygote bound under
+    /tmp (a virtualenv in a temporary folder, as .ci/run makes), as the grader sees them."""
+    tmp, paths = Path(spec["tmp"]), set()
+    for _, target, _, _ in spec["binds"]:
+        if target.startswith("/tmp/"):
+            path = tmp / target[len("/tmp/"):]
+            paths |= {path, *[p for p in path.parents if tmp in p.parents]}
+    return paths
+
+
+def empty_for_the_next(folder: Path, keep: set[Path] = frozenset()) -> None:
+    """Remove what a grading left in the sandbox's home or tmp, but for the zygote's mount points:
+    the folders in `keep` (emptied of anything else) and root-owned folders (the sandbox user
+    cannot make those). Removing one here would unmount the folder bound on it in the zygote's
+    namespace: every later grading would fail to import what it holds."""
     for entry in folder.iterdir():
         if entry.is_dir() and not entry.is_symlink():
-            if entry.stat().st_uid != 0:
+            if entry in keep:
+                empty_for_the_next(entry, keep)
+            elif entry.stat().st_uid != 0:
                 shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)

@@ -8,6 +8,8 @@ weights; benchmarks/common.py):
             (offline.random_weights.save_agreeing_pair): speculation pays.
   cannot    the target drafting for itself: it always agrees, but a draft step costs a target
             step, so every gamma is slower than the target alone (the break-even alpha is > 1).
+  disagrees a cheap draft from another seed's random weights: it costs what the paying draft
+            costs but rarely picks the target's token, so speculation loses on acceptance.
 
 For each pair the CostModel is measured once (as gamma="auto" does, once per pair in a process);
 then each repeat runs plain decoding (autoregressive_generate) and greedy speculative decoding
@@ -35,7 +37,7 @@ from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_p
 def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int) -> dict:
     """`repeats` interleaved runs of plain decoding and gamma="auto" on one pair."""
     device = target.wte.weight.device
-    ratios, cost_ratios, plain_rounds, rounds = [], [], 0, 0
+    ratios, cost_ratios, plain_rounds, rounds, drafted, accepted = [], [], 0, 0, 0, 0
     for r in range(repeats):
         prompt = random_prompt(prompt_len, seed=r, vocab_size=target.config.vocab_size)
         runs = {}
@@ -55,11 +57,12 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
                            / sum(costs.round_seconds(g) for g in gammas))
         plain_rounds += auto.stats.gamma_by_round.count(0)
         rounds += len(auto.stats.gamma_by_round)
+        drafted, accepted = drafted + auto.stats.tokens_drafted, accepted + auto.stats.tokens_accepted
         print(f"  repeat {r + 1}: plain {plain_s:.2f} s, auto {auto_s:.2f} s, ratio {ratios[-1]:.2f}, "
               f"gammas {' '.join(map(str, auto.stats.gamma_by_round))}", flush=True)
     return {"ratios": ratios, "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios),
             "cost_model_ratios": cost_ratios, "cost_model_min": min(cost_ratios),
-            "plain_round_share": plain_rounds / rounds, "break_even_alpha": costs.break_even_alpha(),
+            "plain_round_share": plain_rounds / rounds, "acceptance": accepted / drafted if drafted else None, "break_even_alpha": costs.break_even_alpha(),
             "c": costs.c, "verify_cost_5": costs.verify_cost(min(4, costs.gamma_max))}
 
 
@@ -81,9 +84,12 @@ def main(argv=None) -> None:
     load_start = load_average()
     target_dir, draft_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
                                          embedding_std=0.3)
+    _, stranger_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
+                                   embedding_std=0.3, seed=1)
     target, draft = load_gpt2(target_dir, dtype="float32"), load_gpt2(draft_dir, dtype="float32")
+    stranger = load_gpt2(stranger_dir, dtype="float32")
     results = {"machine": machine_info(), "settings": vars(args), "pairs": {}}
-    for name, pair_draft in (("pays", draft), ("cannot", target)):
+    for name, pair_draft in (("pays", draft), ("cannot", target), ("disagrees", stranger)):
         print(f"{name}: measuring the costs ...", flush=True)
         costs = CostModel.calibrate(target, pair_draft, gamma_max=8)
         results["pairs"][name] = compare(target, pair_draft, costs, args.repeats, args.max_gen, args.prompt_len)
@@ -91,10 +97,11 @@ def main(argv=None) -> None:
     rows = [[name, f"{r['c']:.2f}", f"{r['verify_cost_5']:.2f}",
              "never" if r["break_even_alpha"] is None else f"{r['break_even_alpha']:.2f}",
              f"{r['min']:.2f}x", f"{r['median']:.2f}x", f"{r['max']:.2f}x", f"{r['cost_model_min']:.2f}x",
-             f"{r['plain_round_share']:.0%}"]
+             f"{r['plain_round_share']:.0%}", "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"]
             for name, r in results["pairs"].items()]
     table = markdown_table(["pair", "c", "verify 5 tokens", "pays from alpha", "auto / plain: min",
-                            "median", "max", "min in the CostModel's seconds", "plain rounds"], rows)
+                            "median", "max", "min in the CostModel's seconds", "plain rounds",
+                            "acceptance of drafted tokens"], rows)
     m = results["machine"]
     header = (f"{args.repeats} repeats, {args.size}-shaped stand-ins, greedy, {args.max_gen} tokens, "
               f"{m['torch_threads']} threads, {m['cpu']} ({m['cores']} cores), torch {m['torch']}, "

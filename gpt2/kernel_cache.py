@@ -1,7 +1,8 @@
 """Choices measured once per machine and kept in the user's cache folder: which kernel runs a
 weight shape fastest, which weight format dtype="auto" loads, or any other "which is faster here"
-decision (a compiled decode step, say). Later runs read the choice instead of timing again, so
-the same machine runs the same kernels every time, and loading takes no time to decide.
+decision (a compiled decode step, say), and what gamma="auto" decides from (spec_decoding/costs.py's
+CostModel.kept_for). Later runs read the choice instead of timing again, so the same machine runs
+the same kernels every time, loading takes no time to decide, and a seeded run repeats its tokens.
 
     ~/.cache/gpt2-spec/kernels.json        ($XDG_CACHE_HOME/gpt2-spec/kernels.json where set)
     GPT2_KERNEL_CACHE=/path/to/file.json    another file (the tests use a temporary one)

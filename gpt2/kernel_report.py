@@ -84,6 +84,9 @@ def describe_value(kind: str, value) -> str:
         return kernels.describe_choice([(math.inf if m is None else m, p) for m, p in value["choice"]])
     if kind == "format":
         return value[0]
+    if kind == "gamma costs":  # a CostModel (spec_decoding/costs.py), as JSON
+        return (f"draft step {1000 * value['draft_step_s']:.2f} ms, target step "
+                f"{1000 * value['target_score_s'][0]:.2f} ms")
     return str(value)
 
 

@@ -18,6 +18,10 @@ Three questions, each answered on the machine in use, never from a number writte
   3. Which weight format is fastest here for this model? (`fastest_format`, behind dtype="auto")
      The same measurement on weights of the model's shapes, once per format that works.
 
+A kernel that packs its weight (oneDNN's blocked bfloat16, fbgemm's float16) packs it on the
+layer's first call (`PackedOnFirstCall`), not at load: loading then costs what the plain face's
+does, and the first step pays the packing, once.
+
 Questions 2 and 3 are measured once per machine (CPU, flags, torch version, threads) and shape,
 the first time such a model is loaded, and kept in the user's cache folder (gpt2/kernel_cache.py):
 every later run reads the choice, so a machine runs the same kernels, and rounds alike, every
@@ -81,6 +85,9 @@ PATHS = {
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
     "int8-bf16": "int8 weights as bfloat16 integers pre-packed for oneDNN, scale fused: int8pack's numbers, one pass for many rows",
 }
+# Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
+# fbgemm's packed float16, a contiguous int8 copy, ...): made on a layer's first call (PackedOnFirstCall).
+PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
     "mm": fast_linear.TransposedMM,
@@ -185,6 +192,29 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
 # 2. The fast face: a KernelLinear on each linear layer and the head
 
 
+class PackedOnFirstCall:
+    """A kernel that copies its weight into another layout (PACKED_PATHS), made on its first call
+    instead of at load: packing every layer costs more than reading the file (fbgemm's float16
+    packing, several times more), so a load that packed would be slower than the plain face's.
+    The first step that runs each layer on this path pays it instead, once; a path no call takes
+    (a row count this run never uses) is never packed. build: () -> the kernel."""
+
+    def __init__(self, build):
+        self.build, self.kernel = build, None
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.kernel is None:
+            self.pack()
+        return self.kernel(x, bias)
+
+    def pack(self) -> None:
+        self.kernel, self.build = self.build(), None  # (dropping build frees what it held)
+
+    @property
+    def packed(self) -> bool:
+        return self.kernel is not None
+
+
 class RowsAwareKernel:
     """One weight's kernels, one per range of row counts: by_rows is [(max_rows, path, kernel)],
     ascending, the last one for any number of rows."""
@@ -211,7 +241,7 @@ class KernelLinear:
     x [..., in] -> x @ weight.T + bias [..., out], the same parameters on the kernel chosen for
     this machine. It runs the kernel at inference on a CPU while ENABLED, and F.linear otherwise
     (training, another device or dtype than the kernel was built for). A weight changed in place
-    after loading keeps its old kernel: detach_kernels(model) first."""
+    after its kernel packed it keeps running the old copy: detach_kernels(model) first."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, kernel: RowsAwareKernel):
         self.weight, self.bias, self.kernel, self.dtype = weight, bias, kernel, weight.dtype
@@ -297,8 +327,9 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
     format's most-read weight shape, measured once per machine and kept (rows_choice); choose: a
     function (format, sample weights, paths, int8) -> [(max_rows, path)] to use instead (tests).
     Weights below ONEDNN_MIN_WEIGHTS are not measured: a 16-bit or int8 format gets its own
-    kernel, float32 and float16 stay plain. Returns one line per format saying what runs where
-    (empty: nothing attached, the model stays plain)."""
+    kernel, float32 and float16 stay plain. Kernels that pack a weight (PACKED_PATHS) do it on the
+    layer's first call, not here. Returns one line per format saying what runs where, and one
+    naming the paths that pack on first call (empty: nothing attached, the model stays plain)."""
     groups: dict[str, list[tuple]] = {}
     for layer in linear_layers(model):
         if layer[2].device.type == "cpu":
@@ -328,7 +359,8 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             setattr(owner, name, kernel)
             weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
-    return said
+    note = packing_note({path for layers in attached(model) for _, path in layers.kernel.paths()})
+    return said + [note] if said and note else said
 
 
 def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
@@ -344,8 +376,29 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
     built = {}
     for _, path in choice:
         if path not in built:
-            built[path] = build_kernel(path, weight, int8.get(weight) if int8 and path in INT8_PATHS else None)
+            qs = int8.get(weight) if int8 and path in INT8_PATHS else None
+            built[path] = (PackedOnFirstCall(lambda path=path, qs=qs: build_kernel(path, weight, qs))
+                           if path in PACKED_PATHS else build_kernel(path, weight, qs))
     return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
+
+
+def pack_now(model) -> int:
+    """Pack now every attached kernel that would pack on its first call (what loading did before
+    packing moved to the first step: a timing that must not include the packing calls this first).
+    Returns how many kernels were packed."""
+    waiting = [k for layer in attached(model) for _, _, k in layer.kernel.by_rows
+               if isinstance(k, PackedOnFirstCall) and not k.packed]
+    for kernel in dict.fromkeys(waiting):  # a kernel serving two row ranges is packed once
+        kernel.pack()
+    return len(dict.fromkeys(waiting))
+
+
+def packing_note(said_paths: set[str]) -> str:
+    """What the load line says about packing: which of the attached paths pack their weights on a
+    layer's first call (so the first step, not the load, pays it); "" if none does."""
+    packed = [p for p in PACKED_PATHS if p in said_paths]
+    return (f"{' and '.join(packed)} {'packs' if len(packed) == 1 else 'pack'} each layer's weights on its "
+            f"first call, so the first step pays that, not the load" if packed else "")
 
 
 def describe_choice(paths: list[tuple[float, str]]) -> str:

@@ -7,7 +7,9 @@ Leviathan's speed-up formula needs two costs, measured on the hardware in use:
 A token tree's verification (tree_verify_cost) is timed here too, when calibrate is given trees.
 CostModel.calibrate measures them in a few seconds on warm KV caches; the gamma="auto" policy
 (spec_decoding/gamma.py) and benchmark.py both use it, so this is the one place where per-call
-costs are timed. A CostModel can be printed, saved to JSON and loaded again (reproducible runs); it
+costs are timed. CostModel.kept_for(target, draft) measures a pair's costs once per machine and keeps
+them in the kernel cache (gpt2/kernel_cache.py), so gamma="auto" decides from the same costs in
+every run on this machine. A CostModel can be printed, saved to JSON and loaded again; it
 remembers which models it was measured on, and using it with other models is an error.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import GPT2
+from gpt2 import GPT2, kernel_cache
 from gpt2.device import synchronize
 from .decoding import check_drafter
 from .result import ROOT
@@ -142,6 +144,20 @@ class CostModel(SavedAsJson):
                 f"  target scoring k tokens, relative to one step: {verify}\n"
                 f"  speculation pays from alpha = "
                 + (f"{alpha:.2f}" if alpha is not None else "never (the draft costs too much)"))
+
+    @classmethod
+    def kept_for(cls, target: GPT2, draft, gamma_max: int = 8) -> "CostModel":
+        """The pair's CostModel on this machine: calibrated the first time (one line on stderr says
+        so, and where it is kept), then read from the kernel cache (gpt2/kernel_cache.py), kept under
+        this machine, its threads and the two models as describe_model names them (shape, format,
+        device). So every run on this machine, in this process or another, decides gamma="auto" from
+        the same costs, and a seed reproduces a sampled run; `python -m gpt2.kernel_report
+        --remeasure` (or another machine) measures them again, and the gammas may then differ."""
+        what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max}
+        kept, _ = kernel_cache.decide_once(
+            "gamma costs", what, lambda: asdict(cls.calibrate(target, draft, gamma_max)),
+            f"this pair's per-call costs for gamma=\"auto\" (a few seconds)")
+        return cls(**kept)
 
     @classmethod
     @torch.inference_mode()

@@ -27,12 +27,14 @@ rounds, fall below a plain step's rate ends it (measured_speedup); then only a p
 drafts, until the estimates say drafting pays again. The seconds are the CostModel's (below), so
 what this cannot see is a CostModel that is itself wrong, e.g. measured in a busy moment.
 
-Costs, and what a seed reproduces. gamma="auto" decides from a CostModel measured before the
-generation (or read from a file) and the tokens accepted, nothing else: the same costs, prompt,
-models and seed give the same gammas, so the same random draws and the same tokens, however fast
-the machine runs this time. The costs of gamma="auto" are measured once per pair of models in a
-process; to reproduce a sampled run in another process, keep them in a file (CostModel.save,
---cost-model FILE in the scripts) or the same costs cannot be promised (they are timed again).
+Costs, and what a seed reproduces. gamma="auto" decides from a CostModel and the tokens accepted,
+nothing else: the same costs, prompt, models and seed give the same gammas, so the same random
+draws and the same tokens, however fast the machine runs this time. Without a cost_model, it takes
+the pair's costs kept on this machine (CostModel.kept_for: measured the first time, then read from
+the kernel cache), so a seeded run reproduces in every process on this machine; after `python -m
+gpt2.kernel_report --remeasure`, or on another machine, the costs, so the gammas and the sampled
+tokens, may differ, while their distribution stays the target's exactly (a CostModel saved to a
+file, --cost-model FILE in the scripts, carries the costs to another machine).
 With clock= (e.g. time.perf_counter), AutoGamma instead re-estimates the costs from the rounds'
 own wall time as it goes, which corrects a CostModel from another machine or a busy moment: a
 round drafting g tokens takes about t(g) = g d + s V(g), with V(g) the CostModel's
@@ -48,10 +50,8 @@ need no change.
 """
 
 import math
-import sys
-import time
 
-from .costs import CostModel, describe_model
+from .costs import CostModel
 from .decoding import check_positive_int
 from .theory import expected_tokens_by_position
 
@@ -311,17 +311,12 @@ def nonnegative_least_squares_2(xx, xy) -> tuple[float, float] | None:
     return d, s
 
 
-# CostModels calibrated in this process, by the models they are for: gamma="auto" without a
-# cost_model calibrates once per pair of models, not once per generation.
-_CALIBRATED: dict[tuple, CostModel] = {}
-
-
 def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | None = None,
                 target=None, draft=None) -> GammaPolicy:
     """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
     "auto" (AutoGamma, deciding from fixed costs: a seeded run reproduces; its CostModel is
-    cost_model, which must be for target and draft, or one calibrated now, once per pair of
-    models in this process, with one line on stderr saying so),
+    cost_model, which must be for target and draft, or else the pair's CostModel kept on this
+    machine, CostModel.kept_for: measured the first time, with one line on stderr saying so),
     "heuristic" (HeuristicGamma), or a
     GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
     CostModel's, or 8)."""
@@ -334,19 +329,7 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
             return HeuristicGamma(gamma_max or DEFAULT_GAMMA_MAX)
         if gamma == "auto":
             if cost_model is None:
-                gamma_max = gamma_max or DEFAULT_GAMMA_MAX
-                key = (describe_model(target), describe_model(draft), gamma_max)
-                if key not in _CALIBRATED:
-                    start = time.perf_counter()
-                    _CALIBRATED[key] = CostModel.calibrate(target, draft, gamma_max)
-                    costs = _CALIBRATED[key]
-                    print(f"note: gamma auto: measured this pair's costs here in "
-                          f"{time.perf_counter() - start:.1f} s (c = {costs.c:.3f}, verifying "
-                          f"{min(5, gamma_max + 1)} tokens = {costs.verify_cost(min(4, gamma_max)):.2f} "
-                          f"steps); it decides from these costs in every generation of this pair "
-                          f"in this process (CostModel.save keeps them for another)",
-                          file=sys.stderr, flush=True)
-                cost_model = _CALIBRATED[key]
+                cost_model = CostModel.kept_for(target, draft, gamma_max or DEFAULT_GAMMA_MAX)
             elif target is not None:
                 cost_model.check_models(target, draft)
             return AutoGamma(cost_model, gamma_max)

@@ -34,7 +34,7 @@ from assignments.definition import Failed
 from assignments.export import gradescope_results, gradescope_source
 from assignments.grade import CheckResult, Report, Zygote, grade_tree
 from assignments.make import resolve
-from assignments.memory import killed_for_memory, oom_killed_between
+from assignments.memory import killed_for_memory, oom_killed_between, silent_end
 from assignments.registry import ASSIGNMENTS
 from assignments.sandbox import USER as SANDBOX_USER, detect
 
@@ -134,11 +134,33 @@ def test_a_failed_allocation_says_out_of_memory_with_the_limit(source, zygote, t
 
 def test_an_oom_kill_is_told_from_a_silent_exit():
     """The grader's verdict for a check that ended without an answer: an out-of-memory kill
-    (the kernel's counter went up meanwhile) is named, with the limit."""
+    (the process died of SIGKILL, and the kill counter of the grader's memory cgroups went up
+    meanwhile) is named, with the limit; an exit() while another process was killed for memory
+    is not blamed on memory (it was, when the machine-wide counter was read and the exit status
+    was not); nor is a SIGKILL while no counter moved."""
     assert oom_killed_between((3, None, 7), (3, None, 8)) and oom_killed_between((0,), (1,))
     assert not oom_killed_between((3, None, 7), (3, 5, 7))
     message = killed_for_memory(768 * 2**20)
     assert message.startswith("ran out of memory") and "768 MB" in message and "exit()" not in message
+    assert silent_end(-9, (3, None), (4, None)).startswith("ran out of memory")
+    for exit_code in (0, 1, -11, None):  # exit(), exit(1), a crash, unknown: while another process was OOM-killed
+        assert "did your code call exit()" in silent_end(exit_code, (3, None), (4, None))
+    assert "did your code call exit()" in silent_end(-9, (3, None), (3, None))
+    no_cgroup = silent_end(-9, (), ())
+    assert "SIGKILL" in no_cgroup and "out-of-memory killer" in no_cgroup and "kill itself" in no_cgroup
+
+
+def test_the_machine_wide_oom_counter_is_not_read(monkeypatch):
+    """Only the grader's memory cgroups are asked: /proc/vmstat counts every process of the
+    machine (it made any silent check look like a memory kill when something else was killed)."""
+    import assignments.memory as memory
+
+    read = []
+    field = memory._field
+    monkeypatch.setattr(memory, "_field", lambda path, name: read.append(Path(path)) or field(path, name))
+    memory.oom_kills()
+    assert Path("/proc/vmstat") not in read
+    assert all("cgroup" in str(path) for path in read)
 
 
 # ------------------------------------------------------------------------------------------------

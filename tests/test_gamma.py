@@ -249,16 +249,16 @@ def test_round_cost_fit_recovers_the_costs_and_keeps_them_physical():
     assert nonnegative_least_squares_2(*sums([(2, 1.2, 1.0)])) is None  # one kind of round: undecided
 
 
-def test_auto_calibration_is_said_in_one_line(pair, capsys, monkeypatch):
-    import spec_decoding.gamma as gamma
+def test_auto_calibration_is_said_in_one_line(pair, capsys, monkeypatch, tmp_path):
     target, draft = pair
-    monkeypatch.setattr(gamma, "_CALIBRATED", {})
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))  # nothing kept yet
     monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, t, d, g: pair_costs(t, d, 0.1)))
     make_policy("auto", gamma_max=3, target=target, draft=draft)
-    make_policy("auto", gamma_max=3, target=target, draft=draft)  # calibrated once: said once
+    policy = make_policy("auto", gamma_max=3, target=target, draft=draft)  # calibrated once: said once
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("note: gamma auto: measured this pair's costs here")
-    assert "c = 0.100" in lines[0] and "decides from these costs" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("measuring this pair's per-call costs for gamma=\"auto\"")
+    assert f"kept in {tmp_path / 'kernels.json'}" in lines[0] and "--remeasure" in lines[0]
+    assert policy.costs == pair_costs(target, draft, 0.1)  # as measured, read back from the file
 
 
 def test_heuristic_follows_transformers_schedule():
@@ -408,18 +408,25 @@ def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
                                 cost_model=pair_costs(target, draft, c)).tokens == baseline
 
 
-def test_auto_without_a_cost_model_calibrates_once(pair, monkeypatch):
+def test_auto_without_a_cost_model_calibrates_once_per_machine(pair, monkeypatch, tmp_path):
+    """Calibrated once, kept in the kernel cache: a later process (here: this one, having forgotten
+    what it kept in memory) reads the same costs, until --remeasure forgets them."""
     from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-    import spec_decoding.gamma as gamma_module
+    import gpt2.kernel_cache
     target, draft = pair
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))
     calls = []
     real = CostModel.calibrate
-    monkeypatch.setattr(gamma_module, "_CALIBRATED", {})
     monkeypatch.setattr(CostModel, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
     baseline = autoregressive_generate(target, PROMPT, 20).tokens
     for _ in range(2):
         assert speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3).tokens == baseline
     assert len(calls) == 1
+    monkeypatch.setattr(gpt2.kernel_cache, "_KEPT", {})  # as in a new process
+    assert CostModel.kept_for(target, draft, 3) == CostModel.kept_for(target, draft, 3) and len(calls) == 1
+    assert [e["kind"] for e in gpt2.kernel_cache.forget()] == ["gamma costs"]  # what --remeasure does
+    CostModel.kept_for(target, draft, 3)
+    assert len(calls) == 2
 
 
 def test_generators_reject_bad_gamma_and_cost_models(pair):

@@ -184,7 +184,7 @@ def test_seeded_sampling_is_reproducible(text_pair_dirs, capsys):
         code, out, err = run_main(argv, capsys)
         assert code == 0, err
         reports.append(json.loads(out))
-    print([r["stats"]["gamma_by_round"] for r in reports]); assert reports[0]["tokens"] == reports[1]["tokens"]
+    assert reports[0]["tokens"] == reports[1]["tokens"]
     assert reports[0]["settings"]["seed"] == 1
 
 
@@ -225,12 +225,50 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
     assert sum(reports[0]["stats"]["gamma_by_round"]) > 0  # it drafted: the timings could have mattered
 
 
-def test_a_seeded_gamma_auto_run_without_a_cost_file_says_how_to_repeat_it(text_pair_dirs, capsys):
+# Runs spec_decoding_generate.main(argv) with a fake clock in the CostModel's timing: each
+# interval it times is random (0-1 s), from random.Random(clock_seed), as on a machine whose load
+# comes and goes. python -c CHILD clock_seed argv...
+FAKE_CLOCK_CHILD = """
+import random, sys, types
+import spec_decoding.costs, spec_decoding_generate
+ticks, now = random.Random(int(sys.argv[1])), [0.0]
+def clock():
+    now[0] += ticks.random()
+    return now[0]
+spec_decoding.costs.time = types.SimpleNamespace(perf_counter=clock)
+sys.exit(spec_decoding_generate.main(sys.argv[2:]))
+"""
+
+
+def test_a_seeded_gamma_auto_command_repeats_its_tokens_in_a_new_process(text_pair_dirs, tmp_path):
+    """The same seeded --gamma auto sampling command in two new processes whose clocks tick
+    differently: the first measures the pair's costs and keeps them in the kernel cache, the second
+    reads them, so both choose the same gammas and sample the same tokens. The second clock's own
+    costs (measured into a new cache) give other gammas: measuring in every run (as before the
+    costs were kept), the two runs differed and this test failed."""
     target, draft = text_pair_dirs
-    code, _, err = run_main(["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 4,
-                             "--gamma", "auto", "--temperature", 1, "--seed", 3], capsys)
-    assert code == 0, err
-    assert "to repeat this seeded run exactly, keep them with --cost-model FILE" in err
+    argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 40, "--gamma", "auto",
+            "--gamma-max", 4, "--temperature", 1, "--top-k", 3, "--seed", 3, "--json"]
+
+    def start(clock_seed, cache):
+        return subprocess.Popen([sys.executable, "-c", FAKE_CLOCK_CHILD, str(clock_seed), *map(str, argv)],
+                                cwd=ROOT, env=script_env(GPT2_KERNEL_CACHE=str(cache)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def report(run):
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        return json.loads(out), err
+
+    kept = tmp_path / "kept" / "kernels.json"
+    first, measured_anew = start(1, kept), start(4, tmp_path / "new" / "kernels.json")
+    (first, first_err), (measured_anew, _) = report(first), report(measured_anew)
+    second, second_err = report(start(4, kept))
+    assert second["stats"]["gamma_by_round"] == first["stats"]["gamma_by_round"]
+    assert second["tokens"] == first["tokens"]
+    assert "measuring this pair's per-call costs" in first_err and "measuring" not in second_err
+    assert sum(first["stats"]["gamma_by_round"]) > 0  # it drafted: the costs could have mattered
+    assert measured_anew["stats"]["gamma_by_round"] != first["stats"]["gamma_by_round"]
 
 
 def test_top_p_runs(text_pair_dirs, capsys):
@@ -340,19 +378,21 @@ def test_colours_follow_token_sources():
     assert ANSI.sub("", text) == " one two three\n"
 
 
-def test_gamma_auto_measures_saves_and_reuses_the_cost_model(text_pair_dirs, text_pair, tmp_path, capsys):
+def test_gamma_auto_measures_saves_and_reuses_the_cost_model(text_pair_dirs, text_pair, tmp_path, capsys,
+                                                             monkeypatch):
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))  # nothing kept yet
     target_dir, draft_dir = text_pair_dirs
     costs = tmp_path / "costs.json"
     argv = ["--target", target_dir, "--draft", draft_dir, "--prompt", PROMPT, "--max-gen", MAX_GEN,
             "--gamma", "auto", "--gamma-max", 5, "--cost-model", costs]
     code, out, err = run_main(argv, capsys)
     assert code == 0, err
-    assert "Measuring the per-call costs" in err and "c = " in err and costs.is_file()
+    assert "measuring this pair's per-call costs" in err and "c = " in err and costs.is_file()
     assert re.search(r"gamma of each round: +[0-5]( [0-5])* \(--gamma auto\)", out)
     written = costs.read_text()
     code, out, err = run_main(argv + ["--json"], capsys)  # now read, not measured again
     assert code == 0, err
-    assert "Measuring" not in err and costs.read_text() == written
+    assert "measuring" not in err and costs.read_text() == written
     report = json.loads(out)
     assert report["settings"]["gamma"] == "auto" and report["settings"]["gamma_max"] == 5
     rounds = report["stats"]["gamma_by_round"]

@@ -10,6 +10,10 @@ command line), so a sandbox that failed could not harm anything else on the mach
 attack is harmless to run unsandboxed, the same submission is also graded with isolation "none":
 it then succeeds, which shows the test would catch a sandbox that let it through.
 
+A grader that is not root (level "userns"): the same attacks, and escapes from the namespaces
+(remount, mount, chroot, a user namespace of its own), graded by a throwaway user this test makes,
+end in the same fair 0; with isolation "none" they succeed.
+
 Needs root and working namespaces (as on this machine, a Linux VM or a privileged container);
 skipped elsewhere, with the reason."""
 
@@ -33,7 +37,7 @@ from assignments.grade import Zygote, grade, grade_tree, student_files
 from assignments.make import MANIFEST, resolve
 from assignments.references import HIDDEN_SEED
 from assignments.registry import ASSIGNMENTS
-from assignments.sandbox import USER, namespaces_work, processes_of, unreadable_python
+from assignments.sandbox import SYSTEM_PATH, USER, kill_processes_of, namespaces_work, processes_of, unreadable_python
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
@@ -51,7 +55,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not namespaces_work(),
 # ------------------------------------------------------------------------------------------------
 
 REWRITE_RESULTS = """
-import json, os, time
+import ctypes, json, os, time
+ctypes.CDLL(None).prctl(15, NAME.encode())  # PR_SET_NAME: the test finds its processes by it
 forged = json.dumps({"score": 100, "tests": [], "output": "FORGED"})
 targets = list(TARGETS)
 for pid in os.listdir("/proc"):  # the grader's command line names results.json
@@ -164,7 +169,8 @@ print("NO-INSTALLED-COPY", flush=True)
 """
 
 DAEMON = """
-import os
+import ctypes, os
+ctypes.CDLL(None).prctl(15, NAME.encode())  # PR_SET_NAME: the test finds its processes by it
 if os.fork() == 0:  # a daemon that keeps the check's pipes open and spins
     os.setsid()
     if os.fork() == 0:
@@ -172,6 +178,27 @@ if os.fork() == 0:  # a daemon that keeps the check's pipes open and spins
             pass
     os._exit(0)
 """
+
+
+def process_name(tmp_path: Path) -> str:
+    """A name (at most 15 characters, the kernel's limit) for one test's attacking processes."""
+    import zlib
+
+    return f"hostile{zlib.crc32(str(tmp_path).encode()):08x}"
+
+
+def named(name: str) -> list[int]:
+    """Live processes called `name` (whatever their user: after a grader exits, another grader
+    running beside this test may take the same sandbox user, so its processes prove nothing)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and Path(entry.path, "comm").read_text().strip() == name and \
+                    Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def planted(stripped: str, attack: str, once: bool = True, **values) -> str:
@@ -280,13 +307,14 @@ def test_rewriting_results_after_the_grader_exits_is_stopped(built, tmp_path):
     """A daemon (double fork, setsid, every fd closed) finds results.json in the grader's command
     line and rewrites it for 8 s, past the grader's exit: it is killed with its check, and could
     not have written there anyway (another user; no grader process or file visible to it)."""
+    name = process_name(tmp_path)
     root = autograder(built, tmp_path / "gradescope", planted(built["stripped"], REWRITE_RESULTS,
-                                                               TARGETS=[], MARKER=str(tmp_path)))
-    results, uid = run_autograder(root)
+                                                               TARGETS=[], MARKER=str(tmp_path), NAME=name))
+    results, _ = run_autograder(root)
     fair_gradescope(results)
+    assert not named(name)
     time.sleep(1.0)  # the daemon, had it lived, rewrites every 50 ms
     fair_gradescope(json.loads((root / "results" / "results.json").read_text()))
-    assert not processes_of(uid)
 
 
 def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed, tmp_path):
@@ -295,12 +323,13 @@ def test_rewriting_a_local_graders_files_is_stopped(built, sandbox, unsandboxed,
     the grading; in the sandbox it is dead when the check's verdict is read and wrote nothing."""
     report = tmp_path / "report.json"
     targets = [str(report), str(built["source"] / "copy" / "forged.txt")]
-    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=targets, MARKER=str(tmp_path))
+    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=targets, MARKER=str(tmp_path), NAME="hostile-local")
     fair(grade_locally(built, sandbox, text, tmp_path / "sandboxed"))
     time.sleep(0.5)
     assert not any(Path(t).exists() for t in targets) and not processes_of(sandbox.isolation.uid)
     # the same submission unsandboxed: its daemon outlives the grading and writes (the attack works)
-    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=[str(report)], MARKER=str(tmp_path))
+    text = planted(built["stripped"], REWRITE_RESULTS, TARGETS=[str(report)], MARKER=str(tmp_path),
+                   NAME="hostile-none")
     fair(grade_locally(built, unsandboxed, text, tmp_path / "unsandboxed"))
     deadline = time.monotonic() + 30
     while not (report.exists() and "FORGED" in report.read_text()) and time.monotonic() < deadline:
@@ -384,11 +413,12 @@ def test_a_daemon_holding_the_pipes_ends_with_its_check(built, sandbox, tmp_path
     """A setsid'd daemon that keeps stdout and the answer pipe open and spins: the check ends
     when its child exits (not at the timeout), the daemon is killed, the verdict is the stub's,
     and the grader's output says a process was left running."""
-    text = planted(built["stripped"], DAEMON)
+    name = process_name(tmp_path)
+    text = planted(built["stripped"], DAEMON, NAME=name)
     root = autograder(built, tmp_path / "gradescope", text)
-    results, uid = run_autograder(root)
+    results, _ = run_autograder(root)
     fair_gradescope(results)
-    assert not processes_of(uid)
+    assert not named(name)
     results = grade_locally(built, sandbox, text, tmp_path / "local")
     fair(results)
     assert "were still running when the check ended: killed" in results["tokens_per_round"].output
@@ -442,11 +472,13 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
     import signal
 
     root = autograder(built, tmp_path / "gradescope", built["stripped"])  # the first check fails at once
+    name = process_name(tmp_path)
     costs = resolve("spec_decoding.costs.CostModel.round_seconds")
     stub = "raise NotImplementedError('CostModel.round_seconds: your code here (see the docstring)')"
     stripped_costs = (built["source"] / "copy" / costs.file).read_text()
     (root / "submission" / Path(costs.file).name).write_text(
-        stripped_costs.replace(stub, "import time\n        time.sleep(120)\n        " + stub, 1))  # the second hangs
+        stripped_costs.replace(stub, f"import ctypes, time\n        ctypes.CDLL(None).prctl(15, {name.encode()!r})\n"
+                                     f"        time.sleep(120)\n        " + stub, 1))  # the second hangs
     env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
     shell = subprocess.Popen(["bash", str(root / "run_autograder")], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -462,7 +494,7 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
     assert [t["name"] for t in written["tests"]] == ["tokens_per_round"]
     assert "not implemented yet" in written["tests"][0]["output"]
     assert "Grading stopped after 1 check(s)" in written["output"]
-    assert not processes_of(user_id(log))
+    assert not named(name)
 
 
 def test_without_namespaces_the_grader_falls_back_and_says_why(monkeypatch):
@@ -503,7 +535,8 @@ def test_without_namespaces_the_sandbox_user_still_stops_the_attacks(built, tmp_
         found = results["tokens_per_round"].output
         for what in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", "CWD-", "ROOT-", "WITH-SECRET"):
             assert what not in found, found
-        results = grade_locally(built, sandbox, planted(built["stripped"], DAEMON), tmp_path / "daemon")
+        results = grade_locally(built, sandbox, planted(built["stripped"], DAEMON, NAME="hostile-user"),
+                                tmp_path / "daemon")
         fair(results)
         assert not processes_of(sandbox.isolation.uid)
 
@@ -527,3 +560,259 @@ def test_emptying_the_sandbox_keeps_the_zygotes_mount_points(tmp_path):
     empty_for_the_next(tmp_path)
     assert mount_path.is_dir()
     assert not student_dir.exists() and not (tmp_path / "notes.txt").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# A grader that is not root: level "userns" (user, PID, mount and network namespaces of its own)
+# ------------------------------------------------------------------------------------------------
+
+ESCAPE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+found = []
+for line in open("/proc/self/status"):
+    if line.startswith("Cap") and int(line.split()[1], 16):
+        found.append("HAS-" + line.split(":")[0])
+if libc.mount(None, os.getcwd().encode(), None, 32 | 4096, None) == 0:  # MS_REMOUNT | MS_BIND: writable
+    found.append("REMOUNTED-WRITABLE")
+if libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None) == 0:
+    found.append("MOUNTED")
+if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER: a user namespace of its own, with every capability in it
+    found.append("NEW-USER-NAMESPACE")
+try:
+    os.chroot("/tmp")
+    found.append("CHROOTED")
+except OSError:
+    pass
+try:
+    open("forged.py", "w").write("FORGED")  # the folder its code runs in
+    found.append("TREE-WRITABLE")
+except OSError:
+    pass
+print("ESCAPE", sorted(found), flush=True)
+"""
+
+# Run as the throwaway user: grades each submission with one sandbox (python DRIVER LEVEL FOLDER
+# autograde MARKER: the attacks find the grader by these); after each, the verdicts, the report's isolation and any process of this user
+# left outside the grader and its zygote go to FOLDER/graded.jsonl (so they survive this process).
+DRIVER = """
+import json, os, sys
+from pathlib import Path
+from assignments.grade import Report, Zygote, grade_tree, mark_isolation, student_files
+from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import processes_of
+
+level, folder = sys.argv[1], Path(sys.argv[2])
+refs = json.loads((folder / "hidden.json").read_text())
+with Zygote(folder / "copy", isolation=level) as zygote:
+    for submission in sorted((folder / "submissions").iterdir()):
+        files, notes = student_files(submission, [FILE])
+        report = mark_isolation(grade_tree(ASSIGNMENTS[NAME], folder / "copy", files, folder / "data", refs,
+                                           notes=notes, zygote=zygote))
+        try:
+            zygotes = [int(p) for p in Path(f"/proc/{zygote.process.pid}/task/{zygote.process.pid}/children")
+                       .read_text().split()]
+        except OSError:
+            zygotes = []
+        ours = {os.getpid(), zygote.process.pid, *zygotes}
+        with open(folder / "graded.jsonl", "a") as out:
+            out.write(json.dumps({"submission": submission.name, "report": report.to_json(),
+                                  "left": [p for p in processes_of(os.getuid()) if p not in ours]}) + "\\n")
+"""
+
+GRADER_USER = "hostile-test-grader"
+
+
+def _runs(user: str, python: str, folder: Path, code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", python, "-c", code],
+                          cwd=folder, env={"PATH": SYSTEM_PATH, "HOME": str(folder), "TMPDIR": str(folder),
+                                           "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+
+
+def _python_for(user: str, folder: Path) -> str | None:
+    """A Python the user can run with this virtualenv's packages: this one, else the system's
+    Python of the same version with a .pth naming this virtualenv's site-packages (this one may
+    sit under a private folder, as pyenv's under /root)."""
+    import site
+
+    probe = ("import subprocess, sys, assignments.sandbox; "  # as the grader starts its zygote
+             "subprocess.run([sys.executable, '-E', '-s', '-c', 'import torch, safetensors'], check=True)")
+    if _runs(user, sys.executable, folder, probe).returncode == 0:
+        return sys.executable
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path=SYSTEM_PATH)
+    if system is None:
+        return None
+    venv = folder / "venv"
+    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    sites = list(venv.glob("lib/python*/site-packages"))
+    (sites[0] / "grader.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    shutil.chown(venv, GRADER_USER, GRADER_USER)
+    python = str(venv / "bin" / "python")
+    return python if _runs(user, python, folder, probe).returncode == 0 else None
+
+
+@pytest.fixture(scope="module")
+def not_root(built, tmp_path_factory):
+    """A throwaway user (made here, removed after), a folder of its own holding the built copy,
+    checkpoints and hidden references, and a Python it can run; skips where user namespaces do
+    not work for it."""
+    if not shutil.which("useradd", path=SYSTEM_PATH) or not shutil.which("setpriv", path=SYSTEM_PATH):
+        pytest.skip("needs useradd and setpriv (util-linux) to run the grader as another user")
+    made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell",
+                           "/usr/sbin/nologin", GRADER_USER], capture_output=True, text=True)
+    assert made.returncode in (0, 9), made.stderr  # 9: left by a run that was killed
+    uid = pwd.getpwnam(GRADER_USER).pw_uid
+    folder = Path(__import__("tempfile").mkdtemp(prefix="hostile-not-root-"))
+    try:
+        for name in ("copy", "data"):
+            shutil.copytree(built["source"] / name, folder / name)
+        (folder / "hidden.json").write_text(json.dumps(built["refs"]))
+        (folder / "other-student").mkdir()
+        (folder / "other-student" / "theory.py").write_text(f"# another student's submission {SECRET}\n")
+        subprocess.run(["chown", "-R", f"{GRADER_USER}:{GRADER_USER}", str(folder)], check=True)
+        python = _python_for(GRADER_USER, folder)
+        if python is None:
+            pytest.skip(f"user {GRADER_USER} cannot run a Python with this virtualenv's packages")
+        refused = _runs(GRADER_USER, python, folder,
+                        "from assignments.sandbox import user_namespaces_refused as r; print(r() or '')")
+        assert refused.returncode == 0, refused.stderr
+        if refused.stdout.strip():
+            pytest.skip(f"a grader that is not root cannot use user namespaces here: {refused.stdout.strip()}")
+        yield {"folder": folder, "python": python, "uid": uid}
+    finally:
+        kill_processes_of(uid)
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(["userdel", GRADER_USER], capture_output=True)
+
+
+def grade_as_not_root(built, not_root, level: str, attacks: dict[str, str]) -> tuple[dict, subprocess.CompletedProcess]:
+    """Grade each submission (name -> the attack planted in TARGET's file), in that order, with a
+    grader run as the throwaway user at `level`; {name: what DRIVER wrote}, and the run."""
+    folder = not_root["folder"]
+    shutil.rmtree(folder / "submissions", ignore_errors=True)
+    (folder / "graded.jsonl").unlink(missing_ok=True)
+    for i, (name, text) in enumerate(attacks.items()):
+        (folder / "submissions" / f"{i}-{name}" / TARGET.file).parent.mkdir(parents=True)
+        (folder / "submissions" / f"{i}-{name}" / TARGET.file).write_text(text)
+    subprocess.run(["chown", "-R", f"{GRADER_USER}:{GRADER_USER}", str(folder)], check=True)
+    driver = f"NAME, FILE = {NAME!r}, {TARGET.file!r}\n" + DRIVER
+    done = subprocess.run(["setpriv", f"--reuid={GRADER_USER}", f"--regid={GRADER_USER}", "--clear-groups",
+                           not_root["python"], "-c", driver, level, str(folder), "autograde", MARKER],
+                          cwd=folder, env={"PATH": SYSTEM_PATH, "HOME": str(folder), "TMPDIR": str(folder),
+                                           "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=600)
+    lines = (folder / "graded.jsonl").read_text().splitlines() if (folder / "graded.jsonl").exists() else []
+    graded = {}
+    for line in lines:
+        entry = json.loads(line)
+        graded[entry["submission"].split("-", 1)[1]] = entry
+    return graded, done
+
+
+def _verdicts(entry: dict) -> dict:
+    from assignments.grade import CheckResult
+
+    return {c["check"]: CheckResult(**c) for c in entry["report"]["checks"]}
+
+
+MARKER = f"hostile-grader-{os.getpid()}"  # in the command line of the grader run as the throwaway user
+
+
+def _attacks(built, folder: Path) -> dict[str, str]:
+    stripped, marker = built["stripped"], MARKER
+    forged = [str(folder / "report.json"), str(folder / "copy" / "forged.txt")]
+    files = [str(ROOT / TARGET.file), str(folder / "other-student" / "theory.py"), str(folder / "hidden.json"),
+             str(folder / "data" / "target" / "config.json")]
+    return {"rewrite": planted(stripped, REWRITE_RESULTS, TARGETS=forged, MARKER=marker, NAME="hostile-userns"),
+            "read-proc": planted(stripped, READ_PROC, MARKER=marker, FILES=files, SECRET=SECRET),
+            "escape": planted(stripped, ESCAPE),
+            "daemon": planted(stripped, DAEMON, NAME="hostile-userns"),
+            "kill-grader": planted(stripped, KILL_GRADER, MARKER=marker),
+            "stripped": stripped}
+
+
+def test_a_grader_that_is_not_root_stops_the_attacks_with_user_namespaces(built, not_root):
+    """Graded by a user that is not root, each attack ends in the stub's fair 0 with nothing
+    forged: the daemons die with their check (nothing of theirs is left, nothing written), the
+    grader's /proc, files and the other student's are out of sight, the child has no capability
+    (no remount, mount, chroot or user namespace of its own, its folder read-only), and killing
+    the grader or its zygote fails (the next submission is graded). The report is official."""
+    graded, done = grade_as_not_root(built, not_root, "auto", _attacks(built, not_root["folder"]))
+    assert done.returncode == 0 and len(graded) == 6, done.stderr[-3000:]
+    for name, entry in graded.items():
+        fair(_verdicts(entry))
+        assert entry["report"]["isolation"]["level"] == "userns" and entry["report"]["official"], entry["report"]
+        assert entry["left"] == [], (name, entry["left"])
+    output = {name: _verdicts(entry)["tokens_per_round"].output for name, entry in graded.items()}
+    assert "FOUND []" in output["read-proc"], output["read-proc"]
+    assert "ESCAPE []" in output["escape"], output["escape"]
+    assert "were still running when the check ended: killed" in output["daemon"]
+    time.sleep(0.5)  # the rewriting daemon, had it lived, writes every 50 ms
+    assert not (not_root["folder"] / "report.json").exists()
+    assert not (not_root["folder"] / "copy" / "forged.txt").exists()
+    assert not processes_of(not_root["uid"])
+
+
+def test_a_grader_that_is_not_root_without_isolation_lets_the_attacks_through(built, not_root):
+    """The same submissions graded by the same user at level "none": the attacks work (the daemon
+    outlives its check and writes the grader's files, the grader's environment, memory and files
+    are open, the folder the code runs in is writable, the grader is killed), so the test above
+    would catch a sandbox that let them through. The report says it is unofficial."""
+    attacks = _attacks(built, not_root["folder"])
+    graded, done = grade_as_not_root(built, not_root, "none", {name: attacks[name] for name in
+                                                               ("rewrite", "read-proc", "escape", "kill-grader")})
+    assert done.returncode == -9, done.stderr[-3000:]  # killed by the last submission
+    assert sorted(graded) == ["escape", "read-proc", "rewrite"]
+    report = graded["rewrite"]["report"]
+    assert not report["official"] and report["unofficial"][0].startswith("NOT ISOLATED")
+    assert graded["rewrite"]["left"], "the rewriting daemon outlived its check"
+    deadline = time.monotonic() + 30
+    forged = not_root["folder"] / "report.json"
+    while not (forged.exists() and "FORGED" in forged.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "FORGED" in forged.read_text()
+    exposed = _verdicts(graded["read-proc"])["tokens_per_round"].output
+    for found in ("ENVIRON-READABLE", "MEM-READABLE", "PTRACE-ALLOWED", "WITH-SECRET"):
+        assert found in exposed, exposed
+    assert "TREE-WRITABLE" in _verdicts(graded["escape"])["tokens_per_round"].output
+    kill_processes_of(not_root["uid"])
+
+
+def test_user_namespaces_refused_falls_back_to_none_and_says_why(monkeypatch):
+    """A grader that is not root where user namespaces are refused (switched off, AppArmor) is not
+    isolated, and its one line says why; where they work it gets "userns"; asking for "userns"
+    as root, or where it is refused, is refused with the reason."""
+    import assignments.sandbox as sandbox
+
+    with pytest.raises(AssignmentError, match="'userns' here: it is for a grader that is not root"):
+        sandbox.detect("userns")
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(sandbox, "_USER_NAMESPACES_REFUSED", "")
+    assert sandbox.detect().level == "userns" and sandbox.detect().user is None
+    reason = "AppArmor restricts unprivileged user namespaces (sysctl kernel.apparmor_restrict_unprivileged_userns = 1)"
+    monkeypatch.setattr(sandbox, "_USER_NAMESPACES_REFUSED", reason)
+    isolation = sandbox.detect()
+    assert isolation.level == "none"
+    assert isolation.line() == f"NOT ISOLATED: the student's code ran as your own user (the grader is not root, and {reason})"
+    with pytest.raises(AssignmentError, match="cannot sandbox at level 'userns' here: the grader is not root, and AppArmor"):
+        sandbox.detect("userns")
+
+
+def test_a_virtualenv_inside_the_hidden_checkout_is_still_bound(installed_python, tmp_path):
+    """A grader whose virtualenv lies inside the checkout it hides (`.venv` in the project, as a
+    user that is not root often has it): the root folder binds the interpreter's folders inside
+    it (else the zygote cannot import torch), never the checkout itself, and masks an installed
+    copy of the project in that virtualenv."""
+    from assignments.sandbox import root_spec
+
+    python, site_packages = installed_python
+    checkout = Path(os.path.realpath(site_packages)).parents[3]  # checkout/venv/lib/pythonX.Y/site-packages
+    for package in ("gpt2", "spec_decoding"):  # the checkout's packages, as the project's
+        (checkout / package).mkdir(exist_ok=True)
+        (checkout / package / "__init__.py").touch()
+    spec = root_spec(str(python), tmp_path, [checkout])
+    targets = [target for _, target, _, _ in spec["binds"]]
+    assert any(str(site_packages) == t or str(site_packages).startswith(t + "/") for t in targets), targets
+    assert str(checkout) not in targets
+    assert {str(site_packages / name) for name in ("gpt2", "spec_decoding")} <= set(spec["masks"]), spec["masks"]

@@ -275,6 +275,64 @@ def test_float32_logits_are_the_same_on_both_faces(wide_dir, choice):
 
 
 # ---------------------------------------------------------------------------------------------
+# Packing on a layer's first call, not at load
+
+PACKING = [("bfloat16", "onednn-bf16"), ("fp16", "fbgemm-fp16"), ("int8", "int8pack")]
+
+
+def count_builds(monkeypatch) -> list:
+    """Make kernels.build_kernel record (path, weight) per call (it still builds): the list."""
+    builds, build = [], kernels.build_kernel
+    monkeypatch.setattr(kernels, "build_kernel", lambda path, w, *a: builds.append((path, w)) or build(path, w, *a))
+    return builds
+
+
+def built_for(builds: list, model) -> list[str]:
+    """The paths of the kernels built for model's own weights (the probe builds others)."""
+    mine = {id(w) for w in kernels.linear_weights(model)}
+    return [path for path, w in builds if id(w) in mine]
+
+
+@pytest.mark.parametrize("fmt,path", PACKING)
+def test_a_layer_packs_its_weights_on_its_first_call_once(wide_dir, fmt, path, monkeypatch, capsys):
+    """Loading packs nothing (the load line says the first step pays it); the first forward packs
+    every layer once, later forwards none; and the logits are those of a model packed at load
+    (kernels.pack_now), bit for bit. Fails if packing stays in the load, or repeats per call."""
+    if not kernels.works(path):
+        pytest.skip(f"{path} does not work here: {kernels.probe(path)}")
+    monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+    builds = count_builds(monkeypatch)
+    model = load_gpt2(wide_dir, **FORMATS[fmt])
+    assert f"{path} packs each layer's weights on its first call, so the first step pays that" in capsys.readouterr().err
+    assert paths_used(model) == {path} and built_for(builds, model) == []
+    idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
+    first = logits(model, idx)
+    assert built_for(builds, model) == [path] * len(kernels.linear_weights(model))
+    again = logits(model, idx[:, :1])
+    assert len(built_for(builds, model)) == len(kernels.linear_weights(model))  # packed once
+    packed_at_load = load_gpt2(wide_dir, **FORMATS[fmt])
+    assert kernels.pack_now(packed_at_load) == len(kernels.linear_weights(model))
+    assert kernels.pack_now(packed_at_load) == 0
+    assert torch.equal(first, logits(packed_at_load, idx)) and torch.equal(again, logits(packed_at_load, idx[:, :1]))
+
+
+def test_a_path_no_call_takes_is_never_packed(wide_dir, monkeypatch):
+    """One row on the packing path, more on the plain one: a prompt's forward packs nothing, the
+    first one-row step packs each layer once."""
+    path = "fbgemm-fp16" if kernels.works("fbgemm-fp16") else "int8pack"
+    fmt = {"fbgemm-fp16": "fp16", "int8pack": "int8"}[path]
+    model = load_gpt2(wide_dir, **FORMATS[fmt])
+    int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)} if fmt == "int8" else None
+    kernels.attach_kernels(model, int8=int8, fp16=fmt == "fp16", choose=lambda *a: [(1, path), (math.inf, "linear")])
+    builds = count_builds(monkeypatch)
+    idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(6))
+    logits(model, idx)
+    assert built_for(builds, model) == []
+    logits(model, idx[:, :1])
+    assert built_for(builds, model) == [path] * len(kernels.linear_weights(model))
+
+
+# ---------------------------------------------------------------------------------------------
 # Measured once per machine, kept in the user's cache folder
 
 
