@@ -99,7 +99,11 @@ KERNELS = {
 # Weight formats -> the paths that can run them, in order of preference when nothing is measured
 # (the first working one is also the default for prompts). A format's kernels all compute the
 # same function of the parameters' values: "fp16" weights are float32 parameters holding
-# float16-rounded values, "int8" ones hold the dequantized values.
+# float16-rounded values, "int8" ones hold the dequantized values. int8 runs on its own paths only,
+# which compute alike (bfloat16 activations, the same int8 weights and bfloat16 scale, float32
+# sums): a float32 path on the dequantized values would verify (many rows) in other arithmetic
+# than a step (1 row) computes, and greedy speculative decoding would part from plain greedy
+# decoding at more near-ties.
 CANDIDATES = {
     "float32": ("onednn", "mm", "linear", "onednn-packed"),
     "bfloat16": ("onednn-bf16", "mm", "linear"),
@@ -107,8 +111,8 @@ CANDIDATES = {
     "fp16": ("fbgemm-fp16", "onednn", "mm", "linear"),
     "int8": ("int8pack", "int8-bf16"),
 }
-# The paths that run int8 weights from their (q, scale); the others run the dequantized values.
-INT8_PATHS = ("int8pack", "int8-bf16")
+# The paths built from int8 weights' (q, scale).
+INT8_PATHS = CANDIDATES["int8"]
 # Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize).
 # "int8": weight-only int8 in a float32 model (its layers round their inputs to bfloat16).
 AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
@@ -304,12 +308,8 @@ def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
 
 
 def candidates(fmt: str, dtype: torch.dtype) -> list[str]:
-    """The working paths for a weight format ("int8" weights also run on their dtype's paths, on
-    the dequantized values)."""
-    paths = list(CANDIDATES.get(fmt, ()))
-    if fmt == "int8":
-        paths += CANDIDATES.get(str(dtype).removeprefix("torch."), ())
-    return [p for p in paths if works(p)]
+    """The working paths for a weight format (dtype: the parameters'; int8 has paths of its own)."""
+    return [p for p in CANDIDATES.get(fmt, ()) if works(p)]
 
 
 def measuring() -> bool:
@@ -544,17 +544,14 @@ def _measure_formats(config) -> tuple[str, str]:
     for fmt, paths in paths_of.items():
         dtype = AUTO_FORMATS[fmt][0]
         weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]  # int8: quantized by build_kernel
-        for p in [p for p in paths if p in INT8_PATHS] if fmt == "int8" else paths:  # int8's others: float32's, timed there
+        for p in paths:
             kernels[f"{fmt}/{p}"], dtypes[f"{fmt}/{p}"] = [build_kernel(p, w) for w in weights], dtype
     times = time_kernels(kernels, shape[1], dtypes, rows=(1, 5))
     scores = {}
     for name, t in times.items():
-        fmts = [name.split("/")[0]]
-        if fmts[0] == "float32" and paths_of.get("int8"):
-            fmts.append("int8")  # an int8 model runs its float32 values there where that is faster
-        for fmt in fmts:
-            best_of = scores.get(fmt, (math.inf, math.inf))
-            scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
+        fmt = name.split("/")[0]
+        best_of = scores.get(fmt, (math.inf, math.inf))
+        scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
     scores = {fmt: t1 + t5 for fmt, (t1, t5) in scores.items()}
     best = min(scores, key=scores.get)
     if best != "float32" and scores[best] > (1 - AUTO_MARGIN) * scores["float32"]:

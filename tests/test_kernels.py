@@ -153,6 +153,24 @@ def test_choose_by_rows_takes_the_fastest_per_row_count(monkeypatch):
     assert choice == [(3, "onednn"), (7, "mm"), (math.inf, "onednn")]
 
 
+def test_int8_runs_only_on_kernels_with_int8packs_numbers():
+    """Every path the int8 format can be measured onto computes _weight_int8pack_mm's numbers
+    (bfloat16 activations, the same int8 weights and scale, float32 sums; at most one bfloat16
+    step apart, rarely), so a verification (many rows) and a step (1 row) round alike. A float32
+    path on the dequantized values (once among int8's candidates) differs in nearly every output."""
+    g = torch.Generator().manual_seed(8)
+    w, x = torch.randn(256, 512, generator=g), torch.randn(5, 512, generator=g)
+    q, scale = int8_per_channel(w)
+    values = q.float() * scale[:, None]  # what an int8 model's parameters hold
+    reference = kernels.build_kernel("int8pack", values, (q, scale))(x, None)
+    assert kernels.candidates("int8", torch.float32)[0] == "int8pack"
+    for path in kernels.candidates("int8", torch.float32):
+        y = kernels.build_kernel(path, values, (q, scale))(x, None)
+        one_step = torch.maximum(y.abs(), reference.abs()) * 2**-7  # bfloat16 keeps 8 significant bits
+        assert ((y - reference).abs() <= one_step).all(), path
+        assert (y != reference).float().mean() < 0.01, path
+
+
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_every_kernel_choice_gives_the_plain_paths_logits(wide_dir, fmt, fresh_probe, monkeypatch):
     """Whatever the measurement picks, the logits are the plain path's (F.linear / oneDNN on the
