@@ -110,7 +110,8 @@ def main(argv=None):
         for r in range(args.steps + 1):
             for face in target_faces:
                 use(target, target_faces[face])
-                step, verify = forward_times(target, cache, args.context, five[:1]), forward_times(target, cache, args.context, five)
+                step = forward_times(target, cache, args.context, five[:1])
+                verify = forward_times(target, cache, args.context, five)
                 if r:  # one warm-up round
                     times[face, "step"].append(step)
                     times[face, "verify"].append(verify)

@@ -83,7 +83,7 @@ PATHS = {
     "onednn-bf16": "oneDNN, bfloat16 weights pre-packed once",
     "fbgemm-fp16": "fbgemm, float16 weights, float32 math",
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
-    "int8-bf16": "int8 weights as bfloat16 integers pre-packed for oneDNN, scale fused: int8pack's numbers, one pass for many rows",
+    "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
 # fbgemm's packed float16, a contiguous int8 copy, ...): made on a layer's first call (PackedOnFirstCall).
