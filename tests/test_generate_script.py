@@ -4,6 +4,7 @@ text_pair checkpoints (GPT-2's real vocabulary), plus in-process checks of its p
 Starting Python + torch costs seconds, so the subprocess runs are started together (they overlap)
 by the `runs` fixture, and the cheaper checks call main() in-process."""
 
+import inspect
 import io
 import json
 import os
@@ -13,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -225,22 +227,30 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
     assert sum(reports[0]["stats"]["gamma_by_round"]) > 0  # it drafted: the timings could have mattered
 
 
-# Runs spec_decoding_generate.main(argv) with a fake clock in the CostModel's timing: each
-# interval it times is random (0-1 s), from random.Random(clock_seed), as on a machine whose load
-# comes and goes. python -c CHILD clock_seed argv...
-FAKE_CLOCK_CHILD = """
+def ticking_at_random(seed):
+    """A fake clock whose every interval is random (0-1 s), from random.Random(seed): as on a
+    machine whose load comes and goes, each timing differs from run to run."""
+    ticks, now = random.Random(seed), [0.0]
+
+    def clock():
+        now[0] += ticks.random()
+        return now[0]
+    return clock
+
+
+# A new process running spec_decoding_generate.main(argv) with that clock in the CostModel's
+# timing: python -c FAKE_CLOCK_CHILD clock_seed argv...
+FAKE_CLOCK_CHILD = f"""
 import random, sys, types
 import spec_decoding.costs, spec_decoding_generate
-ticks, now = random.Random(int(sys.argv[1])), [0.0]
-def clock():
-    now[0] += ticks.random()
-    return now[0]
-spec_decoding.costs.time = types.SimpleNamespace(perf_counter=clock)
+{inspect.getsource(ticking_at_random)}
+spec_decoding.costs.time = types.SimpleNamespace(perf_counter=ticking_at_random(int(sys.argv[1])))
 sys.exit(spec_decoding_generate.main(sys.argv[2:]))
 """
 
 
-def test_a_seeded_gamma_auto_command_repeats_its_tokens_in_a_new_process(text_pair_dirs, tmp_path):
+def test_a_seeded_gamma_auto_command_repeats_its_tokens_in_a_new_process(text_pair_dirs, tmp_path, capsys,
+                                                                        monkeypatch):
     """The same seeded --gamma auto sampling command in two new processes whose clocks tick
     differently: the first measures the pair's costs and keeps them in the kernel cache, the second
     reads them, so both choose the same gammas and sample the same tokens. The second clock's own
@@ -249,26 +259,27 @@ def test_a_seeded_gamma_auto_command_repeats_its_tokens_in_a_new_process(text_pa
     target, draft = text_pair_dirs
     argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 40, "--gamma", "auto",
             "--gamma-max", 4, "--temperature", 1, "--top-k", 3, "--seed", 3, "--json"]
-
-    def start(clock_seed, cache):
-        return subprocess.Popen([sys.executable, "-c", FAKE_CLOCK_CHILD, str(clock_seed), *map(str, argv)],
-                                cwd=ROOT, env=script_env(GPT2_KERNEL_CACHE=str(cache)),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def report(run):
-        out, err = run.communicate(timeout=120)
-        assert run.returncode == 0, err
-        return json.loads(out), err
-
     kept = tmp_path / "kept" / "kernels.json"
-    first, measured_anew = start(1, kept), start(4, tmp_path / "new" / "kernels.json")
-    (first, first_err), (measured_anew, _) = report(first), report(measured_anew)
-    second, second_err = report(start(4, kept))
+
+    def run_in_a_new_process(clock_seed):
+        done = subprocess.run([sys.executable, "-c", FAKE_CLOCK_CHILD, str(clock_seed), *map(str, argv)],
+                              cwd=ROOT, env=script_env(GPT2_KERNEL_CACHE=str(kept)), capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    (first, first_err), (second, second_err) = run_in_a_new_process(1), run_in_a_new_process(4)
     assert second["stats"]["gamma_by_round"] == first["stats"]["gamma_by_round"]
     assert second["tokens"] == first["tokens"]
     assert "measuring this pair's per-call costs" in first_err and "measuring" not in second_err
     assert sum(first["stats"]["gamma_by_round"]) > 0  # it drafted: the costs could have mattered
-    assert measured_anew["stats"]["gamma_by_round"] != first["stats"]["gamma_by_round"]
+
+    import spec_decoding.costs  # clock 4 measuring its own costs (here, in this process: cheaper)
+    monkeypatch.setattr(spec_decoding.costs, "time", types.SimpleNamespace(perf_counter=ticking_at_random(4)))
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "new" / "kernels.json"))
+    code, out, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert json.loads(out)["stats"]["gamma_by_round"] != first["stats"]["gamma_by_round"]
 
 
 def test_top_p_runs(text_pair_dirs, capsys):

@@ -816,3 +816,25 @@ def test_a_virtualenv_inside_the_hidden_checkout_is_still_bound(installed_python
     assert any(str(site_packages) == t or str(site_packages).startswith(t + "/") for t in targets), targets
     assert str(checkout) not in targets
     assert {str(site_packages / name) for name in ("gpt2", "spec_decoding")} <= set(spec["masks"]), spec["masks"]
+
+
+def test_a_user_namespace_sandbox_that_cannot_be_built_falls_back_to_none(built, monkeypatch):
+    """The probe said user namespaces work, but building the root folder fails (a mount the
+    machine refuses): the grader grades at level "none" and its line says why, rather than
+    failing every grading."""
+    import assignments.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "detect", lambda requested="auto", python=None: sandbox.Isolation("userns"))
+    start = sandbox.Sandbox._start_zygote
+
+    def refused(self, hidden):
+        if self.isolation.level == "userns":
+            raise OSError("the sandbox's zygote process did not start: mount proc on /proc: Operation not permitted")
+        return start(self, hidden)
+
+    monkeypatch.setattr(sandbox.Sandbox, "_start_zygote", refused)
+    with sandbox.Sandbox(built["source"] / "copy") as fallen:
+        assert fallen.isolation.level == "none"
+        assert fallen.isolation.line() == (
+            "NOT ISOLATED: the student's code ran as your own user (the user-namespace sandbox could not be built "
+            "(the sandbox's zygote process did not start: mount proc on /proc: Operation not permitted))")
