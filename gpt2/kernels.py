@@ -66,8 +66,9 @@ ROW_LIMITS = (1, 3, 7, 16)
 # Bytes of weights each timing pass reads: more than most CPUs' caches hold, so they come from
 # memory, as in a decode step of a real model (a few server CPUs have caches larger still).
 TIMING_BYTES = 256 * 2**20
-# A 16-bit format must beat float32 by this fraction to be picked by "auto": closer than that, the
-# difference is within timing noise and float32 keeps the exact numerics.
+# A format must beat each more exact one (AUTO_FORMATS is in that order: float32, float16 weights,
+# bfloat16, int8) by this fraction to be picked by "auto": closer than that, the difference is
+# within timing noise and the more exact format keeps its numerics.
 AUTO_MARGIN = 0.1
 # Likewise, another kernel replaces a format's default (its first candidate) for some row count
 # only if it is faster by this fraction: a near-tie is noise, and one kernel for all rows rounds
@@ -503,9 +504,9 @@ def fastest_format(config) -> tuple[str, str | None]:
     """(format, why; None when nothing was measured): the format of AUTO_FORMATS that runs this
     model's linear layers fastest here, measured on weights of its shapes ([4 n_embd, n_embd], as
     c_fc) at 1 row (a decode step) and 5 rows (verifying 4 draft tokens), once per machine and
-    width, and kept (gpt2/kernel_cache.py). A 16-bit format must win by AUTO_MARGIN. A model whose
-    layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured, as does every model under
-    GPT2_MEASURE_KERNELS=0."""
+    width, and kept (gpt2/kernel_cache.py). A format must beat the more exact ones by AUTO_MARGIN.
+    A model whose layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured, as does every
+    model under GPT2_MEASURE_KERNELS=0."""
     if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS or not measuring():
         return "float32", None  # layers this small cost per-call overhead, which no format cuts
     what = {"n_embd": config.n_embd, "n_layer": config.n_layer, "formats": format_paths()}
@@ -553,9 +554,10 @@ def _measure_formats(config) -> tuple[str, str]:
         best_of = scores.get(fmt, (math.inf, math.inf))
         scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
     scores = {fmt: t1 + t5 for fmt, (t1, t5) in scores.items()}
-    best = min(scores, key=scores.get)
-    if best != "float32" and scores[best] > (1 - AUTO_MARGIN) * scores["float32"]:
-        best = "float32"
+    best = "float32"
+    for fmt in AUTO_FORMATS:  # from the most exact: each must beat the best so far by the margin
+        if fmt in scores and scores[fmt] < (1 - AUTO_MARGIN) * scores[best]:
+            best = fmt
     ms = ", ".join(f"{f} {1000 * s:.1f} ms" for f, s in scores.items())
     missing = [f for f, p in paths_of.items() if not p]
     why = (f"measured fastest here on {n} weights of this model's c_fc shape {list(shape)}, a "
