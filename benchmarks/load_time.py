@@ -19,7 +19,7 @@ here):
         moving it made a plain generate slower end to end.
      Medians of each.
 
-Each run then decodes the same prompt greedily (PROMPT_LENGTH tokens, NEW_TOKENS new ones) and
+Each run then decodes the same prompt greedily (PROMPT_LENGTH tokens, --new-tokens new ones) and
 times the prompt's forward, the first one-row decode step (where a layer packs on its first call)
 and the later steps. Every cached run in a format must give that format's first run's tokens (the
 same kernels, so the same rounding). The load time counted is load_gpt2 alone (not Python's or
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .common import DEFAULT_CHECKPOINTS, machine_info, markdown_table, median, random_prompt, standin_checkpoint
 
-PROMPT_LENGTH, NEW_TOKENS = 16, 16
+PROMPT_LENGTH, NEW_TOKENS = 16, 16  # NEW_TOKENS: the default of --new-tokens
 # load_gpt2's options for each format "auto" can pick on a CPU (gpt2.kernels.AUTO_FORMATS).
 FORMAT_ARGS = {"auto": {}, "float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"},
                "fp16": {"quantize": "fp16"}, "int8": {"dtype": "float32", "quantize": "int8"}}
@@ -60,7 +60,8 @@ def child(folder: str) -> None:
     model.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
     model.register_forward_hook(lambda *_: seconds.append(time.perf_counter() - starts[-1]))
     t0 = time.perf_counter()
-    tokens = autoregressive_generate(model, random_prompt(PROMPT_LENGTH, seed=0), NEW_TOKENS).tokens
+    new_tokens = int(os.environ.get("LOAD_TIME_NEW_TOKENS", NEW_TOKENS))
+    tokens = autoregressive_generate(model, random_prompt(PROMPT_LENGTH, seed=0), new_tokens).tokens
     generate_s = time.perf_counter() - t0
     quantize = getattr(model, "quantize", None)
     print(json.dumps({"load_s": load_s, "prompt_s": seconds[0], "first_step_s": seconds[1],
@@ -94,6 +95,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds of interleaved runs (default 3)")
     parser.add_argument("--formats", default=None, help="comma-separated, from auto,float32,bfloat16,fp16,int8 "
                         "(default: auto and every format auto can pick here)")
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS,
+                        help=f"greedy tokens each run decodes, at least 3 (default {NEW_TOKENS})")
     parser.add_argument("--arms", default="CPE", help="which interleaved loads to run (default CPE)")
     parser.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS,
                         help=f"where the stand-ins are written once (default {DEFAULT_CHECKPOINTS})")
@@ -103,6 +106,8 @@ def main(argv=None) -> None:
         return child(args.child)
     formats = args.formats.split(",") if args.formats else ["auto", *auto_pickable()]
     unknown = [f for f in formats if f not in FORMAT_ARGS]
+    if args.new_tokens < 3:
+        sys.exit("error: --new-tokens must be at least 3 (the prompt's step, the first and a later decode step)")
     if unknown:
         sys.exit(f"error: unknown format(s) {', '.join(unknown)}: use {', '.join(FORMAT_ARGS)}")
     arms = [a for a in ARMS if a in args.arms.upper()]
@@ -111,6 +116,7 @@ def main(argv=None) -> None:
     first, runs = {}, {(f, a): [] for f in formats for a in arms}
     with tempfile.TemporaryDirectory(prefix="load-time-") as cache_dir:
         base = {k: v for k, v in os.environ.items() if k not in ("GPT2_MEASURE_KERNELS", "GPT2_FAST_LINEAR")}
+        base["LOAD_TIME_NEW_TOKENS"] = str(args.new_tokens)
 
         def env(fmt: str, arm: str) -> dict:  # each format its own cache file: its first load measures
             return {**base, "GPT2_KERNEL_CACHE": str(Path(cache_dir) / f"{fmt}.json"),
@@ -147,7 +153,7 @@ def main(argv=None) -> None:
             [f"cached load / plain load {load['C'] / load['P']:.3f}"] * ("C" in load and "P" in load)
             + [f"cached / packed at load, load + generate {end_to_end['C'] / end_to_end['E']:.3f}"] * (
                 "C" in load and "E" in load)
-            + [f"every cached run gave the first run's {NEW_TOKENS} tokens: {same}"]))
+            + [f"every cached and packed-at-load run gave the first run's {args.new_tokens} tokens: {same}"]))
     print(f"\n{args.model} stand-ins ({folder}); CPU: {info['cpu']}, {info['torch_threads']} torch threads, "
           f"torch {info['torch']}, load average before: {' '.join(f'{x:.1f}' for x in info['load_average'])}, "
           f"after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; medians of {args.repeats}")

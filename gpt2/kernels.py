@@ -199,10 +199,10 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
 
 class PackedOnFirstCall:
     """A kernel that copies its weight into another layout (PACKED_PATHS), made on its first call
-    instead of at load: packing every layer costs more than reading the file (fbgemm's float16
-    packing, several times more), so a load that packed would be slower than the plain face's.
-    The first step that runs each layer on this path pays it instead, once; a path no call takes
-    (a row count this run never uses) is never packed. build: () -> the kernel."""
+    instead of at load: packing every layer can cost more than reading the file (fbgemm's float16
+    packing does), and a load that packed would be slower than the plain face's. The first step
+    that runs each layer on this path pays it instead, once; a path no call takes (a row count
+    this run never uses) is never packed. build: () -> the kernel."""
 
     def __init__(self, build):
         self.build, self.kernel = build, None
@@ -384,9 +384,8 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
 
 
 def pack_now(model) -> int:
-    """Pack now every attached kernel that would pack on its first call (what loading did before
-    packing moved to the first step: a timing that must not include the packing calls this first).
-    Returns how many kernels were packed."""
+    """Pack now every attached kernel of model that would pack on its first call: to pay it up
+    front, e.g. before timing a first step that must not include it. Returns how many it packed."""
     waiting = [k for layer in attached(model) for _, _, k in layer.kernel.by_rows
                if isinstance(k, PackedOnFirstCall) and not k.packed]
     for kernel in dict.fromkeys(waiting):  # a kernel serving two row ranges is packed once
