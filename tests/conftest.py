@@ -46,6 +46,16 @@ def quiet_machine(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test starts on one thread, whatever the one before it did: a script's main() run in
+    this process sets PyTorch's threads from its --threads (once a benchmark's default of 2 stayed
+    set, and the tests after it in that worker, thousands of tiny forwards whose 2 threads wait for
+    each other on a busy machine, ran many times slower)."""
+    yield
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def pair_dirs(tmp_path_factory):
     """A tiny target and a draft made of its first 2 blocks that often agree (test_generation,

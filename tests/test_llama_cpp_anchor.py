@@ -266,7 +266,7 @@ def test_a_whole_run_writes_the_table_with_the_floor_and_the_goals(text_pair_dir
     pytest.importorskip("gguf", reason="main() checks that llama.cpp's gguf package is importable")
     out = tmp_path / "out"
     assert anchor.main(["--llama-cpp", "x", "--formats", "fp32", "--gguf-types", "f16", "--repeats", "1",
-                        "--warmup", "0", "--new-tokens", "8", "--steps", "1", "--context", "64",
+                        "--warmup", "0", "--new-tokens", "8", "--steps", "1", "--context", "64", "--threads", "1",
                         "--trained-pair", str(tmp_path / "none"), "--out", str(out)]) == 0
     table = (out / "results.md").read_text()
     assert "| ours fp32 (float32) |" in table and "| llama.cpp f16 |" in table
