@@ -1,0 +1,93 @@
+"""Where a 1-row decoding step's time goes, against the memory read bandwidth measured in the same run.
+
+A batch-1 step must read every weight once, so its floor is weight bytes / read bandwidth
+(x.sum() over 1 GiB, as benchmarks/llama_cpp_anchor.py measures it). For each thread count this
+prints: the bandwidth, the step's median time and its fraction of the floor, the share of the
+step's operator time per operator (torch.profiler), and, interleaved A B A B, the attached 1-row
+kernel against ATen's matrix-vector product (torch.mv / torch.addmv) as a candidate.
+
+    python -m benchmarks.step_profile --checkpoint CHECKPOINT --dtype bfloat16 --threads 2 1
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import profile
+
+from benchmarks.common import measure_read_bandwidth, median, timed, weight_bytes_per_token
+from gpt2 import kernels
+from gpt2.loading import load_gpt2
+
+
+def aten_mv(weight: torch.Tensor):
+    """A 1-row kernel on ATen's gemv: x [1, 1, in] -> [1, 1, out] = W x + bias (more rows: F.linear)."""
+    def kernel(x, bias):
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] != 1:
+            return F.linear(x, weight, bias)
+        y = torch.mv(weight, rows[0]) if bias is None else torch.addmv(bias, weight, rows[0])
+        return y.reshape(*x.shape[:-1], -1)
+    return kernel
+
+
+def step_seconds(model, token: torch.Tensor, steps: int) -> float:
+    """Median seconds of one decoding step (1 token, a few cached positions)."""
+    cache = model.new_kv_cache(1, 64 + steps)
+    model(token.repeat(1, 16), cache=cache)
+    return median([timed(None, model, token, cache=cache)[1] for _ in range(steps)])
+
+
+def operator_shares(model, token: torch.Tensor, steps: int) -> list[tuple[str, float]]:
+    """(operator, share of the profiled self time) over a few steps, largest first."""
+    cache = model.new_kv_cache(1, 64 + steps)
+    model(token.repeat(1, 16), cache=cache)
+    with profile() as prof:
+        for _ in range(steps):
+            model(token, cache=cache)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    return sorted(((e.key, e.self_cpu_time_total / total) for e in events), key=lambda kv: -kv[1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint folder or hub name")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()])
+    parser.add_argument("--steps", type=int, default=5, help="steps per measurement")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the kernel comparison")
+    args = parser.parse_args(argv)
+
+    model = load_gpt2(args.checkpoint, dtype=args.dtype)
+    kernels.pack_now(model)  # packing happens on a layer's first call: not part of a step
+    layers = kernels.attached(model)
+    attached_kernels = [layer.kernel.by_rows for layer in layers]
+    candidate = [[(rows, "aten-mv", aten_mv(layer.weight)) for rows, _, _ in layer.kernel.by_rows]
+                 for layer in layers]
+    step_bytes = weight_bytes_per_token(model)
+    token = torch.tensor([[464]])
+    with torch.no_grad():
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            gb_per_s = measure_read_bandwidth()["gb_per_s_best"]
+            step = step_seconds(model, token, args.steps)
+            floor = step_bytes / (gb_per_s * 1e9)
+            print(f"\n{threads} thread(s): read bandwidth {gb_per_s:.1f} GB/s (x.sum, best); step {step * 1e3:.1f} ms, "
+                  f"floor {floor * 1e3:.1f} ms ({step_bytes / 1e9:.2f} GB): floor / step {floor / step:.2f}")
+            shares = operator_shares(model, token, args.steps)
+            print("  share of the step's operator time: " + ", ".join(f"{k} {s:.1%}" for k, s in shares[:6]))
+            times = {"attached": [], "aten-mv": []}
+            for _ in range(args.rounds):
+                for name, chosen in (("attached", attached_kernels), ("aten-mv", candidate)):
+                    for layer, by_rows in zip(layers, chosen):
+                        layer.kernel.by_rows = by_rows
+                    times[name].append(step_seconds(model, token, args.steps))
+            for layer, by_rows in zip(layers, attached_kernels):
+                layer.kernel.by_rows = by_rows
+            print("  interleaved step medians: " + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in times.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
