@@ -743,8 +743,14 @@ class Sandbox:
         for t in threads[:2]:
             t.join(10)
             while t.is_alive() and not holders:  # a busy machine: read on while nothing else holds the pipes
-                holders = pipe_holders(pipes)
-                t.join(1)
+                if pipe_holders(pipes):
+                    # One more sweep first: a process can appear in the first sweep's wake (a fork
+                    # it did not see); only one that outlives a second sweep is reported.
+                    killed += self.kill_all(pid)
+                    t.join(1)
+                    holders = pipe_holders(pipes) if t.is_alive() else []
+                else:
+                    t.join(1)
         return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
                         seconds, killed - hung, holders)
 
