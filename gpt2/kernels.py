@@ -19,8 +19,9 @@ Three questions, each answered on the machine in use, never from a number writte
      The same measurement on weights of the model's shapes, once per format that works.
 
 A kernel that packs its weight (oneDNN's blocked bfloat16, fbgemm's float16) packs it on the
-layer's first call (`PackedOnFirstCall`), not at load: loading then costs what the plain face's
-does, and the first step pays the packing, once.
+path's first call (`PackedOnFirstCall`), not at load, every layer of the model at once, side by
+side on PyTorch's threads (`pack_all`): loading then costs what the plain face's does, and the
+first step pays the packing, once.
 
 Questions 2 and 3 are measured once per machine (CPU, flags, torch version, threads) and shape,
 the first time such a model is loaded, and kept in the user's cache folder (gpt2/kernel_cache.py):
@@ -42,6 +43,7 @@ Switches (environment variables):
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn as nn
@@ -201,15 +203,19 @@ class PackedOnFirstCall:
     """A kernel that copies its weight into another layout (PACKED_PATHS), made on its first call
     instead of at load: packing every layer can cost more than reading the file (fbgemm's float16
     packing does), and a load that packed would be slower than the plain face's. The first step
-    that runs each layer on this path pays it instead, once; a path no call takes (a row count
-    this run never uses) is never packed. build: () -> the kernel."""
+    that runs this path pays it instead, once; a path no call takes (a row count this run never
+    uses) is never packed. build: () -> the kernel. group: the model's kernels on the same path
+    (a list this one is in), all packed together on the first call to any of them (pack_all)."""
 
-    def __init__(self, build):
+    def __init__(self, build, group: list | None = None):
         self.build, self.kernel = build, None
+        if group is not None:
+            group.append(self)
+        self.group = group
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.kernel is None:
-            self.pack()
+            pack_all(self.group or [self])
         return self.kernel(x, bias)
 
     def pack(self) -> None:
@@ -218,6 +224,27 @@ class PackedOnFirstCall:
     @property
     def packed(self) -> bool:
         return self.kernel is not None
+
+
+def pack_all(waiting: list[PackedOnFirstCall]) -> int:
+    """Pack the kernels not packed yet, side by side on PyTorch's number of threads: a packing
+    (fbgemm's float16 above all) is a serial loop, so one layer after another would leave every
+    core but one idle. Returns how many it packed."""
+    waiting = [kernel for kernel in dict.fromkeys(waiting) if not kernel.packed]
+    workers = min(torch.get_num_threads(), len(waiting))
+    if workers <= 1:
+        for kernel in waiting:
+            kernel.pack()
+        return len(waiting)
+    inference = torch.is_inference_mode_enabled()  # thread-local: the workers take the caller's
+
+    def pack(kernel):
+        with torch.inference_mode(inference):
+            kernel.pack()
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(pack, waiting))  # (list: a packing's error is raised here)
+    return len(waiting)
 
 
 class RowsAwareKernel:
@@ -335,7 +362,7 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
     for layer in linear_layers(model):
         if layer[2].device.type == "cpu":
             groups.setdefault(weight_format(layer[2], int8, fp16), []).append(layer)
-    said = []
+    said, packing_groups = [], {}
     for fmt, layers in groups.items():
         dtype = layers[0][2].dtype
         paths = candidates(fmt, dtype)
@@ -356,7 +383,7 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
                 how = "the format's default: GPT2_MEASURE_KERNELS=0"
         for owner, name, weight, bias in layers:
             kernel = KernelLinear(weight, bias, _rows_aware(
-                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8))
+                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8, packing_groups))
             setattr(owner, name, kernel)
             weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
@@ -373,12 +400,14 @@ def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tens
     return max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
 
 
-def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
+def _rows_aware(weight, choice, int8, groups: dict[str, list]) -> RowsAwareKernel:
+    """groups: path -> the PackedOnFirstCall kernels of this model on that path (filled here)."""
     built = {}
     for _, path in choice:
         if path not in built:
             qs = int8.get(weight) if int8 and path in INT8_PATHS else None
-            built[path] = (PackedOnFirstCall(lambda path=path, qs=qs: build_kernel(path, weight, qs))
+            built[path] = (PackedOnFirstCall(lambda path=path, qs=qs: build_kernel(path, weight, qs),
+                                             groups.setdefault(path, []))
                            if path in PACKED_PATHS else build_kernel(path, weight, qs))
     return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
 
@@ -386,19 +415,17 @@ def _rows_aware(weight, choice, int8) -> RowsAwareKernel:
 def pack_now(model) -> int:
     """Pack now every attached kernel of model that would pack on its first call: to pay it up
     front, e.g. before timing a first step that must not include it. Returns how many it packed."""
-    waiting = [k for layer in attached(model) for _, _, k in layer.kernel.by_rows
-               if isinstance(k, PackedOnFirstCall) and not k.packed]
-    for kernel in dict.fromkeys(waiting):  # a kernel serving two row ranges is packed once
-        kernel.pack()
-    return len(dict.fromkeys(waiting))
+    return pack_all([k for layer in attached(model) for _, _, k in layer.kernel.by_rows
+                     if isinstance(k, PackedOnFirstCall)])
 
 
 def packing_note(said_paths: set[str]) -> str:
     """What the load line says about packing: which of the attached paths pack their weights on a
     layer's first call (so the first step, not the load, pays it); "" if none does."""
     packed = [p for p in PACKED_PATHS if p in said_paths]
-    return (f"{' and '.join(packed)} {'packs' if len(packed) == 1 else 'pack'} each layer's weights on its "
-            f"first call, so the first step pays that, not the load" if packed else "")
+    return (f"{' and '.join(packed)} {'packs' if len(packed) == 1 else 'pack'} every layer's weights on its "
+            f"first call, side by side on {torch.get_num_threads()} threads, so the first step pays that, not "
+            f"the load" if packed else "")
 
 
 def describe_choice(paths: list[tuple[float, str]]) -> str:

@@ -11,6 +11,7 @@ import ast
 import json
 import math
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -321,7 +322,7 @@ def test_a_layer_packs_its_weights_on_its_first_call_once(wide_dir, fmt, path, m
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
     builds = count_builds(monkeypatch)
     model = load_gpt2(wide_dir, **FORMATS[fmt])
-    assert f"{path} packs each layer's weights on its first call, so the first step pays that" in capsys.readouterr().err
+    assert f"{path} packs every layer's weights on its first call, side by side on" in capsys.readouterr().err
     assert paths_used(model) == {path} and built_for(builds, model) == []
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
     first = logits(model, idx)
@@ -332,6 +333,28 @@ def test_a_layer_packs_its_weights_on_its_first_call_once(wide_dir, fmt, path, m
     assert kernels.pack_now(packed_at_load) == len(kernels.linear_weights(model))
     assert kernels.pack_now(packed_at_load) == 0
     assert torch.equal(first, logits(packed_at_load, idx)) and torch.equal(again, logits(packed_at_load, idx[:, :1]))
+
+
+def test_the_first_call_on_a_path_packs_every_layer_of_that_model(wide_dir, monkeypatch):
+    """One layer's first call packs all of its model's kernels on that path, not one layer at a
+    time (a packing is a serial loop: side by side, the threads share it), and nothing of another
+    model; on 2 threads the packing runs on the pool's threads, not the caller's. Fails if each
+    layer packs on its own call."""
+    path = "fbgemm-fp16" if kernels.works("fbgemm-fp16") else "int8pack"
+    fmt = {"fbgemm-fp16": "fp16", "int8pack": "int8"}[path]
+    model, other = load_gpt2(wide_dir, **FORMATS[fmt]), load_gpt2(wide_dir, **FORMATS[fmt])
+    assert paths_used(model) == {path}
+    threads, build = [], kernels.build_kernel
+    monkeypatch.setattr(kernels, "build_kernel",
+                        lambda p, w, *a: threads.append(threading.get_ident()) or build(p, w, *a))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    layer = model.h[0].mlp.c_fc
+    with torch.inference_mode():
+        layer(torch.randn(1, WIDE.n_embd))
+    packed = [k for lin in kernels.attached(model) for _, _, k in lin.kernel.by_rows]
+    assert all(k.packed for k in packed) and len(threads) == len(kernels.linear_weights(model))
+    assert threading.get_ident() not in threads
+    assert not any(k.packed for lin in kernels.attached(other) for _, _, k in lin.kernel.by_rows)
 
 
 def test_a_path_no_call_takes_is_never_packed(wide_dir, monkeypatch):
