@@ -89,7 +89,7 @@ PATHS = {
     "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
-# fbgemm's packed float16, a contiguous int8 copy, ...): made on a layer's first call (PackedOnFirstCall).
+# fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every layer at once (PackedOnFirstCall).
 PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
@@ -356,7 +356,7 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
     function (format, sample weights, paths, int8) -> [(max_rows, path)] to use instead (tests).
     Weights below ONEDNN_MIN_WEIGHTS are not measured: a 16-bit or int8 format gets its own
     kernel, float32 and float16 stay plain. Kernels that pack a weight (PACKED_PATHS) do it on the
-    layer's first call, not here. Returns one line per format saying what runs where, and one
+    path's first call (every layer at once), not here. Returns one line per format saying what runs where, and one
     naming the paths that pack on first call (empty: nothing attached, the model stays plain)."""
     groups: dict[str, list[tuple]] = {}
     for layer in linear_layers(model):
@@ -421,7 +421,7 @@ def pack_now(model) -> int:
 
 def packing_note(said_paths: set[str]) -> str:
     """What the load line says about packing: which of the attached paths pack their weights on a
-    layer's first call (so the first step, not the load, pays it); "" if none does."""
+    path's first call (so the first step, not the load, pays it); "" if none does."""
     packed = [p for p in PACKED_PATHS if p in said_paths]
     return (f"{' and '.join(packed)} {'packs' if len(packed) == 1 else 'pack'} every layer's weights on its "
             f"first call, side by side on {torch.get_num_threads()} threads, so the first step pays that, not "
