@@ -89,7 +89,8 @@ PATHS = {
     "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
-# fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every layer at once (PackedOnFirstCall).
+# fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every
+# layer at once (PackedOnFirstCall).
 PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
@@ -356,8 +357,9 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
     function (format, sample weights, paths, int8) -> [(max_rows, path)] to use instead (tests).
     Weights below ONEDNN_MIN_WEIGHTS are not measured: a 16-bit or int8 format gets its own
     kernel, float32 and float16 stay plain. Kernels that pack a weight (PACKED_PATHS) do it on the
-    path's first call (every layer at once), not here. Returns one line per format saying what runs where, and one
-    naming the paths that pack on first call (empty: nothing attached, the model stays plain)."""
+    path's first call (every layer at once), not here. Returns one line per format saying what runs
+    where, and one naming the paths that pack on first call (empty: nothing attached, the model
+    stays plain)."""
     groups: dict[str, list[tuple]] = {}
     for layer in linear_layers(model):
         if layer[2].device.type == "cpu":
