@@ -21,6 +21,9 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
   - float16 weights in a float32 model (quantize="fp16"): fbgemm's fp16 GEMM
     (torch.ops.quantized.linear_dynamic_fp16), which reads the 16-bit weights and multiplies in
     float32, on any x86 CPU with AVX2.
+  - our own C kernel for a few rows (NativeRowsLinear, gpt2/csrc/rows_linear.c, AVX2 with FMA and
+    F16C), on float16 or float32 weights: each weight row is read from memory once for all the
+    rows, and a row's result is the same bits alone or among others.
 
 The parameters of a model stay ordinary tensors holding the same values, so every kernel computes
 the same function up to rounding, and anything that makes new tensors (model.to(...),
@@ -29,6 +32,8 @@ load_state_dict) simply drops the kernels.
 
 import torch
 import torch.nn.functional as F
+
+from . import native
 
 QUANTIZE_CHOICES = (None, "int8", "fp16")
 # _weight_int8pack_mm is fast with bf16 activations only: an fp32 model's int8 layers round their
@@ -120,6 +125,21 @@ class FP16Weight:
         """x [..., in] float32 -> [..., out] float32."""
         y = torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
         return y if bias is None else y + bias
+
+
+class NativeRowsLinear:
+    """Our C kernel (gpt2/csrc/rows_linear.c, compiled on first use by gpt2/native.py): the weight
+    as float16 ("native-fp16": a float32 weight holding float16-rounded values, copied to 2 bytes a
+    weight) or as it is in float32 ("native-f32"); float32 math. Every dot product is summed in one
+    fixed order, so a row gives the same bits alone (a decode step) as among others (a
+    verification), unlike the library kernels, which run other code for other row counts."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        self.weight = weight.detach().to(dtype).contiguous()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] float32 -> [..., out] float32."""
+        return native.rows_linear(x.float(), self.weight, None if bias is None else bias.detach().float().contiguous())
 
 
 class Int8Weight:

@@ -49,7 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import fast_linear, kernel_cache
+from . import fast_linear, kernel_cache, native
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
 # Read at call time by KernelLinear: False runs the plain path on a model with kernels attached
@@ -85,13 +85,15 @@ PATHS = {
     "onednn-packed": "oneDNN, float32 weights pre-packed once for a verification's few rows (a second copy)",
     "onednn-bf16": "oneDNN, bfloat16 weights pre-packed once",
     "fbgemm-fp16": "fbgemm, float16 weights, float32 math",
+    "native-fp16": "our C kernel (gpt2/csrc/rows_linear.c), float16 weights, float32 math, reads each weight once for all rows",
+    "native-f32": "our C kernel (gpt2/csrc/rows_linear.c), float32 weights, reads each weight once for all rows",
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
     "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
 # fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every
 # layer at once (PackedOnFirstCall).
-PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16")
+PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16", "native-fp16")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
     "mm": fast_linear.TransposedMM,
@@ -99,6 +101,8 @@ KERNELS = {
     "onednn-packed": fast_linear.OneDNNPackedForRows,
     "onednn-bf16": fast_linear.OneDNNPackedWeight,
     "fbgemm-fp16": fast_linear.FP16Weight,
+    "native-fp16": lambda weight: fast_linear.NativeRowsLinear(weight, torch.float16),
+    "native-f32": lambda weight: fast_linear.NativeRowsLinear(weight, torch.float32),
 }
 # Weight formats -> the paths that can run them, in order of preference when nothing is measured
 # (the first working one is also the default for prompts). A format's kernels all compute the
@@ -109,10 +113,10 @@ KERNELS = {
 # than a step (1 row) computes, and greedy speculative decoding would part from plain greedy
 # decoding at more near-ties.
 CANDIDATES = {
-    "float32": ("onednn", "mm", "linear", "onednn-packed"),
+    "float32": ("onednn", "mm", "linear", "onednn-packed", "native-f32"),
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
-    "fp16": ("fbgemm-fp16", "onednn", "mm", "linear"),
+    "fp16": ("fbgemm-fp16", "native-fp16", "onednn", "mm", "linear"),
     "int8": ("int8pack", "int8-bf16"),
 }
 # The paths built from int8 weights' (q, scale).
@@ -172,6 +176,8 @@ def _try(path: str) -> str | None:
         return f"acting as {EMULATIONS['avx2']}"
     if path == "fbgemm-fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         return "this PyTorch build has no fbgemm (x86 only)"
+    if path.startswith("native") and native.why_not():
+        return native.why_not()
     g = torch.Generator().manual_seed(0)
     weight, bias, x = torch.randn(24, 64, generator=g), torch.randn(24, generator=g), torch.randn(3, 64, generator=g)
     dtype = torch.bfloat16 if path == "onednn-bf16" else torch.float32

@@ -1,0 +1,97 @@
+"""Our own C kernel (gpt2/csrc/rows_linear.c), compiled on this machine the first time it is
+needed and called through ctypes: no build step at install, no PyTorch headers, and a machine
+without a C compiler or without AVX2/FMA/F16C simply does not offer it (gpt2/kernels.py's probe
+says why, and the library kernels run instead).
+
+The compiled library is kept beside the kernel cache (~/.cache/gpt2-spec/native/), under a name
+made from the source, the compiler and its flags: an edit of the C file, or another compiler,
+builds a new one.
+"""
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import kernel_cache
+
+SOURCE = Path(__file__).parent / "csrc" / "rows_linear.c"
+# -ffp-contract=off: only the kernel's written FMAs fuse, so the summation order is the source's.
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+NEEDS = ("avx2", "fma", "f16c")
+
+_LIBRARY: ctypes.CDLL | None = None
+
+
+def compiler() -> str | None:
+    """The C compiler to use: $CC, else cc or gcc on the PATH (None: there is none)."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def why_not() -> str | None:
+    """None if the kernel can be built and run here, else why not (for kernels.probe)."""
+    missing = [f for f in NEEDS if f not in kernel_cache.cpu_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)} (the C kernel is AVX2 with FMA and F16C)"
+    if compiler() is None:
+        return "no C compiler found (cc, gcc, or $CC): the C kernel is compiled on first use"
+    return None
+
+
+def library_path(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    tag = hashlib.sha256("\n".join([SOURCE.read_text(), *version, *FLAGS]).encode()).hexdigest()[:16]
+    return kernel_cache.cache_path().parent / "native" / f"rows_linear-{tag}.so"
+
+
+def library() -> ctypes.CDLL:
+    """The compiled kernel, built now if this machine has not built this source before."""
+    global _LIBRARY
+    if _LIBRARY is None:
+        reason = why_not()
+        if reason:
+            raise RuntimeError(reason)
+        cc = compiler()
+        path = library_path(cc)
+        if not path.exists():
+            build(cc, path)
+        lib = ctypes.CDLL(str(path))
+        for name, wtype in (("rows_linear_f16", ctypes.c_void_p), ("rows_linear_f32", ctypes.c_void_p)):
+            fn = getattr(lib, name)
+            fn.restype = None
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, wtype, ctypes.c_int64,
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        _LIBRARY = lib
+    return _LIBRARY
+
+
+def build(cc: str, path: Path) -> None:
+    """Compile SOURCE into path (written to a temporary name, then renamed: a reader never
+    loads half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        built = Path(tmp) / path.name
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()[-2000:]}")
+        os.replace(built, path)
+
+
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] float32 @ weight.T [in, out] (float16 or float32, contiguous) + bias [out]
+    float32 -> [..., out] float32, on PyTorch's number of threads."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = weight.shape[0]
+    y = torch.empty(rows.shape[0], out, dtype=torch.float32)
+    fn = library().rows_linear_f16 if weight.dtype == torch.float16 else library().rows_linear_f32
+    fn(rows.data_ptr(), rows.shape[0], rows.shape[1], weight.data_ptr(), out,
+       None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    return y.view(*x.shape[:-1], out)

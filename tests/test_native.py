@@ -1,0 +1,106 @@
+"""Our C kernel (gpt2/csrc/rows_linear.c through gpt2/native.py): x @ W.T + bias against float64
+on float16 and float32 weights, at shapes that leave every tail of its loops some work; a row's
+result the same bits alone as among others (what a verification and a decode step must share);
+and a clear line where it cannot be built or run."""
+
+import math
+
+import pytest
+import torch
+
+import gpt2.kernels as kernels
+from gpt2 import load_gpt2, native
+from gpt2.fast_linear import NativeRowsLinear
+from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+
+needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
+
+# (out, in): a GPT-2-like width (blocks of 32 only), then widths whose last inputs fall in the
+# 8-block loop and in the one-by-one loop, and an output count no thread count divides.
+SHAPES = [(96, 1280), (37, 100), (5, 7), (13, 40)]
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("out,inp", SHAPES)
+def test_the_c_kernel_computes_x_times_w_transposed_plus_bias(out, inp, dtype):
+    g = torch.Generator().manual_seed(out + inp)
+    w, b = torch.randn(out, inp, generator=g), torch.randn(out, generator=g)
+    kernel = NativeRowsLinear(w, dtype)
+    exact = w.to(dtype).double()  # the weights as the kernel holds them
+    for rows in (1, 2, 3, 5, 9):
+        x = torch.randn(1, rows, inp, generator=g)
+        for bias in (b, None):
+            y = kernel(x, bias)
+            assert y.shape == (1, rows, out) and y.dtype == torch.float32
+            reference = x.double() @ exact.T + (0 if bias is None else bias.double())
+            # float32 sums of `inp` products: a few ulps of the largest partial sum
+            assert (y.double() - reference).abs().max() <= 1e-6 * inp ** 0.5 * reference.abs().max(), (rows, bias is None)
+
+
+@needs_native
+def test_the_c_kernel_is_not_fooled_by_a_dropped_tail():
+    """The last inputs (past the 32-blocks) count: a weight whose only non-zero column is the last
+    gives exactly x's last column."""
+    w = torch.zeros(3, 45)
+    w[:, -1] = torch.tensor([1.0, 2.0, -0.5])
+    x = torch.randn(4, 45, generator=torch.Generator().manual_seed(1))
+    for dtype in (torch.float16, torch.float32):
+        assert torch.equal(NativeRowsLinear(w, dtype)(x, None), x[:, -1:] * w[:, -1])
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_row_gives_the_same_bits_alone_as_among_others(dtype):
+    """A decode step runs one row, a verification of gamma tokens gamma + 1: on this kernel the
+    same row gives the same bits either way (each dot product is summed in one order), so greedy
+    speculative decoding on it cannot part from plain greedy decoding through the linear layers."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(200, 1280, generator=g), torch.randn(200, generator=g)
+    kernel = NativeRowsLinear(w, dtype)
+    for rows in (2, 3, 5, 8, 9, 16):
+        x = torch.randn(rows, 1280, generator=g)
+        together = kernel(x, b)
+        alone = torch.cat([kernel(x[i:i + 1], b) for i in range(rows)])
+        assert torch.equal(together, alone), rows
+
+
+@needs_native
+def test_greedy_speculative_equals_plain_greedy_in_float16_weights_on_the_c_kernel(text_pair_dirs, monkeypatch):
+    """float16 weights, every linear layer on the C kernel for every row count: the speculative
+    output is the target's own greedy output, token for token."""
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the choice too
+    target_dir, draft_dir = text_pair_dirs
+    target, draft = load_gpt2(target_dir, quantize="fp16"), load_gpt2(draft_dir, quantize="fp16")
+    choice = [(math.inf, "native-fp16")]
+    for model in (target, draft):
+        kernels.detach_kernels(model)
+        kernels.attach_kernels(model, fp16=True, choose=lambda *a: choice)
+        assert {tuple(k.kernel.paths()) for k in kernels.attached(model)} == {tuple(choice)}
+    prompt = list(range(100, 120))
+    ar = autoregressive_generate(target, prompt, 40).tokens
+    assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == ar
+
+
+def test_without_the_instructions_or_a_compiler_the_probe_says_why(monkeypatch):
+    monkeypatch.setattr(native.kernel_cache, "cpu_flags", lambda: ("avx2",))
+    assert native.why_not() == "this CPU lacks fma, f16c (the C kernel is AVX2 with FMA and F16C)"
+    monkeypatch.setattr(native.kernel_cache, "cpu_flags", lambda: ("avx2", "f16c", "fma"))
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    assert "no C compiler found" in native.why_not()
+    monkeypatch.setattr(kernels, "_PROBED", {})
+    assert "no C compiler found" in kernels.probe("native-fp16")
+    assert not kernels.works("native-f32")
+
+
+@needs_native
+def test_a_failing_compiler_gives_its_message(tmp_path, monkeypatch):
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\necho 'cc: error: this compiler is broken' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "cache" / "kernels.json"))
+    monkeypatch.setattr(native, "_LIBRARY", None)
+    with pytest.raises(RuntimeError, match="compiling rows_linear.c with .*cc failed:\ncc: error: this compiler is broken"):
+        native.library()
+    assert not (tmp_path / "cache" / "native").exists() or not any((tmp_path / "cache" / "native").glob("*.so"))
