@@ -129,17 +129,19 @@ class FP16Weight:
 
 class NativeRowsLinear:
     """Our C kernel (gpt2/csrc/rows_linear.c, compiled on first use by gpt2/native.py): the weight
-    as float16 ("native-fp16": a float32 weight holding float16-rounded values, copied to 2 bytes a
-    weight) or as it is in float32 ("native-f32"); float32 math. Every dot product is summed in one
+    copied into panels of 16 output rows, as float16 ("native-fp16": a float32 weight holding
+    float16-rounded values, 2 bytes a weight) or float32 ("native-f32": a second float32 copy);
+    float32 math. Every dot product is summed in one
     fixed order, so a row gives the same bits alone (a decode step) as among others (a
     verification), unlike the library kernels, which run other code for other row counts."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
-        self.weight = weight.detach().to(dtype).contiguous()
+        self.panels, self.out = native.pack_panels(weight.detach(), dtype), weight.shape[0]
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] float32 -> [..., out] float32."""
-        return native.rows_linear(x.float(), self.weight, None if bias is None else bias.detach().float().contiguous())
+        return native.rows_linear(x.float(), self.panels, self.out,
+                                  None if bias is None else bias.detach().float().contiguous())
 
 
 class Int8Weight:

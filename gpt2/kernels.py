@@ -93,7 +93,7 @@ PATHS = {
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
 # fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every
 # layer at once (PackedOnFirstCall).
-PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16", "native-fp16")
+PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16", "native-fp16", "native-f32")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
     "mm": fast_linear.TransposedMM,

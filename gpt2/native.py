@@ -85,13 +85,30 @@ def build(cc: str, path: Path) -> None:
         os.replace(built, path)
 
 
-def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] float32 @ weight.T [in, out] (float16 or float32, contiguous) + bias [out]
-    float32 -> [..., out] float32, on PyTorch's number of threads."""
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = weight.shape[0]
-    y = torch.empty(rows.shape[0], out, dtype=torch.float32)
-    fn = library().rows_linear_f16 if weight.dtype == torch.float16 else library().rows_linear_f32
-    fn(rows.data_ptr(), rows.shape[0], rows.shape[1], weight.data_ptr(), out,
+# Output rows per panel of a packed weight (PANEL in rows_linear.c).
+PANEL = 16
+
+
+def pack_panels(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight [out, in] -> panels [ceil(out / PANEL), in, PANEL] in dtype: panel p holds weight
+    rows PANEL p ... PANEL p + PANEL - 1, transposed (the last panel padded with zero rows), so the
+    kernel reads each panel front to back, once."""
+    out, inputs = weight.shape
+    panels = -(-out // PANEL)
+    padded = weight.new_zeros(panels * PANEL, inputs, dtype=dtype)
+    padded[:out] = weight
+    return padded.view(panels, PANEL, inputs).transpose(1, 2).contiguous()
+
+
+def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16
+    or float32) and W has `out` rows; bias [out] float32 contiguous. On PyTorch's number of
+    threads. (Written for a call's few microseconds: it runs once per linear layer per step.)"""
+    x = x if x.is_contiguous() else x.contiguous()
+    inputs = panels.shape[1]
+    y = x.new_empty(x.shape[:-1] + (out,))
+    lib = _LIBRARY or library()
+    fn = lib.rows_linear_f16 if panels.dtype == torch.float16 else lib.rows_linear_f32
+    fn(x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
        None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
-    return y.view(*x.shape[:-1], out)
+    return y

@@ -15,9 +15,9 @@ from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
 
-# (out, in): a GPT-2-like width (blocks of 32 only), then widths whose last inputs fall in the
-# 8-block loop and in the one-by-one loop, and an output count no thread count divides.
-SHAPES = [(96, 1280), (37, 100), (5, 7), (13, 40)]
+# (out, in): whole pairs of 16-row panels and one panel left (96), whole pairs only (64), a partial
+# last panel after a pair (37), a single partial panel (5, 13); odd and small input widths.
+SHAPES = [(96, 1280), (64, 768), (37, 100), (5, 7), (13, 40)]
 
 
 @needs_native
@@ -39,14 +39,15 @@ def test_the_c_kernel_computes_x_times_w_transposed_plus_bias(out, inp, dtype):
 
 
 @needs_native
-def test_the_c_kernel_is_not_fooled_by_a_dropped_tail():
-    """The last inputs (past the 32-blocks) count: a weight whose only non-zero column is the last
-    gives exactly x's last column."""
-    w = torch.zeros(3, 45)
-    w[:, -1] = torch.tensor([1.0, 2.0, -0.5])
-    x = torch.randn(4, 45, generator=torch.Generator().manual_seed(1))
-    for dtype in (torch.float16, torch.float32):
-        assert torch.equal(NativeRowsLinear(w, dtype)(x, None), x[:, -1:] * w[:, -1])
+def test_the_c_kernel_reaches_every_input_and_every_output():
+    """The last input and the last outputs (in a partial panel) count: a weight whose only non-zero
+    column is the last gives exactly x's last column times it, for a step (1 row) and for more."""
+    w = torch.zeros(35, 45)
+    w[:, -1] = torch.arange(1, 36) / 8  # exact in float16
+    for rows in (1, 5, 7):
+        x = torch.randn(rows, 45, generator=torch.Generator().manual_seed(rows))
+        for dtype in (torch.float16, torch.float32):
+            assert torch.equal(NativeRowsLinear(w, dtype)(x, None), x[:, -1:] * w[:, -1]), (rows, dtype)
 
 
 @needs_native
@@ -58,7 +59,7 @@ def test_a_row_gives_the_same_bits_alone_as_among_others(dtype):
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(200, 1280, generator=g), torch.randn(200, generator=g)
     kernel = NativeRowsLinear(w, dtype)
-    for rows in (2, 3, 5, 8, 9, 16):
+    for rows in (2, 3, 5, 6, 7, 9, 16):
         x = torch.randn(rows, 1280, generator=g)
         together = kernel(x, b)
         alone = torch.cat([kernel(x[i:i + 1], b) for i in range(rows)])

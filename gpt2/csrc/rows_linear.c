@@ -1,89 +1,139 @@
 /* A linear layer for a few rows, in AVX2 (with FMA and F16C): y = x @ W.T + bias.
 
-   x [rows, in] float32, W [out, in] float16 or float32, bias [out] float32 (or NULL), y [rows, out]
-   float32. gpt2/native.py compiles this file with the machine's C compiler and calls it through
-   ctypes; gpt2/fast_linear.py's NativeRowsLinear is the Python side.
+   x [rows, in] float32, bias [out] float32 (or NULL), y [rows, out] float32. The weight W [out, in]
+   (float16 or float32) comes packed in panels of 16 output rows: panel p holds W[16p : 16p + 16, :]
+   transposed, [in][16] (gpt2/native.py's pack_panels; the last panel padded with zeros).
+   gpt2/native.py compiles this file with the machine's C compiler and calls it through ctypes;
+   gpt2/fast_linear.py's NativeRowsLinear is the Python side.
 
    Why our own: a decode step (1 row) and a verification (gamma + 1 rows) each read every weight
    once from memory, so both should cost about the same. Library kernels are written for large
    matrices; for a few rows some read the weight once per row or per few rows, or run other code
-   for each row count. Here each output row's weights are read from memory once, then dotted with
-   every input row while they sit in the L1 cache.
+   for each row count. Here each panel is streamed from memory once, front to back, and serves
+   every row: for each input k, its 16 weights (two 8-lane vectors) are multiplied by x[r][k] of
+   each row r and added into that row's 16 outputs, kept in registers (up to 6 rows at a time;
+   more rows take more passes over the panel, from the cache).
 
-   Each dot product is summed in one fixed order, whatever `rows` is: four 8-lane accumulators
-   over blocks of 32 inputs, then 8-input blocks into the first, added up as
-   (a0 + a1) + (a2 + a3), the 8 lanes in a fixed tree, then the remaining inputs one by one, then
-   the bias. So a row's result is bit-identical whether it comes alone (a decode step) or among
-   others (a verification): greedy speculative decoding on this kernel computes what plain greedy
-   decoding computes.
+   Each output is one running sum over k = 0, 1, ..., in - 1 in that order, in its own lane, then
+   the bias: no other row, no tiling and no thread count changes it. So a row's result is
+   bit-identical whether it comes alone (a decode step) or among others (a verification): greedy
+   speculative decoding on this kernel computes what plain greedy decoding computes.
 
-   The output rows are shared among `threads` OpenMP threads (PyTorch's own OpenMP runtime, which
-   is loaded first, so the two share one pool of threads). */
+   The panels are shared among `threads` OpenMP threads (PyTorch's own OpenMP runtime, loaded
+   first, so the two share one pool of threads). */
 
 #include <immintrin.h>
 #include <stdint.h>
 
+#define PANEL 16
+#define MAX_ROWS 6
+
 #define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define LOAD_F32(p) _mm256_loadu_ps(p)
 
-static inline float sum_lanes(__m256 v) {
-    __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    half = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    half = _mm_add_ss(half, _mm_movehdup_ps(half));
-    return _mm_cvtss_f32(half);
+/* One panel (weights [in][16]) against R input rows (x, `in` apart), R <= MAX_ROWS, into
+   y[r * out + n] for the panel's `width` real outputs n. Called with a constant R, so the
+   untaken rows' code is dropped, and each row's two accumulators are named variables (arrays of
+   them are kept in memory by some compilers), which stay in registers. */
+#define ROW_STEP(r)                                                                              \
+    if (R > r) {                                                                                 \
+        __m256 xk = _mm256_broadcast_ss(x + r * in + k);                                         \
+        lo##r = _mm256_fmadd_ps(w_lo, xk, lo##r);                                                \
+        hi##r = _mm256_fmadd_ps(w_hi, xk, hi##r);                                                \
+    }
+#define ROW_STORE(r)                                                                             \
+    if (R > r) {                                                                                 \
+        float sums[PANEL];                                                                       \
+        _mm256_storeu_ps(sums, lo##r);                                                           \
+        _mm256_storeu_ps(sums + 8, hi##r);                                                       \
+        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
+    }
+
+#define PANEL_ROWS(NAME, WTYPE, LOAD)                                                             \
+static inline __attribute__((always_inline)) void NAME(                                          \
+        const WTYPE *panel, const float *x, const int R, int64_t in, float *y, int64_t out, int width) { \
+    __m256 lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5;                           \
+    lo0 = hi0 = lo1 = hi1 = lo2 = hi2 = lo3 = hi3 = lo4 = hi4 = lo5 = hi5 = _mm256_setzero_ps(); \
+    for (int64_t k = 0; k < in; k++) {                                                           \
+        __m256 w_lo = LOAD(panel + k * PANEL), w_hi = LOAD(panel + k * PANEL + 8);               \
+        ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)                  \
+    }                                                                                            \
+    ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)                \
 }
 
-static inline float to_float_f16(const uint16_t *p) { return _cvtsh_ss(*p); }
-static inline float to_float_f32(const float *p) { return *p; }
+PANEL_ROWS(panel_rows_f16, uint16_t, LOAD_F16)
+PANEL_ROWS(panel_rows_f32, float, LOAD_F32)
 
-/* One output row against R input rows (R = 1 or 2: eight accumulators at most, which with the
-   loaded weights stay in AVX2's sixteen registers). */
-#define DOT_ROWS(NAME, WTYPE, LOAD, TO_FLOAT)                                                     \
-static inline __attribute__((always_inline)) void NAME(                                          \
-        const WTYPE *w, const float *x, int64_t in, int64_t R, float *out, int64_t out_stride) {  \
-    __m256 a[2][4];                                                                              \
-    for (int r = 0; r < 2; r++)                                                                  \
-        for (int k = 0; k < 4; k++) a[r][k] = _mm256_setzero_ps();                               \
-    int64_t i = 0;                                                                               \
-    for (; i + 32 <= in; i += 32) {                                                              \
-        __m256 w0 = LOAD(w + i), w1 = LOAD(w + i + 8), w2 = LOAD(w + i + 16), w3 = LOAD(w + i + 24); \
-        for (int r = 0; r < R; r++) {                                                            \
-            const float *xr = x + r * in + i;                                                    \
-            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), a[r][0]);                         \
-            a[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), a[r][1]);                     \
-            a[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), a[r][2]);                    \
-            a[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), a[r][3]);                    \
+/* One row against two neighbouring panels at once (a decode step): a single row's two running
+   sums per panel would wait on each other's additions, not on memory; two panels give four
+   independent sums. Each output's sum is the same as panel_rows' (same order over k). */
+#define PANEL_PAIR_ONE_ROW(NAME, WTYPE, LOAD)                                                     \
+static inline void NAME(const WTYPE *panel, const float *x, int64_t in, float *y) {              \
+    __m256 a_lo = _mm256_setzero_ps(), a_hi = a_lo, b_lo = a_lo, b_hi = a_lo;                    \
+    const WTYPE *next = panel + in * PANEL;                                                      \
+    for (int64_t k = 0; k < in; k++) {                                                           \
+        __m256 xk = _mm256_broadcast_ss(x + k);                                                  \
+        a_lo = _mm256_fmadd_ps(LOAD(panel + k * PANEL), xk, a_lo);                               \
+        a_hi = _mm256_fmadd_ps(LOAD(panel + k * PANEL + 8), xk, a_hi);                           \
+        b_lo = _mm256_fmadd_ps(LOAD(next + k * PANEL), xk, b_lo);                                \
+        b_hi = _mm256_fmadd_ps(LOAD(next + k * PANEL + 8), xk, b_hi);                            \
+    }                                                                                            \
+    _mm256_storeu_ps(y, a_lo);                                                                   \
+    _mm256_storeu_ps(y + 8, a_hi);                                                               \
+    _mm256_storeu_ps(y + 16, b_lo);                                                              \
+    _mm256_storeu_ps(y + 24, b_hi);                                                              \
+}
+
+PANEL_PAIR_ONE_ROW(panel_pair_one_row_f16, uint16_t, LOAD_F16)
+PANEL_PAIR_ONE_ROW(panel_pair_one_row_f32, float, LOAD_F32)
+
+/* Panel p against every row, up to MAX_ROWS at a time through panel_rows (a constant R per call),
+   plus the bias. */
+#define ONE_PANEL(NAME, PANEL_ROWS_FN, WTYPE)                                                     \
+static inline void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,   \
+                        const float *bias, float *y, int64_t p) {                                \
+    const WTYPE *panel = w + p * in * PANEL;                                                     \
+    int64_t o = p * PANEL;                                                                       \
+    int width = out - o < PANEL ? (int)(out - o) : PANEL;                                        \
+    for (int64_t r = 0; r < rows; r += MAX_ROWS) {                                               \
+        const float *xr = x + r * in;                                                            \
+        float *yr = y + r * out + o;                                                             \
+        switch (rows - r < MAX_ROWS ? rows - r : MAX_ROWS) {                                     \
+            case 1: PANEL_ROWS_FN(panel, xr, 1, in, yr, out, width); break;                      \
+            case 2: PANEL_ROWS_FN(panel, xr, 2, in, yr, out, width); break;                      \
+            case 3: PANEL_ROWS_FN(panel, xr, 3, in, yr, out, width); break;                      \
+            case 4: PANEL_ROWS_FN(panel, xr, 4, in, yr, out, width); break;                      \
+            case 5: PANEL_ROWS_FN(panel, xr, 5, in, yr, out, width); break;                      \
+            default: PANEL_ROWS_FN(panel, xr, 6, in, yr, out, width); break;                     \
         }                                                                                        \
     }                                                                                            \
-    for (; i + 8 <= in; i += 8) {                                                                \
-        __m256 w0 = LOAD(w + i);                                                                 \
-        for (int r = 0; r < R; r++)                                                              \
-            a[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * in + i), a[r][0]);             \
-    }                                                                                            \
-    for (int r = 0; r < R; r++) {                                                                \
-        float s = sum_lanes(_mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]),                       \
-                                          _mm256_add_ps(a[r][2], a[r][3])));                     \
-        for (int64_t j = i; j < in; j++) s += TO_FLOAT(w + j) * x[r * in + j];                    \
-        out[r * out_stride] = s;                                                                 \
-    }                                                                                            \
+    if (bias)                                                                                    \
+        for (int64_t r = 0; r < rows; r++)                                                       \
+            for (int n = 0; n < width; n++) y[r * out + o + n] += bias[o + n];                   \
 }
 
-#define ROWS_LINEAR(NAME, DOT, WTYPE)                                                             \
+ONE_PANEL(one_panel_f16, panel_rows_f16, uint16_t)
+ONE_PANEL(one_panel_f32, panel_rows_f32, float)
+
+/* The entry points. One row (a decode step): whole pairs of panels, then the one or two panels
+   left (the last one may be partial). Several rows: panel by panel. */
+#define ROWS_LINEAR(NAME, ONE_PANEL_FN, PAIR_FN, WTYPE)                                           \
 void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,                 \
           const float *bias, float *y, int threads) {                                            \
+    int64_t panels = (out + PANEL - 1) / PANEL;                                                  \
+    int64_t pairs = rows == 1 ? out / (2 * PANEL) : 0;                                           \
+    int64_t units = pairs + panels - 2 * pairs;                                                  \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
-    for (int64_t o = 0; o < out; o++) {                                                          \
-        const WTYPE *wo = w + o * in;                                                            \
-        for (int64_t r = 0; r < rows; r += 2) {                                                  \
-            if (rows - r >= 2) DOT(wo, x + r * in, in, 2, y + r * out + o, out);                 \
-            else DOT(wo, x + r * in, in, 1, y + r * out + o, out);                               \
+    for (int64_t u = 0; u < units; u++) {                                                        \
+        if (u < pairs) {                                                                         \
+            PAIR_FN(w + 2 * u * in * PANEL, x, in, y + 2 * u * PANEL);                           \
+            if (bias)                                                                            \
+                for (int64_t o = 2 * u * PANEL; o < (2 * u + 2) * PANEL; o++) y[o] += bias[o];   \
+        } else {                                                                                 \
+            ONE_PANEL_FN(x, rows, in, w, out, bias, y, u + pairs);                               \
         }                                                                                        \
-        if (bias)                                                                                \
-            for (int64_t r = 0; r < rows; r++) y[r * out + o] += bias[o];                        \
     }                                                                                            \
 }
 
-DOT_ROWS(dot_rows_f16, uint16_t, LOAD_F16, to_float_f16)
-DOT_ROWS(dot_rows_f32, float, LOAD_F32, to_float_f32)
-ROWS_LINEAR(rows_linear_f16, dot_rows_f16, uint16_t)
-ROWS_LINEAR(rows_linear_f32, dot_rows_f32, float)
+ROWS_LINEAR(rows_linear_f16, one_panel_f16, panel_pair_one_row_f16, uint16_t)
+ROWS_LINEAR(rows_linear_f32, one_panel_f32, panel_pair_one_row_f32, float)
