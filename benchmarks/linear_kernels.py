@@ -30,7 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .common import BYTES_PER_GB, machine_info, markdown_table, write_results
+from gpt2.fast_linear import NativeRowsLinear
+
+from .common import BYTES_PER_GB, machine_info, markdown_table, measure_read_bandwidth, write_results
 
 SHAPES = {  # name: (out_features, in_features, times per gpt2-large step)
     "c_attn": (3840, 1280, 36),
@@ -102,6 +104,17 @@ def _fbgemm_fp16(w, b):
 
 def _run_fbgemm_fp16(x, s):
     return torch.ops.quantized.linear_dynamic_fp16(x, s[0])
+
+
+def _native(dtype):
+    """Our C kernel (gpt2/csrc/rows_linear.c): weights packed in panels, in dtype."""
+    def prepare(w, b):
+        return (NativeRowsLinear(w, dtype), b)
+    return prepare
+
+
+def _run_native(x, s):
+    return s[0](x, s[1])
 
 
 def int8_per_channel(w):
@@ -222,6 +235,8 @@ CANDIDATES = {
     "bf16_onednn_packed": (_prepacked_bf16(None), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed (no M hint)"),
     "fp16_flinear": (_cast(torch.float16), _flinear, torch.float16, "fp16, F.linear"),
     "fp16_fbgemm": (_fbgemm_fp16, _run_fbgemm_fp16, torch.float32, "fp16 weights, fp32 math, fbgemm (quantized.linear_dynamic_fp16; quantize=\"fp16\")"),
+    "fp16_native": (_native(torch.float16), _run_native, torch.float32, "fp16 weights, fp32 math, our C kernel (gpt2/csrc/rows_linear.c, native-fp16)"),
+    "fp32_native": (_native(torch.float32), _run_native, torch.float32, "fp32, our C kernel (gpt2/csrc/rows_linear.c, native-f32)"),
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),
     "bf16_compile_upcast": (_compiled_upcast(torch.bfloat16), _run_compiled, torch.float32, "bf16 weights, torch.compile(F.linear(x, w.float()))"),
     "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x (quantize=\"int8\")"),
@@ -361,15 +376,17 @@ def main(argv=None):
     print(f"{len(args.candidates)} candidates, {len(SHAPES)} shapes, M = {rows}, {args.rounds} rounds, "
           f"{args.threads} threads", flush=True)
     results, errors, failed = measure(args.candidates, args.rounds, rows)
+    bandwidth = measure_read_bandwidth()  # the same run's x.sum(), for the GB/s columns
     summary = summarize(results, errors, args.candidates, rows)
     table = report(summary, rows)
     legend = "\n".join(f"- `{n}`: {CANDIDATES[n][3]}" for n in args.candidates)
     fails = "\n".join(f"- `{n}`: {why}" for n, why in failed.items())
     md = (f"gpt2-large linear layers, one step = 36 x 4 blocks' linears + head; M rows; "
-          f"step ms is the median over rounds, best the fastest round (the machine may be shared); columns M=k give cost(M=k) / cost(M=1), medians.\n\n{table}\n\n{legend}\n"
+          f"step ms is the median over rounds, best the fastest round (the machine may be shared); columns M=k give cost(M=k) / cost(M=1), medians. "
+          f"Read bandwidth in the same run: {bandwidth['gb_per_s_best']:.1f} GB/s (x.sum() over 1 GiB, best; median {bandwidth['gb_per_s_median']:.1f}).\n\n{table}\n\n{legend}\n"
           + (f"\nFailed:\n{fails}\n" if fails else ""))
     print("\n" + md)
-    write_results(args.out, {"machine": machine_info(), "rounds": args.rounds, "rows": rows,
+    write_results(args.out, {"machine": machine_info(), "rounds": args.rounds, "rows": rows, "read_bandwidth": bandwidth,
                              "summary": summary, "failed": failed}, md)
 
 

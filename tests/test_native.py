@@ -15,8 +15,8 @@ from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
 
-# (out, in): whole pairs of 16-row panels and one panel left (96), whole pairs only (64), a partial
-# last panel after a pair (37), a single partial panel (5, 13); odd and small input widths.
+# (out, in): a group of four 16-row panels and two panels left (96), one group only (64), three
+# panels, the last partial (37), a single partial panel (5, 13); odd and small input widths.
 SHAPES = [(96, 1280), (64, 768), (37, 100), (5, 7), (13, 40)]
 
 

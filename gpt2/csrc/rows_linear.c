@@ -12,7 +12,8 @@
    for each row count. Here each panel is streamed from memory once, front to back, and serves
    every row: for each input k, its 16 weights (two 8-lane vectors) are multiplied by x[r][k] of
    each row r and added into that row's 16 outputs, kept in registers (up to 6 rows at a time;
-   more rows take more passes over the panel, from the cache).
+   more rows take more passes over the panel, from the cache; a decode step reads four panels at
+   once).
 
    Each output is one running sum over k = 0, 1, ..., in - 1 in that order, in its own lane, then
    the bias: no other row, no tiling and no thread count changes it. So a row's result is
@@ -64,28 +65,32 @@ static inline __attribute__((always_inline)) void NAME(                         
 PANEL_ROWS(panel_rows_f16, uint16_t, LOAD_F16)
 PANEL_ROWS(panel_rows_f32, float, LOAD_F32)
 
-/* One row against two neighbouring panels at once (a decode step): a single row's two running
-   sums per panel would wait on each other's additions, not on memory; two panels give four
-   independent sums. Each output's sum is the same as panel_rows' (same order over k). */
-#define PANEL_PAIR_ONE_ROW(NAME, WTYPE, LOAD)                                                     \
+/* One row against four neighbouring panels at once (a decode step): a single panel's two running
+   sums would wait on their own additions, not on memory; four panels give eight independent sums
+   and four streams of memory. Each output's sum is the same as panel_rows' (same order over k). */
+#define FOUR_PANELS_ONE_ROW(NAME, WTYPE, LOAD)                                                     \
 static inline void NAME(const WTYPE *panel, const float *x, int64_t in, float *y) {              \
-    __m256 a_lo = _mm256_setzero_ps(), a_hi = a_lo, b_lo = a_lo, b_hi = a_lo;                    \
-    const WTYPE *next = panel + in * PANEL;                                                      \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0; \
+    const WTYPE *pb = panel + in * PANEL, *pc = pb + in * PANEL, *pd = pc + in * PANEL;          \
     for (int64_t k = 0; k < in; k++) {                                                           \
         __m256 xk = _mm256_broadcast_ss(x + k);                                                  \
-        a_lo = _mm256_fmadd_ps(LOAD(panel + k * PANEL), xk, a_lo);                               \
-        a_hi = _mm256_fmadd_ps(LOAD(panel + k * PANEL + 8), xk, a_hi);                           \
-        b_lo = _mm256_fmadd_ps(LOAD(next + k * PANEL), xk, b_lo);                                \
-        b_hi = _mm256_fmadd_ps(LOAD(next + k * PANEL + 8), xk, b_hi);                            \
+        a0 = _mm256_fmadd_ps(LOAD(panel + k * PANEL), xk, a0);                                   \
+        a1 = _mm256_fmadd_ps(LOAD(panel + k * PANEL + 8), xk, a1);                               \
+        b0 = _mm256_fmadd_ps(LOAD(pb + k * PANEL), xk, b0);                                      \
+        b1 = _mm256_fmadd_ps(LOAD(pb + k * PANEL + 8), xk, b1);                                  \
+        c0 = _mm256_fmadd_ps(LOAD(pc + k * PANEL), xk, c0);                                      \
+        c1 = _mm256_fmadd_ps(LOAD(pc + k * PANEL + 8), xk, c1);                                  \
+        d0 = _mm256_fmadd_ps(LOAD(pd + k * PANEL), xk, d0);                                      \
+        d1 = _mm256_fmadd_ps(LOAD(pd + k * PANEL + 8), xk, d1);                                  \
     }                                                                                            \
-    _mm256_storeu_ps(y, a_lo);                                                                   \
-    _mm256_storeu_ps(y + 8, a_hi);                                                               \
-    _mm256_storeu_ps(y + 16, b_lo);                                                              \
-    _mm256_storeu_ps(y + 24, b_hi);                                                              \
+    _mm256_storeu_ps(y, a0); _mm256_storeu_ps(y + 8, a1);                                        \
+    _mm256_storeu_ps(y + 16, b0); _mm256_storeu_ps(y + 24, b1);                                  \
+    _mm256_storeu_ps(y + 32, c0); _mm256_storeu_ps(y + 40, c1);                                  \
+    _mm256_storeu_ps(y + 48, d0); _mm256_storeu_ps(y + 56, d1);                                  \
 }
 
-PANEL_PAIR_ONE_ROW(panel_pair_one_row_f16, uint16_t, LOAD_F16)
-PANEL_PAIR_ONE_ROW(panel_pair_one_row_f32, float, LOAD_F32)
+FOUR_PANELS_ONE_ROW(four_panels_one_row_f16, uint16_t, LOAD_F16)
+FOUR_PANELS_ONE_ROW(four_panels_one_row_f32, float, LOAD_F32)
 
 /* Panel p against every row, up to MAX_ROWS at a time through panel_rows (a constant R per call),
    plus the bias. */
@@ -115,25 +120,25 @@ static inline void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w
 ONE_PANEL(one_panel_f16, panel_rows_f16, uint16_t)
 ONE_PANEL(one_panel_f32, panel_rows_f32, float)
 
-/* The entry points. One row (a decode step): whole pairs of panels, then the one or two panels
-   left (the last one may be partial). Several rows: panel by panel. */
-#define ROWS_LINEAR(NAME, ONE_PANEL_FN, PAIR_FN, WTYPE)                                           \
+/* The entry points. One row (a decode step): whole groups of four panels, then the up to three
+   panels left (the last one may be partial). Several rows: panel by panel. */
+#define ROWS_LINEAR(NAME, ONE_PANEL_FN, FOUR_FN, WTYPE)                                           \
 void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,                 \
           const float *bias, float *y, int threads) {                                            \
     int64_t panels = (out + PANEL - 1) / PANEL;                                                  \
-    int64_t pairs = rows == 1 ? out / (2 * PANEL) : 0;                                           \
-    int64_t units = pairs + panels - 2 * pairs;                                                  \
+    int64_t fours = rows == 1 ? out / (4 * PANEL) : 0;                                           \
+    int64_t units = fours + panels - 4 * fours;                                                  \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
     for (int64_t u = 0; u < units; u++) {                                                        \
-        if (u < pairs) {                                                                         \
-            PAIR_FN(w + 2 * u * in * PANEL, x, in, y + 2 * u * PANEL);                           \
+        if (u < fours) {                                                                         \
+            FOUR_FN(w + 4 * u * in * PANEL, x, in, y + 4 * u * PANEL);                           \
             if (bias)                                                                            \
-                for (int64_t o = 2 * u * PANEL; o < (2 * u + 2) * PANEL; o++) y[o] += bias[o];   \
+                for (int64_t o = 4 * u * PANEL; o < (4 * u + 4) * PANEL; o++) y[o] += bias[o];   \
         } else {                                                                                 \
-            ONE_PANEL_FN(x, rows, in, w, out, bias, y, u + pairs);                               \
+            ONE_PANEL_FN(x, rows, in, w, out, bias, y, u + 3 * fours);                               \
         }                                                                                        \
     }                                                                                            \
 }
 
-ROWS_LINEAR(rows_linear_f16, one_panel_f16, panel_pair_one_row_f16, uint16_t)
-ROWS_LINEAR(rows_linear_f32, one_panel_f32, panel_pair_one_row_f32, float)
+ROWS_LINEAR(rows_linear_f16, one_panel_f16, four_panels_one_row_f16, uint16_t)
+ROWS_LINEAR(rows_linear_f32, one_panel_f32, four_panels_one_row_f32, float)
