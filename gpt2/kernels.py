@@ -452,8 +452,15 @@ def describe_choice(paths: list[tuple[float, str]]) -> str:
 
 def rows_what(fmt: str, shape, dtype: torch.dtype, paths: list[str]) -> dict:
     """What a kernel choice depends on besides the machine (its key in the cache)."""
-    return {"format": fmt, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
+    what = {"format": fmt, "shape": list(shape), "dtype": str(dtype).removeprefix("torch."),
             "paths": paths, "rows": list(ROW_COUNTS)}
+    return what | native_tag(paths)
+
+
+def native_tag(paths) -> dict:
+    """{"native": the C kernel's source hash} if our C kernel is among paths (an edited kernel is
+    measured again), else {}."""
+    return {"native": native.source_tag()} if any(p.startswith("native") for p in paths) else {}
 
 
 def rows_choice(fmt: str, shape: tuple, dtype: torch.dtype, paths: list[str], sample, int8=None
@@ -543,7 +550,9 @@ def fastest_format(config) -> tuple[str, str | None]:
     model under GPT2_MEASURE_KERNELS=0."""
     if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS or not measuring():
         return "float32", None  # layers this small cost per-call overhead, which no format cuts
-    what = {"n_embd": config.n_embd, "n_layer": config.n_layer, "formats": format_paths()}
+    formats = format_paths()
+    what = {"n_embd": config.n_embd, "n_layer": config.n_layer, "formats": formats}
+    what |= native_tag([p for paths in formats.values() for p in paths])
     (fmt, why), measured_now = kernel_cache.decide_once(
         "format", what, lambda: list(_measure_formats(config)),
         f'which weight format dtype="auto" loads for width {config.n_embd}')

@@ -46,6 +46,12 @@ def why_not() -> str | None:
     return None
 
 
+def source_tag() -> str:
+    """A short hash of the kernel's source: gpt2/kernels.py keeps it with every measured choice
+    that included this kernel, so an edited kernel is measured again."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
 def library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     tag = hashlib.sha256("\n".join([SOURCE.read_text(), *version, *FLAGS]).encode()).hexdigest()[:16]

@@ -105,3 +105,28 @@ def test_a_failing_compiler_gives_its_message(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="compiling rows_linear.c with .*cc failed:\ncc: error: this compiler is broken"):
         native.library()
     assert not (tmp_path / "cache" / "native").exists() or not any((tmp_path / "cache" / "native").glob("*.so"))
+
+
+def test_an_edited_c_kernel_is_measured_again(kernel_cache_file, monkeypatch):
+    """A kept kernel choice that included the C kernel holds its source's hash: the same source
+    reads the choice, an edited one (a git pull, a student's change) measures again."""
+    timed = []
+
+    def time_kernels(named, in_features, dtype, rows=kernels.ROW_COUNTS, repeats=5):
+        timed.append(sorted(named))
+        return {name: {m: 1.0 if name == "native-f32" else 2.0 for m in rows} for name in named}
+
+    monkeypatch.setattr(kernels, "time_kernels", time_kernels)
+    sample = lambda: [torch.ones(8, 16)]  # noqa: E731 (never timed: time_kernels is the fake)
+    paths = ["onednn", "native-f32"]
+
+    def choose():
+        monkeypatch.setattr(kernels.kernel_cache, "_KEPT", {})  # a new process: read the file again
+        return kernels.rows_choice("float32", (8, 16), torch.float32, paths, sample)[0]
+
+    assert choose() == [(16, "native-f32"), (math.inf, "onednn")] and len(timed) == 1
+    assert choose() == [(16, "native-f32"), (math.inf, "onednn")] and len(timed) == 1  # kept
+    monkeypatch.setattr(native, "source_tag", lambda: "edited")
+    choose()
+    assert len(timed) == 2
+    assert kernels.rows_what("float32", (8, 16), torch.float32, ["onednn", "mm"]).get("native") is None
