@@ -76,7 +76,7 @@ def timing_sample(shape, fmt: str, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def describe_what(what: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats"))
+    return ", ".join(f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats", "native"))
 
 
 def describe_value(kind: str, value) -> str:
