@@ -28,6 +28,13 @@
 
 #define PANEL 16
 #define MAX_ROWS 6
+/* Several rows: ask for the weights this far ahead of the ones in use. With the arithmetic of
+   several rows between two reads, the CPU's own prefetcher alone leaves the loop waiting on
+   memory and then memory waiting on the loop; asked ahead, the two overlap. (A decode step has
+   little arithmetic per read, and the CPU's prefetcher keeps up.) */
+#ifndef AHEAD_BYTES
+#define AHEAD_BYTES 8192
+#endif
 
 #define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define LOAD_F32(p) _mm256_loadu_ps(p)
@@ -56,6 +63,7 @@ static inline __attribute__((always_inline)) void NAME(                         
     __m256 lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5;                           \
     lo0 = hi0 = lo1 = hi1 = lo2 = hi2 = lo3 = hi3 = lo4 = hi4 = lo5 = hi5 = _mm256_setzero_ps(); \
     for (int64_t k = 0; k < in; k++) {                                                           \
+        _mm_prefetch((const char *)(panel + k * PANEL) + AHEAD_BYTES, _MM_HINT_T0);              \
         __m256 w_lo = LOAD(panel + k * PANEL), w_hi = LOAD(panel + k * PANEL + 8);               \
         ROW_STEP(0) ROW_STEP(1) ROW_STEP(2) ROW_STEP(3) ROW_STEP(4) ROW_STEP(5)                  \
     }                                                                                            \
