@@ -70,10 +70,9 @@ def library() -> ctypes.CDLL:
         if not path.exists():
             build(cc, path)
         lib = ctypes.CDLL(str(path))
-        for name, wtype in (("rows_linear_f16", ctypes.c_void_p), ("rows_linear_f32", ctypes.c_void_p)):
-            fn = getattr(lib, name)
+        for fn in (lib.rows_linear_f16, lib.rows_linear_f32):  # (x, rows, in, panels, out, bias, y, threads)
             fn.restype = None
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, wtype, ctypes.c_int64,
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         _LIBRARY = lib
     return _LIBRARY
