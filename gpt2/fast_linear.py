@@ -131,9 +131,9 @@ class NativeRowsLinear:
     """Our C kernel (gpt2/csrc/rows_linear.c, compiled on first use by gpt2/native.py): the weight
     copied into panels of 16 output rows, as float16 ("native-fp16": a float32 weight holding
     float16-rounded values, 2 bytes a weight) or float32 ("native-f32": a second float32 copy);
-    float32 math. Every dot product is summed in one
-    fixed order, so a row gives the same bits alone (a decode step) as among others (a
-    verification), unlike the library kernels, which run other code for other row counts."""
+    float32 math. Every output is one running sum in one fixed order, so a row gives the same bits
+    alone (a decode step) as among others (a verification), unlike the library kernels, which run
+    other code for other row counts."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.panels, self.out = native.pack_panels(weight.detach(), dtype), weight.shape[0]

@@ -176,8 +176,8 @@ def _try(path: str) -> str | None:
         return f"acting as {EMULATIONS['avx2']}"
     if path == "fbgemm-fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         return "this PyTorch build has no fbgemm (x86 only)"
-    if path.startswith("native") and native.why_not():
-        return native.why_not()
+    if path.startswith("native") and (reason := native.why_not()):
+        return reason
     g = torch.Generator().manual_seed(0)
     weight, bias, x = torch.randn(24, 64, generator=g), torch.randn(24, generator=g), torch.randn(3, 64, generator=g)
     dtype = torch.bfloat16 if path == "onednn-bf16" else torch.float32

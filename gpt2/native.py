@@ -31,8 +31,8 @@ _LIBRARY: ctypes.CDLL | None = None
 def compiler() -> str | None:
     """The C compiler to use: $CC, else cc or gcc on the PATH (None: there is none)."""
     for name in (os.environ.get("CC"), "cc", "gcc"):
-        if name and shutil.which(name):
-            return shutil.which(name)
+        if name and (found := shutil.which(name)):
+            return found
     return None
 
 
@@ -54,7 +54,7 @@ def source_tag() -> str:
 
 def library_path(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    tag = hashlib.sha256("\n".join([SOURCE.read_text(), *version, *FLAGS]).encode()).hexdigest()[:16]
+    tag = hashlib.sha256("\n".join([source_tag(), *version, *FLAGS]).encode()).hexdigest()[:16]
     return kernel_cache.cache_path().parent / "native" / f"rows_linear-{tag}.so"
 
 

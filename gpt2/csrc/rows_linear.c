@@ -143,7 +143,7 @@ void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,
             if (bias)                                                                            \
                 for (int64_t o = 4 * u * PANEL; o < (4 * u + 4) * PANEL; o++) y[o] += bias[o];   \
         } else {                                                                                 \
-            ONE_PANEL_FN(x, rows, in, w, out, bias, y, u + 3 * fours);                               \
+            ONE_PANEL_FN(x, rows, in, w, out, bias, y, u + 3 * fours);                           \
         }                                                                                        \
     }                                                                                            \
 }
