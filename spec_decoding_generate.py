@@ -141,7 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
                         help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
-                        help="the compiled decode path (gpt2/compiled.py, CPU): on, auto (only where "
+                        help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on, auto (only where "
                              "it measures faster here) or off (default)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")

@@ -89,12 +89,13 @@ def weight_bytes_per_token(model) -> int:
     return total - wpe.numel() * wpe.element_size() + wpe.shape[1] * wpe.element_size()
 
 
-def measure_read_bandwidth(gib: float = 1.0, repeats: int = 7) -> dict:
+def measure_read_bandwidth(gib: float = 1.0, repeats: int = 7, device=None) -> dict:
     """The machine's memory read bandwidth as PyTorch sees it: time x.sum() over a large fp32
-    tensor (far larger than any cache), with torch's default threads. Median of several runs."""
-    x = torch.ones(int(gib * 2**30) // 4)
+    tensor (far larger than any cache), with torch's default threads (device: a GPU's memory
+    instead). Median of several runs."""
+    x = torch.ones(int(gib * 2**30) // 4, device=device)
     x.sum()  # touch every page once
-    times = [timed(None, x.sum)[1] for _ in range(repeats)]
+    times = [timed(device, x.sum)[1] for _ in range(repeats)]
     nbytes = x.numel() * 4
     return {"bytes": nbytes, "seconds_median": median(times), "seconds_best": min(times),
             "gb_per_s_median": nbytes / median(times) / BYTES_PER_GB,
@@ -127,6 +128,7 @@ def machine_info() -> dict:
                    if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
+            "gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "load_average": os.getloadavg()}

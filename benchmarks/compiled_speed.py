@@ -3,6 +3,7 @@ and a 5-row verification, side by side, with the bandwidth floor.
 
     python -m benchmarks.compiled_speed --checkpoints /tmp/standins --out runs/compiled_speed
     python -m benchmarks.compiled_speed --quick      # gpt2-shaped, fp32 only, few rounds (smoke run)
+    python -m benchmarks.compiled_speed --device cuda --formats bf16 fp16   # on a CUDA GPU
 
 Loads a random stand-in of --target-model (gpt2-large by default; timings do not depend on the
 weight values) in each --formats format, one format at a time (a gpt2-large in four formats
@@ -13,8 +14,9 @@ CPU time (in brackets; steadier on a shared machine). A step is one new token on
 holding --context positions; a verification is 5 new tokens with the logits of all 5, as
 speculative decoding needs them. Medians over --rounds.
 
-The floor is the step's weight bytes / read bandwidth (x.sum() over 1 GiB, measured here): what a
-step costs if it only read its weights at the speed the machine reads memory.
+The floor is the step's weight bytes / read bandwidth (x.sum() over 1 GiB, measured here, on the
+device that decodes): what a step costs if it only read its weights at the speed the machine reads
+memory. On a GPU the CPU time in brackets is the host's: the Python that launches the kernels.
 """
 
 import argparse
@@ -26,33 +28,35 @@ import torch
 
 from gpt2 import load_gpt2
 from gpt2.compiled import CompiledDecode, eager
+from gpt2.device import resolve_device
 
 from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_checkpoint, timed, write_results)
 from .weight_formats import FORMATS, format_bytes
 
 VERIFY_ROWS = 5
+GPU_FORMATS = {"fp32", "bf16", "fp16"}  # weight formats a GPU computes in directly
 
 
 @torch.inference_mode()
-def forward_seconds(model, cache, context_len, tokens) -> tuple[float, float]:
+def forward_seconds(model, cache, context_len, tokens, device=None) -> tuple[float, float]:
     """(wall, CPU) seconds of one forward of len(tokens) new tokens with the logits of all of
     them; rolls back. CPU time is this process's, all threads: on a machine shared with other
     work it counts only what this forward ran (but waiting threads that spin count too)."""
     cpu = time.process_time()
-    _, seconds = timed(None, model, torch.tensor([tokens]), cache, len(tokens))
+    _, seconds = timed(device, model, torch.tensor([tokens], device=device), cache, len(tokens))
     cpu = time.process_time() - cpu
     cache.truncate(context_len)
     return seconds, cpu
 
 
 @torch.inference_mode()
-def measure_format(folder, fmt: str, context: int, rounds: int) -> dict:
-    model = load_gpt2(folder, **FORMATS[fmt])
+def measure_format(folder, fmt: str, context: int, rounds: int, device=None) -> dict:
+    model = load_gpt2(folder, device=device, **FORMATS[fmt])
     compiled = CompiledDecode(model)
     prompt, new = random_prompt(context, seed=0), random_prompt(VERIFY_ROWS, seed=1)
     cache = model.new_kv_cache(max_len=context + VERIFY_ROWS)
-    model(torch.tensor([prompt]), cache, 1)
+    model(torch.tensor([prompt], device=device), cache, 1)
     times = {f"{path}_{name}{kind}": [] for path in ("eager", "compiled") for name in ("step", "verify")
              for kind in ("", "_cpu")}
     for r in range(rounds + 1):  # the first round warms up (and compiles)
@@ -60,8 +64,8 @@ def measure_format(folder, fmt: str, context: int, rounds: int) -> dict:
             eager(model)
             if path == "compiled":
                 model.forward = compiled
-            step = forward_seconds(model, cache, context, new[:1])
-            verify = forward_seconds(model, cache, context, new)
+            step = forward_seconds(model, cache, context, new[:1], device)
+            verify = forward_seconds(model, cache, context, new, device)
             if r:
                 for name, (wall, cpu) in (("step", step), ("verify", verify)):
                     times[f"{path}_{name}"].append(wall)
@@ -85,14 +89,20 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=160, help="cached positions for the timings")
     p.add_argument("--rounds", type=int, default=10, help="timed rounds per format")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where to decode (cuda: give --formats bf16 fp16 fp32)")
     add_output_options(p, "compiled_speed", "gpt2-shaped, fp32 only, 3 rounds")
     args = p.parse_args(argv)
     if args.quick:
         args.target_model, args.formats, args.rounds = "gpt2", ["fp32"], 3
     torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    if device.type == "cuda" and set(args.formats) - GPU_FORMATS:
+        p.error(f"--formats {' '.join(sorted(set(args.formats) - GPU_FORMATS))}: on a GPU, use "
+                f"{', '.join(sorted(GPU_FORMATS))} (the others are CPU kernels' formats)")
     folder = standin_checkpoint(args.target_model, args.checkpoints)
-    results = {fmt: measure_format(folder, fmt, args.context, args.rounds) for fmt in args.formats}
-    bandwidth = measure_read_bandwidth()
+    results = {fmt: measure_format(folder, fmt, args.context, args.rounds, device) for fmt in args.formats}
+    bandwidth = measure_read_bandwidth(device=device)
     gbs = bandwidth["gb_per_s_median"]
     rows = []
     for fmt, r in results.items():
@@ -109,7 +119,8 @@ def main(argv=None):
     table = markdown_table(["format", "eager step ms (CPU ms)", "compiled step ms (CPU ms)", "compiled / eager",
                             "eager verify-5 / step", "compiled verify-5 / step", "floor ms",
                             "floor / best step", "compile s"], rows)
-    md = (f"{args.target_model}-shaped random stand-in, {args.threads} threads, context "
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} threads"
+    md = (f"{args.target_model}-shaped random stand-in, {where}, context "
           f"{args.context}, {args.rounds} rounds per format (eager and compiled in turns; formats "
           f"one after another), medians. Read bandwidth {gbs:.1f} GB/s (x.sum() over 1 GiB).\n\n"
           f"{table}\n")

@@ -6,8 +6,9 @@ measured faster on this machine.
 Why: a decode step of GPT-2 is four large matrix products per block (which read the weights: the
 step's floor) and some fifteen small operations per block (LayerNorms, a GELU, residual adds,
 reshapes, the cache writes, attention), each dispatched from Python. PyTorch's inductor turns the
-small ones into a few fused C++/OpenMP loops per block; the matrix products stay on the kernels
-gpt2.kernels chose (a custom op calls them, so the compiler sees an opaque call).
+small ones into a few fused C++/OpenMP loops per block on a CPU, a few Triton kernels on a CUDA
+GPU; the matrix products stay on the kernels gpt2.kernels chose (a custom op calls them, so the
+compiler sees an opaque call).
 
 What is compiled: one block, `block_step` below, the same function for every block of the model
 (the blocks' weights are inputs of the compiled graph, not constants: one compile serves all
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_cache, kernels
+from .device import synchronize
 from .kv_cache import KVCache
 
 def separate_compile_cache() -> str:
@@ -112,7 +114,7 @@ class CompiledDecode:
     def serves(self, idx, cache) -> bool:
         model = self.model
         return (type(cache) is KVCache and isinstance(idx, torch.Tensor) and idx.dim() == 2
-                and 1 <= idx.shape[1] <= MAX_ROWS and model.wte.weight.device.type == "cpu"
+                and 1 <= idx.shape[1] <= MAX_ROWS and model.wte.weight.device.type in DEVICES
                 and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
                 and not model.training and self.failed is None)
 
@@ -126,15 +128,15 @@ class CompiledDecode:
         model = self.model
         start = cache.length
         model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
-        T = idx.shape[1]
-        slots = torch.arange(start, start + T)  # where the new keys go
+        T, device = idx.shape[1], idx.device
+        slots = torch.arange(start, start + T, device=device)  # where the new keys go
         if positions is None:
             positions = slots
-        key_slots = torch.arange(cache.max_len)
+        key_slots = torch.arange(cache.max_len, device=device)
         if attn_mask is None:  # causal: cached slots, then each new token up to its own
             full_mask = key_slots[None, :] <= slots[:, None]
         else:  # the caller's mask over [0, start + T); the slots after it are not written yet
-            full_mask = torch.zeros(T, cache.max_len, dtype=torch.bool)
+            full_mask = torch.zeros(T, cache.max_len, dtype=torch.bool, device=device)
             full_mask[:, :start + T] = attn_mask
         x = model.wte(idx) + model.wpe(positions)
         # Sizes that change from call to call are marked dynamic up front, so that they never
@@ -170,6 +172,9 @@ class CompiledDecode:
         return (logits, features) if return_features else logits
 
 COMPILE_CHOICES = (False, True, "auto")
+# Where the compiled path runs: inductor writes C++/OpenMP loops for a CPU, Triton kernels for a
+# CUDA GPU (Apple's MPS stays eager).
+DEVICES = ("cpu", "cuda")
 COMPILE_FLAGS = {"off": False, "on": True, "auto": "auto"}  # the scripts' --compile
 # compile="auto" takes the compiled path only where it is faster than eager by this fraction: a
 # closer result is timing noise, and eager is what the learner reads.
@@ -182,10 +187,12 @@ def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 def compile_decode(model):
-    """Give `model` (a CPU GPT2, inference) the compiled decode path; returns the model. Idempotent."""
+    """Give `model` (a GPT2 on a CPU or a CUDA GPU, inference) the compiled decode path; returns
+    the model. Idempotent."""
     device = model.wte.weight.device.type
-    if device != "cpu":
-        print(f"note: the compiled decode path is for CPUs; this model on {device} stays eager", file=sys.stderr)
+    if device not in DEVICES:
+        print(f"note: the compiled decode path is for CPUs and CUDA GPUs; this model on {device} "
+              f"stays eager", file=sys.stderr)
         return model
     if not is_compiled(model):
         model.forward = CompiledDecode(model)
@@ -206,10 +213,12 @@ def choose_compiled(model) -> tuple[bool, str]:
     (gpt2/kernel_cache.py; `python -m gpt2.kernel_report --remeasure` forgets it). The model is
     left with the path chosen."""
     c, w = model.config, model.wte.weight
-    if w.device.type != "cpu":
-        return False, f"the compiled decode path is for CPUs (this model is on {w.device.type})"
+    if w.device.type not in DEVICES:
+        return False, f"the compiled decode path is for CPUs and CUDA GPUs (this model is on {w.device.type})"
     what = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
             "dtype": str(w.dtype).removeprefix("torch."), "quantize": getattr(model, "quantize", None)}
+    if w.device.type == "cuda":  # a GPU's choice is its own (the CPU's entries keep their keys)
+        what["device"] = torch.cuda.get_device_name(w.device)
     (use, why), measured_now = kernel_cache.decide_once(
         "compiled", what, lambda: list(_measure(model)),
         f"whether the compiled decode path is faster for this {c.n_layer}-block width-{c.n_embd} model")
@@ -247,13 +256,16 @@ def time_decode(model, context: int = AUTO_CONTEXT) -> tuple[float, float]:
     """Seconds of one 1-row step and one 5-row verification on a cache holding `context`
     positions (random tokens: the time does not depend on them)."""
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + 5), generator=g)
+    device = model.wte.weight.device
+    ids = torch.randint(0, model.config.vocab_size, (1, context + 5), generator=g).to(device)
     cache = model.new_kv_cache(max_len=context + 5)
     model(ids[:, :context], cache)
     seconds = []
     for rows in (1, 5):
         cache.truncate(context)
+        synchronize(device)
         t0 = time.perf_counter()
         model(ids[:, context:context + rows], cache, num_last_logits=rows)
+        synchronize(device)  # a GPU returns before its work is done
         seconds.append(time.perf_counter() - t0)
     return seconds[0], seconds[1]

@@ -88,7 +88,7 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32.
     kernels=False: the plain face, every linear layer on F.linear as gpt2/model.py reads (dtype
     "auto" is then float32); True attaches gpt2/kernels.py's (unless GPT2_FAST_LINEAR=0).
-    compile: True gives the model the compiled decode path (gpt2.compiled; CPU), "auto" only where
+    compile: True gives the model the compiled decode path (gpt2.compiled; CPU or CUDA), "auto" only where
     it measures faster here (one line says which and why), False (default) keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
     if compile not in COMPILE_CHOICES:

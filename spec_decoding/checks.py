@@ -179,7 +179,8 @@ def check_lossless(generate_fn, target, prompt: list[int], n_tokens: int = 3,
     p < 1e-6 (tests/test_bug_zoo.py shows which bugs it catches with how many samples)."""
     settings = dict(temperature=1.0) if settings is None else dict(settings)
     exact = exact_distribution(target, prompt, n_tokens, settings)
-    g = torch.Generator().manual_seed(seed)
+    # on the target's device: a GPU's sampling draws from a GPU generator
+    g = torch.Generator(device=target.wte.weight.device).manual_seed(seed)
     drawn = [_tokens_of(generate_fn(prompt, n_tokens, generator=g, **settings)) for _ in range(samples)]
     return check_samples(drawn, exact, seed, threshold)
 

@@ -1,0 +1,98 @@
+"""The suite's central claims again on a CUDA GPU (every test here skips on a machine without one;
+CI has none, a lent GPU machine runs them: docs/performance.md, "On a GPU").
+
+- The model on the GPU computes what it computes on the CPU (float32 logits, up to rounding).
+- Greedy speculative decoding gives the target's own greedy tokens, in float32.
+- Speculative sampling on the GPU, drawing from a GPU generator, follows the target's exact
+  distribution (chi-square against exact enumeration), and the same test rejects the draft.
+- The compiled decode path (Triton kernels on a GPU) gives eager's logits and greedy tokens.
+- bfloat16, the format `auto` picks on a GPU, stays within bfloat16's rounding of float32.
+"""
+
+from functools import partial
+
+import pytest
+import torch
+from conftest import TINY, TINY_VOCAB
+
+from gpt2 import load_gpt2
+from gpt2.compiled import compile_decode, eager, is_compiled
+from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding.checks import check_lossless
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPT = [5, 17, 3, 99, 42]
+
+
+def logits_of(model, prompt, chunks, max_len=40):
+    """Logits of the prompt, then of each chunk of new tokens, on one KV cache (on the CPU)."""
+    device = model.wte.weight.device
+    cache = model.new_kv_cache(max_len=max_len)
+    out = [model(torch.tensor([prompt], device=device), cache)]
+    out += [model(torch.tensor([chunk], device=device), cache) for chunk in chunks]
+    return [o.float().cpu() for o in out]
+
+
+CHUNKS = [[7], [1, 2, 3, 4, 5], [9], [11, 12]]  # a step, a verification, a step, a verification
+
+
+@torch.inference_mode()
+def test_gpu_logits_equal_cpu_logits_in_float32(pair_dirs):
+    cpu = logits_of(load_gpt2(pair_dirs[0], dtype="float32"), PROMPT, CHUNKS)
+    gpu = logits_of(load_gpt2(pair_dirs[0], device="cuda", dtype="float32"), PROMPT, CHUNKS)
+    for c, g in zip(cpu, gpu):
+        torch.testing.assert_close(g, c, atol=1e-4, rtol=0)
+
+
+def test_greedy_speculative_equals_target_greedy_on_gpu(pair_dirs):
+    target = load_gpt2(pair_dirs[0], device="cuda", dtype="float32")
+    draft = load_gpt2(pair_dirs[1], device="cuda", dtype="float32")
+    expected = autoregressive_generate(target, PROMPT, 40).tokens
+    for gamma in (1, 3, 6):
+        result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma=gamma)
+        assert result.tokens == expected, f"gamma={gamma}"
+    assert result.stats.target_calls < 40  # it did speculate: fewer target calls than tokens
+
+
+def test_speculative_sampling_on_gpu_follows_the_target(make_checkpoint):
+    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3), device="cuda")
+    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3), device="cuda")
+    settings, prompt = dict(temperature=1.0), [1, 2, 3]
+    result = check_lossless(partial(speculative_sampling, target, draft, gamma=2), target, prompt, 3,
+                            settings, samples=4000, seed=0)
+    assert result.passed and result.p_value > 1e-3, result.message
+    # Power: the draft's own samples are told apart.
+    draft_result = check_lossless(partial(autoregressive_generate, draft), target, prompt, 3, settings,
+                                  samples=2000, seed=1)
+    assert not draft_result.passed and draft_result.p_value < 1e-6, draft_result.message
+
+
+@torch.inference_mode()
+def test_compiled_decode_on_gpu_equals_eager(make_checkpoint):
+    one_layer = TINY.with_(n_layer=1)
+    model = load_gpt2(make_checkpoint(one_layer, seed=3, std=0.3, embedding_std=1.0), device="cuda",
+                      dtype="float32")
+    prompt = [5, 17, 3, 99, 42]
+    expected = logits_of(eager(model), prompt, CHUNKS)
+    got = logits_of(compile_decode(model), prompt, CHUNKS)
+    assert is_compiled(model)
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=2e-5, rtol=0)
+    draft = load_gpt2(make_checkpoint(one_layer, seed=4, std=0.3, embedding_std=1.0), device="cuda",
+                      dtype="float32")
+    plain = autoregressive_generate(eager(model), prompt, 30).tokens
+    compile_decode(model)
+    assert autoregressive_generate(model, prompt, 30).tokens == plain
+    assert speculative_sampling_greedy(model, compile_decode(draft), prompt, 30, gamma=4).tokens == plain
+    eager(model)
+
+
+@torch.inference_mode()
+def test_bfloat16_on_gpu_stays_within_its_rounding(pair_dirs):
+    assert load_gpt2(pair_dirs[0], device="cuda").wte.weight.dtype == torch.bfloat16  # what auto picks
+    full = logits_of(load_gpt2(pair_dirs[0], device="cuda", dtype="float32"), PROMPT, CHUNKS)
+    half = logits_of(load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16"), PROMPT, CHUNKS)
+    for f, h in zip(full, half):
+        # bfloat16 keeps 8 bits of mantissa: a few parts in a thousand per product, summed
+        torch.testing.assert_close(h, f, atol=0.05 * f.abs().max().item(), rtol=0.05)
