@@ -144,6 +144,23 @@ class NativeRowsLinear:
                                   None if bias is None else bias.detach().float().contiguous())
 
 
+class NativeInt8Linear:
+    """Our C kernel on int8 weights ("native-int8"): q copied into panels of 16 output rows (1 byte a
+    weight), computing Int8Weight's numbers (x rounded to bfloat16, float32 sums of q * x, times
+    the bfloat16 scale, rounded to bfloat16, then the bias), with NativeRowsLinear's property: a
+    row gives the same bits alone as among others."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
+        self.panels, self.out = native.pack_panels(q, torch.int8), q.shape[0]
+        self.scale = scale.to(dtype).float().contiguous()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] -> [..., out] in x's dtype."""
+        y = native.rows_linear(x.float(), self.panels, self.out,
+                               None if bias is None else bias.detach().float().contiguous(), self.scale)
+        return y.to(x.dtype)
+
+
 class Int8Weight:
     """Weight-only int8: y = (x @ q.T) * scale + bias, computed by torch._weight_int8pack_mm."""
 

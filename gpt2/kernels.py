@@ -89,11 +89,13 @@ PATHS = {
     "native-f32": "our C kernel (gpt2/csrc/rows_linear.c), float32 weights, reads each weight once for all rows",
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
     "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
+    "native-int8": "our C kernel (gpt2/csrc/rows_linear.c), int8 weights: int8pack's numbers, reads each weight once for all rows",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
 # fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every
 # layer at once (PackedOnFirstCall).
-PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16", "native-fp16", "native-f32")
+PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16", "native-fp16", "native-f32",
+                "native-int8")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
     "mm": fast_linear.TransposedMM,
@@ -117,10 +119,12 @@ CANDIDATES = {
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
     "fp16": ("fbgemm-fp16", "native-fp16", "onednn", "mm", "linear"),
-    "int8": ("int8pack", "int8-bf16"),
+    "int8": ("int8pack", "int8-bf16", "native-int8"),
 }
 # The paths built from int8 weights' (q, scale).
 INT8_PATHS = CANDIDATES["int8"]
+INT8_KERNELS = {"int8pack": fast_linear.Int8Weight, "int8-bf16": fast_linear.Int8AsBF16,
+                "native-int8": fast_linear.NativeInt8Linear}
 # Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize).
 # "int8": weight-only int8 in a float32 model (its layers round their inputs to bfloat16).
 AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
@@ -197,8 +201,7 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
     """The kernel of `path` for one weight [out, in]. int8: (q, scale) for INT8_PATHS (default:
     quantized from the weight)."""
     if path in INT8_PATHS:
-        kernel = fast_linear.Int8Weight if path == "int8pack" else fast_linear.Int8AsBF16
-        return kernel(*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
+        return INT8_KERNELS[path](*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
     return KERNELS[path](weight)
 
 

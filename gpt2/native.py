@@ -70,10 +70,11 @@ def library() -> ctypes.CDLL:
         if not path.exists():
             build(cc, path)
         lib = ctypes.CDLL(str(path))
-        for fn in (lib.rows_linear_f16, lib.rows_linear_f32):  # (x, rows, in, panels, out, bias, y, threads)
+        # (x, rows, in, panels, out, scale, bias, y, x_rounded, threads)
+        for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8):
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         _LIBRARY = lib
     return _LIBRARY
 
@@ -105,15 +106,21 @@ def pack_panels(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return padded.view(panels, PANEL, inputs).transpose(1, 2).contiguous()
 
 
-def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16
-    or float32) and W has `out` rows; bias [out] float32 contiguous. On PyTorch's number of
-    threads. (Written for a call's few microseconds: it runs once per linear layer per step.)"""
+def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
+    float32 or int8) and W has `out` rows; bias [out] float32 contiguous. int8 panels hold q, and
+    W = q * scale [out] (float32 contiguous): then x is rounded to bfloat16 and so is each product
+    before the bias (the library's int8 arithmetic). On PyTorch's number of threads. (Written for
+    a call's few microseconds: it runs once per linear layer per step.)"""
     x = x if x.is_contiguous() else x.contiguous()
     inputs = panels.shape[1]
     y = x.new_empty(x.shape[:-1] + (out,))
     lib = _LIBRARY or library()
-    fn = lib.rows_linear_f16 if panels.dtype == torch.float16 else lib.rows_linear_f32
+    fn = {torch.float16: lib.rows_linear_f16, torch.float32: lib.rows_linear_f32,
+          torch.int8: lib.rows_linear_i8}[panels.dtype]
+    x_rounded = None if scale is None else torch.empty_like(x)  # x in bfloat16's values
     fn(x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
-       None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+       None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(),
+       y.data_ptr(), None if x_rounded is None else x_rounded.data_ptr(), torch.get_num_threads())
     return y

@@ -34,7 +34,8 @@ def benchmark_run(text_pair_dirs, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "out"
     pair = ("--draft", draft_dir, "--target", target_dir)
     proc = run_benchmark(*pair, "--gammas", *GAMMAS, "--max-gens", *MAX_GENS,
-                         "--temperatures", *TEMPERATURES, "--repeats", 1, "--threads", 1, "--out", out)
+                         "--temperatures", *TEMPERATURES, "--repeats", 1, "--threads", 1, "--out", out,
+                         "--device", "cpu")  # the CPU's formats (a GPU machine's auto is cuda)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc, pair
 

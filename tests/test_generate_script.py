@@ -210,7 +210,8 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
               draft=describe_model(load_gpt2(draft, dtype="float32")), draft_step_s=1e-4,
               target_score_s=[1e-3 * (1 + 0.1 * k) for k in range(9)]).save(costs)
     argv = ["--target", target, "--draft", draft, "--dtype", "float32", "--prompt", PROMPT, "--max-gen", 40,
-            "--gamma", "auto", "--temperature", 1, "--top-k", 3, "--seed", 3, "--cost-model", costs, "--json"]
+            "--gamma", "auto", "--temperature", 1, "--top-k", 3, "--seed", 3, "--cost-model", costs, "--json",
+            "--device", "cpu"]  # where the cost model was made (a GPU machine's auto is cuda)
     reports = []
     for target_delay, draft_delay in ((0.02, 0.0), (0.0, 0.02)):
         propose, target_forward = ModelDrafter.propose, spec_decoding.speculative.target_forward
@@ -455,11 +456,11 @@ def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys, mon
     from gpt2.device import dtype_note
     monkeypatch.setattr(gpt2.device, "_NOTES_SHOWN", set())  # said once per process: this one fresh
     target, draft = text_pair_dirs
-    argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 3, "--json"]
+    argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 3, "--json", "--device", "cpu"]
     code, out, err = run_main(argv, capsys)  # --dtype auto, the default: float32 on a CPU
     assert code == 0, err
     assert json.loads(out)["settings"]["dtype"] == "float32" and "note:" not in err
-    code, out, err = run_main([*argv, "--dtype", "bfloat16", "--device", "cpu"], capsys)
+    code, out, err = run_main([*argv, "--dtype", "bfloat16"], capsys)
     assert code == 0, err
     assert json.loads(out)["settings"]["dtype"] == "bfloat16"
     notes = [line for line in err.splitlines() if line.startswith("note: bfloat16")]
@@ -515,7 +516,7 @@ def test_weight_formats_on_the_command_line(text_pair_dirs, capsys):
     (same-format) target's own, and an impossible combination is a one-line error."""
     target, draft = text_pair_dirs
     argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 8,
-            "--temperature", 0, "--compare-baseline", "--json"]
+            "--temperature", 0, "--compare-baseline", "--json", "--device", "cpu"]  # CPU weight formats
     code, out, err = run_main([*argv, "--quantize", "fp16", "--draft-quantize", "int8"], capsys)
     assert code == 0, err
     assert json.loads(out)["identical_to_baseline"] is True

@@ -1,7 +1,7 @@
 """Our C kernel (gpt2/csrc/rows_linear.c through gpt2/native.py): x @ W.T + bias against float64
-on float16 and float32 weights, at shapes that leave every tail of its loops some work; a row's
-result the same bits alone as among others (what a verification and a decode step must share);
-and a clear line where it cannot be built or run."""
+on float16, float32 and int8 weights, at shapes that leave every tail of its loops some work; int8
+computing the library's int8 numbers; a row's result the same bits alone as among others (what a
+verification and a decode step must share); and a clear line where it cannot be built or run."""
 
 import math
 
@@ -10,7 +10,7 @@ import torch
 
 import gpt2.kernels as kernels
 from gpt2 import load_gpt2, native
-from gpt2.fast_linear import NativeRowsLinear
+from gpt2.fast_linear import Int8Weight, NativeInt8Linear, NativeRowsLinear, int8_per_channel
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
@@ -38,6 +38,45 @@ def test_the_c_kernel_computes_x_times_w_transposed_plus_bias(out, inp, dtype):
             assert (y.double() - reference).abs().max() <= 1e-6 * inp ** 0.5 * reference.abs().max(), (rows, bias is None)
 
 
+def bfloat16_values(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).double()
+
+
+@needs_native
+@pytest.mark.parametrize("out,inp", SHAPES)
+def test_int8_computes_the_library_int8_arithmetic(out, inp):
+    """int8 weights q with a scale per output: x rounded to bfloat16, the sum of q * x, times the
+    bfloat16 scale, rounded to bfloat16, plus the bias. Against that in float64: the kernel's
+    float32 sum can land across a bfloat16 rounding boundary only rarely, and then one step away."""
+    g = torch.Generator().manual_seed(out * inp)
+    w, b = torch.randn(out, inp, generator=g), torch.randn(out, generator=g)
+    q, scale = int8_per_channel(w)
+    kernel = NativeInt8Linear(q, scale)
+    for rows in (1, 2, 5, 9):
+        x = torch.randn(rows, inp, generator=g)
+        for bias in (b, None):
+            y = kernel(x, bias)
+            assert y.shape == (rows, out) and y.dtype == torch.float32
+            sums = bfloat16_values(x) @ q.double().T * bfloat16_values(scale)
+            reference = (bfloat16_values(sums).float() + (0 if bias is None else bias)).double()  # float32 add
+            error = (y.double() - reference).abs()
+            assert error.max() <= 2 ** -7 * sums.abs().max(), (rows, bias is None)
+            assert (error == 0).double().mean() >= 0.95, (rows, bias is None)
+
+
+@needs_native
+def test_int8_equals_the_library_int8_kernel_at_a_gpt2_shape():
+    """The same function as Int8Weight (torch._weight_int8pack_mm), the int8 format's default path:
+    its outputs differ at most by the order of the float32 sums, one bfloat16 step now and then."""
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(256, 1280, generator=g) * 0.02, torch.randn(256, generator=g)
+    q, scale = int8_per_channel(w)
+    x = torch.randn(5, 1280, generator=g)
+    ours, library = NativeInt8Linear(q, scale)(x, b), Int8Weight(q, scale)(x, b)
+    step = 2 ** -7 * (ours - b).abs().max()
+    assert (ours - library).abs().max() <= step and (ours == library).double().mean() >= 0.95
+
+
 @needs_native
 def test_the_c_kernel_reaches_every_input_and_every_output():
     """The last input and the last outputs (in a partial panel) count: a weight whose only non-zero
@@ -51,14 +90,14 @@ def test_the_c_kernel_reaches_every_input_and_every_output():
 
 
 @needs_native
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
 def test_a_row_gives_the_same_bits_alone_as_among_others(dtype):
     """A decode step runs one row, a verification of gamma tokens gamma + 1: on this kernel the
     same row gives the same bits either way (each dot product is summed in one order), so greedy
     speculative decoding on it cannot part from plain greedy decoding through the linear layers."""
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(200, 1280, generator=g), torch.randn(200, generator=g)
-    kernel = NativeRowsLinear(w, dtype)
+    kernel = NativeInt8Linear(*int8_per_channel(w)) if dtype == torch.int8 else NativeRowsLinear(w, dtype)
     for rows in (2, 3, 5, 6, 7, 9, 16):
         x = torch.randn(rows, 1280, generator=g)
         together = kernel(x, b)
@@ -67,17 +106,16 @@ def test_a_row_gives_the_same_bits_alone_as_among_others(dtype):
 
 
 @needs_native
-def test_greedy_speculative_equals_plain_greedy_in_float16_weights_on_the_c_kernel(text_pair_dirs, monkeypatch):
-    """float16 weights, every linear layer on the C kernel for every row count: the speculative
-    output is the target's own greedy output, token for token."""
-    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the choice too
+@pytest.mark.parametrize("fmt", ["fp16", "int8"])
+def test_greedy_speculative_equals_plain_greedy_on_the_c_kernel(text_pair_dirs, monkeypatch, fmt):
+    """float16 or int8 weights, every linear layer on the C kernel for every row count: the
+    speculative output is the target's own greedy output, token for token."""
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the kernel too
+    monkeypatch.setitem(kernels.CANDIDATES, fmt, (f"native-{fmt}",))  # the only path of the format
     target_dir, draft_dir = text_pair_dirs
-    target, draft = load_gpt2(target_dir, quantize="fp16"), load_gpt2(draft_dir, quantize="fp16")
-    choice = [(math.inf, "native-fp16")]
+    target, draft = load_gpt2(target_dir, quantize=fmt), load_gpt2(draft_dir, quantize=fmt)
     for model in (target, draft):
-        kernels.detach_kernels(model)
-        kernels.attach_kernels(model, fp16=True, choose=lambda *a: choice)
-        assert {tuple(k.kernel.paths()) for k in kernels.attached(model)} == {tuple(choice)}
+        assert {tuple(k.kernel.paths()) for k in kernels.attached(model)} == {((math.inf, f"native-{fmt}"),)}
     prompt = list(range(100, 120))
     ar = autoregressive_generate(target, prompt, 40).tokens
     assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == ar

@@ -1,8 +1,13 @@
 /* A linear layer for a few rows, in AVX2 (with FMA and F16C): y = x @ W.T + bias.
 
    x [rows, in] float32, bias [out] float32 (or NULL), y [rows, out] float32. The weight W [out, in]
-   (float16 or float32) comes packed in panels of 16 output rows: panel p holds W[16p : 16p + 16, :]
-   transposed, [in][16] (gpt2/native.py's pack_panels; the last panel padded with zeros).
+   (float16, float32 or int8) comes packed in panels of 16 output rows: panel p holds
+   W[16p : 16p + 16, :] transposed, [in][16] (gpt2/native.py's pack_panels; the last panel padded
+   with zeros).
+
+   int8 weights are per-channel: W = q * scale[out]. They compute what the library's int8 kernels
+   compute (gpt2/fast_linear.py's Int8Weight): x rounded to bfloat16, a float32 sum of q * x, times
+   the channel's scale (a bfloat16 value), the result rounded to bfloat16, then the bias.
    gpt2/native.py compiles this file with the machine's C compiler and calls it through ctypes;
    gpt2/fast_linear.py's NativeRowsLinear is the Python side.
 
@@ -38,6 +43,15 @@
 
 #define LOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define LOAD_F32(p) _mm256_loadu_ps(p)
+/* 8 int8 weights as 8 floats (exact: integers up to 127) */
+#define LOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+
+/* float32 -> the nearest bfloat16 (ties to even), kept as a float32: PyTorch's rounding. */
+static inline float round_to_bfloat16(float v) {
+    union { float f; uint32_t u; } b = {v};
+    b.u = (b.u + 0x7FFF + ((b.u >> 16) & 1)) & 0xFFFF0000u;
+    return b.f;
+}
 
 /* One panel (weights [in][16]) against R input rows (x, `in` apart), R <= MAX_ROWS, into
    y[r * out + n] for the panel's `width` real outputs n. Called with a constant R, so the
@@ -72,6 +86,7 @@ static inline __attribute__((always_inline)) void NAME(                         
 
 PANEL_ROWS(panel_rows_f16, uint16_t, LOAD_F16)
 PANEL_ROWS(panel_rows_f32, float, LOAD_F32)
+PANEL_ROWS(panel_rows_i8, int8_t, LOAD_I8)
 
 /* One row against four neighbouring panels at once (a decode step): a single panel's two running
    sums would wait on their own additions, not on memory; four panels give eight independent sums
@@ -99,12 +114,22 @@ static inline void NAME(const WTYPE *panel, const float *x, int64_t in, float *y
 
 FOUR_PANELS_ONE_ROW(four_panels_one_row_f16, uint16_t, LOAD_F16)
 FOUR_PANELS_ONE_ROW(four_panels_one_row_f32, float, LOAD_F32)
+FOUR_PANELS_ONE_ROW(four_panels_one_row_i8, int8_t, LOAD_I8)
+
+/* Outputs o0 .. o1 - 1 of one row, once their sums are done: int8's scale and rounding (scale
+   NULL: none), then the bias (NULL: none). */
+static inline void finish(float *y, const float *scale, const float *bias, int64_t o0, int64_t o1) {
+    if (scale)
+        for (int64_t o = o0; o < o1; o++) y[o] = round_to_bfloat16(y[o] * scale[o]);
+    if (bias)
+        for (int64_t o = o0; o < o1; o++) y[o] += bias[o];
+}
 
 /* Panel p against every row, up to MAX_ROWS at a time through panel_rows (a constant R per call),
-   plus the bias. */
+   then finish. */
 #define ONE_PANEL(NAME, PANEL_ROWS_FN, WTYPE)                                                     \
 static inline void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,   \
-                        const float *bias, float *y, int64_t p) {                                \
+                        const float *scale, const float *bias, float *y, int64_t p) {            \
     const WTYPE *panel = w + p * in * PANEL;                                                     \
     int64_t o = p * PANEL;                                                                       \
     int width = out - o < PANEL ? (int)(out - o) : PANEL;                                        \
@@ -120,19 +145,24 @@ static inline void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w
             default: PANEL_ROWS_FN(panel, xr, 6, in, yr, out, width); break;                     \
         }                                                                                        \
     }                                                                                            \
-    if (bias)                                                                                    \
-        for (int64_t r = 0; r < rows; r++)                                                       \
-            for (int n = 0; n < width; n++) y[r * out + o + n] += bias[o + n];                   \
+    for (int64_t r = 0; r < rows; r++)                                                           \
+        finish(y + r * out, scale, bias, o, o + width);                                          \
 }
 
 ONE_PANEL(one_panel_f16, panel_rows_f16, uint16_t)
 ONE_PANEL(one_panel_f32, panel_rows_f32, float)
+ONE_PANEL(one_panel_i8, panel_rows_i8, int8_t)
 
 /* The entry points. One row (a decode step): whole groups of four panels, then the up to three
-   panels left (the last one may be partial). Several rows: panel by panel. */
+   panels left (the last one may be partial). Several rows: panel by panel. scale: int8's [out]
+   (the float and half entries pass NULL); then x is rounded to bfloat16 first, once. */
 #define ROWS_LINEAR(NAME, ONE_PANEL_FN, FOUR_FN, WTYPE)                                           \
 void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,                 \
-          const float *bias, float *y, int threads) {                                            \
+          const float *scale, const float *bias, float *y, float *x_rounded, int threads) {     \
+    if (scale) {                                                                                 \
+        for (int64_t i = 0; i < rows * in; i++) x_rounded[i] = round_to_bfloat16(x[i]);          \
+        x = x_rounded;                                                                           \
+    }                                                                                            \
     int64_t panels = (out + PANEL - 1) / PANEL;                                                  \
     int64_t fours = rows == 1 ? out / (4 * PANEL) : 0;                                           \
     int64_t units = fours + panels - 4 * fours;                                                  \
@@ -140,13 +170,13 @@ void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,
     for (int64_t u = 0; u < units; u++) {                                                        \
         if (u < fours) {                                                                         \
             FOUR_FN(w + 4 * u * in * PANEL, x, in, y + 4 * u * PANEL);                           \
-            if (bias)                                                                            \
-                for (int64_t o = 4 * u * PANEL; o < (4 * u + 4) * PANEL; o++) y[o] += bias[o];   \
+            finish(y, scale, bias, 4 * u * PANEL, (4 * u + 4) * PANEL);                          \
         } else {                                                                                 \
-            ONE_PANEL_FN(x, rows, in, w, out, bias, y, u + 3 * fours);                           \
+            ONE_PANEL_FN(x, rows, in, w, out, scale, bias, y, u + 3 * fours);                    \
         }                                                                                        \
     }                                                                                            \
 }
 
 ROWS_LINEAR(rows_linear_f16, one_panel_f16, four_panels_one_row_f16, uint16_t)
 ROWS_LINEAR(rows_linear_f32, one_panel_f32, four_panels_one_row_f32, float)
+ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
