@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt2.fast_linear import NativeRowsLinear
+from gpt2.fast_linear import NativeInt8Linear, NativeRowsLinear
 
 from .common import BYTES_PER_GB, machine_info, markdown_table, measure_read_bandwidth, write_results
 
@@ -115,6 +115,11 @@ def _native(dtype):
 
 def _run_native(x, s):
     return s[0](x, s[1])
+
+
+def _native_int8(w, b):
+    """Our C kernel on int8 panels (native-int8): int8pack's numbers."""
+    return (NativeInt8Linear(*int8_per_channel(w)), b)
 
 
 def int8_per_channel(w):
@@ -237,6 +242,7 @@ CANDIDATES = {
     "fp16_fbgemm": (_fbgemm_fp16, _run_fbgemm_fp16, torch.float32, "fp16 weights, fp32 math, fbgemm (quantized.linear_dynamic_fp16; quantize=\"fp16\")"),
     "fp16_native": (_native(torch.float16), _run_native, torch.float32, "fp16 weights, fp32 math, our C kernel (gpt2/csrc/rows_linear.c, native-fp16)"),
     "fp32_native": (_native(torch.float32), _run_native, torch.float32, "fp32, our C kernel (gpt2/csrc/rows_linear.c, native-f32)"),
+    "int8_native": (_native_int8, _run_native, torch.float32, "int8 per-channel, our C kernel (gpt2/csrc/rows_linear.c, native-int8): int8pack's numbers"),
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),
     "bf16_compile_upcast": (_compiled_upcast(torch.bfloat16), _run_compiled, torch.float32, "bf16 weights, torch.compile(F.linear(x, w.float()))"),
     "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x (quantize=\"int8\")"),
