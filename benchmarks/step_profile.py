@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import profile
 
-from benchmarks.common import measure_read_bandwidth, median, timed, weight_bytes_per_token
+from benchmarks.common import measure_read_bandwidth, median, timed
+from benchmarks.weight_formats import format_bytes
 from gpt2 import kernels
 from gpt2.loading import load_gpt2
 
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     attached_kernels = [layer.kernel.by_rows for layer in layers]
     candidate = [[(rows, "aten-mv", aten_mv(layer.weight)) for rows, _, _ in layer.kernel.by_rows]
                  for layer in layers]
-    step_bytes = weight_bytes_per_token(model)
+    step_bytes = format_bytes(model, "auto")  # the bytes its format stores (int8: 1 a weight)
     token = torch.tensor([[464]])
     with torch.no_grad():
         for threads in args.threads:
@@ -76,7 +77,9 @@ def main(argv=None) -> int:
             print(f"\n{threads} thread(s): read bandwidth {gb_per_s:.1f} GB/s (x.sum, best); step {step * 1e3:.1f} ms, "
                   f"floor {floor * 1e3:.1f} ms ({step_bytes / 1e9:.2f} GB): floor / step {floor / step:.2f}")
             shares = operator_shares(model, token, args.steps)
-            print("  share of the step's operator time: " + ", ".join(f"{k} {s:.1%}" for k, s in shares[:6]))
+            print("  share of the step's operator time: " + ", ".join(f"{k} {s:.1%}" for k, s in shares[:6])
+                  + (" (our C kernel, called through ctypes, is not an operator the profiler sees)"
+                     if any(p.startswith("native") for layer in layers for _, p in layer.kernel.paths()) else ""))
             times = {"attached": [], "aten-mv": []}
             for _ in range(args.rounds):
                 for name, chosen in (("attached", attached_kernels), ("aten-mv", candidate)):
