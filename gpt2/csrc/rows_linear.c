@@ -9,7 +9,7 @@
    compute (gpt2/fast_linear.py's Int8Weight): x rounded to bfloat16, a float32 sum of q * x, times
    the channel's scale (a bfloat16 value), the result rounded to bfloat16, then the bias.
    gpt2/native.py compiles this file with the machine's C compiler and calls it through ctypes;
-   gpt2/fast_linear.py's NativeRowsLinear is the Python side.
+   gpt2/fast_linear.py's NativeRowsLinear and NativeInt8Linear are the Python side.
 
    Why our own: a decode step (1 row) and a verification (gamma + 1 rows) each read every weight
    once from memory, so both should cost about the same. Library kernels are written for large
