@@ -135,16 +135,19 @@ class NativeRowsLinear:
     alone (a decode step) as among others (a verification), unlike the library kernels, which run
     other code for other row counts."""
 
+    scale = None  # int8's per-output scale (NativeInt8Linear)
+
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.panels, self.out = native.pack_panels(weight.detach(), dtype), weight.shape[0]
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [..., in] float32 -> [..., out] float32."""
-        return native.rows_linear(x.float(), self.panels, self.out,
-                                  None if bias is None else bias.detach().float().contiguous())
+        """x [..., in] -> [..., out] in x's dtype (float32 math)."""
+        y = native.rows_linear(x.float(), self.panels, self.out,
+                               None if bias is None else bias.detach().float().contiguous(), self.scale)
+        return y.to(x.dtype)
 
 
-class NativeInt8Linear:
+class NativeInt8Linear(NativeRowsLinear):
     """Our C kernel on int8 weights ("native-int8"): q copied into panels of 16 output rows (1 byte a
     weight), computing Int8Weight's numbers (x rounded to bfloat16, float32 sums of q * x, times
     the bfloat16 scale, rounded to bfloat16, then the bias), with NativeRowsLinear's property: a
@@ -153,12 +156,6 @@ class NativeInt8Linear:
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
         self.panels, self.out = native.pack_panels(q, torch.int8), q.shape[0]
         self.scale = scale.to(dtype).float().contiguous()
-
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [..., in] -> [..., out] in x's dtype."""
-        y = native.rows_linear(x.float(), self.panels, self.out,
-                               None if bias is None else bias.detach().float().contiguous(), self.scale)
-        return y.to(x.dtype)
 
 
 class Int8Weight:

@@ -111,8 +111,8 @@ def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Ten
     """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
     float32 or int8) and W has `out` rows; bias [out] float32 contiguous. int8 panels hold q, and
     W = q * scale [out] (float32 contiguous): then x is rounded to bfloat16, and so is each output
-    (its sum times its scale) before the bias (the library's int8 arithmetic). On PyTorch's number of threads. (Written for
-    a call's few microseconds: it runs once per linear layer per step.)"""
+    (its sum times its scale) before the bias (the library's int8 arithmetic). On PyTorch's number
+    of threads. (Written for a call's few microseconds: it runs once per linear layer per step.)"""
     x = x if x.is_contiguous() else x.contiguous()
     inputs = panels.shape[1]
     y = x.new_empty(x.shape[:-1] + (out,))

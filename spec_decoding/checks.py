@@ -46,6 +46,11 @@ SPEED_SLACK = 0.15  # ... and tokens per call more than this share below (the fo
 MAX_OUTCOMES = 1_000_000  # V ** n_tokens above this is too many cells to enumerate and fill
 
 
+def seeded_generator(target, seed: int) -> torch.Generator:
+    """A generator on the target's device (a GPU's sampling draws from a GPU generator), seeded."""
+    return torch.Generator(device=target.wte.weight.device).manual_seed(seed)
+
+
 def _tokens_of(result) -> list[int]:
     return list(result.tokens) if hasattr(result, "tokens") else list(result)
 
@@ -179,8 +184,7 @@ def check_lossless(generate_fn, target, prompt: list[int], n_tokens: int = 3,
     p < 1e-6 (tests/test_bug_zoo.py shows which bugs it catches with how many samples)."""
     settings = dict(temperature=1.0) if settings is None else dict(settings)
     exact = exact_distribution(target, prompt, n_tokens, settings)
-    # on the target's device: a GPU's sampling draws from a GPU generator
-    g = torch.Generator(device=target.wte.weight.device).manual_seed(seed)
+    g = seeded_generator(target, seed)
     drawn = [_tokens_of(generate_fn(prompt, n_tokens, generator=g, **settings)) for _ in range(samples)]
     return check_samples(drawn, exact, seed, threshold)
 
@@ -342,7 +346,7 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
         watch(model, role)
     kwargs = dict(on_tokens=on_tokens)
     if settings.get("temperature", 0) != 0:
-        kwargs.update(generator=torch.Generator().manual_seed(seed), **settings)
+        kwargs.update(generator=seeded_generator(target, seed), **settings)
     try:
         generate_fn(list(prompt), max_gen, **kwargs)
     except Exception:
@@ -522,7 +526,7 @@ def check_speed(generate_fn, target, draft, gamma: int, prompts=((1, 2, 3),), ma
     all_alphas, sizes = [], []
     for i in range(runs):
         prompt = list(prompts[i % len(prompts)])
-        kwargs = dict(generator=torch.Generator().manual_seed(seed + i), **settings) if sampling else {}
+        kwargs = dict(generator=seeded_generator(target, seed + i), **settings) if sampling else {}
         result = generate_fn(prompt, max_gen, **kwargs)
         tokens, sources = list(result.tokens), list(result.stats.token_sources)
         alphas = acceptance_by_position(target, draft, prompt, tokens, settings)
