@@ -10,6 +10,7 @@ import difflib
 import functools
 import json
 import shutil
+import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +31,29 @@ LEAK_MIN_TOKENS = 25  # bodies shorter than this are too generic to compare
 # Not copied: version control, caches, run outputs.
 IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".pytest_cache", ".ipynb_checkpoints",
                                 "runs", "*.egg-info", "build", "dist", ".venv", "venv")
+# Not copied from the project either: its local checkpoints (benchmarks keep gigabytes of stand-ins
+# in checkpoints/).
+LOCAL_CHECKPOINTS = shutil.ignore_patterns("checkpoints", "*.safetensors")
+
+
+def copy_ignore(root: Path):
+    """shutil.copytree's `ignore` for copying the project at `root`: IGNORE, LOCAL_CHECKPOINTS and
+    every path git ignores there (its .gitignore and the user's own excludes), so that what a user
+    made in their checkout (a virtualenv, downloaded models, outputs) stays out of a student's
+    copy. Outside a git checkout (or without git): IGNORE and LOCAL_CHECKPOINTS."""
+    root = Path(root).resolve()
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "--others", "--ignored", "--exclude-standard",
+                                 "--directory", "-z"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        listed = None
+    ignored = ({root / p.rstrip("/") for p in listed.stdout.split("\0") if p}
+               if listed is not None and listed.returncode == 0 else set())
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        return (set(IGNORE(directory, names)) | set(LOCAL_CHECKPOINTS(directory, names))
+                | {n for n in names if Path(directory).resolve() / n in ignored})
+    return ignore
 
 
 @dataclass
@@ -309,7 +333,7 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
                 for file, ts in by_file.items()}
     for file, text in stripped.items():
         ast.parse(text, filename=file)  # the copy must still be valid Python
-    shutil.copytree(root, out, ignore=IGNORE, dirs_exist_ok=True)
+    shutil.copytree(root, out, ignore=copy_ignore(root), dirs_exist_ok=True)
     for file, text in stripped.items():
         (out / file).write_text(text)
     _drop(out, ALWAYS_DROPPED + tuple(definition.dropped))

@@ -26,7 +26,7 @@ from assignments.registry import ASSIGNMENTS
 from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, make_data, references,
                                student_files)
 from assignments.export import autograde, gradescope_results, gradescope_source
-from assignments.make import AssignmentError, _definitions, make, reference_functions, resolve
+from assignments.make import AssignmentError, _definitions, copy_ignore, make, reference_functions, resolve
 from test_grader_verdicts import grade_variants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -348,6 +348,26 @@ def test_bad_names_give_clear_errors(tmp_path, name, message):
     with pytest.raises(AssignmentError, match=message):
         make([name], tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.parametrize("under_git", [True, False])
+def test_the_students_copy_leaves_out_local_checkpoints_and_what_git_ignores(tmp_path, under_git):
+    """A checkout where benchmarks wrote gigabytes of stand-ins into checkpoints/ (git-ignored) once
+    had them copied into every student's copy and every grading sandbox, until the disk filled."""
+    project = tmp_path / "project"
+    for rel in ("gpt2/model.py", "notes/new_idea.py", "checkpoints/standins/model.safetensors", "big.safetensors",
+                "scratch/out.bin", "runs/x/results.json"):
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(rel)
+    (project / ".gitignore").write_text("scratch/\n")
+    if under_git:
+        subprocess.run(["git", "init", "-q", str(project)], check=True)
+        subprocess.run(["git", "-C", str(project), "add", "gpt2"], check=True)  # notes/: untracked, not ignored
+    shutil.copytree(project, tmp_path / "copy", ignore=copy_ignore(project))
+    copied = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*") if p.is_file()
+                    and ".git/" not in p.as_posix() + "/")
+    # git ignores scratch/ only in a git checkout; checkpoints and run outputs never travel
+    assert copied == [".gitignore", "gpt2/model.py", "notes/new_idea.py"] + ([] if under_git else ["scratch/out.bin"])
 
 
 def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
