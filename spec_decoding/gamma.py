@@ -121,8 +121,10 @@ class AutoGamma(GammaPolicy):
     rounds already move the estimates. Every drafting round multiplies the old counts by `decay`:
     the estimates follow the text as it changes (an effective memory of 1 / (1 - decay) rounds).
 
-    Switching off needs evidence: while the estimates say g = 0 is fastest but optimistic ones
-    (each a_i `optimism` = 2 posterior standard deviations higher, the deviations from all the
+    The first round drafts one token (the estimates are still the prior's alone): the cheapest way
+    to learn whether the draft agrees at all, which is what a short generation with a draft that
+    never agrees pays for. Switching off needs evidence: while the estimates say g = 0 is fastest
+    but optimistic ones (each a_i `optimism` = 2 posterior standard deviations higher, the deviations from all the
     rounds judged so far, so they shrink as the generation goes on) say otherwise, speculation
     stays on, so one unlucky rejection in the first round does not turn it off for good; unless
     a spell of drafting has been losing: after min_evidence drafting rounds, tokens per second
@@ -246,7 +248,9 @@ class AutoGamma(GammaPolicy):
 
     def _choose(self) -> int:
         rates = self.tokens_per_second()
-        best = max(range(1, self.gamma_max + 1), key=rates.__getitem__)
+        # Until the target has judged a first draft token, the estimates are the prior's alone:
+        # draft one token, the cheapest way to learn whether the draft agrees at all.
+        best = max(range(1, self.gamma_max + 1 if self.judged_ever[0] else 2), key=rates.__getitem__)
         if rates[best] > rates[0]:  # the estimates say drafting pays
             return best
         # Not sure yet: optimistic estimates keep it drafting, unless a spell has been losing

@@ -51,6 +51,24 @@ def test_never_agreeing_expensive_draft_turns_speculation_off():
     assert max(chosen[10:]) == 1  # probes are single tokens
 
 
+@pytest.mark.parametrize("c, verify_slope", [(0.14, 0.025), (0.05, 0.1), (0.23, 0.12)])
+def test_a_short_generation_with_a_never_agreeing_draft_costs_little(c, verify_slope):
+    """The cold start: 32 tokens with a cheap draft that never agrees. Auto can only learn that by
+    drafting, so it pays something: it drafts one token in its first round (where the prior
+    alone would say 2 or 3), gives up after min_evidence = 4 losing rounds, then probes now and
+    then. The whole generation costs at most 4.5% more than plain decoding."""
+    costs = cost_model(c, verify_slope)
+    policy = AutoGamma(costs)
+    made, spent, chosen = 0, 0.0, []
+    while made < 32:
+        g = policy.next_gamma()
+        policy.update(g, 0)
+        made, spent = made + 1, spent + costs.round_seconds(g)
+        chosen.append(g)
+    assert chosen[0] == 1 and chosen.count(0) >= 24 and max(chosen) == 1, chosen
+    assert made * costs.round_seconds(0) / spent >= 0.955
+
+
 def test_a_draft_too_expensive_to_ever_pay_is_never_run():
     policy = AutoGamma(cost_model(c=1.0), clock=None)  # a draft step costs a target step: never pays
     assert cost_model(c=1.0).break_even_alpha() is None
