@@ -28,6 +28,9 @@ from offline.random_weights import save_agreeing_pair, save_random_checkpoint  #
 
 # The test models are tiny: threads buy nothing and, on a busy 2-core machine, cost a lot.
 torch.set_num_threads(1)
+# The processes the tests start (notebook kernels, the scripts) too: two test workers on 2 cores,
+# each running a child whose OpenMP threads spin while they wait for a core, took 1.5-5x as long.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # A tiny config for fast tests; TINY_VOCAB for exact enumeration of output distributions.
 TINY = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=100)
