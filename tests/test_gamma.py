@@ -3,6 +3,7 @@ off when it does not pay and drafts long when it does, finds Leviathan's best ga
 acceptance it sees, switches back on after a probe; the heuristic follows transformers' schedule;
 bad input is a clear error."""
 
+import json
 import random
 import time
 
@@ -557,3 +558,23 @@ def test_the_auto_gamma_benchmark_compares_interleaved_runs_of_the_same_tokens(p
     assert result["min"] <= result["median"] <= result["max"] and result["cost_model_min"] > 0
     never = compare(target, draft, pair_costs(target, draft, 1.0), repeats=1, max_gen=8, prompt_len=4)
     assert never["plain_round_share"] == 1 and never["cost_model_ratios"] == [pytest.approx(1.0)]
+
+
+def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_pair_dirs, tmp_path, capsys):
+    """--target/--draft (a trained pair: real acceptance) with text prompts, greedy and at
+    temperature 1: a row per pair and temperature, the given pair and its target drafting for
+    itself; a sampled repeat's two runs are seeded alike."""
+    from benchmarks import auto_gamma
+    target_dir, draft_dir = trained_pair_dirs
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main():\n\nimport os\n")
+    auto_gamma.main(["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts),
+                     "--temperatures", "0", "1", "--repeats", "2", "--max-gen", "6", "--threads", "1",
+                     "--out", str(tmp_path / "out")])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert sorted(results["pairs"]) == ["cannot, T=0", "cannot, T=1", "given, T=0", "given, T=1"]
+    for r in results["pairs"].values():
+        assert len(r["ratios"]) == 2 and r["min"] > 0 and r["cost_model_min"] > 0
+    assert "| given | 1 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="give both --target DIR and --draft DIR"):
+        auto_gamma.main(["--target", str(target_dir)])
