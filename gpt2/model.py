@@ -138,7 +138,9 @@ class GPT2(nn.Module):
         if attn_mask is None and T > 1:
             attn_mask = torch.arange(start + T, device=idx.device)[None, :] <= slots[:, None]
         x = self.wte(idx) + self.wpe(positions)
-        for layer, block in enumerate(self.h[:exit_layer]):
+        # (a slice of the ModuleList builds a new ModuleList: only for an early exit)
+        blocks = self.h if exit_layer is None else self.h[:exit_layer]
+        for layer, block in enumerate(blocks):
             x = block(x, attn_mask, cache, layer)
         if cache is not None:
             cache.advance(T)

@@ -53,7 +53,6 @@ import math
 
 from .costs import CostModel
 from .decoding import check_positive_int
-from .theory import expected_tokens_by_position
 
 DEFAULT_GAMMA_MAX = 8
 POLICY_NAMES = ("auto", "heuristic")
@@ -230,8 +229,13 @@ class AutoGamma(GammaPolicy):
     def tokens_per_second(self, optimism: float = 0.0) -> list[float]:
         """[gamma_max + 1]: expected tokens per second of a round drafting g = 0..gamma_max."""
         alphas = self.acceptance_by_position(optimism)
-        return [expected_tokens_by_position(alphas[:g]) / self.round_seconds(g)
-                for g in range(self.gamma_max + 1)]
+        # E(g) = expected_tokens_by_position(alphas[:g]) for every g in one pass (it runs every
+        # round): E(g) = E(g - 1) + a_1 ... a_g, the chance that all g draft tokens are accepted.
+        expected, all_accepted = [1.0], 1.0
+        for a in alphas:
+            all_accepted *= a
+            expected.append(expected[-1] + all_accepted)
+        return [expected[g] / self.round_seconds(g) for g in range(self.gamma_max + 1)]
 
     def next_gamma(self) -> int:
         g = self._choose()

@@ -70,6 +70,18 @@ def test_a_short_generation_with_a_never_agreeing_draft_costs_little(c, verify_s
     assert made * costs.round_seconds(0) / spent >= 0.955
 
 
+def test_tokens_per_second_is_leviathans_expected_tokens_over_the_round_time():
+    """tokens_per_second computes E(g) for every g in one pass; it must equal
+    theory.expected_tokens_by_position of the first g estimates, over round_seconds(g)."""
+    policy = AutoGamma(cost_model(c=0.2))
+    rng = random.Random(3)
+    run(policy, accept=lambda i: rng.random() < 0.7 - 0.1 * i, rounds=30)
+    for optimism in (0.0, 2.0):
+        alphas = policy.acceptance_by_position(optimism)
+        expected = [expected_tokens_by_position(alphas[:g]) / policy.round_seconds(g) for g in range(GAMMA_MAX + 1)]
+        assert policy.tokens_per_second(optimism) == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_draft_too_expensive_to_ever_pay_is_never_run():
     policy = AutoGamma(cost_model(c=1.0), clock=None)  # a draft step costs a target step: never pays
     assert cost_model(c=1.0).break_even_alpha() is None
