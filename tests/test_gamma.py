@@ -59,15 +59,40 @@ def test_a_short_generation_with_a_never_agreeing_draft_costs_little(c, verify_s
     alone would say 2 or 3), gives up after min_evidence = 4 losing rounds, then probes now and
     then. The whole generation costs at most 4.5% more than plain decoding."""
     costs = cost_model(c, verify_slope)
-    policy = AutoGamma(costs)
+    ratio, chosen = never_agreeing_generation(AutoGamma(costs), costs)
+    assert chosen[0] == 1 and chosen.count(0) >= 24 and max(chosen) == 1, chosen
+    assert ratio >= 0.955
+
+
+def never_agreeing_generation(policy, costs, max_gen=32):
+    """One generation of max_gen tokens whose draft is never accepted, priced by `costs`:
+    (plain decoding's time over this one's, the gammas chosen)."""
     made, spent, chosen = 0, 0.0, []
-    while made < 32:
+    while made < max_gen:
         g = policy.next_gamma()
         policy.update(g, 0)
         made, spent = made + 1, spent + costs.round_seconds(g)
         chosen.append(g)
-    assert chosen[0] == 1 and chosen.count(0) >= 24 and max(chosen) == 1, chosen
-    assert made * costs.round_seconds(0) / spent >= 0.955
+    return made * costs.round_seconds(0) / spent, chosen
+
+
+def test_one_autogamma_passed_to_several_generations_carries_what_it_learned(pair):
+    """gamma=<a GammaPolicy> is used as it is, so the same AutoGamma passed to the next generation
+    of the same pair keeps its estimates: a draft that never agrees costs its start once, not in
+    every generation. (Greedy output stays the target's own.)"""
+    costs = cost_model(0.14, 0.025)
+    fresh = [never_agreeing_generation(AutoGamma(costs), costs) for _ in range(2)]
+    kept = AutoGamma(costs)
+    reused = [never_agreeing_generation(kept, costs) for _ in range(2)]
+    assert fresh[1] == fresh[0] == reused[0]  # a new policy starts over every time
+    # the kept one starts the second generation with a plain step, drafting only its probes
+    assert reused[1][1][0] == 0 and max(reused[1][1]) == 1 and reused[1][0] > fresh[1][0], reused[1]
+    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+    target, draft = pair
+    policy = AutoGamma(pair_costs(target, draft, 0.1))
+    for prompt in (PROMPT, PROMPT[::-1]):
+        assert (speculative_sampling_greedy(target, draft, prompt, 20, policy).tokens
+                == autoregressive_generate(target, prompt, 20).tokens)
 
 
 def test_tokens_per_second_is_leviathans_expected_tokens_over_the_round_time():
