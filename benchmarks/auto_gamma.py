@@ -32,6 +32,7 @@ measured: the comparison without the machine's noise), and how many of auto's ro
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -89,7 +90,7 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
 def read_prompts(path: str) -> list[list[int]]:
     """The prompts of a text file, one per line, as token ids."""
     try:
-        texts = [line.strip() for line in open(path, encoding="utf-8") if line.strip()]
+        texts = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as e:
         sys.exit(f"error: cannot read the prompts file: {e}")
     if not texts:

@@ -615,3 +615,5 @@ def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_p
     assert "| given | 1 |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="give both --target DIR and --draft DIR"):
         auto_gamma.main(["--target", str(target_dir)])
+    with pytest.raises(SystemExit, match="cannot read the prompts file"):
+        auto_gamma.main(["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(tmp_path / "none.txt")])
