@@ -67,9 +67,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gpt2 import GPT2Config, CheckpointError, encode, load_gpt2
+from gpt2 import GPT2Config, CheckpointError, load_gpt2
 from gpt2.compiled import COMPILE_FLAGS
-from benchmarks.common import gamma_order, timed
+from benchmarks.common import gamma_order, read_prompts, timed
 from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.machine_load import busy_note
@@ -217,21 +217,6 @@ def load_model(role: str, name_or_path: str, device, dtype, quantize=None, compi
                  f"Offline? Pass local folders holding config.json + model.safetensors with "
                  f"--draft DIR --target DIR, or benchmark random-weight stand-ins of the real "
                  f"shapes with --make-standins DIR.")
-
-
-def read_prompts(path: Path) -> list[list[int]]:
-    """The prompts of a text file, one per line, as token ids (before any model is loaded, so a
-    missing file or tokenizer fails fast)."""
-    try:
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as e:
-        sys.exit(f"error: cannot read the prompts file: {e}")
-    if not texts:
-        sys.exit(f"error: {path} holds no prompts (one per line)")
-    try:
-        return [encode(t) for t in texts]
-    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
-        sys.exit(f"error: {e}")
 
 
 def clamp_max_gens(max_gens: list[int], prompts: list[list[int]], n_positions: int) -> list[int]:

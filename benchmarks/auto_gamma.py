@@ -36,12 +36,12 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import encode, load_gpt2
+from gpt2 import load_gpt2
 from gpt2.machine_load import busy_note, load_average
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 
-from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, standin_pair,
-                     timed, write_results)
+from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, read_prompts,
+                     standin_pair, timed, write_results)
 
 
 def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int,
@@ -87,17 +87,6 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
             "c": costs.c, "verify_cost_5": costs.verify_cost(min(4, costs.gamma_max))}
 
 
-def read_prompts(path: str) -> list[list[int]]:
-    """The prompts of a text file, one per line, as token ids."""
-    try:
-        texts = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as e:
-        sys.exit(f"error: cannot read the prompts file: {e}")
-    if not texts:
-        sys.exit(f"error: {path} holds no prompts (one per line)")
-    return [encode(text) for text in texts]
-
-
 def load_pairs(args) -> tuple[object, list[tuple[str, object]], str]:
     """(target, [(pair name, its draft)], what the models are): the given pair, or the stand-ins."""
     if args.target or args.draft:
@@ -134,7 +123,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if any(t < 0 for t in args.temperatures):
         sys.exit("error: --temperatures must be >= 0 (0 is greedy)")
-    prompts = read_prompts(args.prompts) if args.prompts else None
+    prompts = read_prompts(Path(args.prompts)) if args.prompts else None
     if args.threads:
         torch.set_num_threads(args.threads)
     if note := busy_note("--threads 1"):

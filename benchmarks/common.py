@@ -7,12 +7,13 @@ takes does not depend on the weight values, so the timings are those of the real
 
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from gpt2 import OFFICIAL_CONFIGS
+from gpt2 import OFFICIAL_CONFIGS, encode
 from gpt2.device import synchronize
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 
@@ -132,3 +133,18 @@ def machine_info() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "load_average": os.getloadavg()}
+
+
+def read_prompts(path: Path) -> list[list[int]]:
+    """The prompts of a text file, one per line, as token ids (before any model is loaded, so a
+    missing file or tokenizer fails fast)."""
+    try:
+        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as e:
+        sys.exit(f"error: cannot read the prompts file: {e}")
+    if not texts:
+        sys.exit(f"error: {path} holds no prompts (one per line)")
+    try:
+        return [encode(t) for t in texts]
+    except RuntimeError as e:  # the tokenizer's files are missing or changed; the message says what to do
+        sys.exit(f"error: {e}")

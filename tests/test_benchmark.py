@@ -184,7 +184,8 @@ def test_missing_tokenizer_files_are_a_clear_error_not_a_traceback(monkeypatch, 
     def offline_encode(text):
         raise RuntimeError("GPT-2's tokenizer file .../vocab.bpe is missing: reinstall the package")
 
-    monkeypatch.setattr(benchmark, "encode", offline_encode)
+    import benchmarks.common  # where benchmark.py's read_prompts encodes
+    monkeypatch.setattr(benchmarks.common, "encode", offline_encode)
     with pytest.raises(SystemExit) as exit_info:
         benchmark.main(["--draft", "x", "--target", "y", "--out", str(tmp_path / "out")])
     assert "error: GPT-2's tokenizer file .../vocab.bpe is missing" in str(exit_info.value)
