@@ -45,6 +45,12 @@ def step_seconds(model, token: torch.Tensor, steps: int, rows: int = 1) -> float
     return median([timed(None, model, token.repeat(1, rows), cache=cache)[1] for _ in range(steps)])
 
 
+def use_kernels(layers, by_rows_per_layer) -> None:
+    """Give each attached layer the kernels [(max_rows, path, kernel)] of its entry."""
+    for layer, by_rows in zip(layers, by_rows_per_layer):
+        layer.kernel.by_rows = by_rows
+
+
 def zero_output(out_features: int):
     """A stand-in kernel: x [..., in] -> zeros [..., out], made once per shape and returned again
     (no work: what a step costs besides its linear layers)."""
@@ -105,8 +111,7 @@ def main(argv=None) -> int:
             parts = {(name, rows): [] for name in ("step", "rest") for rows in (1, 5)}
             for _ in range(args.rounds):
                 for name, chosen in (("step", attached_kernels), ("rest", no_linears)):
-                    for layer, by_rows in zip(layers, chosen):
-                        layer.kernel.by_rows = by_rows
+                    use_kernels(layers, chosen)
                     for rows in (1, 5):
                         parts[name, rows].append(step_seconds(model, token, args.steps, rows))
             for rows, what in ((1, "step"), (5, "verify(5)")):
@@ -116,19 +121,16 @@ def main(argv=None) -> int:
                          f" of x.sum)" if rows == 1 and whole > rest else "")
                       + f" + the rest {rest * 1e3:.1f} ms ({rest / whole:.0%})")
             print(f"  verify(5) / step: {median(parts['step', 5]) / median(parts['step', 1]):.2f}")
-            for layer, by_rows in zip(layers, attached_kernels):
-                layer.kernel.by_rows = by_rows
+            use_kernels(layers, attached_kernels)
             if args.quantize:
                 print("  (aten-mv runs on float weights: no candidate for quantized ones)")
                 continue
             times = {"attached": [], "aten-mv": []}
             for _ in range(args.rounds):
                 for name, chosen in (("attached", attached_kernels), ("aten-mv", candidate)):
-                    for layer, by_rows in zip(layers, chosen):
-                        layer.kernel.by_rows = by_rows
+                    use_kernels(layers, chosen)
                     times[name].append(step_seconds(model, token, args.steps))
-            for layer, by_rows in zip(layers, attached_kernels):
-                layer.kernel.by_rows = by_rows
+            use_kernels(layers, attached_kernels)
             print("  interleaved step medians: " + ", ".join(f"{k} {median(v) * 1e3:.1f} ms" for k, v in times.items()))
     return 0
 
