@@ -137,7 +137,9 @@ def parse_args(argv=None):
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
-                   help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on, auto (only where it measures faster here) or off (default)")
+                   help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on; graph, the step as one "
+                   "CUDA graph (gpt2/cuda_graph.py; a GPU); auto (the faster here: compiled on a CPU, graph "
+                   "on a GPU, only where it measures faster); or off (default)")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")

@@ -141,8 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
                         help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
-                        help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on, auto (only where "
-                             "it measures faster here) or off (default)")
+                        help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on; graph, the step as "
+                             "one CUDA graph (gpt2/cuda_graph.py; a GPU); auto (compiled on a CPU, graph on a "
+                             "GPU, only where it measures faster here); or off (default)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",

@@ -98,6 +98,22 @@ def block_step(block, x, keys, values, slots, attn_mask):
     h = F.gelu(chosen_linear(block.ln_2(x), mlp.c_fc.weight, mlp.c_fc.bias), approximate="tanh")
     return x + chosen_linear(h, mlp.c_proj.weight, mlp.c_proj.bias)
 
+def fixed_size_inputs(start: int, T: int, buffer_len: int, positions, attn_mask, device):
+    """What block_step needs besides x, for T new tokens on a cache holding `start` positions in
+    buffers of buffer_len slots: (slots [T], positions [T], full_mask [T, buffer_len]).
+
+    positions [T] and attn_mask [T, start + T] are GPT2.forward's (None: the next positions,
+    causal). The mask hides every slot past start + T, which holds nothing written yet."""
+    slots = torch.arange(start, start + T, device=device)  # where the new keys go
+    if positions is None:
+        positions = slots
+    if attn_mask is None:  # causal: cached slots, then each new token up to its own
+        full_mask = torch.arange(buffer_len, device=device)[None, :] <= slots[:, None]
+    else:  # the caller's mask over [0, start + T)
+        full_mask = torch.zeros(T, buffer_len, dtype=torch.bool, device=device)
+        full_mask[:, :start + T] = attn_mask
+    return slots, positions, full_mask
+
 class CompiledDecode:
     """Stands in for model.forward (same arguments, same results up to rounding): calls with a
     KVCache and at most MAX_ROWS new tokens go through the compiled block; any other call goes to
@@ -128,16 +144,8 @@ class CompiledDecode:
         model = self.model
         start = cache.length
         model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
-        T, device = idx.shape[1], idx.device
-        slots = torch.arange(start, start + T, device=device)  # where the new keys go
-        if positions is None:
-            positions = slots
-        key_slots = torch.arange(cache.max_len, device=device)
-        if attn_mask is None:  # causal: cached slots, then each new token up to its own
-            full_mask = key_slots[None, :] <= slots[:, None]
-        else:  # the caller's mask over [0, start + T); the slots after it are not written yet
-            full_mask = torch.zeros(T, cache.max_len, dtype=torch.bool, device=device)
-            full_mask[:, :start + T] = attn_mask
+        T = idx.shape[1]
+        slots, positions, full_mask = fixed_size_inputs(start, T, cache.max_len, positions, attn_mask, idx.device)
         x = model.wte(idx) + model.wpe(positions)
         # Sizes that change from call to call are marked dynamic up front, so that they never
         # cause a recompile: the cache's max_len always, the rows T from 2 up (T = 1, a step,
@@ -171,11 +179,12 @@ class CompiledDecode:
         logits = head(model, model.ln_f(x))
         return (logits, features) if return_features else logits
 
-COMPILE_CHOICES = (False, True, "auto")
+# "graph": a CUDA GPU's whole step recorded as a CUDA graph (gpt2/cuda_graph.py)
+COMPILE_CHOICES = (False, True, "graph", "auto")
 # Where the compiled path runs: inductor writes C++/OpenMP loops for a CPU, Triton kernels for a
 # CUDA GPU (Apple's MPS stays eager).
 DEVICES = ("cpu", "cuda")
-COMPILE_FLAGS = {"off": False, "on": True, "auto": "auto"}  # the scripts' --compile
+COMPILE_FLAGS = {"off": False, "on": True, "graph": "graph", "auto": "auto"}  # the scripts' --compile
 # compile="auto" takes the compiled path only where it is faster than eager by this fraction: a
 # closer result is timing noise, and eager is what the learner reads.
 AUTO_MARGIN = 0.05

@@ -42,6 +42,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
 from .compiled import COMPILE_CHOICES, choose_compiled, compile_decode
+from .cuda_graph import choose_graphed, graph_decode
 from .config import GPT2Config
 from .device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
 from .fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
@@ -88,8 +89,10 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32.
     kernels=False: the plain face, every linear layer on F.linear as gpt2/model.py reads (dtype
     "auto" is then float32); True attaches gpt2/kernels.py's (unless GPT2_FAST_LINEAR=0).
-    compile: True gives the model the compiled decode path (gpt2.compiled; CPU or CUDA), "auto" only where
-    it measures faster here (one line says which and why), False (default) keeps it eager."""
+    compile: True gives the model the compiled decode path (gpt2.compiled; CPU or CUDA), "graph" the
+    CUDA-graph one (gpt2.cuda_graph; a CUDA GPU), "auto" the faster of eager and compiled on a CPU,
+    of eager and CUDA graphs on a GPU, measured here (one line says which and why), False (default)
+    keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")
@@ -101,9 +104,11 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     config, weights_path = resolve_checkpoint(name_or_path)
     model = load_safetensors(weights_path, config, device=device, dtype=dtype, quantize=quantize,
                              kernels=kernels)
-    if compile == "auto":
-        _, why = choose_compiled(model)
+    if compile == "auto":  # a GPU's choice is between eager and CUDA graphs, a CPU's eager and compiled
+        _, why = (choose_graphed if device.type == "cuda" else choose_compiled)(model)
         note_once(f"note: compile auto for {Path(weights_path).parent.name}: {why}", sys.stderr)
+    elif compile == "graph":
+        graph_decode(model)
     elif compile:
         compile_decode(model)
     return model

@@ -6,6 +6,8 @@ CI has none, a lent GPU machine runs them: docs/performance.md, "On a GPU").
 - Speculative sampling on the GPU, drawing from a GPU generator, follows the target's exact
   distribution (chi-square against exact enumeration), and the same test rejects the draft.
 - The compiled decode path (Triton kernels on a GPU) gives eager's logits and greedy tokens.
+- CUDA graphs of the step and the verifications (gpt2/cuda_graph.py) give eager's logits and
+  greedy tokens, and a second generation replays the graphs recorded in the first.
 - bfloat16, the format `auto` picks on a GPU, stays within bfloat16's rounding of float32.
 """
 
@@ -17,6 +19,7 @@ from conftest import TINY, TINY_VOCAB
 
 from gpt2 import load_gpt2
 from gpt2.compiled import compile_decode, eager, is_compiled
+from gpt2.cuda_graph import graph_decode, is_graphed, ungraph
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
 
@@ -96,3 +99,40 @@ def test_bfloat16_on_gpu_stays_within_its_rounding(pair_dirs):
     for f, h in zip(full, half):
         # bfloat16 keeps 8 bits of mantissa: a few parts in a thousand per product, summed
         torch.testing.assert_close(h, f, atol=0.05 * f.abs().max().item(), rtol=0.05)
+
+
+@torch.inference_mode()
+def test_cuda_graphs_on_gpu_equal_eager(pair_dirs):
+    target = load_gpt2(pair_dirs[0], device="cuda", dtype="float32")
+    chunks = CHUNKS + CHUNKS  # each shape recorded once, then replayed
+    expected = logits_of(target, PROMPT, chunks)
+    got = logits_of(graph_decode(target), PROMPT, chunks)
+    assert is_graphed(target)
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=2e-5, rtol=0)
+    draft = graph_decode(load_gpt2(pair_dirs[1], device="cuda", dtype="float32"))
+    plain = autoregressive_generate(ungraph(target), PROMPT, 40).tokens
+    graph_decode(target)
+    assert autoregressive_generate(target, PROMPT, 40).tokens == plain
+    for gamma in (3, 3, 5):
+        result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma=gamma)
+        assert result.tokens == plain, f"gamma={gamma}"
+    graphs = len(target.forward.graphs)
+    assert speculative_sampling_greedy(target, draft, PROMPT, 40, gamma=3).tokens == plain
+    assert len(target.forward.graphs) == graphs  # the pooled buffers' graphs, replayed
+    # bfloat16, what auto picks here: within its rounding of its own eager logits
+    half = load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16")
+    eager_half = logits_of(half, PROMPT, chunks)
+    for e, c in zip(eager_half, logits_of(graph_decode(half), PROMPT, chunks)):
+        torch.testing.assert_close(c, e, atol=0.02 * e.abs().max().item(), rtol=0.02)
+
+
+def test_compile_auto_on_gpu_chooses_between_eager_and_cuda_graphs(pair_dirs, kernel_cache_file):
+    model = load_gpt2(pair_dirs[0], device="cuda", dtype="float32", compile="auto")
+    from gpt2 import kernel_cache
+    (use, why), = [e for e in [kernel_cache.lookup("cuda_graph", {
+        "n_layer": model.config.n_layer, "n_embd": model.config.n_embd, "n_head": model.config.n_head,
+        "vocab_size": model.config.vocab_size, "dtype": "float32",
+        "device": torch.cuda.get_device_name(model.wte.weight.device)})] if e is not None]
+    assert is_graphed(model) == use and "ms a step" in why
+    assert not is_compiled(model)

@@ -1,0 +1,215 @@
+"""Decode steps replayed as CUDA graphs (a CUDA GPU only): the whole forward of a step, or of a
+verification of a few rows, recorded once and then replayed with one call. Opt-in
+(`graph_decode(model)`, `load_gpt2(..., compile="graph")`, `--compile graph`), and chosen by
+`compile="auto"` on a GPU only where it was measured faster there.
+
+Why: on a GPU a decode step of GPT-2 is launch-bound. It is some 600 kernels (four matrix
+products and a dozen small operations per block), each shorter than the time Python and the
+driver take to launch it, so the GPU mostly waits. A CUDA graph records the launches once, with
+their arguments and addresses, and the GPU then runs the whole list from one call. (pytorch-labs'
+gpt-fast gets the same from torch.compile(mode="reduce-overhead"); here the eager model is
+recorded as it is, nothing is compiled.)
+
+What a replay needs: every tensor the recorded kernels read or write is at the address, and has
+the shape, it had when it was recorded. So:
+  - Inputs go through static tensors: the new tokens, their positions and cache slots, and the
+    attention mask are copied into tensors made once per graph. The logits come out in a static
+    tensor too, copied out (the next replay overwrites it).
+  - The recorded block is gpt2/compiled.py's block_step (the model's Block written for a
+    fixed-size cache): it writes the new keys/values at their slots and attends over the whole
+    buffer with a mask that hides the slots not written yet, so the shapes do not change as the
+    cache fills.
+  - The cache buffers outlive the graphs recorded on them: a cache made by model.new_kv_cache takes
+    n_positions-long buffers from a pool kept with the model (its keys/values are views of their
+    first max_len slots) and gives them back when its lists of keys and values are gone. The next
+    cache of the same shape reuses them, and the graphs recorded on them. (Attention then reads
+    the whole window each step, masked: a few percent of a step's bytes for gpt2-large.)
+  - One graph per (buffers, new rows, logits rows, exit layer): the step and each verification
+    length, recorded the first time it comes (that call runs the forward twice: a warm-up, which
+    sets up the libraries' workspaces outside the recording, then the recording, then a replay).
+
+Calls no graph serves run the eager forward, on the same buffers: the first forward on a cache (the
+prompt, whose length differs from one generation to the next, so a graph of it would rarely be
+replayed), more than MAX_ROWS new tokens, no cache or a cache made some other way, training. gpt2/model.py is unchanged.
+"""
+
+import sys
+import time
+import weakref
+
+import torch
+
+from . import kernel_cache
+from .compiled import MAX_ROWS, OPTIONS, block_step, fixed_size_inputs, head, time_decode
+from .device import synchronize
+
+
+def record_cuda_graph(forward):
+    """Record forward() (reads and writes only tensors that stay put; returns a tuple of tensors)
+    as a CUDA graph. Returns (replay, outputs): replay() runs it again, writing into outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()  # warm-up: first calls set up cuBLAS handles and workspaces, which a recording cannot
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = forward()  # recorded, not run
+    return graph.replay, outputs
+
+
+class PooledList(list):
+    """The list of a cache's key (or value) views into pooled buffers. A plain list cannot be
+    watched with a weak reference; this one can, so its buffers go back to the pool only when
+    nothing (a KVCache, or a BatchedKVCache that took its lists) holds it any more."""
+
+
+class GraphedDecode:
+    """Stands in for model.forward (same arguments, same results up to rounding) and for
+    model.new_kv_cache (same arguments; the cache's buffers come from the pool). record_seconds:
+    graph key -> seconds its first call took (warm-up, recording, replay)."""
+
+    def __init__(self, model, record=record_cuda_graph):
+        self.model = model
+        self.eager_forward = model.forward
+        self.eager_new_kv_cache = model.new_kv_cache
+        self.record = record  # tests on a CPU give a stand-in that calls forward again
+        self.free = {}  # buffer shape -> [(keys, values)] not held by any cache
+        self.graphs = {}  # (id(keys), rows, logits rows, exit layer) -> (inputs, replay, outputs)
+        self.record_seconds: dict[tuple, float] = {}
+
+    def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
+                     n_layer: int | None = None):
+        """model.new_kv_cache, on pooled buffers of n_positions + extra_slots slots."""
+        cache = self.eager_new_kv_cache(batch_size, max_len, extra_slots, n_layer)  # checks, dtype
+        k = cache.keys[0]
+        length = self.model.config.n_positions + extra_slots
+        shape = (k.shape[0], k.shape[1], length, k.shape[3])
+        free = self.free.setdefault((shape, len(cache.keys), k.dtype, k.device), [])
+        if free:
+            keys, values = free.pop()
+        else:
+            with torch.inference_mode(False):  # the eager forward writes them outside inference mode too
+                keys, values = ([torch.zeros(shape, dtype=k.dtype, device=k.device) for _ in cache.keys]
+                                for _ in range(2))
+        cache.keys = PooledList(b[:, :, :cache.max_len] for b in keys)
+        cache.values = PooledList(b[:, :, :cache.max_len] for b in values)
+        cache.full_buffers = (keys, values)
+        weakref.finalize(cache.keys, free.append, (keys, values))
+        return cache
+
+    def serves(self, idx, cache, more) -> bool:
+        model = self.model
+        return (isinstance(getattr(cache, "full_buffers", None), tuple) and isinstance(cache.keys, PooledList)
+                and cache.length > 0 and isinstance(idx, torch.Tensor) and idx.dim() == 2 and 1 <= idx.shape[1] <= MAX_ROWS
+                and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
+                and not model.training and not set(more) - OPTIONS)
+
+    def __call__(self, idx, cache=None, num_last_logits=None, **more):
+        """model(idx, cache, num_last_logits, positions=, attn_mask=, exit_layer=,
+        return_features=): the arguments of GPT2.forward."""
+        if not self.serves(idx, cache, more):
+            return self.eager_forward(idx, cache, num_last_logits, **more)
+        positions, attn_mask = more.get("positions"), more.get("attn_mask")
+        exit_layer, return_features = more.get("exit_layer"), more.get("return_features", False)
+        model, start, T = self.model, cache.length, idx.shape[1]
+        model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
+        keys, values = cache.full_buffers
+        slots, positions, mask = fixed_size_inputs(start, T, keys[0].shape[2], positions, attn_mask, idx.device)
+        rows = T if num_last_logits is None else min(num_last_logits, T)
+        key = (id(keys), T, rows, exit_layer)
+        with torch.inference_mode():
+            if key not in self.graphs:
+                t0 = time.perf_counter()
+                self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, rows, exit_layer)
+                synchronize(idx.device)
+                self.record_seconds[key] = seconds = time.perf_counter() - t0
+                print(f"note: recorded a CUDA graph of the forward for {T} new row(s) in {seconds:.2f} s "
+                      f"(once per cache shape and row count)", file=sys.stderr)
+            inputs, replay, (logits, features) = self.graphs[key]
+            for static, new in zip(inputs, (idx, positions, slots, mask)):
+                static.copy_(new)
+            replay()
+            cache.advance(T)
+            logits = logits.clone()  # the next replay writes over the static one
+            return (logits, features.clone()) if return_features else logits
+
+    def record_graph(self, keys, values, idx, positions, slots, mask, rows, exit_layer):
+        """Static inputs, replay and static outputs (logits [B, rows, vocab], features [B, T, C])
+        of one recorded forward on these buffers."""
+        model = self.model
+        inputs = tuple(t.clone() for t in (idx, positions, slots, mask))
+
+        def forward():
+            s_idx, s_positions, s_slots, s_mask = inputs
+            x = model.wte(s_idx) + model.wpe(s_positions)
+            for layer, block in enumerate(model.h[:exit_layer]):
+                x = block_step(block, x, keys[layer], values[layer], s_slots, s_mask)
+            return head(model, model.ln_f(x[:, -rows:])), x
+
+        replay, outputs = self.record(forward)
+        return inputs, replay, outputs
+
+
+def graph_decode(model, record=record_cuda_graph):
+    """Give `model` (a GPT2 on a CUDA GPU, inference) the graphed decode path; returns the model.
+    Idempotent. record: how a forward is recorded (tests on a CPU pass a stand-in)."""
+    device = model.wte.weight.device.type
+    if device != "cuda" and record is record_cuda_graph:
+        print(f"note: CUDA graphs are for CUDA GPUs; this model on {device} stays eager", file=sys.stderr)
+        return model
+    if not is_graphed(model):
+        graphed = GraphedDecode(model, record)
+        model.forward, model.new_kv_cache = graphed, graphed.new_kv_cache
+    return model
+
+
+def is_graphed(model) -> bool:
+    return isinstance(model.__dict__.get("forward"), GraphedDecode)
+
+
+def ungraph(model):
+    """Take the graphed path off `model` again (caches made meanwhile keep working, eagerly);
+    returns the model."""
+    if is_graphed(model):
+        del model.forward, model.new_kv_cache
+    return model
+
+
+# compile="auto" on a GPU takes the graphed path only where it is faster than eager by this
+# fraction (as gpt2.compiled's AUTO_MARGIN: a closer result is noise, and eager is what one reads).
+AUTO_MARGIN = 0.05
+
+
+def choose_graphed(model) -> tuple[bool, str]:
+    """compile="auto" on a CUDA GPU: (whether the graphed path is faster for this model here, why),
+    measured once per GPU, shape and format and kept with the kernel choices (gpt2/kernel_cache.py).
+    The model is left with the path chosen."""
+    c, w = model.config, model.wte.weight
+    if w.device.type != "cuda":
+        return False, f"CUDA graphs are for CUDA GPUs (this model is on {w.device.type})"
+    what = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
+            "dtype": str(w.dtype).removeprefix("torch."), "device": torch.cuda.get_device_name(w.device)}
+    (use, why), measured_now = kernel_cache.decide_once(
+        "cuda_graph", what, lambda: list(_measure(model)),
+        f"whether CUDA graphs make decoding faster for this {c.n_layer}-block width-{c.n_embd} model")
+    (graph_decode if use else ungraph)(model)
+    return use, why + ("" if measured_now else f" (measured here before, kept in {kernel_cache.shown_path()})")
+
+
+@torch.inference_mode()
+def _measure(model, rounds: int = 5) -> tuple[bool, str]:
+    """Time a 1-row step and a 5-row verification, eager and graphed, in turns; the fastest of
+    `rounds` each (noise only ever adds time)."""
+    times = {"eager": [], "graphed": []}
+    for r in range(rounds + 1):  # the first round records the graphs
+        for name in times:
+            (graph_decode if name == "graphed" else ungraph)(model)
+            if r:
+                times[name].append(time_decode(model))
+    ungraph(model)
+    best = {name: (min(t[0] for t in ts), min(t[1] for t in ts)) for name, ts in times.items()}
+    use = sum(best["graphed"]) < (1 - AUTO_MARGIN) * sum(best["eager"])
+    ms = "; ".join(f"{name} {1000 * t1:.1f} ms a step, {1000 * t5:.1f} ms a 5-row verification"
+                   for name, (t1, t5) in best.items())
+    return use, f"CUDA graphs {'faster' if use else f'not faster by {AUTO_MARGIN:.0%}'} here ({ms})"

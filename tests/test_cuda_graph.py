@@ -1,0 +1,167 @@
+"""The CUDA-graph decode path (gpt2/cuda_graph.py) on a CPU: its static inputs, pooled cache
+buffers and fixed-size forward give the eager model's logits and greedy tokens.
+
+A CPU has no CUDA graphs, so these tests record with a stand-in that replays by calling the
+recorded forward again and copying its results into the first call's outputs. That is what a
+replay does where it matters here: it reads only the static inputs and the cache buffers it was
+recorded on, and writes its outputs in place. A forward that read anything else (this call's own
+tokens, a mask made for the first call, another cache) gives wrong logits on a later call, here as
+on a GPU. tests/test_cuda.py records real CUDA graphs where a GPU is present.
+"""
+
+import gc
+
+import pytest
+import torch
+from conftest import TINY
+
+from gpt2 import load_gpt2
+from gpt2.compiled import MAX_ROWS
+from gpt2.cuda_graph import graph_decode, is_graphed, ungraph
+from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
+from spec_decoding.batched import BatchedKVCache
+
+# Rounding only: attention runs over the whole buffer with a mask, so float32 sums run in another
+# order. A wrong mask, a stale input or a wrong cache slot is far above this.
+ATOL = 2e-5
+
+
+def recorder(log):
+    """A stand-in for record_cuda_graph on a CPU; appends each recording to log."""
+    def record(forward):
+        log.append(forward)
+        outputs = forward()
+
+        def replay():
+            for static, new in zip(outputs, forward()):
+                static.copy_(new)
+        return replay, outputs
+    return record
+
+
+@pytest.fixture(scope="module")
+def folder(make_checkpoint):
+    return make_checkpoint(TINY, seed=3, std=0.3, embedding_std=1.0)
+
+
+@pytest.fixture
+def model(folder):
+    return load_gpt2(folder, dtype="float32")
+
+
+def logits_of(model, prompt, chunks, max_len):
+    cache = model.new_kv_cache(max_len=max_len)
+    return [model(prompt, cache)] + [model(chunk, cache) for chunk in chunks]
+
+
+@torch.inference_mode()
+def test_graphed_logits_equal_eager_for_steps_and_verifications(model):
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, TINY.vocab_size, (1, 7), generator=g)
+    # Steps and verifications at growing cache lengths, each shape more than once (replays).
+    chunks = [torch.randint(0, TINY.vocab_size, (1, t), generator=g) for t in (1, 5, 1, 2, MAX_ROWS, 1, 5, 1)]
+    expected = logits_of(model, prompt, chunks, max_len=40)
+    recorded = []
+    got = logits_of(graph_decode(model, record=recorder(recorded)), prompt, chunks, max_len=40)
+    assert is_graphed(model)
+    assert len(recorded) == 4  # 1, 5, 2 and MAX_ROWS rows: each once (the prompt, the first call, runs eagerly)
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+@torch.inference_mode()
+def test_graphed_tree_mask_early_exit_and_features_equal_eager(model):
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, TINY.vocab_size, (1, 6), generator=g)
+    nodes = torch.randint(0, TINY.vocab_size, (1, 3), generator=g)
+    positions = torch.tensor([6, 6, 7])  # two siblings, then a child of the first
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[:, 6:] = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    results = []
+    for graphed in (False, True):
+        if graphed:
+            graph_decode(model, record=recorder([]))
+        cache = model.new_kv_cache(max_len=20)
+        model(prompt, cache)
+        tree = model(nodes, cache, positions=positions, attn_mask=mask)
+        cache.truncate(6)
+        early, features = model(nodes[:, :1], cache, 1, exit_layer=1, return_features=True)
+        results.append((tree, early, features))
+    for e, c in zip(*results):
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+def test_graphed_greedy_tokens_equal_eager_and_later_generations_reuse_the_graphs(model, folder):
+    prompt = [5, 17, 3, 99, 42]
+    draft = load_gpt2(folder, dtype="float32")  # the same weights: every draft token is accepted...
+    with torch.no_grad():
+        draft.h[1].mlp.c_proj.weight.mul_(1.5)  # ...unless its last block differs
+    expected = autoregressive_generate(model, prompt, 30).tokens
+    target_recorded, draft_recorded = [], []
+    graph_decode(model, record=recorder(target_recorded))
+    graph_decode(draft, record=recorder(draft_recorded))
+    assert autoregressive_generate(model, prompt, 30).tokens == expected
+    result = speculative_sampling_greedy(model, draft, prompt, 30, gamma=4)
+    assert result.tokens == expected and result.stats.target_calls < 30
+    assert tree_speculative_sampling(model, draft, prompt, 30, (2, 2), temperature=0).tokens == expected
+    gc.collect()
+    recorded = len(target_recorded), len(draft_recorded)
+    # A second generation of the same shapes takes the pooled buffers and their graphs.
+    assert speculative_sampling_greedy(model, draft, prompt, 30, gamma=4).tokens == expected
+    assert (len(target_recorded), len(draft_recorded)) == recorded
+
+
+@torch.inference_mode()
+def test_caches_alive_together_get_their_own_buffers(model):
+    """Two caches in use at once must not share buffers (the pool hands out only free ones)."""
+    g = torch.Generator().manual_seed(2)
+    a_prompt, b_prompt = (torch.randint(0, TINY.vocab_size, (1, 4), generator=g) for _ in range(2))
+    steps = [torch.randint(0, TINY.vocab_size, (1, 1), generator=g) for _ in range(6)]
+    expected = [logits_of(model, p, steps, 20) for p in (a_prompt, b_prompt)]
+    graph_decode(model, record=recorder([]))
+    a, b = model.new_kv_cache(max_len=20), model.new_kv_cache(max_len=20)
+    assert a.full_buffers[0][0].data_ptr() != b.full_buffers[0][0].data_ptr()
+    got = [[model(a_prompt, a)], [model(b_prompt, b)]]
+    for step in steps:  # interleaved: each step of one cache between two of the other
+        got[0].append(model(step, a))
+        got[1].append(model(step, b))
+    for e_run, g_run in zip(expected, got):
+        for e, c in zip(e_run, g_run):
+            torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+def test_buffers_return_to_the_pool_only_when_nothing_holds_them(model):
+    graph_decode(model, record=recorder([]))
+    cache = model.new_kv_cache(max_len=20)
+    first = cache.full_buffers[0][0].data_ptr()
+    batched = BatchedKVCache(cache)  # takes the cache's lists of keys and values
+    del cache
+    gc.collect()
+    held = model.new_kv_cache(max_len=20)
+    assert held.full_buffers[0][0].data_ptr() != first  # still in use by the batched cache
+    del batched
+    gc.collect()
+    assert model.new_kv_cache(max_len=30).full_buffers[0][0].data_ptr() == first  # free again
+
+
+@torch.inference_mode()
+def test_calls_it_does_not_serve_run_eagerly_with_their_messages(model):
+    recorded = []
+    graph_decode(model, record=recorder(recorded))
+    long_prompt = torch.arange(MAX_ROWS + 4)[None] % TINY.vocab_size
+    cache = model.new_kv_cache(max_len=MAX_ROWS + 5)
+    model(long_prompt[:, :3], cache)  # a cache's first call (the prompt): eager
+    model(long_prompt[:, 3:], cache)  # more than MAX_ROWS new rows: eager
+    model(long_prompt)  # no cache: eager
+    assert recorded == []
+    with pytest.raises(ValueError, match="has room for"):  # the eager path's own message
+        model(torch.tensor([[1, 2]]), cache)
+    assert recorded == []
+    ungraph(model)
+    assert not is_graphed(model)
+    model(torch.tensor([[1]]), cache)  # a pooled cache keeps working eagerly
+
+
+def test_load_compile_graph_on_a_cpu_stays_eager_and_says_so(folder, capsys):
+    assert not is_graphed(load_gpt2(folder, compile="graph"))
+    assert "CUDA graphs are for CUDA GPUs" in capsys.readouterr().err
