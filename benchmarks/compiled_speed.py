@@ -38,7 +38,7 @@ from .weight_formats import FORMATS, format_bytes
 
 VERIFY_ROWS = 5
 GPU_FORMATS = {"fp32", "bf16", "fp16"}  # weight formats a GPU computes in directly
-PATHS = ["eager", "compiled", "graph"]
+PATHS = ["eager", "compiled", "graph", "compiled-graph"]
 
 
 @torch.inference_mode()
@@ -54,12 +54,13 @@ def forward_seconds(model, cache, context_len, tokens, device=None) -> tuple[flo
 
 
 def use_path(model, path: str, compiled: CompiledDecode):
-    """Put `model` on one decode path: eager, compiled (this CompiledDecode) or graph."""
+    """Put `model` on one decode path: eager, compiled (this CompiledDecode), graph (the eager
+    block recorded as CUDA graphs) or compiled-graph (the compiled block recorded)."""
     ungraph(eager(model))
     if path == "compiled":
         model.forward = compiled
-    elif path == "graph":
-        graph_decode(model)
+    elif path in ("graph", "compiled-graph"):
+        graph_decode(model, compiled=path == "compiled-graph")
 
 
 @torch.inference_mode()
@@ -68,7 +69,7 @@ def measure_format(folder, fmt: str, context: int, rounds: int, paths: list[str]
     compiled = CompiledDecode(model)
     prompt, new = random_prompt(context, seed=0), random_prompt(VERIFY_ROWS, seed=1)
     # A cache from the graphed path's pool serves every path (eager reads the same buffers).
-    use_path(model, "graph" if "graph" in paths else "eager", compiled)
+    use_path(model, "graph" if {"graph", "compiled-graph"} & set(paths) else "eager", compiled)
     cache = model.new_kv_cache(max_len=context + VERIFY_ROWS)
     model(torch.tensor([prompt], device=device), cache, 1)
     times = {f"{path}_{name}{kind}": [] for path in paths for name in ("step", "verify") for kind in ("", "_cpu")}
@@ -104,8 +105,8 @@ def main(argv=None):
     p.add_argument("--context", type=int, default=160, help="cached positions for the timings")
     p.add_argument("--rounds", type=int, default=10, help="timed rounds per format")
     p.add_argument("--paths", nargs="+", default=["eager", "compiled"], choices=PATHS,
-                   help="decode paths to time, in turns (graph: CUDA graphs, a GPU only; the first is "
-                        "the one the others are compared with)")
+                   help="decode paths to time, in turns (graph, compiled-graph: CUDA graphs of the eager or "
+                        "the compiled block, a GPU only; the first is the one the others are compared with)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where to decode (cuda: give --formats bf16 fp16 fp32)")
@@ -118,8 +119,8 @@ def main(argv=None):
     if device.type == "cuda" and set(args.formats) - GPU_FORMATS:
         p.error(f"--formats {' '.join(sorted(set(args.formats) - GPU_FORMATS))}: on a GPU, use "
                 f"{', '.join(sorted(GPU_FORMATS))} (the others are CPU kernels' formats)")
-    if "graph" in args.paths and device.type != "cuda":
-        p.error("--paths graph: CUDA graphs need a CUDA GPU (--device cuda)")
+    if {"graph", "compiled-graph"} & set(args.paths) and device.type != "cuda":
+        p.error("--paths graph, compiled-graph: CUDA graphs need a CUDA GPU (--device cuda)")
     folder = standin_checkpoint(args.target_model, args.checkpoints)
     results = {fmt: measure_format(folder, fmt, args.context, args.rounds, args.paths, device)
                for fmt in args.formats}

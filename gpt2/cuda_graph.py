@@ -40,7 +40,7 @@ import weakref
 import torch
 
 from . import kernel_cache
-from .compiled import MAX_ROWS, OPTIONS, block_step, fixed_size_inputs, head, time_decode
+from .compiled import MAX_ROWS, OPTIONS, block_step, eager, fixed_size_inputs, head, time_decode
 from .device import synchronize
 
 
@@ -69,11 +69,15 @@ class GraphedDecode:
     model.new_kv_cache (same arguments; the cache's buffers come from the pool). record_seconds:
     graph key -> seconds its first call took (warm-up, recording, replay)."""
 
-    def __init__(self, model, record=record_cuda_graph):
+    def __init__(self, model, record=record_cuda_graph, compiled: bool = False):
         self.model = model
         self.eager_forward = model.forward
         self.eager_new_kv_cache = model.new_kv_cache
         self.record = record  # tests on a CPU give a stand-in that calls forward again
+        # compiled: record the block torch.compile made of block_step (its fused kernels: fewer
+        # launches to replay) instead of the eager block's
+        self.compiled = compiled
+        self.block = torch.compile(block_step) if compiled else block_step
         self.free = {}  # buffer shape -> [(keys, values)] not held by any cache
         self.graphs = {}  # (id(keys), rows, logits rows, exit layer) -> (inputs, replay, outputs)
         self.record_seconds: dict[tuple, float] = {}
@@ -121,7 +125,13 @@ class GraphedDecode:
         with torch.inference_mode():
             if key not in self.graphs:
                 t0 = time.perf_counter()
-                self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, rows, exit_layer)
+                try:
+                    self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, rows, exit_layer)
+                except torch._dynamo.exc.TorchDynamoException as e:  # compiling failed (in the warm-up)
+                    print(f"note: compiling the recorded block failed here ({type(e).__name__}); recording "
+                          f"the eager block instead", file=sys.stderr)
+                    self.compiled, self.block = False, block_step
+                    self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, rows, exit_layer)
                 synchronize(idx.device)
                 self.record_seconds[key] = seconds = time.perf_counter() - t0
                 print(f"note: recorded a CUDA graph of the forward for {T} new row(s) in {seconds:.2f} s "
@@ -143,23 +153,30 @@ class GraphedDecode:
         def forward():
             s_idx, s_positions, s_slots, s_mask = inputs
             x = model.wte(s_idx) + model.wpe(s_positions)
+            if self.compiled and x.shape[1] > 1:  # one compiled graph for 2 to MAX_ROWS rows (gpt2.compiled)
+                for tensor, dim in ((x, 1), (s_slots, 0), (s_mask, 0)):
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
             for layer, block in enumerate(model.h[:exit_layer]):
-                x = block_step(block, x, keys[layer], values[layer], s_slots, s_mask)
+                x = self.block(block, x, keys[layer], values[layer], s_slots, s_mask)
             return head(model, model.ln_f(x[:, -rows:])), x
 
         replay, outputs = self.record(forward)
         return inputs, replay, outputs
 
 
-def graph_decode(model, record=record_cuda_graph):
+def graph_decode(model, record=record_cuda_graph, compiled: bool = False):
     """Give `model` (a GPT2 on a CUDA GPU, inference) the graphed decode path; returns the model.
-    Idempotent. record: how a forward is recorded (tests on a CPU pass a stand-in)."""
+    compiled=True records torch.compile's fused block instead of the eager one. Switching the
+    path off (ungraph) and on again keeps the pool and the graphs recorded. record: how a forward
+    is recorded (tests on a CPU pass a stand-in)."""
     device = model.wte.weight.device.type
     if device != "cuda" and record is record_cuda_graph:
         print(f"note: CUDA graphs are for CUDA GPUs; this model on {device} stays eager", file=sys.stderr)
         return model
-    if not is_graphed(model):
-        graphed = GraphedDecode(model, record)
+    kept = model.__dict__.setdefault("_graphed_paths", {})  # compiled -> its GraphedDecode
+    if not (is_graphed(model) and model.forward is kept.get(compiled)):
+        ungraph(eager(model))
+        graphed = kept.get(compiled) or kept.setdefault(compiled, GraphedDecode(model, record, compiled))
         model.forward, model.new_kv_cache = graphed, graphed.new_kv_cache
     return model
 
@@ -169,8 +186,8 @@ def is_graphed(model) -> bool:
 
 
 def ungraph(model):
-    """Take the graphed path off `model` again (caches made meanwhile keep working, eagerly);
-    returns the model."""
+    """Take the graphed path off `model` (caches made meanwhile keep working, eagerly; graph_decode
+    puts it back with its graphs); returns the model."""
     if is_graphed(model):
         del model.forward, model.new_kv_cache
     return model

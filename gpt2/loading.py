@@ -109,6 +109,8 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
         note_once(f"note: compile auto for {Path(weights_path).parent.name}: {why}", sys.stderr)
     elif compile == "graph":
         graph_decode(model)
+    elif compile and device.type == "cuda":  # on a GPU, the compiled block recorded as CUDA graphs
+        graph_decode(model, compiled=True)
     elif compile:
         compile_decode(model)
     return model

@@ -120,6 +120,11 @@ def test_cuda_graphs_on_gpu_equal_eager(pair_dirs):
     graphs = len(target.forward.graphs)
     assert speculative_sampling_greedy(target, draft, PROMPT, 40, gamma=3).tokens == plain
     assert len(target.forward.graphs) == graphs  # the pooled buffers' graphs, replayed
+    # compile=True on a GPU: torch.compile's fused block, recorded as CUDA graphs
+    fused = load_gpt2(pair_dirs[0], device="cuda", dtype="float32", compile=True)
+    assert is_graphed(fused) and fused.forward.compiled
+    for e, c in zip(expected, logits_of(fused, PROMPT, chunks)):
+        torch.testing.assert_close(c, e, atol=2e-5, rtol=0)
     # bfloat16, what auto picks here: within its rounding of its own eager logits
     half = load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16")
     eager_half = logits_of(half, PROMPT, chunks)

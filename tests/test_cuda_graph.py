@@ -165,3 +165,37 @@ def test_calls_it_does_not_serve_run_eagerly_with_their_messages(model):
 def test_load_compile_graph_on_a_cpu_stays_eager_and_says_so(folder, capsys):
     assert not is_graphed(load_gpt2(folder, compile="graph"))
     assert "CUDA graphs are for CUDA GPUs" in capsys.readouterr().err
+
+
+@torch.inference_mode()
+def test_switching_off_and_on_keeps_the_recorded_graphs(model):
+    recorded = []
+    graph_decode(model, record=recorder(recorded))
+    chunks = [torch.tensor([[4]]), torch.tensor([[5, 6, 7]])]
+    expected = logits_of(model, torch.tensor([[1, 2, 3]]), chunks, 20)
+    cache_buffers = model.forward.free
+    assert len(recorded) == 2
+    ungraph(model)
+    torch.testing.assert_close(logits_of(model, torch.tensor([[1, 2, 3]]), chunks, 20)[2], expected[2],
+                               atol=ATOL, rtol=0)
+    graph_decode(model, record=recorder(recorded))
+    assert model.forward.free is cache_buffers
+    got = logits_of(model, torch.tensor([[1, 2, 3]]), chunks, 20)
+    assert len(recorded) == 2  # the same pool, the same graphs, replayed
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+@torch.inference_mode()
+def test_the_recorded_compiled_block_equals_eager(folder):
+    """compiled=True records torch.compile's fused block (on a CPU, inductor's C++ here) with the
+    same static inputs: a step and verifications of two lengths share its two compiled graphs."""
+    model = load_gpt2(folder, dtype="float32")
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, TINY.vocab_size, (1, 5), generator=g)
+    chunks = [torch.randint(0, TINY.vocab_size, (1, t), generator=g) for t in (1, 4, 1, 3, 4)]
+    expected = logits_of(model, prompt, chunks, 30)
+    got = logits_of(graph_decode(model, record=recorder([]), compiled=True), prompt, chunks, 30)
+    assert model.forward.compiled
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
