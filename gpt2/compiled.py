@@ -224,14 +224,25 @@ def choose_compiled(model) -> tuple[bool, str]:
     c, w = model.config, model.wte.weight
     if w.device.type not in DEVICES:
         return False, f"the compiled decode path is for CPUs and CUDA GPUs (this model is on {w.device.type})"
-    what = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
-            "dtype": str(w.dtype).removeprefix("torch."), "quantize": getattr(model, "quantize", None)}
+    what = model_key(model) | {"quantize": getattr(model, "quantize", None)}
     if w.device.type == "cuda":  # a GPU's choice is its own (the CPU's entries keep their keys)
         what["device"] = torch.cuda.get_device_name(w.device)
-    (use, why), measured_now = kernel_cache.decide_once(
-        "compiled", what, lambda: list(_measure(model)),
-        f"whether the compiled decode path is faster for this {c.n_layer}-block width-{c.n_embd} model")
-    (compile_decode if use else eager)(model)
+    return decide_path(model, "compiled", what, _measure, compile_decode, eager,
+                       f"whether the compiled decode path is faster for this {c.n_layer}-block width-{c.n_embd} model")
+
+
+def model_key(model) -> dict:
+    """What a measured choice of decode path is kept under: the model's shape and dtype."""
+    c = model.config
+    return {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
+            "dtype": str(model.wte.weight.dtype).removeprefix("torch.")}
+
+
+def decide_path(model, kind: str, what: dict, measure, take, leave, about: str) -> tuple[bool, str]:
+    """(use, why) of a decode path, measure(model)'s, kept per machine under (kind, what) and read
+    back later; the model is left on the path (take(model)) or off it (leave(model))."""
+    (use, why), measured_now = kernel_cache.decide_once(kind, what, lambda: list(measure(model)), about)
+    (take if use else leave)(model)
     return use, why + ("" if measured_now else f" (measured here before, kept in {kernel_cache.shown_path()})")
 
 

@@ -39,8 +39,8 @@ import weakref
 
 import torch
 
-from . import kernel_cache
-from .compiled import MAX_ROWS, OPTIONS, block_step, eager, fixed_size_inputs, head, time_decode
+from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, fixed_size_inputs, head, model_key,
+                       time_decode)
 from .device import synchronize
 
 
@@ -205,13 +205,9 @@ def choose_graphed(model) -> tuple[bool, str]:
     c, w = model.config, model.wte.weight
     if w.device.type != "cuda":
         return False, f"CUDA graphs are for CUDA GPUs (this model is on {w.device.type})"
-    what = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
-            "dtype": str(w.dtype).removeprefix("torch."), "device": torch.cuda.get_device_name(w.device)}
-    (use, why), measured_now = kernel_cache.decide_once(
-        "cuda_graph", what, lambda: list(_measure(model)),
-        f"whether CUDA graphs make decoding faster for this {c.n_layer}-block width-{c.n_embd} model")
-    (graph_decode if use else ungraph)(model)
-    return use, why + ("" if measured_now else f" (measured here before, kept in {kernel_cache.shown_path()})")
+    what = model_key(model) | {"device": torch.cuda.get_device_name(w.device)}
+    return decide_path(model, "cuda_graph", what, _measure, graph_decode, ungraph,
+                       f"whether CUDA graphs make decoding faster for this {c.n_layer}-block width-{c.n_embd} model")
 
 
 @torch.inference_mode()

@@ -180,6 +180,9 @@ class AutoGamma(GammaPolicy):
         self._xx, self._xy = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0]
         self._round_start = None
         self.timed_rounds = 0
+        # tokens_per_second(optimism) as last computed: a plain round judges no draft token and
+        # changes no estimate, so the next round reuses the rates (cleared whenever one changes)
+        self._rates: dict[float, list[float]] = {}
         # The first round also feeds the whole prompt to both models (their prefill): its time is
         # not a round's cost, and fitted as one it would make the draft look expensive.
         self._prefill_round = True
@@ -213,6 +216,7 @@ class AutoGamma(GammaPolicy):
         fit = nonnegative_least_squares_2(xx, xy)
         if fit is not None:
             self.draft_step_s, self.target_scale = fit
+            self._rates.clear()
         self.timed_rounds += 1
 
     def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
@@ -228,6 +232,11 @@ class AutoGamma(GammaPolicy):
 
     def tokens_per_second(self, optimism: float = 0.0) -> list[float]:
         """[gamma_max + 1]: expected tokens per second of a round drafting g = 0..gamma_max."""
+        if optimism not in self._rates:
+            self._rates[optimism] = self._tokens_per_second(optimism)
+        return self._rates[optimism]
+
+    def _tokens_per_second(self, optimism: float) -> list[float]:
         alphas = self.acceptance_by_position(optimism)
         # E(g) = expected_tokens_by_position(alphas[:g]) for every g in one pass (it runs every
         # round): E(g) = E(g - 1) + a_1 ... a_g, the chance that all g draft tokens are accepted.
@@ -288,6 +297,7 @@ class AutoGamma(GammaPolicy):
         self.made += accepted + 1
         self.spent += seconds
         self.evidence += 1
+        self._rates.clear()
         self.judged = [j * self.decay for j in self.judged]
         self.accepted = [a * self.decay for a in self.accepted]
         for i in range(min(accepted + 1, drafted)):  # positions the target judged
