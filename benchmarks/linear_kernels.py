@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpt2 import native
 from gpt2.fast_linear import NativeInt8Linear, NativeRowsLinear
 
 from .common import BYTES_PER_GB, machine_info, markdown_table, measure_read_bandwidth, write_results
@@ -106,20 +107,20 @@ def _run_fbgemm_fp16(x, s):
     return torch.ops.quantized.linear_dynamic_fp16(x, s[0])
 
 
-def _native(dtype):
-    """Our C kernel (gpt2/csrc/rows_linear.c): weights packed in panels, in dtype."""
+def _native(dtype, avx2_build: bool = False):
+    """Our C kernel (gpt2/csrc/rows_linear.c): weights packed in panels, in dtype (torch.int8:
+    per-channel int8). avx2_build: its AVX2 build even where the CPU has AVX-512 (whose build is
+    the default there), to time the two side by side."""
     def prepare(w, b):
-        return (NativeRowsLinear(w, dtype), b)
+        kernel = NativeInt8Linear(*int8_per_channel(w)) if dtype == torch.int8 else NativeRowsLinear(w, dtype)
+        if avx2_build:
+            kernel.lib = native.library(wide_build=False)
+        return (kernel, b)
     return prepare
 
 
 def _run_native(x, s):
     return s[0](x, s[1])
-
-
-def _native_int8(w, b):
-    """Our C kernel on int8 panels (native-int8): int8pack's numbers."""
-    return (NativeInt8Linear(*int8_per_channel(w)), b)
 
 
 def int8_per_channel(w):
@@ -242,7 +243,9 @@ CANDIDATES = {
     "fp16_fbgemm": (_fbgemm_fp16, _run_fbgemm_fp16, torch.float32, "fp16 weights, fp32 math, fbgemm (quantized.linear_dynamic_fp16; quantize=\"fp16\")"),
     "fp16_native": (_native(torch.float16), _run_native, torch.float32, "fp16 weights, fp32 math, our C kernel (gpt2/csrc/rows_linear.c, native-fp16)"),
     "fp32_native": (_native(torch.float32), _run_native, torch.float32, "fp32, our C kernel (gpt2/csrc/rows_linear.c, native-f32)"),
-    "int8_native": (_native_int8, _run_native, torch.float32, "int8 per-channel, our C kernel (gpt2/csrc/rows_linear.c, native-int8): int8pack's numbers"),
+    "int8_native": (_native(torch.int8), _run_native, torch.float32, "int8 per-channel, our C kernel (gpt2/csrc/rows_linear.c, native-int8): int8pack's numbers"),
+    "fp16_native_avx2": (_native(torch.float16, True), _run_native, torch.float32, "fp16_native, its AVX2 build (the same as fp16_native on a CPU without AVX-512)"),
+    "int8_native_avx2": (_native(torch.int8, True), _run_native, torch.float32, "int8_native, its AVX2 build (the same as int8_native on a CPU without AVX-512)"),
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),
     "bf16_compile_upcast": (_compiled_upcast(torch.bfloat16), _run_compiled, torch.float32, "bf16 weights, torch.compile(F.linear(x, w.float()))"),
     "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x (quantize=\"int8\")"),

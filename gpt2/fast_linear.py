@@ -136,6 +136,7 @@ class NativeRowsLinear:
     other code for other row counts."""
 
     scale = None  # int8's per-output scale (NativeInt8Linear)
+    lib = None  # a build of the kernel (native.library(wide_build=...)); None: this CPU's
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.panels, self.out = native.pack_panels(weight.detach(), dtype), weight.shape[0]
@@ -143,7 +144,7 @@ class NativeRowsLinear:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] -> [..., out] in x's dtype (float32 math)."""
         y = native.rows_linear(x.float(), self.panels, self.out,
-                               None if bias is None else bias.detach().float().contiguous(), self.scale)
+                               None if bias is None else bias.detach().float().contiguous(), self.scale, self.lib)
         return y.to(x.dtype)
 
 

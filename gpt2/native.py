@@ -24,8 +24,12 @@ SOURCE = Path(__file__).parent / "csrc" / "rows_linear.c"
 # -ffp-contract=off: only the kernel's written FMAs fuse, so the summation order is the source's.
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 NEEDS = ("avx2", "fma", "f16c")
+# Where the CPU has AVX-512 (and does not act as an AVX2 one, GPT2_CPU=avx2), the kernel is built
+# with it: its loop over several rows then takes 16-lane vectors (rows_linear.c), same results.
+WIDE_FLAGS = ["-mavx512f"]
 
-_LIBRARY: ctypes.CDLL | None = None
+_LIBRARY: ctypes.CDLL | None = None  # this CPU's build, once loaded
+_BUILDS: dict[bool, ctypes.CDLL] = {}  # wide -> that build, loaded
 
 
 def compiler() -> str | None:
@@ -52,40 +56,56 @@ def source_tag() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
-def library_path(cc: str) -> Path:
+def wide() -> bool:
+    """Whether this CPU's build is the AVX-512 one (WIDE_FLAGS)."""
+    return "avx512f" in kernel_cache.cpu_flags() and os.environ.get("GPT2_CPU") != "avx2"
+
+
+def build_flags(wide_build: bool) -> list[str]:
+    return FLAGS + (WIDE_FLAGS if wide_build else [])
+
+
+def library_path(cc: str, flags: list[str]) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    tag = hashlib.sha256("\n".join([source_tag(), *version, *FLAGS]).encode()).hexdigest()[:16]
+    tag = hashlib.sha256("\n".join([source_tag(), *version, *flags]).encode()).hexdigest()[:16]
     return kernel_cache.cache_path().parent / "native" / f"rows_linear-{tag}.so"
 
 
-def library() -> ctypes.CDLL:
-    """The compiled kernel, built now if this machine has not built this source before."""
+def library(wide_build: bool | None = None) -> ctypes.CDLL:
+    """The compiled kernel, built now if this machine has not built this source before: this
+    CPU's build, or (wide_build True/False) the AVX-512 or the AVX2 one (the tests compare them)."""
     global _LIBRARY
-    if _LIBRARY is None:
+    mine = wide_build is None or wide_build == wide()
+    if mine and _LIBRARY is not None:
+        return _LIBRARY
+    wide_build = wide() if wide_build is None else wide_build
+    if wide_build not in _BUILDS:
         reason = why_not()
         if reason:
             raise RuntimeError(reason)
         cc = compiler()
-        path = library_path(cc)
+        path = library_path(cc, build_flags(wide_build))
         if not path.exists():
-            build(cc, path)
+            build(cc, path, build_flags(wide_build))
         lib = ctypes.CDLL(str(path))
         # (x, rows, in, panels, out, scale, bias, y, x_rounded, threads)
         for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8):
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        _LIBRARY = lib
-    return _LIBRARY
+        _BUILDS[wide_build] = lib
+    if mine:
+        _LIBRARY = _BUILDS[wide_build]
+    return _BUILDS[wide_build]
 
 
-def build(cc: str, path: Path) -> None:
-    """Compile SOURCE into path (written to a temporary name, then renamed: a reader never
-    loads half a file)."""
+def build(cc: str, path: Path, flags: list[str] = FLAGS) -> None:
+    """Compile SOURCE with flags into path (written to a temporary name, then renamed: a reader
+    never loads half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = Path(tmp) / path.name
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()[-2000:]}")
         os.replace(built, path)
@@ -107,16 +127,17 @@ def pack_panels(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None,
-                scale: torch.Tensor | None = None) -> torch.Tensor:
+                scale: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
     float32 or int8) and W has `out` rows; bias [out] float32 contiguous. int8 panels hold q, and
     W = q * scale [out] (float32 contiguous): then x is rounded to bfloat16, and so is each output
     (its sum times its scale) before the bias (the library's int8 arithmetic). On PyTorch's number
-    of threads. (Written for a call's few microseconds: it runs once per linear layer per step.)"""
+    of threads; lib: a build of the kernel (default: this CPU's). (Written for a call's few
+    microseconds: it runs once per linear layer per step.)"""
     x = x if x.is_contiguous() else x.contiguous()
     inputs = panels.shape[1]
     y = x.new_empty(x.shape[:-1] + (out,))
-    lib = _LIBRARY or library()
+    lib = lib or _LIBRARY or library()
     fn = {torch.float16: lib.rows_linear_f16, torch.float32: lib.rows_linear_f32,
           torch.int8: lib.rows_linear_i8}[panels.dtype]
     x_rounded = None if scale is None else torch.empty_like(x)  # x in bfloat16's values

@@ -121,6 +121,34 @@ def test_greedy_speculative_equals_plain_greedy_on_the_c_kernel(text_pair_dirs, 
     assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == ar
 
 
+@needs_native
+def test_the_avx512_build_compiles_on_any_host(tmp_path):
+    """The AVX-512 code is compiled (not run) wherever the compiler knows the instructions, so an
+    error in it shows on a host without them too."""
+    native.build(native.compiler(), tmp_path / "wide.so", native.build_flags(True))
+    assert (tmp_path / "wide.so").stat().st_size > 0
+
+
+@needs_native
+@pytest.mark.skipif("avx512f" not in native.kernel_cache.cpu_flags(), reason="needs an AVX-512 CPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int8])
+def test_the_avx512_build_gives_the_avx2_builds_bits(dtype):
+    """Each 16-lane vector lane sums what the AVX2 lane of the same output sums, in the same order:
+    the two builds agree bit for bit, alone and among other rows (decode step and verification)."""
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(100, 1280, generator=g), torch.randn(100, generator=g)
+    if dtype == torch.int8:
+        q, scale = int8_per_channel(w)
+        panels, scale = native.pack_panels(q, torch.int8), scale.float().contiguous()
+    else:
+        panels, scale = native.pack_panels(w, dtype), None
+    for rows in (1, 2, 5, 6, 7, 13):
+        x = torch.randn(rows, 1280, generator=g)
+        narrow, wide = (native.rows_linear(x, panels, 100, b, scale, lib=native.library(wide_build=v))
+                        for v in (False, True))
+        assert torch.equal(narrow, wide), rows
+
+
 def test_without_the_instructions_or_a_compiler_the_probe_says_why(monkeypatch):
     monkeypatch.setattr(native.kernel_cache, "cpu_flags", lambda: ("avx2",))
     assert native.why_not() == "this CPU lacks fma, f16c (the C kernel is AVX2 with FMA and F16C)"
@@ -140,6 +168,7 @@ def test_a_failing_compiler_gives_its_message(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(broken))
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "cache" / "kernels.json"))
     monkeypatch.setattr(native, "_LIBRARY", None)
+    monkeypatch.setattr(native, "_BUILDS", {})
     with pytest.raises(RuntimeError, match="compiling rows_linear.c with .*cc failed:\ncc: error: this compiler is broken"):
         native.library()
     assert not (tmp_path / "cache" / "native").exists() or not any((tmp_path / "cache" / "native").glob("*.so"))

@@ -1,4 +1,5 @@
-/* A linear layer for a few rows, in AVX2 (with FMA and F16C): y = x @ W.T + bias.
+/* A linear layer for a few rows, in AVX2 (with FMA and F16C; several rows in AVX-512 where the CPU
+   has it, below): y = x @ W.T + bias.
 
    x [rows, in] float32, bias [out] float32 (or NULL), y [rows, out] float32. The weight W [out, in]
    (float16, float32 or int8) comes packed in panels of 16 output rows: panel p holds
@@ -71,6 +72,7 @@ static inline float round_to_bfloat16(float v) {
         for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
     }
 
+#ifndef __AVX512F__
 #define PANEL_ROWS(NAME, WTYPE, LOAD)                                                             \
 static inline __attribute__((always_inline)) void NAME(                                          \
         const WTYPE *panel, const float *x, const int R, int64_t in, float *y, int64_t out, int width) { \
@@ -87,6 +89,40 @@ static inline __attribute__((always_inline)) void NAME(                         
 PANEL_ROWS(panel_rows_f16, uint16_t, LOAD_F16)
 PANEL_ROWS(panel_rows_f32, float, LOAD_F32)
 PANEL_ROWS(panel_rows_i8, int8_t, LOAD_I8)
+#else
+/* Built with AVX-512 (gpt2/native.py does where the CPU has it): a panel's 16 weights of one input
+   are one 16-lane vector, so each input costs one conversion and one multiply-add per row where
+   AVX2 takes two of each; several rows are bound by that arithmetic, not by memory. Each lane
+   computes what the AVX2 lane of the same output computes, in the same order: the same bits. */
+#define LOAD16_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOAD16_F32(p) _mm512_loadu_ps(p)
+#define LOAD16_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define ROW_STEP16(r)                                                                            \
+    if (R > r) acc##r = _mm512_fmadd_ps(w, _mm512_set1_ps(x[r * in + k]), acc##r);
+#define ROW_STORE16(r)                                                                           \
+    if (R > r) {                                                                                 \
+        float sums[PANEL];                                                                       \
+        _mm512_storeu_ps(sums, acc##r);                                                          \
+        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
+    }
+
+#define PANEL_ROWS(NAME, WTYPE, LOAD)                                                             \
+static inline __attribute__((always_inline)) void NAME(                                          \
+        const WTYPE *panel, const float *x, const int R, int64_t in, float *y, int64_t out, int width) { \
+    __m512 acc0, acc1, acc2, acc3, acc4, acc5;                                                   \
+    acc0 = acc1 = acc2 = acc3 = acc4 = acc5 = _mm512_setzero_ps();                              \
+    for (int64_t k = 0; k < in; k++) {                                                           \
+        _mm_prefetch((const char *)(panel + k * PANEL) + AHEAD_BYTES, _MM_HINT_T0);              \
+        __m512 w = LOAD(panel + k * PANEL);                                                      \
+        ROW_STEP16(0) ROW_STEP16(1) ROW_STEP16(2) ROW_STEP16(3) ROW_STEP16(4) ROW_STEP16(5)      \
+    }                                                                                            \
+    ROW_STORE16(0) ROW_STORE16(1) ROW_STORE16(2) ROW_STORE16(3) ROW_STORE16(4) ROW_STORE16(5)    \
+}
+
+PANEL_ROWS(panel_rows_f16, uint16_t, LOAD16_F16)
+PANEL_ROWS(panel_rows_f32, float, LOAD16_F32)
+PANEL_ROWS(panel_rows_i8, int8_t, LOAD16_I8)
+#endif
 
 /* One row against four neighbouring panels at once (a decode step): a single panel's two running
    sums would wait on their own additions, not on memory; four panels give eight independent sums
