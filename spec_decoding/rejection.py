@@ -67,6 +67,8 @@ def point_masses(draft_tokens: list[int], vocab_size: int, device=None) -> torch
     and after a rejection draws from norm(max(0, p - q)): p with x removed, renormalised. That is
     exactly lossless, and it is not the same as pretending q = p (which would accept everything)."""
     q = torch.zeros(len(draft_tokens), vocab_size, device=device)
+    if not draft_tokens:  # a plain target step (each round of it: no index to build)
+        return q
     return q.scatter_(1, torch.tensor(draft_tokens, dtype=torch.long, device=device).view(-1, 1), 1.0)
 
 
