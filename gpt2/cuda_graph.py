@@ -41,7 +41,7 @@ import torch
 
 from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, fixed_size_inputs, head, model_key,
                        time_decode)
-from .device import synchronize
+from .device import note_once, synchronize
 
 
 def record_cuda_graph(forward):
@@ -171,7 +171,7 @@ def graph_decode(model, record=record_cuda_graph, compiled: bool = False):
     is recorded (tests on a CPU pass a stand-in)."""
     device = model.wte.weight.device.type
     if device != "cuda" and record is record_cuda_graph:
-        print(f"note: CUDA graphs are for CUDA GPUs; this model on {device} stays eager", file=sys.stderr)
+        note_once(f"note: CUDA graphs are for CUDA GPUs; a model on {device} stays eager", sys.stderr)
         return model
     kept = model.__dict__.setdefault("_graphed_paths", {})  # compiled -> its GraphedDecode
     if not (is_graphed(model) and model.forward is kept.get(compiled)):
