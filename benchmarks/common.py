@@ -118,11 +118,16 @@ def write_results(out_dir: Path, results: dict, markdown: str) -> None:
 
 
 def machine_info() -> dict:
+    """What a result was measured on. transformers' version only where it is installed (a test-only
+    reference: requirements.txt, enough for every benchmark of this project's code, lacks it)."""
+    import importlib.metadata
     import os
     import platform
 
-    import transformers
-
+    try:
+        transformers = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        transformers = None
     cpu = ""
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -131,7 +136,7 @@ def machine_info() -> dict:
         pass
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "gpu": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
+            "gpu": gpu, "torch": torch.__version__, "transformers": transformers,
             "python": platform.python_version(), "load_average": os.getloadavg()}
 
 

@@ -368,3 +368,26 @@ def test_gamma_policies_beside_fixed_gammas(text_pair_dirs, tmp_path):
         assert cell["cost_model_speedup"] == pytest.approx(expected)
     assert "| auto |" in proc.stdout and "| heuristic |" in proc.stdout
     assert "Speculation pays" in proc.stdout
+
+
+def test_machine_info_needs_no_transformers(monkeypatch):
+    """Every benchmark records machine_info(); transformers is a test-only reference that a
+    runtime install (requirements.txt) lacks, so it must not be needed there."""
+    import importlib.metadata
+    import sys
+
+    import torch
+
+    from benchmarks.common import machine_info
+
+    real_version = importlib.metadata.version
+
+    def version(name):
+        if name == "transformers":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    info = machine_info()
+    assert info["transformers"] is None and info["torch"] == torch.__version__
