@@ -1,5 +1,6 @@
 """The floor plan: no module of the project imports, even lazily, a module that imports it back,
-and the rejection step stays a leaf the algorithms share.
+the rejection step stays a leaf the algorithms share, and only the comparisons with transformers
+import it (a test-only reference).
 
 Read from the source (the `ast` module), not by importing: every `import` counts, also those
 inside functions, which is where a cycle usually hides ("import here: X imports this module").
@@ -115,3 +116,33 @@ def test_the_algorithms_do_not_import_the_trace(module):
     """The trace subscribes to the generators' rounds (on_round); they never call it."""
     modules = project_modules()
     assert not {"spec_decoding.trace", "spec_decoding.trace_page"} & imports_of(module, modules[module], modules)
+
+
+# The benchmarks that compare against transformers' own GPT-2 (each imports it inside the function
+# that runs the comparison, and says what to install when it is missing).
+TRANSFORMERS_COMPARISONS = {"benchmarks.hf_assisted", "benchmarks.model_speed", "benchmarks.speculative_speed"}
+
+
+def transformers_imports(file: Path) -> list[tuple[int, bool]]:
+    """(line, at module level) of every import of transformers in the file."""
+    tree = ast.parse(file.read_text(), filename=str(file))
+    in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for n in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n.split(".")[0] == "transformers" for n in names):
+            found.append((node.lineno, id(node) not in in_function))
+    return found
+
+
+def test_only_the_comparisons_with_transformers_import_it():
+    """transformers is a test-only reference (requirements-dev.txt): the models, the algorithms,
+    the scripts and every other benchmark must run without it; the comparisons import it lazily."""
+    for name, file in project_modules().items():
+        found = transformers_imports(file)
+        if name in TRANSFORMERS_COMPARISONS:
+            assert not [line for line, top in found if top], f"{name} imports transformers at module level"
+        else:
+            assert not found, f"{name} imports transformers (line {found[0][0] if found else ''})"
