@@ -140,6 +140,17 @@ def machine_info() -> dict:
             "python": platform.python_version(), "load_average": os.getloadavg()}
 
 
+def transformers_missing(what: str) -> str | None:
+    """None where transformers can be imported, else a line saying that `what` needs it and how to
+    get it (it is a test-only reference, in requirements-dev.txt, not requirements.txt)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return (f"{what} needs Hugging Face transformers, which is not installed: "
+                f"pip install -r requirements-dev.txt (or pip install transformers)")
+    return None
+
+
 def read_prompts(path: Path) -> list[list[int]]:
     """The prompts of a text file, one per line, as token ids (before any model is loaded, so a
     missing file or tokenizer fails fast)."""

@@ -49,7 +49,7 @@ from spec_decoding import autoregressive_generate
 
 from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_checkpoint, timed,
-                     weight_bytes_per_token, write_results)
+                     transformers_missing, weight_bytes_per_token, write_results)
 
 DEFAULT_NEW_TOKENS = {"gpt2": 128, "gpt2-medium": 96, "gpt2-large": 64, "gpt2-xl": 32}
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -410,6 +410,8 @@ def main(argv=None):
     p.add_argument("--dtype-rounds", type=int, default=15)
     add_output_options(p, "model_speed", "gpt2 only, 16 new tokens, 1 repeat, gpt2 load measured once")
     args = p.parse_args(argv)
+    if missing := transformers_missing("benchmarks.model_speed (it times transformers' GPT-2 beside ours)"):
+        p.error(missing)
     if args.quick:
         args.models, args.repeats, args.steps = ["gpt2"], 1, 3
         args.memory_models, args.memory_repeats = ["gpt2"], 1

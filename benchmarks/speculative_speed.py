@@ -38,7 +38,7 @@ from spec_decoding import (CostModel, autoregressive_generate, speculative_sampl
 from spec_decoding.theory import predicted_speedup
 
 from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table, median, random_prompt,
-                     standin_pair, timed, write_results)
+                     standin_pair, timed, transformers_missing, write_results)
 
 
 class ForwardCounter:
@@ -299,6 +299,8 @@ def main(argv=None):
     p.add_argument("--mkl-repeats", type=int, default=2)
     add_output_options(p, "speculative_speed", "gpt2-shaped target, 2-block draft, 16 tokens, 1 prompt")
     args = p.parse_args(argv)
+    if not args.no_hf and (missing := transformers_missing("the comparison with transformers' assisted generation")):
+        p.error(missing + ", or pass --no-hf")
     if args.quick:
         args.target_model, args.draft_layers, args.new_tokens = "gpt2", 2, 16
         args.repeats, args.cost_repeats, args.mkl_repeats, args.gammas = 1, 3, 1, [2, 4]

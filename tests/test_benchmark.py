@@ -391,3 +391,15 @@ def test_machine_info_needs_no_transformers(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", version)
     info = machine_info()
     assert info["transformers"] is None and info["torch"] == torch.__version__
+
+
+@pytest.mark.parametrize("module, words", [("model_speed", "times transformers' GPT-2 beside ours"),
+                                           ("speculative_speed", "or pass --no-hf")])
+def test_a_comparison_with_transformers_without_it_says_what_to_install(module, words, monkeypatch, capsys):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # not installed (requirements.txt only)
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(f"benchmarks.{module}").main(["--quick"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "pip install -r requirements-dev.txt" in err and words in err
