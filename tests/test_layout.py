@@ -119,8 +119,9 @@ def test_the_algorithms_do_not_import_the_trace(module):
 
 
 # The benchmarks that compare against transformers' own GPT-2 (each imports it inside the function
-# that runs the comparison, and says what to install when it is missing).
-TRANSFORMERS_COMPARISONS = {"benchmarks.hf_assisted", "benchmarks.model_speed", "benchmarks.speculative_speed"}
+# that runs the comparison, and says what to install when it is missing), and the probe they ask.
+TRANSFORMERS_COMPARISONS = {"benchmarks.hf_assisted", "benchmarks.model_speed", "benchmarks.speculative_speed",
+                            "benchmarks.common"}
 
 
 def transformers_imports(file: Path) -> list[tuple[int, bool]]:
