@@ -403,3 +403,26 @@ def test_a_comparison_with_transformers_without_it_says_what_to_install(module, 
         importlib.import_module(f"benchmarks.{module}").main(["--quick"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "pip install -r requirements-dev.txt" in err and words in err
+
+
+def test_loop_overhead_times_the_loops_with_stub_models(tmp_path):
+    """The stubs are what the generators need of a model (a draft with the target's logits is
+    accepted every time, the never-drafting policy takes one plain step a token), and the run
+    writes one row per loop."""
+    import torch
+
+    from benchmarks.loop_overhead import NeverDraft, StubModel, main
+    from spec_decoding import speculative_sampling
+
+    target, draft = StubModel(50, seed=0), StubModel(50, seed=0)
+    g = torch.Generator().manual_seed(0)
+    result = speculative_sampling(target, draft, [1, 2], 20, 4, 1.0, generator=g)
+    assert len(result.tokens) == 20 and result.stats.tokens_accepted == result.stats.tokens_drafted > 0
+    plain_rounds = speculative_sampling(target, draft, [1, 2], 20, NeverDraft(), 1.0, generator=g)
+    assert plain_rounds.stats.target_calls == 20 and plain_rounds.stats.tokens_drafted == 0
+    main(["--quick", "--gammas", "2", "--out", str(tmp_path)])
+    md = (tmp_path / "results.md").read_text()
+    loops = {"plain decoding", "speculative, plain rounds only", "speculative, auto (drafting cannot pay)",
+             "speculative, gamma 2"}
+    assert all(f"| {loop} |" in md for loop in loops)
+    assert set(json.loads((tmp_path / "results.json").read_text())["seconds_per_token"]) == loops
