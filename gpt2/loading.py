@@ -89,8 +89,9 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32.
     kernels=False: the plain face, every linear layer on F.linear as gpt2/model.py reads (dtype
     "auto" is then float32); True attaches gpt2/kernels.py's (unless GPT2_FAST_LINEAR=0).
-    compile: True gives the model the compiled decode path (gpt2.compiled; CPU or CUDA), "graph" the
-    CUDA-graph one (gpt2.cuda_graph; a CUDA GPU), "auto" the faster of eager and compiled on a CPU,
+    compile: True gives the model the compiled decode path (gpt2.compiled; on a CUDA GPU its block
+    recorded as CUDA graphs, gpt2.cuda_graph), "graph" the CUDA-graph path with the eager block (a
+    CUDA GPU), "auto" the faster of eager and compiled on a CPU,
     of eager and CUDA graphs on a GPU, measured here (one line says which and why), False (default)
     keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
