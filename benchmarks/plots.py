@@ -83,7 +83,9 @@ def heatmap(ax, cells, t):
     grid = np.full((len(gammas), len(max_gens)), np.nan)
     for c in cells:
         grid[gammas.index(c["gamma"]), max_gens.index(c["max_gen"])] = c["speedup_median"]
-    lo, hi = np.nanmin(grid), np.nanmax(grid)
+    # The ends on the colour bar's 0.01 grid, outside the data: its ticks are rounded to 0.01, and
+    # a tick past an end breaks the bar's layout (a singular transform)
+    lo, hi = np.floor(np.nanmin(grid) * 100) / 100, np.ceil(np.nanmax(grid) * 100) / 100
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min(lo, 0.99), vmax=max(hi, 1.01))  # white = no gain
     image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
     for i in range(len(gammas)):

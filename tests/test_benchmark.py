@@ -426,3 +426,24 @@ def test_loop_overhead_times_the_loops_with_stub_models(tmp_path):
              "speculative, gamma 2"}
     assert all(f"| {loop} |" in md for loop in loops)
     assert set(json.loads((tmp_path / "results.json").read_text())["seconds_per_token"]) == loops
+
+
+@pytest.mark.parametrize("speedup", [0.942865915982773, 1.0417755992103082, 1.0])
+def test_the_heatmap_colour_bar_holds_its_ticks(speedup):
+    """A speed-up below 1 whose 0.01-rounded tick fell below the colour bar's end made matplotlib's
+    layout divide by zero (a RuntimeWarning, a bar drawn from a singular transform)."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plots import heatmap
+
+    fig, ax = plt.subplots()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        heatmap(ax, [{"gamma": 4, "max_gen": 8, "speedup_median": speedup}], 0.0)
+        fig.tight_layout()
+    bar = fig.axes[-1]
+    lo, hi = bar.get_ylim()
+    assert all(lo <= t <= hi for t in bar.get_yticks()) and lo <= speedup <= hi
+    plt.close(fig)
