@@ -140,9 +140,11 @@ class GraphedDecode:
             for static, new in zip(inputs, (idx, positions, slots, mask)):
                 static.copy_(new)
             replay()
-            cache.advance(T)
-            logits = logits.clone()  # the next replay writes over the static one
-            return (logits, features.clone()) if return_features else logits
+        cache.advance(T)
+        # Copies (the next replay writes over the static outputs), made outside inference mode as
+        # the eager forward's outputs are: a drafter may train on the features
+        logits = logits.clone()
+        return (logits, features.clone()) if return_features else logits
 
     def record_graph(self, keys, values, idx, positions, slots, mask, rows, exit_layer):
         """Static inputs, replay and static outputs (logits [B, rows, vocab], features [B, T, C])

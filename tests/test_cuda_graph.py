@@ -201,3 +201,16 @@ def test_the_recorded_compiled_block_equals_eager(folder):
     assert model.forward.compiled
     for e, c in zip(expected, got):
         torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+def test_outputs_are_plain_tensors_a_drafter_can_train_on(model):
+    """Outside inference mode the graphed path returns what the eager forward returns: tensors
+    autograd can use (a feature drafter trains on the target's features)."""
+    graph_decode(model, record=recorder([]))
+    cache = model.new_kv_cache(max_len=10)
+    model(torch.tensor([[1, 2, 3]]), cache)
+    logits, features = model(torch.tensor([[4]]), cache, return_features=True)
+    assert not features.is_inference() and not logits.is_inference()
+    head = torch.nn.Linear(features.shape[-1], 2)
+    head(features).sum().backward()  # inference tensors cannot be saved for backward
+    assert head.weight.grad is not None
