@@ -30,7 +30,8 @@ the shape, it had when it was recorded. So:
 
 Calls no graph serves run the eager forward, on the same buffers: the first forward on a cache (the
 prompt, whose length differs from one generation to the next, so a graph of it would rarely be
-replayed), more than MAX_ROWS new tokens, no cache or a cache made some other way, training. gpt2/model.py is unchanged.
+replayed), more than MAX_ROWS new tokens, no cache or a cache made some other way, training.
+gpt2/model.py is unchanged.
 """
 
 import sys
@@ -39,8 +40,8 @@ import weakref
 
 import torch
 
-from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, fixed_size_inputs, head, model_key,
-                       time_decode)
+from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, faster_than_eager, fixed_size_inputs,
+                       head, model_key, time_decode)
 from .device import note_once, synchronize
 
 
@@ -105,8 +106,8 @@ class GraphedDecode:
     def serves(self, idx, cache, more) -> bool:
         model = self.model
         return (isinstance(getattr(cache, "full_buffers", None), tuple) and isinstance(cache.keys, PooledList)
-                and cache.length > 0 and isinstance(idx, torch.Tensor) and idx.dim() == 2 and 1 <= idx.shape[1] <= MAX_ROWS
-                and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
+                and cache.length > 0 and isinstance(idx, torch.Tensor) and idx.dim() == 2
+                and 1 <= idx.shape[1] <= MAX_ROWS and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
                 and not model.training and not set(more) - OPTIONS)
 
     def __call__(self, idx, cache=None, num_last_logits=None, **more):
@@ -195,11 +196,6 @@ def ungraph(model):
     return model
 
 
-# compile="auto" on a GPU takes the graphed path only where it is faster than eager by this
-# fraction (as gpt2.compiled's AUTO_MARGIN: a closer result is noise, and eager is what one reads).
-AUTO_MARGIN = 0.05
-
-
 def choose_graphed(model) -> tuple[bool, str]:
     """compile="auto" on a CUDA GPU: (whether the graphed path is faster for this model here, why),
     measured once per GPU, shape and format and kept with the kernel choices (gpt2/kernel_cache.py).
@@ -214,8 +210,8 @@ def choose_graphed(model) -> tuple[bool, str]:
 
 @torch.inference_mode()
 def _measure(model, rounds: int = 5) -> tuple[bool, str]:
-    """Time a 1-row step and a 5-row verification, eager and graphed, in turns; the fastest of
-    `rounds` each (noise only ever adds time)."""
+    """Time a 1-row step and a 5-row verification, eager and graphed, in turns; graphed where it
+    is faster by gpt2.compiled's AUTO_MARGIN."""
     times = {"eager": [], "graphed": []}
     for r in range(rounds + 1):  # the first round records the graphs
         for name in times:
@@ -223,8 +219,5 @@ def _measure(model, rounds: int = 5) -> tuple[bool, str]:
             if r:
                 times[name].append(time_decode(model))
     ungraph(model)
-    best = {name: (min(t[0] for t in ts), min(t[1] for t in ts)) for name, ts in times.items()}
-    use = sum(best["graphed"]) < (1 - AUTO_MARGIN) * sum(best["eager"])
-    ms = "; ".join(f"{name} {1000 * t1:.1f} ms a step, {1000 * t5:.1f} ms a 5-row verification"
-                   for name, (t1, t5) in best.items())
-    return use, f"CUDA graphs {'faster' if use else f'not faster by {AUTO_MARGIN:.0%}'} here ({ms})"
+    use, verdict, ms = faster_than_eager(times, "graphed")
+    return use, f"CUDA graphs {verdict} here ({ms})"
