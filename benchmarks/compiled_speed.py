@@ -11,9 +11,8 @@ weight values) in each --formats format, one format at a time (a gpt2-large in f
 does not fit a small machine at once), and per format times, round after round, each path in
 turn: its step, its verify-5 (the same model object and cache: the paths are switched on and
 off, so all read the same weights), in wall time and in this process's CPU time (in brackets;
-steadier on a shared machine). A step is one new token on a cache
-holding --context positions; a verification is 5 new tokens with the logits of all 5, as
-speculative decoding needs them. Medians over --rounds.
+steadier on a shared machine). A step is one new token on a cache holding --context positions;
+a verification is 5 new tokens with the logits of all 5, as speculative decoding needs them. Medians over --rounds.
 
 The floor is the step's weight bytes / read bandwidth (x.sum() over 1 GiB, measured here, on the
 device that decodes): what a step costs if it only read its weights at the speed the machine reads
@@ -39,6 +38,7 @@ from .weight_formats import FORMATS, format_bytes
 VERIFY_ROWS = 5
 GPU_FORMATS = {"fp32", "bf16", "fp16"}  # weight formats a GPU computes in directly
 PATHS = ["eager", "compiled", "graph", "compiled-graph"]
+GRAPH_PATHS = {"graph", "compiled-graph"}  # recorded as CUDA graphs (a GPU only)
 
 
 @torch.inference_mode()
@@ -59,7 +59,7 @@ def use_path(model, path: str, compiled: CompiledDecode):
     ungraph(eager(model))
     if path == "compiled":
         model.forward = compiled
-    elif path in ("graph", "compiled-graph"):
+    elif path in GRAPH_PATHS:
         graph_decode(model, compiled=path == "compiled-graph")
 
 
@@ -69,7 +69,7 @@ def measure_format(folder, fmt: str, context: int, rounds: int, paths: list[str]
     compiled = CompiledDecode(model)
     prompt, new = random_prompt(context, seed=0), random_prompt(VERIFY_ROWS, seed=1)
     # A cache from the graphed path's pool serves every path (eager reads the same buffers).
-    use_path(model, "graph" if {"graph", "compiled-graph"} & set(paths) else "eager", compiled)
+    use_path(model, "graph" if GRAPH_PATHS & set(paths) else "eager", compiled)
     cache = model.new_kv_cache(max_len=context + VERIFY_ROWS)
     model(torch.tensor([prompt], device=device), cache, 1)
     times = {f"{path}_{name}{kind}": [] for path in paths for name in ("step", "verify") for kind in ("", "_cpu")}
@@ -119,7 +119,7 @@ def main(argv=None):
     if device.type == "cuda" and set(args.formats) - GPU_FORMATS:
         p.error(f"--formats {' '.join(sorted(set(args.formats) - GPU_FORMATS))}: on a GPU, use "
                 f"{', '.join(sorted(GPU_FORMATS))} (the others are CPU kernels' formats)")
-    if {"graph", "compiled-graph"} & set(args.paths) and device.type != "cuda":
+    if GRAPH_PATHS & set(args.paths) and device.type != "cuda":
         p.error("--paths graph, compiled-graph: CUDA graphs need a CUDA GPU (--device cuda)")
     folder = standin_checkpoint(args.target_model, args.checkpoints)
     results = {fmt: measure_format(folder, fmt, args.context, args.rounds, args.paths, device)
@@ -141,7 +141,8 @@ def main(argv=None):
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{args.threads} threads"
     md = (f"{args.target_model}-shaped random stand-in, {where}, context "
           f"{args.context}, {args.rounds} rounds per format (the paths in turns; formats one after "
-          f"another), medians; the first round (compiling, recording graphs) is not counted. Read bandwidth {gbs:.1f} GB/s (x.sum() over 1 GiB).\n\n"
+          f"another), medians; the first round (compiling, recording graphs) is not counted. Read "
+          f"bandwidth {gbs:.1f} GB/s (x.sum() over 1 GiB).\n\n"
           f"{table}\n")
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},

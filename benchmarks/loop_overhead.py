@@ -64,13 +64,10 @@ class NeverDraft(GammaPolicy):
         return 0
 
 
-def per_token_seconds(run, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        tokens = len(run().tokens)
-        times.append((time.perf_counter() - t0) / tokens)
-    return times
+def seconds_per_token(run) -> float:
+    t0 = time.perf_counter()
+    tokens = len(run().tokens)
+    return (time.perf_counter() - t0) / tokens
 
 
 def main(argv=None):
@@ -110,7 +107,7 @@ def main(argv=None):
     times = {name: [] for name in loops}
     for _ in range(args.repeats):  # in turns: machine noise hits every loop alike
         for name, run in loops.items():
-            times[name] += per_token_seconds(run, 1)
+            times[name].append(seconds_per_token(run))
     plain = median(times["plain decoding"])
     rows = [[name, f"{median(t) * 1e6:.1f}", f"{(median(t) - plain) * 1e6:+.1f}"] for name, t in times.items()]
     md = (f"The generators' own time per output token, models stubbed out (vocabulary {args.vocab}, "

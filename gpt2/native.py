@@ -75,10 +75,10 @@ def library(wide_build: bool | None = None) -> ctypes.CDLL:
     """The compiled kernel, built now if this machine has not built this source before: this
     CPU's build, or (wide_build True/False) the AVX-512 or the AVX2 one (the tests compare them)."""
     global _LIBRARY
-    mine = wide_build is None or wide_build == wide()
-    if mine and _LIBRARY is not None:
+    if wide_build is None:
+        if _LIBRARY is None:
+            _LIBRARY = library(wide())
         return _LIBRARY
-    wide_build = wide() if wide_build is None else wide_build
     if wide_build not in _BUILDS:
         reason = why_not()
         if reason:
@@ -94,8 +94,6 @@ def library(wide_build: bool | None = None) -> ctypes.CDLL:
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         _BUILDS[wide_build] = lib
-    if mine:
-        _LIBRARY = _BUILDS[wide_build]
     return _BUILDS[wide_build]
 
 
