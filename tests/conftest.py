@@ -131,6 +131,19 @@ def generator():
 # language models that disagree now and then, for tests that need real rejections.
 TRAIN_TEXTS = ["argparse.py", "textwrap.py", "string.py", "shlex.py", "heapq.py", "difflib.py",
                "calendar.py", "fractions.py", "bisect.py", "colorsys.py", "configparser.py"]
+def sibling_tree(vocab_size: int, seed: int = 1):
+    """Inputs of one token-tree forward after a 6-token prompt: (prompt [1, 6], nodes [1, 3],
+    positions [3], attn_mask [3, 9]). Two siblings at position 6 that must not see each other, then
+    a child of the first at position 7."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab_size, (1, 6), generator=g)
+    nodes = torch.randint(0, vocab_size, (1, 3), generator=g)
+    positions = torch.tensor([6, 6, 7])
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[:, 6:] = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    return prompt, nodes, positions, mask
+
+
 TINY_TARGET = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64)
 TINY_DRAFT = GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=64)
 

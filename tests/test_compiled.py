@@ -6,7 +6,7 @@ layer count). float32 throughout: the claims are about the compiler, not a forma
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, sibling_tree
 
 from gpt2 import load_gpt2
 from gpt2.compiled import MAX_ROWS, choose_compiled, compile_decode, compiled_graphs, eager, is_compiled
@@ -51,12 +51,7 @@ def test_compiled_logits_equal_eager_for_steps_and_verifications(model):
 def test_compiled_tree_mask_equals_eager(model):
     """Token trees pass positions and a mask over the cached + new slots (two siblings at one
     position must not see each other)."""
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, TINY.vocab_size, (1, 6), generator=g)
-    nodes = torch.randint(0, TINY.vocab_size, (1, 3), generator=g)
-    positions = torch.tensor([6, 6, 7])  # two siblings, then a child of the first
-    mask = torch.ones(3, 9, dtype=torch.bool)
-    mask[:, 6:] = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    prompt, nodes, positions, mask = sibling_tree(TINY.vocab_size)
     results = []
     for path in (eager, compile_decode):
         cache = path(model).new_kv_cache(max_len=20)

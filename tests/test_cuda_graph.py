@@ -13,7 +13,7 @@ import gc
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, sibling_tree
 
 from gpt2 import load_gpt2
 from gpt2.compiled import MAX_ROWS
@@ -71,12 +71,7 @@ def test_graphed_logits_equal_eager_for_steps_and_verifications(model):
 
 @torch.inference_mode()
 def test_graphed_tree_mask_early_exit_and_features_equal_eager(model):
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, TINY.vocab_size, (1, 6), generator=g)
-    nodes = torch.randint(0, TINY.vocab_size, (1, 3), generator=g)
-    positions = torch.tensor([6, 6, 7])  # two siblings, then a child of the first
-    mask = torch.ones(3, 9, dtype=torch.bool)
-    mask[:, 6:] = torch.tensor([[1, 0, 0], [0, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    prompt, nodes, positions, mask = sibling_tree(TINY.vocab_size)
     results = []
     for graphed in (False, True):
         if graphed:
