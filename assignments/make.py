@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,27 +208,45 @@ def _pieces(tree: ast.Module):
         yield "<module-level code>", _tokens(loose)
 
 
+# similarity() counts common runs of at least this many tokens
+MIN_RUN = 6
+
+
+def _runs(tokens: list[str]) -> list[int]:
+    """Every run of MIN_RUN consecutive tokens, in order, as its hash (two runs that differ may
+    share one: that only loosens the bound below, never makes it miss a leak)."""
+    return [hash(tuple(tokens[i:i + MIN_RUN])) for i in range(len(tokens) - MIN_RUN + 1)]
+
+
 @functools.lru_cache(maxsize=1024)
 def _file_pieces(text: str) -> tuple:
-    """(qualname, tokens, token counts) of each piece of a file's source (cached: copies of the
+    """(qualname, tokens, set of its runs) of each piece of a file's source (cached: copies of the
     project share almost every file)."""
-    return tuple((q, tokens, Counter(tokens)) for q, tokens in _pieces(ast.parse(text)))
+    return tuple((q, tokens, frozenset(_runs(tokens))) for q, tokens in _pieces(ast.parse(text)))
 
 
 def similarity(reference: list[str], other: list[str], matcher: difflib.SequenceMatcher | None = None) -> float:
     """The share of the reference's tokens found in `other` in the same order, in runs of at least
-    6 tokens (single common tokens such as a call or a name do not count). matcher: one already
-    holding `other` as its second sequence (it indexes it once)."""
+    MIN_RUN tokens (single common tokens such as a call or a name do not count). matcher: one
+    already holding `other` as its second sequence (it indexes it once)."""
     if matcher is None:
         matcher = difflib.SequenceMatcher(None, autojunk=False)
         matcher.set_seq2(other)
     matcher.set_seq1(reference)
-    return sum(b.size for b in matcher.get_matching_blocks() if b.size >= 6) / max(len(reference), 1)
+    return sum(b.size for b in matcher.get_matching_blocks() if b.size >= MIN_RUN) / max(len(reference), 1)
 
 
-def _at_most(reference: Counter, other: Counter, length: int) -> float:
-    """An upper bound of similarity() from token counts alone (cheap: skips most pairs)."""
-    return sum(min(n, other[t]) for t, n in reference.items()) / max(length, 1)
+def _at_most(reference_runs: list[int], other_runs: frozenset, length: int) -> float:
+    """An upper bound of similarity(), cheap: the share of the reference's tokens inside some run
+    of MIN_RUN that `other` holds too. Every common block similarity() counts is made of such
+    runs, so it never exceeds this; it costs one set lookup a token, where difflib's matching
+    costs about a token times the other's length, and skips almost every pair."""
+    covered_until, covered = 0, 0
+    for i, run in enumerate(reference_runs):
+        if run in other_runs:
+            covered += i + MIN_RUN - max(i, covered_until)
+            covered_until = i + MIN_RUN
+    return covered / max(length, 1)
 
 
 @dataclass
@@ -242,7 +259,7 @@ class Leak:
 def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str, str]]) -> list[Leak]:
     """Every function (or notebook code) in the copy whose syntax holds most of a stripped
     function's reference body. references: name -> tokens of the instructor's body."""
-    references = {name: (tokens, Counter(tokens)) for name, tokens in references.items()
+    references = {name: (tokens, _runs(tokens)) for name, tokens in references.items()
                   if len(tokens) >= LEAK_MIN_TOKENS}
     leaks = []
     for file in sorted(copy.rglob("*.py")):
@@ -253,12 +270,12 @@ def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str
             pieces = _file_pieces(file.read_text())
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        for qualname, tokens, counts in pieces:
+        for qualname, tokens, runs in pieces:
             if (rel, qualname) in skip:
                 continue
             matcher = None
-            for name, (reference, reference_counts) in references.items():
-                if _at_most(reference_counts, counts, len(reference)) < LEAK_THRESHOLD:
+            for name, (reference, reference_runs) in references.items():
+                if _at_most(reference_runs, runs, len(reference)) < LEAK_THRESHOLD:
                     continue
                 if matcher is None:
                     matcher = difflib.SequenceMatcher(None, autojunk=False)
