@@ -17,27 +17,42 @@ GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
 # the target's first blocks, so it agrees with it most of the time.
 
 def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secret: int | None = None,
-                     count_forwards: bool = True) -> dict:
+                     count_forwards: bool = True, needs_a_rejection: bool = False) -> dict:
     """The grader's: a secret (fresh unless given), the served target's own greedy output for each
     run ({"prompt", "max_gen", "gamma", "eos_id"?}) and (count_forwards) the target forwards the
-    instructor's speculative loop takes for all of them (counted here, on the model itself)."""
+    instructor's speculative loop takes for all of them (counted here, on the model itself).
+
+    needs_a_rejection: draw secrets until the instructor's loop rejects at least one draft token
+    in the runs. A loop that keeps every draft token runs exactly as the instructor's until that
+    first rejection and then keeps a token the target disagrees with; with a secret under which
+    the draft agrees all the way (a few in a thousand), nothing would tell it apart."""
     import secrets
 
     from spec_decoding import autoregressive_generate
     from spec_decoding.greedy import speculative_sampling_greedy
 
-    secret = secrets.randbits(62) if secret is None else secret
-    target = secret_target(data, secret)
-    tokens, forwards = [], 0
-    for run in runs:
-        tokens.append(autoregressive_generate(target, run["prompt"], run["max_gen"], eos_id=run.get("eos_id")).tokens)
-        if not count_forwards:
-            continue
-        with counting_forwards(target) as calls:
-            speculative_sampling_greedy(target, load(data, draft), run["prompt"], run["max_gen"], run["gamma"],
-                                        eos_id=run.get("eos_id"))
-        forwards += calls[0]
-    return {"secret": secret, "tokens": tokens, "forwards": forwards, "runs": len(runs)}
+    for _ in range(SECRET_TRIES):
+        chosen = secrets.randbits(62) if secret is None else secret
+        target = secret_target(data, chosen)
+        tokens, forwards, rejected = [], 0, 0
+        for run in runs:
+            tokens.append(autoregressive_generate(target, run["prompt"], run["max_gen"], eos_id=run.get("eos_id")).tokens)
+            if not (count_forwards or needs_a_rejection):
+                continue
+            with counting_forwards(target) as calls:
+                result = speculative_sampling_greedy(target, load(data, draft), run["prompt"], run["max_gen"],
+                                                     run["gamma"], eos_id=run.get("eos_id"))
+            forwards += calls[0]
+            rejected += result.stats.tokens_drafted - result.stats.tokens_accepted
+        if rejected or not needs_a_rejection or secret is not None:
+            return {"secret": chosen, "tokens": tokens, "forwards": forwards, "runs": len(runs)}
+    raise RuntimeError(f"no secret target in {SECRET_TRIES} made the instructor's loop reject a draft token "
+                       f"in {runs}: give these runs more tokens")
+
+
+# served_reference(needs_a_rejection=True) draws at most this many secrets (each fails with odds of
+# a few in a thousand)
+SECRET_TRIES = 20
 
 
 def serve_target(inputs, reference, data):
@@ -109,7 +124,7 @@ def equals_probe(inputs, data, draft="draft"):
 
 
 def equals_reference(inputs, data):
-    return served_reference(inputs, data, equals_runs(inputs))
+    return served_reference(inputs, data, equals_runs(inputs), needs_a_rejection=True)
 
 
 def equals_judge(inputs, ref, got, served, what="with a draft that mostly agrees", hidden=False):
