@@ -153,7 +153,7 @@ def fixed_reference(inputs, data):  # the grader's: make strips it from the copy
     from spec_decoding.checks import acceptance_by_position, exact_distribution
 
     runs = [{"prompt": inputs["prompt"], "max_gen": inputs["max_gen"], "gamma": g} for g in inputs["gammas"]]
-    reference = served_reference(inputs, data, runs)
+    reference = served_reference(inputs, data, runs, needs_a_rejection=True)  # as greedy_equals_target
     vocab_target, vocab_draft = load(data, "vocab_target"), load(data, "vocab_draft")
     exact = exact_distribution(vocab_target, [1, 2, 3], 3, dict(temperature=1.0)).reshape(-1).tolist()
     alphas = []
