@@ -159,6 +159,11 @@ PLANTED = {
          "greedy_stopping", "tokens after eos"),
         ("spec_decoding/greedy.py", "while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:",
          "while n < len(draft_tokens):", "greedy_equals_target", "a draft token the target's argmax disagrees with was kept"),
+        # no roll-back: after a rejection the caches run ahead of the tokens, and the drafter's next
+        # forward gets no new token (without a rejection before the last round it would pass: the
+        # reference's secret makes sure there is one)
+        ("spec_decoding/greedy.py", "        roll_back(target_cache, drafter, len(tokens))\n", "",
+         "greedy_caches", "raised ValueError: idx must be a LongTensor of token ids with shape [B, T]; got (1, 0)"),
     ],
     "rejection_sampling": [
         ("spec_decoding/rejection.py", "return residual / total if total > 0 else target_probs",

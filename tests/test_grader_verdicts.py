@@ -388,29 +388,35 @@ def test_the_copy_holds_no_reference_computation_and_the_leak_check_finds_one(tm
     assert [(leak.function, leak.where) for leak in leaks] == [(target.name, "spec_decoding/helpers.py:exact_laws")]
 
 
-def test_the_served_target_always_makes_the_draft_lose_a_token(tmp_path, monkeypatch):
-    """greedy_equals_target checks that a rejected draft token is not kept. Under a secret target
-    with which the draft agrees all the way, a loop that keeps every draft token gives the right
-    output (a few gradings in a thousand passed it): its reference draws secrets until the
-    instructor's loop rejects a draft token. Here, one run at gamma 1 (where full agreement is
-    common) under a secret found to agree: the reference moves on to another."""
+@pytest.mark.parametrize("check", ["greedy_equals_target", "greedy_caches"])
+def test_the_served_target_always_makes_the_draft_lose_a_token(tmp_path, monkeypatch, check):
+    """greedy_equals_target checks that a rejected draft token is not kept, greedy_caches that the
+    caches are rolled back after one. Under a secret target with which the draft agrees all the
+    way, a loop that keeps every draft token, or never rolls back, gives the right output (one
+    grading in four passed greedy_caches so at the hidden seed): their references draw secrets
+    until the instructor's loop rejects a draft token before its last round. Here, one run (at
+    gamma 1 for the first) under a secret found to agree: the reference moves on to another."""
     import secrets
 
-    from assignments.greedy_speculative import equals_reference
+    from assignments import greedy_speculative
     from assignments.probing import PROMPT, load
     from assignments.serving import secret_target
     from spec_decoding.greedy import speculative_sampling_greedy
 
     data = make_data(tmp_path / "data")
-    inputs = {"prompt": PROMPT, "max_gen": 30, "gammas": [1]}
+    if check == "greedy_equals_target":
+        inputs, run = {"prompt": PROMPT, "max_gen": 30, "gammas": [1]}, {"prompt": PROMPT, "max_gen": 30, "gamma": 1}
+    else:
+        inputs = run = greedy_speculative.caches_inputs(2)
     draft = load(data, "draft")
 
     def rejected(secret):
-        stats = speculative_sampling_greedy(secret_target(data, secret), draft, PROMPT, 30, 1).stats
+        stats = speculative_sampling_greedy(secret_target(data, secret), draft, run["prompt"], run["max_gen"],
+                                            run["gamma"]).stats
         return stats.tokens_drafted - stats.tokens_accepted
 
     agreeing = next(s for s in range(500) if rejected(s) == 0)
-    drawn = iter([agreeing, agreeing, 10_000, 10_001, 10_002, 10_003])
+    drawn = iter([agreeing, agreeing] + list(range(10_000, 10_040)))
     monkeypatch.setattr(secrets, "randbits", lambda bits: next(drawn))
-    chosen = equals_reference(inputs, data)["secret"]
+    chosen = ASSIGNMENTS["greedy_speculative"].check(check).reference(inputs, data)["secret"]
     assert chosen >= 10_000 and rejected(chosen) > 0

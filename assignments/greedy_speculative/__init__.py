@@ -22,13 +22,15 @@ def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secre
     run ({"prompt", "max_gen", "gamma", "eos_id"?}) and (count_forwards) the target forwards the
     instructor's speculative loop takes for all of them (counted here, on the model itself).
 
-    needs_a_rejection: draw secrets until the instructor's loop rejects at least one draft token
-    in the runs. A loop that keeps every draft token runs exactly as the instructor's until that
-    first rejection and then keeps a token the target disagrees with; with a secret under which
-    the draft agrees all the way (a few in a thousand), nothing would tell it apart."""
+    needs_a_rejection: draw secrets until the instructor's loop, in some run, rejects a draft token
+    in a round that another round follows. Only then can a mistake show: a loop that keeps every
+    draft token runs exactly as the instructor's until the first rejection, and a loop that never
+    rolls its caches back feeds stale tokens only in the round after one. Under a secret with
+    which the draft agrees all the way (for some prompts one grading in four) both would pass."""
     import secrets
 
     from spec_decoding import autoregressive_generate
+    from spec_decoding.result import FROM_CORRECTION
     from spec_decoding.greedy import speculative_sampling_greedy
 
     for _ in range(SECRET_TRIES):
@@ -43,16 +45,16 @@ def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secre
                 result = speculative_sampling_greedy(target, load(data, draft), run["prompt"], run["max_gen"],
                                                      run["gamma"], eos_id=run.get("eos_id"))
             forwards += calls[0]
-            rejected += result.stats.tokens_drafted - result.stats.tokens_accepted
+            rejected += FROM_CORRECTION in result.stats.token_sources[:-1]  # a round came after it
         if rejected or not needs_a_rejection or secret is not None:
             return {"secret": chosen, "tokens": tokens, "forwards": forwards, "runs": len(runs)}
     raise RuntimeError(f"no secret target in {SECRET_TRIES} made the instructor's loop reject a draft token "
-                       f"in {runs}: give these runs more tokens")
+                       f"before its last round in {runs}: give these runs more tokens")
 
 
-# served_reference(needs_a_rejection=True) draws at most this many secrets (each fails with odds of
-# a few in a thousand)
-SECRET_TRIES = 20
+# served_reference(needs_a_rejection=True) draws at most this many secrets (for the inputs here,
+# each fails with odds between a few in a thousand and one in two)
+SECRET_TRIES = 40
 
 
 def serve_target(inputs, reference, data):
@@ -216,7 +218,7 @@ def caches_probe(inputs, data):
 
 
 def caches_reference(inputs, data):
-    reference = served_reference(inputs, data, [inputs])
+    reference = served_reference(inputs, data, [inputs], needs_a_rejection=True)
     draft = load(data, "draft")
     cache = draft.new_kv_cache()
     with torch.inference_mode():
