@@ -420,3 +420,33 @@ def test_the_served_target_always_makes_the_draft_lose_a_token(tmp_path, monkeyp
     monkeypatch.setattr(secrets, "randbits", lambda bits: next(drawn))
     chosen = ASSIGNMENTS["greedy_speculative"].check(check).reference(inputs, data)["secret"]
     assert chosen >= 10_000 and rejected(chosen) > 0
+
+
+def test_the_ngram_checks_target_always_lets_the_lookup_save_forwards(tmp_path, monkeypatch):
+    """ngram_greedy passes a drafter whose target forwards stay within the allowance: under about
+    one secret target in eight the instructor's drafter saved so few that plain decoding (a drafter
+    proposing nothing: one forward a token) was within it too. Its reference moves past such a
+    secret."""
+    import secrets
+
+    from assignments.greedy_speculative import allowed_forwards
+    from assignments.ngram_drafter import greedy_inputs, greedy_reference
+    from assignments.probing import counting_forwards
+    from assignments.serving import secret_target
+    from spec_decoding import NGramDrafter, speculative_sampling_greedy
+
+    data = make_data(tmp_path / "data")
+    inputs = greedy_inputs(0)
+
+    def plain_passes(secret):
+        target = secret_target(data, secret)
+        with counting_forwards(target) as calls:
+            speculative_sampling_greedy(target, NGramDrafter(max_ngram=3), inputs["prompt"], inputs["max_gen"],
+                                        inputs["gamma"])
+        return allowed_forwards({"forwards": calls[0], "runs": 1}) >= inputs["max_gen"]
+
+    weak = next(s for s in range(300) if plain_passes(s))
+    drawn = iter([weak] + list(range(10_000, 10_040)))
+    monkeypatch.setattr(secrets, "randbits", lambda bits: next(drawn))
+    chosen = greedy_reference(inputs, data)
+    assert chosen["secret"] >= 10_000 and not plain_passes(chosen["secret"])
