@@ -447,3 +447,25 @@ def test_the_heatmap_colour_bar_holds_its_ticks(speedup):
     lo, hi = bar.get_ylim()
     assert all(lo <= t <= hi for t in bar.get_yticks()) and lo <= speedup <= hi
     plt.close(fig)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+def test_linear_sequence_times_three_doors_that_compute_the_same(tmp_path, fmt, monkeypatch):
+    """benchmarks.linear_sequence calls a step's linear layers through the bare kernel, its Python
+    wrapper and the model's nn.Linear path, after checking the three give the same bits; a wrapper
+    that computes anything else stops it."""
+    from benchmarks import linear_sequence
+    from gpt2 import native
+
+    if native.why_not():
+        pytest.skip(native.why_not())
+    linear_sequence.main(["--quick", "--format", fmt, "--rows", "1", "3", "--out", str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["layers"] == 4 * (36 // 8) + 1 and set(results["rows"]) == {"1", "3"}
+    assert all(set(doors) == set(linear_sequence.DOORS) and all(len(s) == 2 for s in doors.values())
+               for doors in results["rows"].values())
+    assert all(f"| 3 | {door} |" in (tmp_path / "results.md").read_text() for door in linear_sequence.DOORS)
+    real = native.rows_linear
+    monkeypatch.setattr(native, "rows_linear", lambda *args, **kw: real(*args, **kw) + 1e-6)
+    with pytest.raises(AssertionError, match="the wrapper door's output differs from the kernel's"):
+        linear_sequence.main(["--quick", "--format", fmt, "--rows", "1", "--out", str(tmp_path / "bad")])
