@@ -23,7 +23,6 @@ Writes <out>/results.json and <out>/results.md.
 """
 
 import argparse
-import ctypes
 
 import torch
 from torch import nn
@@ -63,15 +62,12 @@ class Layer:
     def bytes(self) -> int:
         return self.kernel.panels.numel() * self.kernel.panels.element_size()
 
-    def bare_call(self, x: torch.Tensor, y: torch.Tensor, x_rounded: torch.Tensor, threads: int):
+    def bare_call(self, x: torch.Tensor, y: torch.Tensor, threads: int):
         """The kernel's function and its arguments, ready to call: fn(*args) computes y from x."""
-        lib = native.library()
-        fn = {torch.int8: lib.rows_linear_i8, torch.float16: lib.rows_linear_f16}[self.kernel.panels.dtype]
         scale = self.kernel.scale
         args = (x.data_ptr(), x.shape[0], self.inputs, self.kernel.panels.data_ptr(), self.out,
-                None if scale is None else scale.data_ptr(), self.bias.data_ptr(), y.data_ptr(),
-                x_rounded.data_ptr(), ctypes.c_int(threads))
-        return fn, args
+                None if scale is None else scale.data_ptr(), self.bias.data_ptr(), y.data_ptr(), threads)
+        return native.library().by_dtype[self.kernel.panels.dtype], args
 
 
 def step_layers(fmt: str, scale_down: int = 1) -> list[Layer]:
@@ -90,10 +86,9 @@ def passes(layers: list[Layer], rows: int, threads: int) -> dict:
     g = torch.Generator().manual_seed(1)
     xs = {n: torch.randn(rows, n, generator=g) for n in {layer.inputs for layer in layers}}
     ys = [torch.empty(rows, layer.out) for layer in layers]
-    x_rounded = {n: torch.empty(rows, n) for n in xs}
-    bare = [layer.bare_call(xs[layer.inputs], y, x_rounded[layer.inputs], threads) for layer, y in zip(layers, ys)]
+    bare = [layer.bare_call(xs[layer.inputs], y, threads) for layer, y in zip(layers, ys)]
 
-    def kernel(buffers=(xs, ys, x_rounded)):  # (kept alive with it: the arguments point into them)
+    def kernel(buffers=(xs, ys)):  # (kept alive with it: the arguments point into them)
         for fn, args in bare:
             fn(*args)
 

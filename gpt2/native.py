@@ -88,11 +88,14 @@ def library(wide_build: bool | None = None) -> ctypes.CDLL:
         if not path.exists():
             build(cc, path, build_flags(wide_build))
         lib = ctypes.CDLL(str(path))
-        # (x, rows, in, panels, out, scale, bias, y, x_rounded, threads)
+        # (x, rows, in, panels, out, scale, bias, y, threads) -> 0, or -1: out of memory
         for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8):
-            fn.restype = None
+            fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        # the entry point of each panel dtype (looked up once: rows_linear runs once per layer per step)
+        lib.by_dtype = {torch.float16: lib.rows_linear_f16, torch.float32: lib.rows_linear_f32,
+                        torch.int8: lib.rows_linear_i8}
         _BUILDS[wide_build] = lib
     return _BUILDS[wide_build]
 
@@ -134,12 +137,12 @@ def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Ten
     microseconds: it runs once per linear layer per step.)"""
     x = x if x.is_contiguous() else x.contiguous()
     inputs = panels.shape[1]
-    y = x.new_empty(x.shape[:-1] + (out,))
+    y = torch.empty(*x.shape[:-1], out, dtype=torch.float32)
     lib = lib or _LIBRARY or library()
-    fn = {torch.float16: lib.rows_linear_f16, torch.float32: lib.rows_linear_f32,
-          torch.int8: lib.rows_linear_i8}[panels.dtype]
-    x_rounded = None if scale is None else torch.empty_like(x)  # x in bfloat16's values
-    fn(x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
-       None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(),
-       y.data_ptr(), None if x_rounded is None else x_rounded.data_ptr(), torch.get_num_threads())
+    failed = lib.by_dtype[panels.dtype](
+        x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
+        None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(),
+        y.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError(f"the C kernel could not allocate {x.numel() * 4} bytes for x rounded to bfloat16")
     return y

@@ -106,6 +106,22 @@ def test_a_row_gives_the_same_bits_alone_as_among_others(dtype):
 
 
 @needs_native
+def test_int8s_rounding_buffer_it_cannot_allocate_is_a_memory_error(monkeypatch):
+    """int8 rounds x to bfloat16 into a buffer the C kernel allocates; where it cannot, the entry
+    point returns -1 before reading anything, and rows_linear says so."""
+    lib = native.library()
+    scale = torch.ones(16)
+    assert lib.rows_linear_i8(None, 1 << 40, 1 << 20, None, 16, scale.data_ptr(), None, None, 1) == -1
+
+    class Failing:
+        by_dtype = {torch.int8: lambda *args: -1}
+
+    kernel = NativeInt8Linear(*int8_per_channel(torch.randn(16, 8)))
+    with pytest.raises(MemoryError, match="could not allocate 32 bytes for x rounded to bfloat16"):
+        native.rows_linear(torch.randn(1, 8), kernel.panels, 16, None, kernel.scale, Failing)
+
+
+@needs_native
 @pytest.mark.parametrize("fmt", ["fp16", "int8"])
 def test_greedy_speculative_equals_plain_greedy_on_the_c_kernel(text_pair_dirs, monkeypatch, fmt):
     """float16 or int8 weights, every linear layer on the C kernel for every row count: the

@@ -31,6 +31,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define PANEL 16
 #define MAX_ROWS 6
@@ -191,11 +192,15 @@ ONE_PANEL(one_panel_i8, panel_rows_i8, int8_t)
 
 /* The entry points. One row (a decode step): whole groups of four panels, then the up to three
    panels left (the last one may be partial). Several rows: panel by panel. scale: int8's [out]
-   (the float and half entries pass NULL); then x is rounded to bfloat16 first, once. */
+   (the float and half entries pass NULL); then x is rounded to bfloat16 first, once, into a
+   buffer of our own. Returns 0, or -1 if that buffer could not be allocated. */
 #define ROWS_LINEAR(NAME, ONE_PANEL_FN, FOUR_FN, WTYPE)                                           \
-void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,                 \
-          const float *scale, const float *bias, float *y, float *x_rounded, int threads) {     \
+int NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,                  \
+         const float *scale, const float *bias, float *y, int threads) {                         \
+    float *x_rounded = NULL;                                                                     \
     if (scale) {                                                                                 \
+        x_rounded = malloc(rows * in * sizeof(float));                                           \
+        if (!x_rounded) return -1;                                                               \
         for (int64_t i = 0; i < rows * in; i++) x_rounded[i] = round_to_bfloat16(x[i]);          \
         x = x_rounded;                                                                           \
     }                                                                                            \
@@ -211,6 +216,8 @@ void NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,
             ONE_PANEL_FN(x, rows, in, w, out, scale, bias, y, u + 3 * fours);                    \
         }                                                                                        \
     }                                                                                            \
+    free(x_rounded);                                                                             \
+    return 0;                                                                                    \
 }
 
 ROWS_LINEAR(rows_linear_f16, one_panel_f16, four_panels_one_row_f16, uint16_t)
