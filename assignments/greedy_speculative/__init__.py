@@ -30,8 +30,8 @@ def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secre
     import secrets
 
     from spec_decoding import autoregressive_generate
-    from spec_decoding.result import FROM_CORRECTION
     from spec_decoding.greedy import speculative_sampling_greedy
+    from spec_decoding.result import FROM_CORRECTION
 
     for _ in range(SECRET_TRIES):
         chosen = secrets.randbits(62) if secret is None else secret
