@@ -16,17 +16,22 @@ GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
 # its logits itself nor count its forwards; the grader counts them. The draft (data/draft) shares
 # the target's first blocks, so it agrees with it most of the time.
 
-def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secret: int | None = None,
-                     count_forwards: bool = True, needs_a_rejection: bool = False) -> dict:
+def served_reference(inputs, data, runs: list[dict], draft="draft", secret: int | None = None,
+                     count_forwards: bool = True, needs_a_rejection: bool = False,
+                     beats_plain: bool = False) -> dict:
     """The grader's: a secret (fresh unless given), the served target's own greedy output for each
     run ({"prompt", "max_gen", "gamma", "eos_id"?}) and (count_forwards) the target forwards the
     instructor's speculative loop takes for all of them (counted here, on the model itself).
+    draft: a checkpoint of the data folder, or a function making a fresh drafter for each run.
 
-    needs_a_rejection: draw secrets until the instructor's loop, in some run, rejects a draft token
-    in a round that another round follows. Only then can a mistake show: a loop that keeps every
-    draft token runs exactly as the instructor's until the first rejection, and a loop that never
-    rolls its caches back feeds stale tokens only in the round after one. Under a secret with
-    which the draft agrees all the way (for some prompts one grading in four) both would pass."""
+    A fresh secret is drawn again until the check can see the mistakes it is for:
+    needs_a_rejection: until the instructor's loop, in some run, rejects a draft token in a round
+    that another round follows. A loop that keeps every draft token runs exactly as the
+    instructor's until the first rejection, and a loop that never rolls its caches back feeds
+    stale tokens only in the round after one: under a secret with which the draft agrees all the
+    way (for some prompts one grading in four) both would pass.
+    beats_plain: until plain decoding (one forward a token) is over allowed_forwards: under a secret
+    where drafting saves few forwards (one in eight for the n-gram drafter) it would pass."""
     import secrets
 
     from spec_decoding import autoregressive_generate
@@ -39,21 +44,25 @@ def served_reference(inputs, data, runs: list[dict], draft: str = "draft", secre
         tokens, forwards, rejected = [], 0, 0
         for run in runs:
             tokens.append(autoregressive_generate(target, run["prompt"], run["max_gen"], eos_id=run.get("eos_id")).tokens)
-            if not (count_forwards or needs_a_rejection):
+            if not (count_forwards or needs_a_rejection or beats_plain):
                 continue
+            drafter = load(data, draft) if isinstance(draft, str) else draft()
             with counting_forwards(target) as calls:
-                result = speculative_sampling_greedy(target, load(data, draft), run["prompt"], run["max_gen"],
-                                                     run["gamma"], eos_id=run.get("eos_id"))
+                result = speculative_sampling_greedy(target, drafter, run["prompt"], run["max_gen"], run["gamma"],
+                                                     eos_id=run.get("eos_id"))
             forwards += calls[0]
             rejected += FROM_CORRECTION in result.stats.token_sources[:-1]  # a round came after it
-        if rejected or not needs_a_rejection or secret is not None:
-            return {"secret": chosen, "tokens": tokens, "forwards": forwards, "runs": len(runs)}
-    raise RuntimeError(f"no secret target in {SECRET_TRIES} made the instructor's loop reject a draft token "
-                       f"before its last round in {runs}: give these runs more tokens")
+        reference = {"secret": chosen, "tokens": tokens, "forwards": forwards, "runs": len(runs)}
+        if secret is not None or ((rejected or not needs_a_rejection) and
+                                  (not beats_plain or allowed_forwards(reference) < sum(map(len, tokens)))):
+            return reference
+    raise RuntimeError(f"no secret target in {SECRET_TRIES} let these runs show a mistake (a draft token rejected "
+                       f"before the last round: {needs_a_rejection}; plain decoding over the allowance: "
+                       f"{beats_plain}): {runs}")
 
 
-# served_reference(needs_a_rejection=True) draws at most this many secrets (for the inputs here,
-# each fails with odds between a few in a thousand and one in two)
+# served_reference draws at most this many secrets (for the inputs here, each fails to serve with odds
+# between a few in a thousand and one in two)
 SECRET_TRIES = 40
 
 

@@ -3,10 +3,9 @@
 import torch
 
 from ..definition import Assignment, Check, Failed
-from ..greedy_speculative import (SECRET_TRIES, allowed_forwards, check_speculated, check_tokens, plain_tokens,
-                                 serve_target, served_reference)
-from ..probing import PROMPT, counting_forwards, follows, load, lossless_reference, sample_counts, seeded, whole_number
-from ..serving import secret_target, served_model
+from ..greedy_speculative import check_speculated, check_tokens, plain_tokens, serve_target, served_reference
+from ..probing import PROMPT, follows, load, lossless_reference, sample_counts, seeded, whole_number
+from ..serving import served_model
 
 NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
 
@@ -74,21 +73,10 @@ def greedy_probe(inputs, data):
 def greedy_reference(inputs, data):
     """The served target's greedy output, and the forwards the instructor's drafter takes, under a
     secret target that continues the prompt's repetition often enough for those forwards to be
-    told from plain decoding's (one a token): under about one secret in eight the allowance
-    (greedy_speculative.allowed_forwards) reached plain decoding's count, and a drafter proposing
-    nothing passed."""
-    from spec_decoding import NGramDrafter, speculative_sampling_greedy
+    told from plain decoding's (greedy_speculative.served_reference, beats_plain)."""
+    from spec_decoding import NGramDrafter
 
-    for _ in range(SECRET_TRIES):
-        reference = served_reference(inputs, data, [inputs], count_forwards=False)
-        target = secret_target(data, reference["secret"])
-        with counting_forwards(target) as calls:
-            speculative_sampling_greedy(target, NGramDrafter(max_ngram=3), inputs["prompt"], inputs["max_gen"],
-                                        inputs["gamma"])
-        reference |= {"forwards": calls[0]}
-        if allowed_forwards(reference) < len(reference["tokens"][0]):  # plain decoding: one forward a token
-            return reference
-    raise RuntimeError(f"no secret target in {SECRET_TRIES} let the n-gram drafter save forwards on {inputs}")
+    return served_reference(inputs, data, [inputs], lambda: NGramDrafter(max_ngram=3), beats_plain=True)
 
 
 def greedy_judge(inputs, ref, got, served):
