@@ -36,7 +36,7 @@ from .common import (BYTES_PER_GB, add_output_options, machine_info, markdown_ta
 from .linear_kernels import SHAPES
 
 DOORS = ("kernel", "wrapper", "model")
-FORMATS = {"int8": torch.int8, "fp16": torch.float16}
+FORMATS = ("int8", "fp16")
 
 
 class Layer:
@@ -61,6 +61,10 @@ class Layer:
 
     def bytes(self) -> int:
         return self.kernel.panels.numel() * self.kernel.panels.element_size()
+
+    def wrapped(self, x: torch.Tensor) -> torch.Tensor:
+        """The wrapper's door: gpt2.native.rows_linear on this layer."""
+        return native.rows_linear(x, self.kernel.panels, self.out, self.bias, self.kernel.scale)
 
     def bare_call(self, x: torch.Tensor, y: torch.Tensor, threads: int):
         """The kernel's function and its arguments, ready to call: fn(*args) computes y from x."""
@@ -94,7 +98,7 @@ def passes(layers: list[Layer], rows: int, threads: int) -> dict:
 
     def wrapper():
         for layer in layers:
-            native.rows_linear(xs[layer.inputs], layer.kernel.panels, layer.out, layer.bias, layer.kernel.scale)
+            layer.wrapped(xs[layer.inputs])
 
     def model():
         for layer in layers:
@@ -103,8 +107,7 @@ def passes(layers: list[Layer], rows: int, threads: int) -> dict:
     kernel()
     for layer, y in zip(layers, ys):
         x = xs[layer.inputs]
-        for door, got in (("wrapper", native.rows_linear(x, layer.kernel.panels, layer.out, layer.bias,
-                                                         layer.kernel.scale)), ("model", layer.module(x))):
+        for door, got in (("wrapper", layer.wrapped(x)), ("model", layer.module(x))):
             if not torch.equal(got, y):
                 raise AssertionError(f"the {door} door's output differs from the kernel's")
     return {"kernel": kernel, "wrapper": wrapper, "model": model}
@@ -112,7 +115,7 @@ def passes(layers: list[Layer], rows: int, threads: int) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--format", choices=list(FORMATS), default="int8", help="the weights' format (default int8)")
+    p.add_argument("--format", choices=FORMATS, default="int8", help="the weights' format (default int8)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 5], help="rows a call (1: a step; 5: verify 4 tokens)")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
