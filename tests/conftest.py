@@ -127,10 +127,6 @@ def generator():
     return torch.Generator().manual_seed(1234)
 
 
-# A trained pair in seconds (offline.train_pair with tiny sizes on a few standard-library modules): real
-# language models that disagree now and then, for tests that need real rejections.
-TRAIN_TEXTS = ["argparse.py", "textwrap.py", "string.py", "shlex.py", "heapq.py", "difflib.py",
-               "calendar.py", "fractions.py", "bisect.py", "colorsys.py", "configparser.py"]
 def sibling_tree(vocab_size: int, seed: int = 1):
     """Inputs of one token-tree forward after a 6-token prompt: (prompt [1, 6], nodes [1, 3],
     positions [3], attn_mask [3, 9]). Two siblings at position 6 that must not see each other, then
@@ -144,6 +140,10 @@ def sibling_tree(vocab_size: int, seed: int = 1):
     return prompt, nodes, positions, mask
 
 
+# A trained pair in seconds (offline.train_pair with tiny sizes on a few standard-library modules): real
+# language models that disagree now and then, for tests that need real rejections.
+TRAIN_TEXTS = ["argparse.py", "textwrap.py", "string.py", "shlex.py", "heapq.py", "difflib.py",
+               "calendar.py", "fractions.py", "bisect.py", "colorsys.py", "configparser.py"]
 TINY_TARGET = GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64)
 TINY_DRAFT = GPT2Config(n_layer=1, n_head=1, n_embd=32, n_positions=64)
 
