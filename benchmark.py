@@ -68,11 +68,11 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, load_gpt2
-from gpt2.compiled import COMPILE_FLAGS
+from gpt2.speed.compiled import COMPILE_FLAGS
 from benchmarks.common import gamma_order, read_prompts, timed
-from gpt2.device import dtype_note, note_once, resolve_device, resolve_dtype
+from gpt2.speed.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
-from gpt2.machine_load import busy_note
+from gpt2.speed.machine_load import busy_note
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.batched import MAX_BATCH_SIZE
@@ -132,13 +132,13 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto (default): per model, the format measured fastest on this CPU for its "
-                        "shapes (float32, float16 weights or bfloat16; python -m gpt2.kernel_report); "
+                        "shapes (float32, float16 weights or bfloat16; python -m gpt2.speed.kernel_report); "
                         "bfloat16/float16 on a GPU")
     p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
-                   help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on; graph, the step as one "
-                   "CUDA graph (gpt2/cuda_graph.py; a GPU); auto (the faster here: compiled on a CPU, graph "
+                   help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as one "
+                   "CUDA graph (gpt2/speed/cuda_graph.py; a GPU); auto (the faster here: compiled on a CPU, graph "
                    "on a GPU, only where it measures faster); or off (default)")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
@@ -649,7 +649,7 @@ def main(argv=None) -> None:
     standins = is_standin(args.target) and (is_standin(args.draft) or not uses_draft)
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
-    # dtype "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format).
+    # dtype "auto" is decided per model, measured on its shapes here (gpt2.speed.device.auto_format).
     draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize, args.compile) if uses_draft else None
     target = load_model("target", str(args.target), device, args.dtype, args.quantize, args.compile)
     dtype = target.wte.weight.dtype

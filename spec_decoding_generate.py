@@ -42,10 +42,10 @@ from pathlib import Path
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
-from gpt2.compiled import COMPILE_FLAGS
-from gpt2.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
+from gpt2.speed.compiled import COMPILE_FLAGS
+from gpt2.speed.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
-from gpt2.machine_load import busy_note
+from gpt2.speed.machine_load import busy_note
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
 from spec_decoding.decoding import check_drafter
@@ -135,14 +135,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="auto (default: per model, the format measured fastest on this CPU for "
                              "its shapes: float32, float16 weights or bfloat16, see python -m "
-                             "gpt2.kernel_report; bfloat16/float16 on a GPU), float32, bfloat16 or float16")
+                             "gpt2.speed.kernel_report; bfloat16/float16 on a GPU), float32, bfloat16 or float16")
     parser.add_argument("--quantize", choices=["int8", "fp16"],
                         help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
     parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
                         help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
-                        help="the compiled decode path (gpt2/compiled.py; CPU or CUDA): on; graph, the step as "
-                             "one CUDA graph (gpt2/cuda_graph.py; a GPU); auto (compiled on a CPU, graph on a "
+                        help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as "
+                             "one CUDA graph (gpt2/speed/cuda_graph.py; a GPU); auto (compiled on a CPU, graph on a "
                              "GPU, only where it measures faster here); or off (default)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
@@ -236,7 +236,7 @@ def check_before_loading(prompt_ids: list[int], args) -> None:
 
 
 def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None, compile="off"):
-    """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.device.auto_format)."""
+    """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.speed.device.auto_format)."""
     print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()

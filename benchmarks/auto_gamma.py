@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import load_gpt2
-from gpt2.machine_load import busy_note, load_average
+from gpt2.speed.machine_load import busy_note, load_average
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 
 from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, read_prompts,

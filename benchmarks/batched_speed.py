@@ -24,7 +24,7 @@ from dataclasses import asdict
 
 import torch
 
-from gpt2.device import synchronize
+from gpt2.speed.device import synchronize
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.batched import (batched_autoregressive_generate, batched_speculative_sampling,
                                    calibrate_batch_costs)

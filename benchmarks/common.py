@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import OFFICIAL_CONFIGS, encode
-from gpt2.device import synchronize
+from gpt2.speed.device import synchronize
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 
 DEFAULT_CHECKPOINTS = Path("checkpoints/standins")

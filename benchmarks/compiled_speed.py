@@ -1,5 +1,5 @@
-"""The decode paths side by side, per weight format: eager, compiled (gpt2/compiled.py) and, on a
-CUDA GPU, CUDA graphs (gpt2/cuda_graph.py); a decoding step and a 5-row verification, with the
+"""The decode paths side by side, per weight format: eager, compiled (gpt2/speed/compiled.py) and, on a
+CUDA GPU, CUDA graphs (gpt2/speed/cuda_graph.py); a decoding step and a 5-row verification, with the
 bandwidth floor.
 
     python -m benchmarks.compiled_speed --checkpoints /tmp/standins --out runs/compiled_speed
@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from gpt2 import load_gpt2
-from gpt2.compiled import CompiledDecode, eager
-from gpt2.cuda_graph import graph_decode, ungraph
-from gpt2.device import resolve_device
+from gpt2.speed.compiled import CompiledDecode, eager
+from gpt2.speed.cuda_graph import graph_decode, ungraph
+from gpt2.speed.device import resolve_device
 
 from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_checkpoint, timed, write_results)

@@ -8,7 +8,7 @@ Medusa (one head: a round of g tokens runs g heads; its own output layer, and sh
 target's), EAGLE (one block + the full head), EAGLE
 with a reduced draft vocabulary of 32k tokens (EAGLE-3's size), and layer-skip with a quarter of
 the blocks for comparison. Every weight gets the CPU kernels loading gives it
-(gpt2.kernels.attach_kernels). Prints a table; nothing is written.
+(gpt2.speed.kernels.attach_kernels). Prints a table; nothing is written.
 """
 
 import argparse
@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from gpt2 import GPT2, OFFICIAL_CONFIGS
-from gpt2.kernels import attach_kernels
+from gpt2.speed.kernels import attach_kernels
 from spec_decoding.costs import CostModel
 from spec_decoding.drafters import LayerSkipDrafter
 from spec_decoding.eagle import EagleDrafter, EagleNet

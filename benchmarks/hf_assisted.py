@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from gpt2.device import synchronize
+from gpt2.speed.device import synchronize
 
 
 def transformers_missing_message() -> str | None:

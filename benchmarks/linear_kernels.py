@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpt2 import native
-from gpt2.fast_linear import NativeInt8Linear, NativeRowsLinear
+from gpt2.speed import native
+from gpt2.speed.fast_linear import NativeInt8Linear, NativeRowsLinear
 
 from .common import BYTES_PER_GB, machine_info, markdown_table, measure_read_bandwidth, write_results
 
@@ -59,7 +59,7 @@ def _flinear(x, s):
 
 
 def _mm(x, s):
-    """torch.mm(W, x.T): the weight as the left operand (gpt2.kernels' "mm" path)."""
+    """torch.mm(W, x.T): the weight as the left operand (gpt2.speed.kernels' "mm" path)."""
     return torch.mm(s[0], x.T).T + s[1]
 
 
@@ -89,7 +89,7 @@ def _run_mkl_packed(x, s):
 
 
 def _int8_as_bf16(w, b):
-    """gpt2.fast_linear.Int8AsBF16's layout: q as bfloat16 integers, pre-packed; scale [1, N]."""
+    """gpt2.speed.fast_linear.Int8AsBF16's layout: q as bfloat16 integers, pre-packed; scale [1, N]."""
     q, scale = int8_per_channel(w)
     return (torch.ops.mkldnn._reorder_linear_weight(q.to(torch.bfloat16), 1), scale.to(torch.bfloat16)[None],
             b.to(torch.bfloat16))
@@ -108,7 +108,7 @@ def _run_fbgemm_fp16(x, s):
 
 
 def _native(dtype, avx2_build: bool = False):
-    """Our C kernel (gpt2/csrc/rows_linear.c): weights packed in panels, in dtype (torch.int8:
+    """Our C kernel (gpt2/speed/csrc/rows_linear.c): weights packed in panels, in dtype (torch.int8:
     per-channel int8). avx2_build: its AVX2 build even where the CPU has AVX-512 (whose build is
     the default there), to time the two side by side."""
     def prepare(w, b):
@@ -230,7 +230,7 @@ CANDIDATES = {
     # name: (prepare, run, activation dtype, what it is)
     "fp32_onednn": (lambda w, b: (w, b), _onednn, torch.float32, "fp32, oneDNN (linear()'s float32 path)"),
     "fp32_mkl": (lambda w, b: (w, b), _flinear, torch.float32, "fp32, F.linear (MKL)"),
-    "fp32_mm": (lambda w, b: (w, b), _mm, torch.float32, "fp32, torch.mm(W, x.T) (gpt2.kernels' mm path)"),
+    "fp32_mm": (lambda w, b: (w, b), _mm, torch.float32, "fp32, torch.mm(W, x.T) (gpt2.speed.kernels' mm path)"),
     "fp32_onednn_packed1": (_prepacked_fp32(1), _onednn, torch.float32, "fp32, oneDNN, weights pre-packed for M=1"),
     "fp32_onednn_packed5": (_prepacked_fp32(5), _onednn, torch.float32, "fp32, oneDNN, weights pre-packed for M=5"),
     "fp32_mkl_packed5": (_mkl_packed(5), _run_mkl_packed, torch.float32, "fp32, MKL packed sgemm for M=5 (other M: plain MKL)"),
@@ -241,9 +241,9 @@ CANDIDATES = {
     "bf16_onednn_packed": (_prepacked_bf16(None), _onednn, torch.bfloat16, "bf16, oneDNN, weights pre-packed (no M hint)"),
     "fp16_flinear": (_cast(torch.float16), _flinear, torch.float16, "fp16, F.linear"),
     "fp16_fbgemm": (_fbgemm_fp16, _run_fbgemm_fp16, torch.float32, "fp16 weights, fp32 math, fbgemm (quantized.linear_dynamic_fp16; quantize=\"fp16\")"),
-    "fp16_native": (_native(torch.float16), _run_native, torch.float32, "fp16 weights, fp32 math, our C kernel (gpt2/csrc/rows_linear.c, native-fp16)"),
-    "fp32_native": (_native(torch.float32), _run_native, torch.float32, "fp32, our C kernel (gpt2/csrc/rows_linear.c, native-f32)"),
-    "int8_native": (_native(torch.int8), _run_native, torch.float32, "int8 per-channel, our C kernel (gpt2/csrc/rows_linear.c, native-int8): int8pack's numbers"),
+    "fp16_native": (_native(torch.float16), _run_native, torch.float32, "fp16 weights, fp32 math, our C kernel (gpt2/speed/csrc/rows_linear.c, native-fp16)"),
+    "fp32_native": (_native(torch.float32), _run_native, torch.float32, "fp32, our C kernel (gpt2/speed/csrc/rows_linear.c, native-f32)"),
+    "int8_native": (_native(torch.int8), _run_native, torch.float32, "int8 per-channel, our C kernel (gpt2/speed/csrc/rows_linear.c, native-int8): int8pack's numbers"),
     "fp16_native_avx2": (_native(torch.float16, True), _run_native, torch.float32, "fp16_native, its AVX2 build (the same as fp16_native on a CPU without AVX-512)"),
     "int8_native_avx2": (_native(torch.int8, True), _run_native, torch.float32, "int8_native, its AVX2 build (the same as int8_native on a CPU without AVX-512)"),
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),

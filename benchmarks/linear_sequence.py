@@ -8,12 +8,12 @@ kernel and the model?
 A step calls a linear layer 145 times (36 blocks x 4, then the head), each on its own weights, so
 the weights come from memory: the floor is their bytes / the read bandwidth (x.sum(), measured in
 the same run). Each layer here has its own random weights in the C kernel's panels
-(gpt2/csrc/rows_linear.c; int8 per channel, or float16), and one pass calls all of them in a
+(gpt2/speed/csrc/rows_linear.c; int8 per channel, or float16), and one pass calls all of them in a
 step's order, through:
   - kernel: the compiled function through ctypes, its arguments made once (what the kernel
     costs, plus ctypes' few microseconds a call);
-  - wrapper: gpt2.native.rows_linear (a call's tensors and pointers made in Python);
-  - model: an nn.Linear whose forward is the KernelLinear gpt2.kernels attaches (what
+  - wrapper: gpt2.speed.native.rows_linear (a call's tensors and pointers made in Python);
+  - model: an nn.Linear whose forward is the KernelLinear gpt2.speed.kernels attaches (what
     gpt2/model.py calls: module call, kernel choice by rows, the wrapper).
 The doors run in turns, passes of --rows rows each; medians over --rounds. Every door's output is
 checked equal, bit for bit, to the kernel's on the first pass. What a door adds over the one
@@ -27,9 +27,9 @@ import argparse
 import torch
 from torch import nn
 
-from gpt2 import native
-from gpt2.fast_linear import NativeInt8Linear, NativeRowsLinear
-from gpt2.kernels import KernelLinear, RowsAwareKernel
+from gpt2.speed import native
+from gpt2.speed.fast_linear import NativeInt8Linear, NativeRowsLinear
+from gpt2.speed.kernels import KernelLinear, RowsAwareKernel
 
 from .common import (BYTES_PER_GB, add_output_options, machine_info, markdown_table, measure_read_bandwidth,
                      median, timed, write_results)
@@ -51,7 +51,7 @@ class Layer:
                                            torch.float16)
         self.bias = torch.randn(out, generator=generator) * 0.01
         self.out, self.inputs = out, inputs
-        # The model's door: an nn.Linear as gpt2.kernels leaves it. Its float32 weight is never
+        # The model's door: an nn.Linear as gpt2.speed.kernels leaves it. Its float32 weight is never
         # read on this path (only its dtype is), so it is left unwritten: its pages are never used.
         self.module = nn.utils.skip_init(nn.Linear, inputs, out)
         self.module.weight.requires_grad_(False)
@@ -63,7 +63,7 @@ class Layer:
         return self.kernel.panels.numel() * self.kernel.panels.element_size()
 
     def wrapped(self, x: torch.Tensor) -> torch.Tensor:
-        """The wrapper's door: gpt2.native.rows_linear on this layer."""
+        """The wrapper's door: gpt2.speed.native.rows_linear on this layer."""
         return native.rows_linear(x, self.kernel.panels, self.out, self.bias, self.kernel.scale)
 
     def bare_call(self, x: torch.Tensor, y: torch.Tensor, threads: int):

@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     p.add_argument("--formats", nargs="+", default=["auto", "fp32", "bf16"], choices=list(FORMATS),
                    help="our formats (benchmarks.weight_formats.FORMATS)")
     p.add_argument("--compile", nargs="+", default=["off"], choices=list(COMPILE),
-                   help="our decode path: eager (off), compiled (on: gpt2.compiled), or compiled where it "
+                   help="our decode path: eager (off), compiled (on: gpt2.speed.compiled), or compiled where it "
                         "measures faster (auto); several: each format runs with each")
     p.add_argument("--gguf-types", nargs="+", default=list(GGUF_TYPES), choices=GGUF_TYPES)
     p.add_argument("--prompt", default="The history of the printing press begins in the fifteenth century, when")

@@ -1,4 +1,4 @@
-"""Loading with the kernel choice kept (gpt2/kernel_cache.py) against the plain face, per weight
+"""Loading with the kernel choice kept (gpt2/speed/kernel_cache.py) against the plain face, per weight
 format, on random-weight stand-ins of a real size:
 
     python -m benchmarks.load_time                          # gpt2-large stand-ins, 3 rounds
@@ -38,7 +38,7 @@ from pathlib import Path
 from .common import DEFAULT_CHECKPOINTS, machine_info, markdown_table, median, random_prompt, standin_checkpoint
 
 PROMPT_LENGTH, NEW_TOKENS = 16, 16  # NEW_TOKENS: the default of --new-tokens
-# load_gpt2's options for each format "auto" can pick on a CPU (gpt2.kernels.AUTO_FORMATS).
+# load_gpt2's options for each format "auto" can pick on a CPU (gpt2.speed.kernels.AUTO_FORMATS).
 FORMAT_ARGS = {"auto": {}, "float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"},
                "fp16": {"quantize": "fp16"}, "int8": {"dtype": "float32", "quantize": "int8"}}
 ARMS = {"C": "cached", "P": "GPT2_FAST_LINEAR=0", "E": "packed at load"}
@@ -48,7 +48,8 @@ def child(folder: str) -> None:
     """One run (in its own process): load, decode with each forward timed, print one JSON line."""
     import torch
 
-    from gpt2 import kernels, load_gpt2
+    from gpt2 import load_gpt2
+    from gpt2.speed import kernels
     from spec_decoding import autoregressive_generate
 
     kwargs = json.loads(os.environ.get("LOAD_TIME_ARGS", "{}"))
@@ -84,7 +85,7 @@ def run(folder: Path, env: dict) -> dict:
 
 def auto_pickable() -> list[str]:
     """The formats dtype="auto" can pick here (those with a fast path on this CPU)."""
-    from gpt2 import kernels
+    from gpt2.speed import kernels
 
     return [fmt for fmt, paths in kernels.format_paths().items() if paths]
 

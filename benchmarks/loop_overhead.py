@@ -4,7 +4,7 @@ speculative loop cost beyond their forward passes.
     python -m benchmarks.loop_overhead                # 50,257-token vocabulary, temperature 1
     python -m benchmarks.loop_overhead --quick        # smoke run
 
-Why: where a step is short (a small pair, or a GPU replaying CUDA graphs: gpt2/cuda_graph.py)
+Why: where a step is short (a small pair, or a GPU replaying CUDA graphs: gpt2/speed/cuda_graph.py)
 the Python around the forwards decides whether speculation, or `gamma="auto"` settled on plain
 steps, keeps up with plain decoding. Here both models are stubs whose forward returns ready
 logits, so what is timed is the loop: sampling, the rejection step, the policy, the bookkeeping.

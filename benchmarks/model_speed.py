@@ -11,7 +11,7 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
 
 1. Greedy decoding tokens/s, batch 1, fp32, CPU, same prompt and number of new tokens, for
      - ours:             spec_decoding.autoregressive_generate (linears through oneDNN, the default)
-     - ours, MKL:        the same with gpt2.kernels.ENABLED = False (the plain face: F.linear -> MKL)
+     - ours, MKL:        the same with gpt2.speed.kernels.ENABLED = False (the plain face: F.linear -> MKL)
      - HF transformers:  GPT2LMHeadModel.from_pretrained(same folder).generate(do_sample=False)
    after a warm-up, repeats interleaved (ours, MKL, HF, ours, ...) so that machine noise hits
    all alike; medians. It checks that ours and HF produce the same tokens.
@@ -28,7 +28,7 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
    speculative decoding at gamma 4) on a warm cache, per dtype, of --dtype-model (gpt2-large by
    default); one model, cast from dtype to dtype, the dtypes taking turns round after round, so
    a busy machine slows them alike.
-   This is what gpt2.device.auto_dtype's choice and its "slower here" note rest on.
+   This is what gpt2.speed.device.auto_dtype's choice and its "slower here" note rest on.
 
 Writes <out>/results.json and <out>/results.md and prints the table.
 """
@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import gpt2.kernels
+import gpt2.speed.kernels
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
 from spec_decoding import autoregressive_generate
 
@@ -60,11 +60,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------------------
 
 def ours_generate(model, prompt, new_tokens, onednn=True):
-    gpt2.kernels.ENABLED = onednn  # read at call time by the attached kernels (False: plain F.linear)
+    gpt2.speed.kernels.ENABLED = onednn  # read at call time by the attached kernels (False: plain F.linear)
     try:
         return autoregressive_generate(model, prompt, new_tokens).tokens
     finally:
-        gpt2.kernels.ENABLED = True
+        gpt2.speed.kernels.ENABLED = True
 
 
 def hf_generate(hf_model, prompt, new_tokens):
@@ -86,13 +86,13 @@ def decode_step_seconds(model, prompt, context_len, steps):
     try:
         for i in range(steps + 2):
             for mode in times:
-                gpt2.kernels.ENABLED = mode == "onednn"
+                gpt2.speed.kernels.ENABLED = mode == "onednn"
                 _, seconds = timed(None, model, one, cache)
                 cache.truncate(context_len)
                 if i >= 2:  # the first two rounds are warm-up
                     times[mode].append(seconds)
     finally:
-        gpt2.kernels.ENABLED = True
+        gpt2.speed.kernels.ENABLED = True
     return {mode: median(t) for mode, t in times.items()}
 
 

@@ -19,7 +19,7 @@ It measures, in one run, interleaved so that machine noise hits everything alike
    hooks) equal the counts in the stats, and target calls per token = 1 / tokens per target call.
 3. transformers' assisted generation on the same two checkpoints (greedy, num_assistant_tokens =
    gamma, constant schedule, no confidence cut-off): its time, and whether its tokens equal ours.
-4. The same with gpt2.kernels.ENABLED = False (the plain face: F.linear -> MKL) for one gamma: how
+4. The same with gpt2.speed.kernels.ENABLED = False (the plain face: F.linear -> MKL) for one gamma: how
    verification cost and the speed-up collapse under MKL's small-M kernels on this CPU.
 
 Writes <out>/results.json and <out>/results.md and prints the table.
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-import gpt2.kernels
+import gpt2.speed.kernels
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
 from spec_decoding import (CostModel, autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
@@ -53,7 +53,7 @@ class ForwardCounter:
 
 
 def set_onednn(on: bool):
-    gpt2.kernels.ENABLED = on  # read at call time by the attached kernels (False: plain F.linear)
+    gpt2.speed.kernels.ENABLED = on  # read at call time by the attached kernels (False: plain F.linear)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def report(res) -> str:
               f"{sum(r['same_tokens_as_ours'])}/{len(r['same_tokens_as_ours'])}",
               ", ".join(str(f) for f in r["first_mismatch_vs_our_baseline"])] for r in res["hf"]]))
     if res.get("mkl_summary"):
-        md.append("\n## The same with MKL (gpt2.kernels.ENABLED = False)\n")
+        md.append("\n## The same with MKL (gpt2.speed.kernels.ENABLED = False)\n")
         md.append(spec_table(res["mkl_summary"]))
         md.append("\n(ideal uses the MKL per-call costs above)\n")
     return "\n".join(md) + "\n"

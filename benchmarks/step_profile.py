@@ -22,7 +22,7 @@ from torch.profiler import profile
 
 from benchmarks.common import measure_read_bandwidth, median, timed
 from benchmarks.weight_formats import format_bytes
-from gpt2 import kernels
+from gpt2.speed import kernels
 from gpt2.loading import load_gpt2
 
 

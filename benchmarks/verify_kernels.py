@@ -1,4 +1,4 @@
-"""What some kernel candidates buy: a step and verify(5) of one model with the kernels gpt2.kernels
+"""What some kernel candidates buy: a step and verify(5) of one model with the kernels gpt2.speed.kernels
 chooses among all candidates, against its choice without the named ones, interleaved.
 
     python -m benchmarks.verify_kernels --checkpoints /tmp/standins --formats fp32 int8 \\
@@ -15,7 +15,7 @@ weights, and swaps the two faces round by round:
      same face): whether speculative equals plain greedy on each face (it must, up to near-ties
      where the 1-row and many-row kernels round apart), and whether the two faces' plain greedy
      tokens agree.
-Both choices are measured (or read) through gpt2.kernels.rows_choice, so they land in the
+Both choices are measured (or read) through gpt2.speed.kernels.rows_choice, so they land in the
 kernel cache (GPT2_KERNEL_CACHE) like any other.
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-import gpt2.kernels as kernels
+import gpt2.speed.kernels as kernels
 from gpt2 import load_gpt2
-from gpt2.fast_linear import int8_per_channel
+from gpt2.speed.fast_linear import int8_per_channel
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table, median, random_prompt,

@@ -7,12 +7,12 @@ Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6
 (benchmarks.common.standin_pair; timings do not depend on the weight values) in each format:
 
   fp32   load_gpt2(path, dtype="float32")       (oneDNN fp32)
-  bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/fast_linear.py;
+  bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/speed/fast_linear.py;
                                                  what dtype="auto" picks on a CPU with bf16)
-  int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/fast_linear.py)
+  int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/speed/fast_linear.py)
   fp16w  load_gpt2(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
   fp16   load_gpt2(path, dtype="float16")       (a float16 model: F.linear, no fast path)
-  auto   load_gpt2(path)                        (dtype "auto": the format gpt2.kernels measures
+  auto   load_gpt2(path)                        (dtype "auto": the format gpt2.speed.kernels measures
                                                  fastest on this machine, said in one line)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-import gpt2.kernels
+import gpt2.speed.kernels
 from gpt2 import GPT2Config, load_gpt2
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
@@ -59,23 +59,23 @@ FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
            "int8": {"dtype": "float32", "quantize": "int8"}, "fp16w": {"dtype": "float32", "quantize": "fp16"},
            "fp16": {"dtype": "float16"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"},
-           "auto": {"dtype": "auto"}}  # what gpt2.kernels measures fastest here (one of the above)
+           "auto": {"dtype": "auto"}}  # what gpt2.speed.kernels measures fastest here (one of the above)
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
 FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()) if name != "fp32"})
 
 
 class fast_kernels:
-    """with fast_kernels(on): run a loaded model with or without the kernels gpt2.kernels attached."""
+    """with fast_kernels(on): run a loaded model with or without the kernels gpt2.speed.kernels attached."""
 
     def __init__(self, on: bool):
         self.on = on
 
     def __enter__(self):
-        self.saved, gpt2.kernels.ENABLED = gpt2.kernels.ENABLED, self.on
+        self.saved, gpt2.speed.kernels.ENABLED = gpt2.speed.kernels.ENABLED, self.on
 
     def __exit__(self, *exc):
-        gpt2.kernels.ENABLED = self.saved
+        gpt2.speed.kernels.ENABLED = self.saved
 
 
 def format_bytes(model, fmt) -> int:
@@ -84,7 +84,7 @@ def format_bytes(model, fmt) -> int:
     quantize = {"fp16": "fp16w"}.get(getattr(model, "quantize", None), getattr(model, "quantize", None))
     stored = {"int8": 1, "fp16w": 2}.get(quantize if fmt == "auto" else fmt.split("+")[0])
     if stored and not fmt.endswith("-plain"):
-        for w in gpt2.kernels.linear_weights(model):
+        for w in gpt2.speed.kernels.linear_weights(model):
             total -= w.numel() * (w.element_size() - stored)
     return total
 

@@ -11,12 +11,12 @@ linear weights stored [in, out] (OpenAI's Conv1D), plus a causal-mask buffer "h.
 layer that we never read. Files written by transformers' save_pretrained prefix every key with
 "transformer." and may hold "lm_head.weight" (a copy of wte.weight). Both load.
 
-device and dtype are checked before anything is read or downloaded (gpt2.device): dtype "auto"
+device and dtype are checked before anything is read or downloaded (gpt2.speed.device): dtype "auto"
 (the default) is decided per model once its shapes are known: on CPU the format measured fastest
-on this machine for those shapes (float32, float16 weights, or bfloat16; gpt2.kernels), with one
+on this machine for those shapes (float32, float16 weights, or bfloat16; gpt2.speed.kernels), with one
 line saying which and why; bfloat16/float16 on CUDA, float16 on MPS; names as strings work.
 
-On a CPU, loading attaches the fast face (gpt2/kernels.py): each linear layer and the head run on
+On a CPU, loading attaches the fast face (gpt2/speed/kernels.py): each linear layer and the head run on
 the kernel chosen for this machine, measured once and kept in the user's cache folder; one line
 says which and where the choice is kept. kernels=False (or GPT2_FAST_LINEAR=0 for every load)
 keeps the model plain PyTorch, as gpt2/model.py reads.
@@ -41,12 +41,12 @@ import torch
 import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 
-from .compiled import COMPILE_CHOICES, choose_compiled, compile_decode
-from .cuda_graph import choose_graphed, graph_decode
+from .speed.compiled import COMPILE_CHOICES, choose_compiled, compile_decode
+from .speed.cuda_graph import choose_graphed, graph_decode
 from .config import GPT2Config
-from .device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
-from .fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
-from . import kernels as fast_face
+from .speed.device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
+from .speed.fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
+from .speed import kernels as fast_face
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -76,7 +76,7 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     """Load a GPT-2 from the hub or a local path (see the module docstring) in eval mode.
 
     device: "cpu" (None), "cuda", "cuda:N", "mps", "auto" or a torch.device.
-    dtype: "auto" (gpt2.device.auto_format: on CPU the format measured fastest here for this
+    dtype: "auto" (gpt2.speed.device.auto_format: on CPU the format measured fastest here for this
     model's shapes, which may be float16 weights in a float32 model, i.e. quantize="fp16"),
     "float32", "bfloat16", "float16" or the torch dtype; None keeps the dtype stored in the file.
     A bad choice is a ValueError; a 16-bit dtype without a fast path on this CPU runs on PyTorch's
@@ -84,13 +84,13 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     quantize="int8": weight-only int8 for the linear layers and the tied head/embedding,
     symmetric per output channel, computed from the file's weights at load time. The
     parameters then hold the dequantized weights in `dtype` (the model *is* the quantized one,
-    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.fast_linear).
+    whichever kernel runs it); on CPU the linears run on the int8 bytes (gpt2.speed.fast_linear).
     quantize="fp16": the same weights rounded to float16 in a float32 model (dtype "auto" or
     "float32"); on an x86 CPU the linears read the 16-bit weights and multiply in float32.
     kernels=False: the plain face, every linear layer on F.linear as gpt2/model.py reads (dtype
-    "auto" is then float32); True attaches gpt2/kernels.py's (unless GPT2_FAST_LINEAR=0).
-    compile: True gives the model the compiled decode path (gpt2.compiled; on a CUDA GPU its block
-    recorded as CUDA graphs, gpt2.cuda_graph), "graph" the CUDA-graph path with the eager block (a
+    "auto" is then float32); True attaches gpt2/speed/kernels.py's (unless GPT2_FAST_LINEAR=0).
+    compile: True gives the model the compiled decode path (gpt2.speed.compiled; on a CUDA GPU its block
+    recorded as CUDA graphs, gpt2.speed.cuda_graph), "graph" the CUDA-graph path with the eager block (a
     CUDA GPU), "auto" the faster of eager and compiled on a CPU, of eager and CUDA graphs on a GPU,
     measured here (one line says which and why), False (default) keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
@@ -396,7 +396,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         said = fast_face.attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()},
                                         fp16=quantize == "fp16")
         if said:
-            note_once(f"kernels: gpt2/kernels.py, {'; '.join(said)}. Plain PyTorch (gpt2/model.py as it "
+            note_once(f"kernels: gpt2/speed/kernels.py, {'; '.join(said)}. Plain PyTorch (gpt2/model.py as it "
                       f"reads): load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", sys.stderr)
     model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
@@ -405,7 +405,7 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
 def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=True
                    ) -> tuple[torch.dtype | None, str | None]:
     """(dtype, quantize) to load with, now that the model's shapes are known. "auto" without a
-    quantize option is decided here (gpt2.device.auto_format; float32 for the plain face) and said
+    quantize option is decided here (gpt2.speed.device.auto_format; float32 for the plain face) and said
     in one line; a 16-bit dtype without a fast path on this CPU gets its one-line note."""
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
         dtype, quantize, why = auto_format(device, config if kernels else None)

@@ -3,7 +3,7 @@ output head tied to the token embedding. Parameter names match the official chec
 (wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), so loading is a rename-free copy.
 
 This file is plain PyTorch: every linear layer is an nn.Linear, the head an F.linear. Loading a
-model attaches faster CPU kernels to those layers (gpt2/kernels.py, named in the line load prints);
+model attaches faster CPU kernels to those layers (gpt2/speed/kernels.py, named in the line load prints);
 load_gpt2(..., kernels=False) keeps this plain face.
 """
 

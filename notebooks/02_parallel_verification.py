@@ -213,8 +213,8 @@ print("all checks passed")
 import statistics
 import time
 
-from gpt2.device import synchronize
-from gpt2.machine_load import busy_note
+from gpt2.speed.device import synchronize
+from gpt2.speed.machine_load import busy_note
 
 sizes = range(1, 9)
 times = {k: [] for k in sizes}

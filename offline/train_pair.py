@@ -56,7 +56,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPT2Config
 from gpt2.loading import CONV1D_SUFFIXES
-from gpt2.machine_load import busy_note, load_average
+from gpt2.speed.machine_load import busy_note, load_average
 from gpt2.model import GPT2
 from gpt2.tokenizer import EOT_ID, decode, encode, get_tokenizer
 

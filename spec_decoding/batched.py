@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt2 import GPT2, KVCache
-from gpt2.device import synchronize
-from gpt2.kernels import linear
+from gpt2.speed.device import synchronize
+from gpt2.speed.kernels import linear
 from .costs import BatchCostModel, describe_model
 from .decoding import (check_drafter, check_positive_int, check_sampling_args, prompt_to_list,
                        record_round, round_gamma, round_output, take_tokens)

@@ -8,7 +8,7 @@ A token tree's verification (tree_verify_cost) is timed here too, when calibrate
 CostModel.calibrate measures them in a few seconds on warm KV caches; the gamma="auto" policy
 (spec_decoding/gamma.py) and benchmark.py both use it, so this is the one place where per-call
 costs are timed. CostModel.kept_for(target, draft) measures a pair's costs once per machine and keeps
-them in the kernel cache (gpt2/kernel_cache.py), so gamma="auto" decides from the same costs in
+them in the kernel cache (gpt2/speed/kernel_cache.py), so gamma="auto" decides from the same costs in
 every run on this machine. A CostModel can be printed, saved to JSON and loaded again; it
 remembers which models it was measured on, and using it with other models is an error.
 """
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import GPT2, kernel_cache
-from gpt2.device import synchronize
+from gpt2 import GPT2
+from gpt2.speed import kernel_cache
+from gpt2.speed.device import synchronize
 from .decoding import check_drafter
 from .result import ROOT
 from .theory import break_even_alpha, predicted_speedup
@@ -148,10 +149,10 @@ class CostModel(SavedAsJson):
     @classmethod
     def kept_for(cls, target: GPT2, draft, gamma_max: int = 8) -> "CostModel":
         """The pair's CostModel on this machine: calibrated the first time (one line on stderr says
-        so, and where it is kept), then read from the kernel cache (gpt2/kernel_cache.py), kept under
+        so, and where it is kept), then read from the kernel cache (gpt2/speed/kernel_cache.py), kept under
         this machine, its threads and the two models as describe_model names them (shape, format,
         device). So every run on this machine, in this process or another, decides gamma="auto" from
-        the same costs, and a seed reproduces a sampled run; `python -m gpt2.kernel_report
+        the same costs, and a seed reproduces a sampled run; `python -m gpt2.speed.kernel_report
         --remeasure` (or another machine) measures them again, and the gammas may then differ."""
         what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max}
         kept, _ = kernel_cache.decide_once(

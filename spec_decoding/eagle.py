@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from gpt2 import GPT2, KVCache
-from gpt2.kernels import linear
+from gpt2.speed.kernels import linear
 from gpt2.model import Block
 from .drafters import FeatureDrafter
 from .sampling import logits_to_probs, sample

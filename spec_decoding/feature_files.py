@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT2
-from gpt2.kernels import attach_kernels
+from gpt2.speed.kernels import attach_kernels
 from .drafters import Drafter
 from .eagle import EagleDrafter, EagleNet
 from .medusa import MedusaDrafter, MedusaHeads
@@ -99,7 +99,7 @@ def load_feature_drafter(folder, target: GPT2, kind: str | None = None) -> Draft
 
 def with_kernels(module: torch.nn.Module) -> torch.nn.Module:
     """The drafter's linear weights get their CPU kernels, chosen as the target's were at load
-    (gpt2.kernels.attach_kernels): in a 16-bit format the plain path is far slower than the
+    (gpt2.speed.kernels.attach_kernels): in a 16-bit format the plain path is far slower than the
     packed kernels the target runs on."""
     attach_kernels(module)
     return module

@@ -32,7 +32,7 @@ nothing else: the same costs, prompt, models and seed give the same gammas, so t
 draws and the same tokens, however fast the machine runs this time. Without a cost_model, it takes
 the pair's costs kept on this machine (CostModel.kept_for: measured the first time, then read from
 the kernel cache), so a seeded run reproduces in every process on this machine; after `python -m
-gpt2.kernel_report --remeasure`, or on another machine, the costs, so the gammas and the sampled
+gpt2.speed.kernel_report --remeasure`, or on another machine, the costs, so the gammas and the sampled
 tokens, may differ, while their distribution stays the target's exactly (a CostModel saved to a
 file, --cost-model FILE in the scripts, carries the costs to another machine).
 With clock= (e.g. time.perf_counter), AutoGamma instead re-estimates the costs from the rounds'

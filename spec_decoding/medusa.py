@@ -51,7 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2 import GPT2
-from gpt2.kernels import linear
+from gpt2.speed.kernels import linear
 from .drafters import FeatureDrafter
 from .result import ROOT
 from .sampling import logits_to_probs, sample

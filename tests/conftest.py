@@ -43,7 +43,7 @@ AGREEING_TARGET = TINY.with_(n_layer=4)
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
-    """The scripts say when the machine is busy (gpt2.machine_load: a load average above the core
+    """The scripts say when the machine is busy (gpt2.speed.machine_load: a load average above the core
     count); the tests check their other output, so in this process the machine looks quiet
     whatever its load (tests/test_machine_load.py fakes a busy one)."""
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
@@ -111,14 +111,14 @@ def text_pair(text_pair_dirs):
 
 @pytest.fixture
 def kernel_cache_file(tmp_path, monkeypatch):
-    """A new, empty cache of measured kernel choices (gpt2/kernel_cache.py) with measuring on:
+    """A new, empty cache of measured kernel choices (gpt2/speed/kernel_cache.py) with measuring on:
     its path. Nothing kept by earlier tests in this process is seen."""
-    import gpt2.kernel_cache
+    import gpt2.speed.kernel_cache
 
     path = tmp_path / "cache" / "kernels.json"
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(path))
     monkeypatch.setenv("GPT2_MEASURE_KERNELS", "1")
-    monkeypatch.setattr(gpt2.kernel_cache, "_KEPT", {})
+    monkeypatch.setattr(gpt2.speed.kernel_cache, "_KEPT", {})
     return path
 
 

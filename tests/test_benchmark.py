@@ -222,8 +222,8 @@ def test_max_gens_past_the_window_are_clamped_before_any_model_is_loaded(text_pa
                                                                          capsys, monkeypatch):
     import benchmark
     import torch
-    import gpt2.device
-    from gpt2.device import dtype_note
+    import gpt2.speed.device
+    from gpt2.speed.device import dtype_note
     def stop(*args, **kwargs):
         raise Loaded
     monkeypatch.setattr(benchmark, "load_model", stop)
@@ -232,7 +232,7 @@ def test_max_gens_past_the_window_are_clamped_before_any_model_is_loaded(text_pa
     target_dir, draft_dir = text_pair_dirs  # n_positions 128
     for extra, n_positions in ([["--draft", draft_dir, "--target", target_dir], 128],
                                [["--make-standins", tmp_path / "standins"], 1024]):
-        monkeypatch.setattr(gpt2.device, "_NOTES_SHOWN", set())  # said once per process: this one fresh
+        monkeypatch.setattr(gpt2.speed.device, "_NOTES_SHOWN", set())  # said once per process: this one fresh
         with pytest.raises(Loaded):
             benchmark.main([*map(str, extra), "--max-gens", "8", "2000", "--dtype", "bfloat16",
                             "--out", str(tmp_path / "out")])
@@ -455,7 +455,7 @@ def test_linear_sequence_times_three_doors_that_compute_the_same(tmp_path, fmt, 
     wrapper and the model's nn.Linear path, after checking the three give the same bits; a wrapper
     that computes anything else stops it."""
     from benchmarks import linear_sequence
-    from gpt2 import native
+    from gpt2.speed import native
 
     if native.why_not():
         pytest.skip(native.why_not())

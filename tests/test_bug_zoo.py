@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from conftest import TINY
 
 import spec_decoding.speculative
-from gpt2 import GPT2Config, kernels, load_gpt2
+from gpt2 import GPT2Config, load_gpt2
+from gpt2.speed import kernels
 from offline.random_weights import save_agreeing_pair
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_caches_after_every_round
@@ -181,7 +182,7 @@ def test_half_precision_mismatch_sits_on_a_near_tie(tmp_path, monkeypatch):
     target32, draft32 = load_gpt2(target_dir, kernels=False), load_gpt2(draft_dir, kernels=False)
     target16, draft16 = (load_gpt2(path, dtype=torch.float16, kernels=False) for path in (target_dir, draft_dir))
     # A decode step on F.linear, a verification on float16 block sums, as a choice measured on some
-    # machine may split them (gpt2/kernels.py): products of one row and of five then round
+    # machine may split them (gpt2/speed/kernels.py): products of one row and of five then round
     # differently on every CPU, so the near-ties show up everywhere.
     for model in (target16, draft16):
         kernels.attach_kernels(model, choose=lambda *args: [(1, "linear"), (math.inf, "float16-blocks")])

@@ -1,4 +1,4 @@
-"""The compiled decode path (gpt2/compiled.py) against the eager model: the same logits up to
+"""The compiled decode path (gpt2/speed/compiled.py) against the eager model: the same logits up to
 float32 rounding, the same greedy tokens, and no recompile as the cache fills or changes size.
 
 One 1-layer model keeps the compiles short (a few seconds; the graphs are the same for every
@@ -9,7 +9,7 @@ import torch
 from conftest import TINY, sibling_tree
 
 from gpt2 import load_gpt2
-from gpt2.compiled import MAX_ROWS, choose_compiled, compile_decode, compiled_graphs, eager, is_compiled
+from gpt2.speed.compiled import MAX_ROWS, choose_compiled, compile_decode, compiled_graphs, eager, is_compiled
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
 
 ONE_LAYER = TINY.with_(n_layer=1)
@@ -102,12 +102,12 @@ def test_calls_it_does_not_serve_stay_eager_with_their_messages(model):
 
 
 def test_auto_measures_once_per_machine_and_keeps_the_choice(model, kernel_cache_file, monkeypatch):
-    import gpt2.compiled
+    import gpt2.speed.compiled
     use, why = choose_compiled(model)
     assert is_compiled(model) == use
     assert "ms a step" in why and "compiling took" in why
     measured = []
-    monkeypatch.setattr(gpt2.compiled, "_measure", lambda m: measured.append(m) or (not use, "other"))
+    monkeypatch.setattr(gpt2.speed.compiled, "_measure", lambda m: measured.append(m) or (not use, "other"))
     again, why_again = choose_compiled(eager(model))
     assert measured == [] and again == use and is_compiled(model) == use  # read, not remeasured
     assert "measured here before" in why_again
@@ -123,18 +123,18 @@ def test_load_compile_flag(make_checkpoint):
 
 @torch.inference_mode()
 def test_linears_run_on_the_kernels_chosen_for_their_weights(model, monkeypatch):
-    """Inside the compiled graph each linear layer still goes through gpt2.kernels.linear with the
+    """Inside the compiled graph each linear layer still goes through gpt2.speed.kernels.linear with the
     model's own parameter objects (the chosen kernel hangs on the parameter), and compiled logits
     stay those of the eager model."""
-    import gpt2.kernels
+    import gpt2.speed.kernels
     seen = []
-    plain = gpt2.kernels.linear
+    plain = gpt2.speed.kernels.linear
 
     def spy(x, weight, bias=None):
         seen.append(weight)
         return plain(x, weight, bias)
 
-    monkeypatch.setattr(gpt2.kernels, "linear", spy)
+    monkeypatch.setattr(gpt2.speed.kernels, "linear", spy)
     compile_decode(model)
     cache = model.new_kv_cache(max_len=12)
     model(torch.tensor([[1, 2, 3]]), cache)
@@ -150,9 +150,9 @@ def test_linears_run_on_the_kernels_chosen_for_their_weights(model, monkeypatch)
 def test_a_kernel_giving_a_transposed_view_is_served(model, monkeypatch):
     """A kernel may return its rows as a transposed view (TransposedMM: (W @ x.T).T); the compiled
     graph expects the layout it planned for, so the op hands it a contiguous result."""
-    import gpt2.kernels
-    from gpt2.fast_linear import TransposedMM
-    monkeypatch.setattr(gpt2.kernels, "linear", lambda x, weight, bias=None: TransposedMM(weight)(x, bias))
+    import gpt2.speed.kernels
+    from gpt2.speed.fast_linear import TransposedMM
+    monkeypatch.setattr(gpt2.speed.kernels, "linear", lambda x, weight, bias=None: TransposedMM(weight)(x, bias))
     prompt, new = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])
     expected = step_logits(eager(model), prompt, [new], 12)
     got = step_logits(compile_decode(model), prompt, [new], 12)
@@ -164,20 +164,20 @@ def test_a_kernel_giving_a_transposed_view_is_served(model, monkeypatch):
 def test_a_failing_compiler_falls_back_to_eager_and_says_why(model, monkeypatch, capsys):
     """Where inductor cannot build (no C++ compiler, ...), the call runs eagerly with one line
     saying why, and auto does not pick the compiled path."""
-    import gpt2.compiled
+    import gpt2.speed.compiled
 
     def no_compiler(*args):
         raise torch._dynamo.exc.TorchDynamoException("InvalidCxxCompiler: No working C++ compiler found")
 
     monkeypatch.setattr(torch, "compile", lambda function: no_compiler)
-    path = gpt2.compiled.CompiledDecode(model)
+    path = gpt2.speed.compiled.CompiledDecode(model)
     prompt = torch.tensor([[1, 2, 3]])
     expected = model(prompt, model.new_kv_cache(max_len=8))
     cache = model.new_kv_cache(max_len=8)
     torch.testing.assert_close(path(prompt, cache), expected, atol=0, rtol=0)
     assert cache.length == 3 and "No working C++ compiler" in path.failed
     assert "the compiled decode path failed here" in capsys.readouterr().err
-    use, why = gpt2.compiled._measure(model)
+    use, why = gpt2.speed.compiled._measure(model)
     assert not use and "compiling failed here" in why and not is_compiled(model)
 
 
@@ -186,7 +186,7 @@ def test_compiled_code_is_kept_apart_per_cpu_capability():
     run loading code built under ATEN_CPU_CAPABILITY=avx2 (or the reverse) corrupted memory. Each
     capability gets a folder of its own."""
     import os
-    from gpt2.compiled import separate_compile_cache
+    from gpt2.speed.compiled import separate_compile_cache
     capability = torch.backends.cpu.get_cpu_capability().lower()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("-" + capability)
     assert separate_compile_cache() == os.environ["TORCHINDUCTOR_CACHE_DIR"]  # set once, not again

@@ -6,7 +6,7 @@ CI has none, a lent GPU machine runs them: docs/performance.md, "On a GPU").
 - Speculative sampling on the GPU, drawing from a GPU generator, follows the target's exact
   distribution (chi-square against exact enumeration), and the same test rejects the draft.
 - The compiled decode path (Triton kernels on a GPU) gives eager's logits and greedy tokens.
-- CUDA graphs of the step and the verifications (gpt2/cuda_graph.py) give eager's logits and
+- CUDA graphs of the step and the verifications (gpt2/speed/cuda_graph.py) give eager's logits and
   greedy tokens, and a second generation replays the graphs recorded in the first.
 - bfloat16, the format `auto` picks on a GPU, stays within bfloat16's rounding of float32.
 """
@@ -18,8 +18,8 @@ import torch
 from conftest import TINY, TINY_VOCAB
 
 from gpt2 import load_gpt2
-from gpt2.compiled import compile_decode, eager, is_compiled
-from gpt2.cuda_graph import graph_decode, is_graphed, ungraph
+from gpt2.speed.compiled import compile_decode, eager, is_compiled
+from gpt2.speed.cuda_graph import graph_decode, is_graphed, ungraph
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
 
@@ -134,8 +134,8 @@ def test_cuda_graphs_on_gpu_equal_eager(pair_dirs):
 
 def test_compile_auto_on_gpu_chooses_between_eager_and_cuda_graphs(pair_dirs, kernel_cache_file):
     model = load_gpt2(pair_dirs[0], device="cuda", dtype="float32", compile="auto")
-    from gpt2 import kernel_cache
-    from gpt2.compiled import model_key
+    from gpt2.speed import kernel_cache
+    from gpt2.speed.compiled import model_key
     kept = kernel_cache.lookup("cuda_graph", model_key(model) | {"device": torch.cuda.get_device_name()})
     assert kept is not None  # measured and kept under the model's shape and this GPU
     use, why = kept

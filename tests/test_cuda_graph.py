@@ -1,4 +1,4 @@
-"""The CUDA-graph decode path (gpt2/cuda_graph.py) on a CPU: its static inputs, pooled cache
+"""The CUDA-graph decode path (gpt2/speed/cuda_graph.py) on a CPU: its static inputs, pooled cache
 buffers and fixed-size forward give the eager model's logits and greedy tokens.
 
 A CPU has no CUDA graphs, so these tests record with a stand-in that replays by calling the
@@ -16,8 +16,8 @@ import torch
 from conftest import TINY, sibling_tree
 
 from gpt2 import load_gpt2
-from gpt2.compiled import MAX_ROWS
-from gpt2.cuda_graph import graph_decode, is_graphed, ungraph
+from gpt2.speed.compiled import MAX_ROWS
+from gpt2.speed.cuda_graph import graph_decode, is_graphed, ungraph
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
 from spec_decoding.batched import BatchedKVCache
 
@@ -158,8 +158,8 @@ def test_calls_it_does_not_serve_run_eagerly_with_their_messages(model):
 
 
 def test_load_compile_graph_on_a_cpu_stays_eager_and_says_so(folder, capsys, monkeypatch):
-    import gpt2.device
-    monkeypatch.setattr(gpt2.device, "_NOTES_SHOWN", set())  # said once a process: not yet here
+    import gpt2.speed.device
+    monkeypatch.setattr(gpt2.speed.device, "_NOTES_SHOWN", set())  # said once a process: not yet here
     assert not is_graphed(load_gpt2(folder, compile="graph"))
     assert "CUDA graphs are for CUDA GPUs" in capsys.readouterr().err
 

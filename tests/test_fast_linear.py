@@ -1,4 +1,4 @@
-"""Weight formats (gpt2/fast_linear.py): bf16 and int8 logits against fp32 within stated
+"""Weight formats (gpt2/speed/fast_linear.py): bf16 and int8 logits against fp32 within stated
 tolerances, the fast kernels against the plain path on the same values, exact losslessness and
 greedy equality relative to the target as loaded, and clear errors for bad options."""
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-import gpt2.kernels as kernels
+import gpt2.speed.kernels as kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.fast_linear import (FP16Weight, Int8AsBF16, Int8Weight, OneDNNPackedForRows, OneDNNPackedWeight,
+from gpt2.speed.fast_linear import (FP16Weight, Int8AsBF16, Int8Weight, OneDNNPackedForRows, OneDNNPackedWeight,
                               dequantize_int8, int8_per_channel)
 from conftest import TINY_VOCAB
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy

@@ -468,7 +468,7 @@ def test_auto_without_a_cost_model_calibrates_once_per_machine(pair, monkeypatch
     """Calibrated once, kept in the kernel cache: a later process (here: this one, having forgotten
     what it kept in memory) reads the same costs, until --remeasure forgets them."""
     from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-    import gpt2.kernel_cache
+    import gpt2.speed.kernel_cache
     target, draft = pair
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))
     calls = []
@@ -478,9 +478,9 @@ def test_auto_without_a_cost_model_calibrates_once_per_machine(pair, monkeypatch
     for _ in range(2):
         assert speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3).tokens == baseline
     assert len(calls) == 1
-    monkeypatch.setattr(gpt2.kernel_cache, "_KEPT", {})  # as in a new process
+    monkeypatch.setattr(gpt2.speed.kernel_cache, "_KEPT", {})  # as in a new process
     assert CostModel.kept_for(target, draft, 3) == CostModel.kept_for(target, draft, 3) and len(calls) == 1
-    assert [e["kind"] for e in gpt2.kernel_cache.forget()] == ["gamma costs"]  # what --remeasure does
+    assert [e["kind"] for e in gpt2.speed.kernel_cache.forget()] == ["gamma costs"]  # what --remeasure does
     CostModel.kept_for(target, draft, 3)
     assert len(calls) == 2
 

@@ -452,9 +452,9 @@ def test_top_k_and_top_p_at_temperature_0_are_said_to_be_ignored(capsys):
 
 def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys, monkeypatch):
     import torch
-    import gpt2.device
-    from gpt2.device import dtype_note
-    monkeypatch.setattr(gpt2.device, "_NOTES_SHOWN", set())  # said once per process: this one fresh
+    import gpt2.speed.device
+    from gpt2.speed.device import dtype_note
+    monkeypatch.setattr(gpt2.speed.device, "_NOTES_SHOWN", set())  # said once per process: this one fresh
     target, draft = text_pair_dirs
     argv = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", 3, "--json", "--device", "cpu"]
     code, out, err = run_main(argv, capsys)  # --dtype auto, the default: float32 on a CPU

@@ -1,8 +1,8 @@
-"""gpt2/kernels.py: the capability probe (a path that raises or miscomputes is never used), the
+"""gpt2/speed/kernels.py: the capability probe (a path that raises or miscomputes is never used), the
 GPT2_CPU=avx2 switch, kernels chosen per number of rows (every choice computes the plain path's
 logits), bfloat16 on a CPU without its fast path (runs, slower, with one note), the two faces
 (plain PyTorch: F.linear; the attached kernels: the same float32 logits), and the choices measured
-once per machine and kept (gpt2/kernel_cache.py).
+once per machine and kept (gpt2/speed/kernel_cache.py).
 
 These run on every CPU; .ci/run runs them a second time as on an AVX2-only CPU (GPT2_CPU=avx2
 with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2), so each host tests both kinds of paths."""
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import gpt2.device as device
-import gpt2.kernel_cache as kernel_cache
-import gpt2.kernels as kernels
+import gpt2.speed.device as device
+import gpt2.speed.kernel_cache as kernel_cache
+import gpt2.speed.kernels as kernels
 from conftest import ROOT
 from gpt2 import GPT2Config, load_gpt2
 from spec_decoding import autoregressive_generate
-from gpt2.fast_linear import int8_per_channel
+from gpt2.speed.fast_linear import int8_per_channel
 
 # Every linear layer at least ONEDNN_MIN_WEIGHTS (n_embd 512): measured and routed like GPT-2's.
 WIDE = GPT2Config(n_layer=1, n_head=8, n_embd=512, n_positions=32, vocab_size=512)
@@ -201,7 +201,7 @@ def test_every_kernel_choice_gives_the_plain_paths_logits(wide_dir, fmt, fresh_p
 
 
 def test_the_report_lists_every_path():
-    from gpt2.kernel_report import report
+    from gpt2.speed.kernel_report import report
     text = report()
     assert text.startswith("CPU: ") and "ATen CPU capability" in text
     for path in kernels.PATHS:
@@ -218,7 +218,7 @@ def imports_of(name: str) -> set[str]:
 
 
 def test_the_model_imports_no_kernels_and_the_kernels_no_model():
-    """gpt2/model.py is plain PyTorch: it imports none of the kernel files. gpt2/kernels.py imports
+    """gpt2/model.py is plain PyTorch: it imports none of the kernel files. gpt2/speed/kernels.py imports
     fast_linear.py and kernel_cache.py; none of them imports the model or loading (no cycle)."""
     assert not any("kernel" in i or "fast_linear" in i for i in imports_of("model.py"))
     for name in ("kernels.py", "fast_linear.py", "kernel_cache.py"):
@@ -263,7 +263,7 @@ def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys):
     model = load_gpt2(wide_dir, dtype="float32")
     assert kernels.attached(model)
     err = capsys.readouterr().err
-    assert err.startswith("kernels: gpt2/kernels.py, float32: 1+ rows: onednn") and "kernels=False" in err, err
+    assert err.startswith("kernels: gpt2/speed/kernels.py, float32: 1+ rows: onednn") and "kernels=False" in err, err
     monkeypatch.setattr(kernels, "ENABLED", False)  # what GPT2_FAST_LINEAR=0 sets at import
     assert kernels.attached(load_gpt2(wide_dir)) == []
     assert capsys.readouterr().err == ""
@@ -489,7 +489,7 @@ def test_measuring_on_a_busy_machine_says_so(kernel_cache_file, monkeypatch, cap
 
 def test_remeasure_forgets_this_machines_choices_and_measures_them_again(wide_dir, kernel_cache_file,
                                                                           monkeypatch, capsys):
-    from gpt2.kernel_report import main
+    from gpt2.speed.kernel_report import main
 
     fake_timings(monkeypatch, {"onednn": 2.0, "mm": 1.0})
     kernel_cache.store("compiled-decode", {"n_embd": 64}, True)

@@ -111,6 +111,21 @@ def test_leaf_modules_stay_leaves(module, allowed):
     assert imports_of(module, modules[module], modules) <= allowed
 
 
+# The model a learner opens: these files hold it, and none of them imports the speed machinery
+# (gpt2/speed/) at all; only loading attaches it, and kernels=False leaves it out.
+MODEL_MODULES = {"gpt2.config", "gpt2.model", "gpt2.kv_cache", "gpt2.tokenizer"}
+
+
+def test_the_model_folder_holds_the_model():
+    modules = project_modules()
+    top_level = {name for name in modules if name.startswith("gpt2.") and name.count(".") == 1}
+    assert top_level == MODEL_MODULES | {"gpt2.loading", "gpt2.speed"}, (
+        "gpt2/ holds the model; speed machinery goes in gpt2/speed/: " + ", ".join(sorted(top_level)))
+    for name in MODEL_MODULES:
+        speed = {m for m in imports_of(name, modules[name], modules) if m.startswith("gpt2.speed")}
+        assert not speed, f"{name} imports {speed}: the model must not need the speed machinery"
+
+
 @pytest.mark.parametrize("module", ["spec_decoding.greedy", "spec_decoding.speculative", "spec_decoding.tree"])
 def test_the_algorithms_do_not_import_the_trace(module):
     """The trace subscribes to the generators' rounds (on_round); they never call it."""

@@ -215,9 +215,9 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, ker
     model's shapes (here its measurement is replaced by chosen times), and says so in one line; a
     16-bit format that wins by less than the margin, or that has no fast path here, is not picked.
     The choice is kept: a later load reads it, whatever the timings say then."""
-    import gpt2.device as device
-    import gpt2.kernel_cache as kernel_cache
-    import gpt2.kernels as kernels
+    import gpt2.speed.device as device
+    import gpt2.speed.kernel_cache as kernel_cache
+    import gpt2.speed.kernels as kernels
     wide = GPT2Config(n_layer=1, n_head=2, n_embd=64, n_positions=16, vocab_size=64)
     folder = make_checkpoint(wide, seed=3, std=0.1)
     monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 1)  # measure even this tiny model
@@ -268,7 +268,7 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, ker
 
 
 def test_auto_dtype_per_device(monkeypatch):
-    from gpt2.device import auto_dtype
+    from gpt2.speed.device import auto_dtype
     assert auto_dtype(torch.device("cpu")) == torch.float32
     assert auto_dtype(torch.device("mps")) == torch.float16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
@@ -278,8 +278,8 @@ def test_auto_dtype_per_device(monkeypatch):
 
 
 def test_dtype_note_for_a_16_bit_dtype_without_a_fast_path(monkeypatch):
-    import gpt2.device as device
-    import gpt2.kernels as kernels
+    import gpt2.speed.device as device
+    import gpt2.speed.kernels as kernels
     cpu = torch.device("cpu")
     assert device.dtype_note(torch.float32, cpu) is None
     assert device.dtype_note(torch.bfloat16, torch.device("cuda")) is None

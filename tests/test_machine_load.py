@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from gpt2 import machine_load
+from gpt2.speed import machine_load
 from offline import train_pair as tp
 
 

@@ -1,4 +1,4 @@
-"""Our C kernel (gpt2/csrc/rows_linear.c through gpt2/native.py): x @ W.T + bias against float64
+"""Our C kernel (gpt2/speed/csrc/rows_linear.c through gpt2/speed/native.py): x @ W.T + bias against float64
 on float16, float32 and int8 weights, at shapes that leave every tail of its loops some work; int8
 computing the library's int8 numbers; a row's result the same bits alone as among others (what a
 verification and a decode step must share); and a clear line where it cannot be built or run."""
@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 
-import gpt2.kernels as kernels
-from gpt2 import load_gpt2, native
-from gpt2.fast_linear import Int8Weight, NativeInt8Linear, NativeRowsLinear, int8_per_channel
+import gpt2.speed.kernels as kernels
+from gpt2 import load_gpt2
+from gpt2.speed import native
+from gpt2.speed.fast_linear import Int8Weight, NativeInt8Linear, NativeRowsLinear, int8_per_channel
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")

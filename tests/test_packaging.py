@@ -58,7 +58,7 @@ def test_install_and_editable_install_work_from_outside_the_checkout(tmp_path):
     site = str(tmp_path / "venv")
     assert all(line.startswith(site) for line in where.stdout.split()), where.stdout  # not the copy
     # the C kernel's source travels with the package (it is compiled where it runs)
-    kernel = run([python, "-c", "from gpt2 import native; print(native.SOURCE.is_file(), native.SOURCE)"], cwd=elsewhere)
+    kernel = run([python, "-c", "from gpt2.speed import native; print(native.SOURCE.is_file(), native.SOURCE)"], cwd=elsewhere)
     assert kernel.stdout.startswith(f"True {site}"), kernel.stdout + kernel.stderr[-2000:]
 
     # the console scripts: make a tiny stand-in pair, then run the main job on it

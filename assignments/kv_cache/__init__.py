@@ -235,7 +235,7 @@ ASSIGNMENT = Assignment(
     functions=(UPDATE, TRUNCATE, ATTENTION),
     # keep() holds truncate's check and length move (truncate is keep(length, [])); the compiled
     # decode's block_step is attention over the cache, its keys written in place.
-    removed=("gpt2.kv_cache.KVCache.keep", "gpt2.compiled.block_step"),
+    removed=("gpt2.kv_cache.KVCache.keep", "gpt2.speed.compiled.block_step"),
     readme="assignments/kv_cache/README.md",
     checks=(
         Check("kv_update", (UPDATE,), update_inputs, update_probe, update_judge, points=2,

@@ -1,14 +1,14 @@
-"""What this machine's CPU can run and which kernel runs where: `python -m gpt2.kernel_report`.
+"""What this machine's CPU can run and which kernel runs where: `python -m gpt2.speed.kernel_report`.
 
-    python -m gpt2.kernel_report                      # the capability probe, and the kept choices
-    python -m gpt2.kernel_report --model gpt2-large   # + kernels per format and rows, and "auto",
+    python -m gpt2.speed.kernel_report                      # the capability probe, and the kept choices
+    python -m gpt2.speed.kernel_report --model gpt2-large   # + kernels per format and rows, and "auto",
                                                       #   for that size (measured if not kept yet)
-    python -m gpt2.kernel_report --remeasure          # forget this machine's kept choices and
+    python -m gpt2.speed.kernel_report --remeasure          # forget this machine's kept choices and
                                                       #   measure them again
-    GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.kernel_report
+    GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.speed.kernel_report
                                                       # as on a CPU without AVX-512 / bfloat16
 
-The decisions themselves are gpt2/kernels.py's, kept by gpt2/kernel_cache.py; this only prints
+The decisions themselves are gpt2/speed/kernels.py's, kept by gpt2/speed/kernel_cache.py; this only prints
 them (CI prints it too, so every test log says what it tested).
 """
 
@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from . import kernel_cache, kernels
-from .config import GPT2Config
+from ..config import GPT2Config
 
 
 def report(config: GPT2Config | None = None) -> str:
@@ -113,7 +113,7 @@ def remeasure(config: GPT2Config | None) -> list[str]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gpt2.kernel_report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gpt2.speed.kernel_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="also choose kernels for this GPT-2 size's "
                         "shapes (gpt2, gpt2-medium, gpt2-large, gpt2-xl), as loading it does")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

@@ -3,14 +3,14 @@
 
    x [rows, in] float32, bias [out] float32 (or NULL), y [rows, out] float32. The weight W [out, in]
    (float16, float32 or int8) comes packed in panels of 16 output rows: panel p holds
-   W[16p : 16p + 16, :] transposed, [in][16] (gpt2/native.py's pack_panels; the last panel padded
+   W[16p : 16p + 16, :] transposed, [in][16] (gpt2/speed/native.py's pack_panels; the last panel padded
    with zeros).
 
    int8 weights are per-channel: W = q * scale[out]. They compute what the library's int8 kernels
-   compute (gpt2/fast_linear.py's Int8Weight): x rounded to bfloat16, a float32 sum of q * x, times
+   compute (gpt2/speed/fast_linear.py's Int8Weight): x rounded to bfloat16, a float32 sum of q * x, times
    the channel's scale (a bfloat16 value), the result rounded to bfloat16, then the bias.
-   gpt2/native.py compiles this file with the machine's C compiler and calls it through ctypes;
-   gpt2/fast_linear.py's NativeRowsLinear and NativeInt8Linear are the Python side.
+   gpt2/speed/native.py compiles this file with the machine's C compiler and calls it through ctypes;
+   gpt2/speed/fast_linear.py's NativeRowsLinear and NativeInt8Linear are the Python side.
 
    Why our own: a decode step (1 row) and a verification (gamma + 1 rows) each read every weight
    once from memory, so both should cost about the same. Library kernels are written for large
@@ -91,7 +91,7 @@ PANEL_ROWS(panel_rows_f16, uint16_t, LOAD_F16)
 PANEL_ROWS(panel_rows_f32, float, LOAD_F32)
 PANEL_ROWS(panel_rows_i8, int8_t, LOAD_I8)
 #else
-/* Built with AVX-512 (gpt2/native.py does where the CPU has it): a panel's 16 weights of one input
+/* Built with AVX-512 (gpt2/speed/native.py does where the CPU has it): a panel's 16 weights of one input
    are one 16-lane vector, so each input costs one conversion and one multiply-add per row where
    AVX2 takes two of each; several rows are bound by that arithmetic, not by memory. Each lane
    computes what the AVX2 lane of the same output computes, in the same order: the same bits. */

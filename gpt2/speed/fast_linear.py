@@ -1,5 +1,5 @@
 """The CPU kernels a linear layer can run on: x @ W.T + bias, each a callable (x, bias) -> y built
-once from a weight [out, in]. gpt2/kernels.py decides which of them works on this CPU and which is
+once from a weight [out, in]. gpt2/speed/kernels.py decides which of them works on this CPU and which is
 fastest for each number of rows; this file only says how each one computes.
 
 Decoding one token reads every weight once, so on a CPU a step takes (bytes of weights) / (memory
@@ -13,7 +13,7 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
     (OneDNNPackedForRows), as bfloat16's below.
   - bfloat16: oneDNN with the weights reordered ONCE into its blocked layout
     (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call. Needs
-    AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/kernels.py probes for it.
+    AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/speed/kernels.py probes for it.
   - int8 (weight-only, per output channel, symmetric): torch._weight_int8pack_mm with bfloat16
     activations (its fp32-activation path is several times slower for a few rows); for several
     rows, the same product on oneDNN's bfloat16 matmul (Int8AsBF16): _weight_int8pack_mm reads
@@ -21,7 +21,7 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
   - float16 weights in a float32 model (quantize="fp16"): fbgemm's fp16 GEMM
     (torch.ops.quantized.linear_dynamic_fp16), which reads the 16-bit weights and multiplies in
     float32, on any x86 CPU with AVX2.
-  - our own C kernel for a few rows (NativeRowsLinear, gpt2/csrc/rows_linear.c, AVX2 with FMA and
+  - our own C kernel for a few rows (NativeRowsLinear, gpt2/speed/csrc/rows_linear.c, AVX2 with FMA and
     F16C), on float16 or float32 weights: each weight row is read from memory once for all the
     rows, and a row's result is the same bits alone or among others.
 
@@ -105,7 +105,7 @@ class OneDNNPackedForRows(OneDNNPackedWeight):
     """A float32 weight [out, in] reordered once into the layout oneDNN picks for a verification's
     few rows (gamma + 1 = 5 by default; the layout depends on the rows it is packed for). On some
     CPUs a few rows run faster on it than on the plain weight, where oneDNN's and MKL's few-row
-    products cost well above a 1-row one (gpt2/kernels.py uses it only where it measures faster).
+    products cost well above a 1-row one (gpt2/speed/kernels.py uses it only where it measures faster).
     Extra memory: one float32 copy of the weight."""
 
     ROWS = 5
@@ -128,7 +128,7 @@ class FP16Weight:
 
 
 class NativeRowsLinear:
-    """Our C kernel (gpt2/csrc/rows_linear.c, compiled on first use by gpt2/native.py): the weight
+    """Our C kernel (gpt2/speed/csrc/rows_linear.c, compiled on first use by gpt2/speed/native.py): the weight
     copied into panels of 16 output rows, as float16 ("native-fp16": a float32 weight holding
     float16-rounded values, 2 bytes a weight) or float32 ("native-f32": a second float32 copy);
     float32 math. Every output is one running sum in one fixed order, so a row gives the same bits

@@ -6,7 +6,7 @@ the same kernels every time, loading takes no time to decide, and a seeded run r
 
     ~/.cache/gpt2-spec/kernels.json        ($XDG_CACHE_HOME/gpt2-spec/kernels.json where set)
     GPT2_KERNEL_CACHE=/path/to/file.json    another file (the tests use a temporary one)
-    python -m gpt2.kernel_report --remeasure   forget this machine's choices and measure again
+    python -m gpt2.speed.kernel_report --remeasure   forget this machine's choices and measure again
 
 A choice is kept under the machine it was measured on: the CPU's name and vector flags, the
 switches that make PyTorch act as another CPU (GPT2_CPU, ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA),
@@ -121,7 +121,7 @@ def decide_once(kind: str, what: dict, measure, about: str) -> tuple[object, boo
     if value is not None:
         return value, False
     print(f"measuring {about} on this machine, once: the choice is kept in {shown_path()} "
-          f"(python -m gpt2.kernel_report --remeasure measures again){busy_note()}", file=sys.stderr, flush=True)
+          f"(python -m gpt2.speed.kernel_report --remeasure measures again){busy_note()}", file=sys.stderr, flush=True)
     value = measure()
     store(kind, what, value)
     return value, True
@@ -184,7 +184,7 @@ def read_entries() -> list[dict]:
 def write_entries(entries: list[dict]) -> None:
     """Write the file whole: to a temporary file beside it, then renamed over it (atomic)."""
     path = cache_path()
-    text = json.dumps({"about": "gpt2-spec: choices measured once per machine (gpt2/kernel_cache.py)",
+    text = json.dumps({"about": "gpt2-spec: choices measured once per machine (gpt2/speed/kernel_cache.py)",
                        "entries": entries}, indent=1)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ the shape, it had when it was recorded. So:
   - Inputs go through static tensors: the new tokens, their positions and cache slots, and the
     attention mask are copied into tensors made once per graph. The logits come out in a static
     tensor too, copied out (the next replay overwrites it).
-  - The recorded block is gpt2/compiled.py's block_step (the model's Block written for a
+  - The recorded block is gpt2/speed/compiled.py's block_step (the model's Block written for a
     fixed-size cache): it writes the new keys/values at their slots and attends over the whole
     buffer with a mask that hides the slots not written yet, so the shapes do not change as the
     cache fills.
@@ -156,7 +156,7 @@ class GraphedDecode:
         def forward():
             s_idx, s_positions, s_slots, s_mask = inputs
             x = model.wte(s_idx) + model.wpe(s_positions)
-            if self.compiled and x.shape[1] > 1:  # one compiled graph for 2 to MAX_ROWS rows (gpt2.compiled)
+            if self.compiled and x.shape[1] > 1:  # one compiled graph for 2 to MAX_ROWS rows (gpt2.speed.compiled)
                 for tensor, dim in ((x, 1), (s_slots, 0), (s_mask, 0)):
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
             for layer, block in enumerate(model.h[:exit_layer]):
@@ -198,7 +198,7 @@ def ungraph(model):
 
 def choose_graphed(model) -> tuple[bool, str]:
     """compile="auto" on a CUDA GPU: (whether the graphed path is faster for this model here, why),
-    measured once per GPU, shape and format and kept with the kernel choices (gpt2/kernel_cache.py).
+    measured once per GPU, shape and format and kept with the kernel choices (gpt2/speed/kernel_cache.py).
     The model is left with the path chosen."""
     c, w = model.config, model.wte.weight
     if w.device.type != "cuda":
@@ -211,7 +211,7 @@ def choose_graphed(model) -> tuple[bool, str]:
 @torch.inference_mode()
 def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     """Time a 1-row step and a 5-row verification, eager and graphed, in turns; graphed where it
-    is faster by gpt2.compiled's AUTO_MARGIN."""
+    is faster by gpt2.speed.compiled's AUTO_MARGIN."""
     times = {"eager": [], "graphed": []}
     for r in range(rounds + 1):  # the first round records the graphs
         for name in times:

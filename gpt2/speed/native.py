@@ -1,6 +1,6 @@
-"""Our own C kernel (gpt2/csrc/rows_linear.c), compiled on this machine the first time it is
+"""Our own C kernel (gpt2/speed/csrc/rows_linear.c), compiled on this machine the first time it is
 needed and called through ctypes: no build step at install, no PyTorch headers, and a machine
-without a C compiler or without AVX2/FMA/F16C simply does not offer it (gpt2/kernels.py's probe
+without a C compiler or without AVX2/FMA/F16C simply does not offer it (gpt2/speed/kernels.py's probe
 says why, and the library kernels run instead).
 
 The compiled library is kept beside the kernel cache (~/.cache/gpt2-spec/native/), under a name
@@ -51,7 +51,7 @@ def why_not() -> str | None:
 
 
 def source_tag() -> str:
-    """A short hash of the kernel's source: gpt2/kernels.py keeps it with every measured choice
+    """A short hash of the kernel's source: gpt2/speed/kernels.py keeps it with every measured choice
     that included this kernel, so an edited kernel is measured again."""
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 

@@ -1,7 +1,7 @@
 """Choosing a device and a dtype by name, and waiting for the device (so timers measure work, not
 its launch).
 
-dtype "auto" on a CPU is decided by measuring on this machine (gpt2/kernels.py: the capability
+dtype "auto" on a CPU is decided by measuring on this machine (gpt2/speed/kernels.py: the capability
 probe and fastest_format); no speed measured elsewhere is written into the code. Figures from the
 machines measured so far are in docs/weight_formats.md and docs/linear_kernels.md.
 """
@@ -18,7 +18,7 @@ DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp1
 
 
 def cpu_has_bf16_instructions() -> bool:
-    """Whether this CPU computes in bfloat16 natively (gpt2.kernels; False under GPT2_CPU=avx2)."""
+    """Whether this CPU computes in bfloat16 natively (gpt2.speed.kernels; False under GPT2_CPU=avx2)."""
     return kernels.cpu_has_bf16_instructions()
 
 
@@ -53,7 +53,7 @@ def resolve_device(name: str = "auto") -> torch.device:
 def auto_format(device: torch.device, config=None) -> tuple[torch.dtype, str | None, str | None]:
     """What dtype="auto" picks for a model with this config on a device: (dtype, quantize, why;
     why is None where no choice was measured: a toy model, or its size not known yet).
-    CPU: the format measured fastest here for the model's layer shapes (gpt2.kernels.fastest_format):
+    CPU: the format measured fastest here for the model's layer shapes (gpt2.speed.kernels.fastest_format):
     float32, float16 weights in a float32 model (quantize "fp16"), bfloat16, or int8 weights in a
     float32 model (quantize "int8"); float32 when the
     config is not known. CUDA: bfloat16 where the GPU supports it (same range as float32), else
@@ -107,10 +107,10 @@ def dtype_note(dtype: torch.dtype, device: torch.device) -> str | None:
     if dtype == torch.bfloat16 and not kernels.works("onednn-bf16"):
         return (f"note: bfloat16 has no fast kernel on this CPU ({kernels.probe('onednn-bf16')}): it "
                 f"runs on PyTorch's plain bfloat16 path, slower than float32. Faster here: "
-                f"{faster_here()} (python -m gpt2.kernel_report shows what works here)")
+                f"{faster_here()} (python -m gpt2.speed.kernel_report shows what works here)")
     if dtype == torch.float16:
         return (f"note: float16 has no packed CPU kernel: a float16 model's layers run on PyTorch's "
-                f"plain float16 path. Faster here: {faster_here()} (python -m gpt2.kernel_report)")
+                f"plain float16 path. Faster here: {faster_here()} (python -m gpt2.speed.kernel_report)")
     return None
 
 

@@ -2,7 +2,7 @@
 layer that runs it. gpt2/model.py is plain PyTorch (nn.Linear, F.linear); loading attaches this
 file's KernelLinear to each linear layer and the head (`attach_kernels`), which runs the same
 function of the same parameters on the kernel chosen for this machine. `python -m
-gpt2.kernel_report` prints what was chosen and why.
+gpt2.speed.kernel_report` prints what was chosen and why.
 
 Three questions, each answered on the machine in use, never from a number written into the code:
 
@@ -24,9 +24,9 @@ side on PyTorch's threads (`pack_all`): loading then costs what the plain face's
 first step pays the packing, once.
 
 Questions 2 and 3 are measured once per machine (CPU, flags, torch version, threads) and shape,
-the first time such a model is loaded, and kept in the user's cache folder (gpt2/kernel_cache.py):
+the first time such a model is loaded, and kept in the user's cache folder (gpt2/speed/kernel_cache.py):
 every later run reads the choice, so a machine runs the same kernels, and rounds alike, every
-time. `python -m gpt2.kernel_report --remeasure` measures again.
+time. `python -m gpt2.speed.kernel_report --remeasure` measures again.
 
 Switches (environment variables):
   GPT2_FAST_LINEAR=0     attach nothing: every layer runs plain PyTorch (F.linear), as
@@ -37,7 +37,7 @@ Switches (environment variables):
                          recent Intel consumer CPU), so that one machine can test both kinds of paths.
                          Use it with PyTorch's and oneDNN's own switches, set before torch is imported:
 
-    GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.kernel_report
+    GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.speed.kernel_report
 """
 
 import math
@@ -85,11 +85,11 @@ PATHS = {
     "onednn-packed": "oneDNN, float32 weights pre-packed once for a verification's few rows (a second copy)",
     "onednn-bf16": "oneDNN, bfloat16 weights pre-packed once",
     "fbgemm-fp16": "fbgemm, float16 weights, float32 math",
-    "native-fp16": "our C kernel (gpt2/csrc/rows_linear.c), float16 weights, float32 math, reads each weight once for all rows",
-    "native-f32": "our C kernel (gpt2/csrc/rows_linear.c), float32 weights, reads each weight once for all rows",
+    "native-fp16": "our C kernel (gpt2/speed/csrc/rows_linear.c), float16 weights, float32 math, reads each weight once for all rows",
+    "native-f32": "our C kernel (gpt2/speed/csrc/rows_linear.c), float32 weights, reads each weight once for all rows",
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
     "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
-    "native-int8": "our C kernel (gpt2/csrc/rows_linear.c), int8 weights: int8pack's numbers, reads each weight once for all rows",
+    "native-int8": "our C kernel (gpt2/speed/csrc/rows_linear.c), int8 weights: int8pack's numbers, reads each weight once for all rows",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
 # fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every
@@ -548,7 +548,7 @@ def fastest_format(config) -> tuple[str, str | None]:
     """(format, why; None when nothing was measured): the format of AUTO_FORMATS that runs this
     model's linear layers fastest here, measured on weights of its shapes ([4 n_embd, n_embd], as
     c_fc) at 1 row (a decode step) and 5 rows (verifying 4 draft tokens), once per machine and
-    width, and kept (gpt2/kernel_cache.py). A format must beat the more exact ones by AUTO_MARGIN.
+    width, and kept (gpt2/speed/kernel_cache.py). A format must beat the more exact ones by AUTO_MARGIN.
     A model whose layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured, as does every
     model under GPT2_MEASURE_KERNELS=0."""
     if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS or not measuring():

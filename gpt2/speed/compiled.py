@@ -7,7 +7,7 @@ Why: a decode step of GPT-2 is four large matrix products per block (which read 
 step's floor) and some fifteen small operations per block (LayerNorms, a GELU, residual adds,
 reshapes, the cache writes, attention), each dispatched from Python. PyTorch's inductor turns the
 small ones into a few fused C++/OpenMP loops per block on a CPU, a few Triton kernels on a CUDA
-GPU; the matrix products stay on the kernels gpt2.kernels chose (a custom op calls them, so the
+GPU; the matrix products stay on the kernels gpt2.speed.kernels chose (a custom op calls them, so the
 compiler sees an opaque call).
 
 What is compiled: one block, `block_step` below, the same function for every block of the model
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from . import kernel_cache, kernels
 from .device import synchronize
-from .kv_cache import KVCache
+from ..kv_cache import KVCache
 
 def separate_compile_cache() -> str:
     """Give inductor's cache of compiled code a folder per CPU capability (returns it).
@@ -67,7 +67,7 @@ OPTIONS = {"positions", "attn_mask", "exit_layer", "return_features"}
 
 @torch.library.custom_op("gpt2::chosen_linear", mutates_args=())
 def chosen_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [..., in] @ weight.T + bias on the kernel gpt2.kernels chose for this weight: an opaque
+    """x [..., in] @ weight.T + bias on the kernel gpt2.speed.kernels chose for this weight: an opaque
     call to the compiler, which would otherwise trace into the kernel objects."""
     # contiguous: the compiler assumes the layout of the fake below (some kernels, e.g. a
     # transposed product, give a transposed view; a copy of a few rows)
@@ -179,7 +179,7 @@ class CompiledDecode:
         logits = head(model, model.ln_f(x))
         return (logits, features) if return_features else logits
 
-# "graph": a CUDA GPU's whole step recorded as a CUDA graph (gpt2/cuda_graph.py)
+# "graph": a CUDA GPU's whole step recorded as a CUDA graph (gpt2/speed/cuda_graph.py)
 COMPILE_CHOICES = (False, True, "graph", "auto")
 # Where the compiled path runs: inductor writes C++/OpenMP loops for a CPU, Triton kernels for a
 # CUDA GPU (Apple's MPS stays eager).
@@ -219,7 +219,7 @@ def eager(model):
 def choose_compiled(model) -> tuple[bool, str]:
     """compile="auto": (whether the compiled path is faster for this model here, why), measured on
     the model itself once per machine for its shape and format, and kept with the kernel choices
-    (gpt2/kernel_cache.py; `python -m gpt2.kernel_report --remeasure` forgets it). The model is
+    (gpt2/speed/kernel_cache.py; `python -m gpt2.speed.kernel_report --remeasure` forgets it). The model is
     left with the path chosen."""
     c, w = model.config, model.wte.weight
     if w.device.type not in DEVICES:
