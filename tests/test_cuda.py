@@ -1,5 +1,5 @@
 """The suite's central claims again on a CUDA GPU (every test here skips on a machine without one;
-CI has none, a lent GPU machine runs them: docs/performance.md, "On a GPU").
+CI has none, a machine with a CUDA GPU runs them: docs/performance.md, "On a GPU").
 
 - The model on the GPU computes what it computes on the CPU (float32 logits, up to rounding).
 - Greedy speculative decoding gives the target's own greedy tokens, in float32.
