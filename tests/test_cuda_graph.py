@@ -24,6 +24,7 @@ from spec_decoding.batched import BatchedKVCache
 # Rounding only: attention runs over the whole buffer with a mask, so float32 sums run in another
 # order. A wrong mask, a stale input or a wrong cache slot is far above this.
 ATOL = 2e-5
+COMPILED_RTOL = 1e-5  # a few hundred float32 ulps: rounding, where a wrong mask or slot is off by O(1)
 
 
 def recorder(log):
@@ -195,7 +196,9 @@ def test_the_recorded_compiled_block_equals_eager(folder):
     got = logits_of(graph_decode(model, record=recorder([]), compiled=True), prompt, chunks, 30)
     assert model.forward.compiled
     for e, c in zip(expected, got):
-        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+        # inductor's fused block sums in its own order (which depends on the CPU's vector width):
+        # a float32 rounding difference grows with the logit, so allow a relative part too
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=COMPILED_RTOL)
 
 
 def test_outputs_are_plain_tensors_a_drafter_can_train_on(model):
