@@ -17,7 +17,7 @@ from conftest import TINY, sibling_tree
 
 from gpt2 import load_gpt2
 from gpt2.speed.compiled import MAX_ROWS
-from gpt2.speed.cuda_graph import graph_decode, is_graphed, ungraph
+from gpt2.speed.cuda_graph import graph_decode, is_graphed, row_bucket, ungraph
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
 from spec_decoding.batched import BatchedKVCache
 
@@ -68,6 +68,37 @@ def test_graphed_logits_equal_eager_for_steps_and_verifications(model):
     assert len(recorded) == 4  # 1, 5, 2 and MAX_ROWS rows: each once (the prompt, the first call, runs eagerly)
     for e, c in zip(expected, got):
         torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+@torch.inference_mode()
+def test_verification_lengths_share_a_few_padded_graphs(model):
+    """Every length from 1 to 9 runs on the graphs of ROW_BUCKETS (1, 2, 4, 8, 16 rows), padded,
+    with the eager logits, also in the steps after a padded call (its dummy rows' keys sit in the
+    slots those steps write next), and up against the end of the buffer, where a bucket no longer
+    fits and the call takes a graph of its own length. Fails if the padding rows leak into the
+    real ones (a mask that shows them, logits taken from the wrong rows) or if each length gets
+    its own graph."""
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, TINY.vocab_size, (1, 3), generator=g)
+    lengths = [1, 3, 1, 5, 2, 6, 7, 1, 9, 4, 8]
+    chunks = [torch.randint(0, TINY.vocab_size, (1, t), generator=g) for t in lengths]
+    max_len = 3 + sum(lengths)  # the cache ends full; its buffers are n_positions long
+    expected = logits_of(model, prompt, chunks, max_len)
+    recorded = []
+    got = logits_of(graph_decode(model, record=recorder(recorded)), prompt, chunks, max_len)
+    assert sorted(key[1] for key in model.forward.graphs) == [1, 2, 4, 8, 16]
+    assert len(recorded) == 5
+    for e, c in zip(expected, got):
+        assert c.shape == e.shape
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+    # Near the buffer's end (n_positions slots): 5 rows with 6 slots free cannot pad to 8.
+    long_prompt = torch.randint(0, TINY.vocab_size, (1, TINY.n_positions - 6), generator=g)
+    tail = [torch.randint(0, TINY.vocab_size, (1, 5), generator=g)]
+    expected = logits_of(ungraph(model), long_prompt, tail, TINY.n_positions)
+    got = logits_of(graph_decode(model, record=recorder(recorded)), long_prompt, tail, TINY.n_positions)
+    assert 5 in [key[1] for key in model.forward.graphs] and len(recorded) == 6
+    torch.testing.assert_close(got[1], expected[1], atol=ATOL, rtol=0)
+    assert (row_bucket(3, 2), row_bucket(3, 3), row_bucket(3, 4), row_bucket(9, 100)) == (3, 3, 4, 16)
 
 
 @torch.inference_mode()

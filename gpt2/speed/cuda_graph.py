@@ -24,9 +24,16 @@ the shape, it had when it was recorded. So:
     first max_len slots) and gives them back when its lists of keys and values are gone. The next
     cache of the same shape reuses them, and the graphs recorded on them. (Attention then reads
     the whole window each step, masked: a few percent of a step's bytes for gpt2-large.)
-  - One graph per (buffers, new rows, logits rows, exit layer): the step and each verification
-    length, recorded the first time it comes (that call runs the forward twice: a warm-up, which
-    sets up the libraries' workspaces outside the recording, then the recording, then a replay).
+  - One graph per (buffers, row bucket, exit layer), recorded the first time it comes (that call
+    runs the forward twice: a warm-up, which sets up the libraries' workspaces outside the
+    recording, then the recording, then a replay). A call of T new rows runs the graph of the
+    smallest bucket that holds it (ROW_BUCKETS: 1, 2, 4, 8, 16), padded, as serving engines
+    bucket batch sizes: gamma up to 8 and the token trees need a handful of graphs, not one per
+    length. The padding rows are dummies that stay out of the real rows' way: they come after
+    them (the causal mask hides them), write their keys and values into slots past the cache's
+    length (hidden by every later mask until a real token overwrites them), and the logits and
+    features of the real rows alone are returned. The head runs over every row of the bucket
+    (on a GPU, reading its weight once costs the same for a few more rows).
 
 Calls no graph serves run the eager forward, on the same buffers: the first forward on a cache (the
 prompt, whose length differs from one generation to the next, so a graph of it would rarely be
@@ -80,7 +87,7 @@ class GraphedDecode:
         self.compiled = compiled
         self.block = torch.compile(block_step) if compiled else block_step
         self.free = {}  # buffer shape -> [(keys, values)] not held by any cache
-        self.graphs = {}  # (id(keys), rows, logits rows, exit layer) -> (inputs, replay, outputs)
+        self.graphs = {}  # (id(keys), row bucket, exit layer) -> (inputs, replay, outputs)
         self.record_seconds: dict[tuple, float] = {}
 
     def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
@@ -120,36 +127,39 @@ class GraphedDecode:
         model, start, T = self.model, cache.length, idx.shape[1]
         model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
         keys, values = cache.full_buffers
-        slots, positions, mask = fixed_size_inputs(start, T, keys[0].shape[2], positions, attn_mask, idx.device)
+        buffer_len = keys[0].shape[2]
+        slots, positions, mask = fixed_size_inputs(start, T, buffer_len, positions, attn_mask, idx.device)
+        bucket = row_bucket(T, buffer_len - start)
+        idx, positions, slots, mask = padded_inputs(idx, positions, slots, mask, bucket)
         rows = T if num_last_logits is None else min(num_last_logits, T)
-        key = (id(keys), T, rows, exit_layer)
+        key = (id(keys), bucket, exit_layer)
         with torch.inference_mode():
             if key not in self.graphs:
                 t0 = time.perf_counter()
                 try:
-                    self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, rows, exit_layer)
+                    self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, exit_layer)
                 except torch._dynamo.exc.TorchDynamoException as e:  # compiling failed (in the warm-up)
                     print(f"note: compiling the recorded block failed here ({type(e).__name__}); recording "
                           f"the eager block instead", file=sys.stderr)
                     self.compiled, self.block = False, block_step
-                    self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, rows, exit_layer)
+                    self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, exit_layer)
                 synchronize(idx.device)
                 self.record_seconds[key] = seconds = time.perf_counter() - t0
-                print(f"note: recorded a CUDA graph of the forward for {T} new row(s) in {seconds:.2f} s "
-                      f"(once per cache shape and row count)", file=sys.stderr)
+                print(f"note: recorded a CUDA graph of the forward for up to {bucket} new row(s) in "
+                      f"{seconds:.2f} s (once per cache shape and row bucket)", file=sys.stderr)
             inputs, replay, (logits, features) = self.graphs[key]
             for static, new in zip(inputs, (idx, positions, slots, mask)):
                 static.copy_(new)
             replay()
         cache.advance(T)
-        # Copies (the next replay writes over the static outputs), made outside inference mode as
-        # the eager forward's outputs are: a drafter may train on the features
-        logits = logits.clone()
-        return (logits, features.clone()) if return_features else logits
+        # Copies of the real rows (the next replay writes over the static outputs), made outside
+        # inference mode as the eager forward's outputs are: a drafter may train on the features
+        logits = logits[:, T - rows:T].clone()
+        return (logits, features[:, :T].clone()) if return_features else logits
 
-    def record_graph(self, keys, values, idx, positions, slots, mask, rows, exit_layer):
-        """Static inputs, replay and static outputs (logits [B, rows, vocab], features [B, T, C])
-        of one recorded forward on these buffers."""
+    def record_graph(self, keys, values, idx, positions, slots, mask, exit_layer):
+        """Static inputs, replay and static outputs (logits [B, T, vocab], features [B, T, C], T
+        the bucket's rows) of one recorded forward on these buffers."""
         model = self.model
         inputs = tuple(t.clone() for t in (idx, positions, slots, mask))
 
@@ -161,10 +171,35 @@ class GraphedDecode:
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
             for layer, block in enumerate(model.h[:exit_layer]):
                 x = self.block(block, x, keys[layer], values[layer], s_slots, s_mask)
-            return head(model, model.ln_f(x[:, -rows:])), x
+            return head(model, model.ln_f(x)), x
 
         replay, outputs = self.record(forward)
         return inputs, replay, outputs
+
+
+# The row counts a graph is recorded for: a call of T new rows runs the smallest that holds it.
+ROW_BUCKETS = (1, 2, 4, 8, MAX_ROWS)
+
+
+def row_bucket(T: int, free_slots: int) -> int:
+    """The rows of the graph that serves T new rows: the smallest bucket >= T that fits in the
+    buffer's free_slots (the padding rows write there too), else T itself."""
+    return next((b for b in ROW_BUCKETS if T <= b <= free_slots), T)
+
+
+def padded_inputs(idx, positions, slots, mask, rows: int):
+    """GraphedDecode's inputs for T real rows padded to `rows`: idx [B, rows], positions [rows],
+    slots [rows], mask [rows, buffer_len]. The padding rows take token 0 at position 0 (any valid
+    ones: their outputs are dropped), the slots after the real ones, and a causal mask (a row that
+    may attend to nothing would make NaNs, and a NaN value times a zero weight is still NaN)."""
+    T = idx.shape[1]
+    if rows == T:
+        return idx, positions, slots, mask
+    extra = slots[-1:] + torch.arange(1, rows - T + 1, device=idx.device)  # no .item(): no sync on a GPU
+    idx = torch.cat([idx, idx.new_zeros(idx.shape[0], rows - T)], dim=1)
+    positions = torch.cat([positions, positions.new_zeros(rows - T)])
+    causal = torch.arange(mask.shape[1], device=idx.device)[None, :] <= extra[:, None]
+    return idx, positions, torch.cat([slots, extra]), torch.cat([mask, causal])
 
 
 def graph_decode(model, record=record_cuda_graph, compiled: bool = False):
