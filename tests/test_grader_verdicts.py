@@ -250,6 +250,9 @@ def test_the_variants_are_what_they_say():
 # Seeds
 # ------------------------------------------------------------------------------------------------
 
+NO_INPUTS = {"bug_named"}  # what it judges, BUG.txt, takes no inputs
+
+
 def test_every_seed_gives_valid_inputs_to_every_check(tmp_path):
     """Seeds 0..MAX_SEED through every check's input builder (no student code). Most builders take
     the seed only into random generators' seeds (valid for any seed: their references are computed
@@ -260,12 +263,20 @@ def test_every_seed_gives_valid_inputs_to_every_check(tmp_path):
     for assignment in ASSIGNMENTS.values():
         for check in assignment.checks:
             distinct = {}
+            visible = json.dumps(check.make_inputs(VISIBLE_SEED), sort_keys=True)
             for seed in range(MAX_SEED + 1):
-                inputs = check.make_inputs(seed)
-                distinct.setdefault(json.dumps(inputs, sort_keys=True), seed)
+                inputs = json.dumps(check.make_inputs(seed), sort_keys=True)
+                # hidden inputs are never the visible ones (a lookup table of those earns nothing),
+                # but where a check has no inputs (find_the_bug's name: it is per copy)
+                assert seed == VISIBLE_SEED or inputs != visible or check.name in NO_INPUTS, (check.name, seed)
+                distinct.setdefault(inputs, seed)
             if len(distinct) > 60:  # the seed only seeds random generators: their reference at a few seeds
                 for seed in (0, 1, 4999, MAX_SEED):
-                    (check.reference or check.probe)(check.make_inputs(seed), data)
+                    inputs = check.make_inputs(seed)
+                    reference = json.loads(json.dumps((check.reference or check.probe)(inputs, data)))
+                    if check.serve is None and not {"rounds", "samples"} & set(inputs):  # judged where cheap
+                        refs = {check.name: {"inputs": inputs, "reference": reference}}
+                        assert not failing_checks(assignment, data, refs), (check.name, seed)
                 continue
             for seed in sorted(distinct.values()):  # the seed is wrapped: every distinct input
                 inputs = check.make_inputs(seed)
@@ -282,14 +293,22 @@ def test_seeds_outside_the_tested_range_are_refused(tmp_path):
             references(assignment, tmp_path, seed)
 
 
-def test_the_visible_checks_always_run_on_the_visible_inputs(tmp_path):
-    """Whatever the hidden seed, a visible check's inputs are those shipped with the copy: what it
-    prints (expected values included) was the student's to see anyway."""
+def test_an_official_grade_runs_every_check_on_hidden_inputs(tmp_path):
+    """references at a hidden seed give every check, the visible ones included, that seed's
+    inputs; the visible seed is refused for an official grade, and without a seed a fresh one is
+    drawn. (Before, the visible checks re-ran the inputs shipped with the copy: a lookup table of
+    their answers scored 7 of 8 on ngram_drafter.)"""
+    from assignments.references import draw_seed, official_seed
+
     assignment = ASSIGNMENTS["gamma_cost_model"]
     refs = references(assignment, tmp_path, 7)
     for check in assignment.checks:
-        assert refs[check.name]["inputs"] == check.make_inputs(VISIBLE_SEED if check.visible else 7), check.name
-    assert any(check.make_inputs(VISIBLE_SEED) != check.make_inputs(7) for check in assignment.checks if check.visible)
+        assert refs[check.name]["inputs"] == check.make_inputs(7) != check.make_inputs(VISIBLE_SEED), check.name
+    with pytest.raises(AssignmentError, match=f"--seed {VISIBLE_SEED} gives the visible inputs"):
+        official_seed(VISIBLE_SEED)
+    assert official_seed(7) == 7
+    drawn = {official_seed(None) for _ in range(50)}
+    assert len(drawn) > 1 and all(1 <= seed <= MAX_SEED for seed in drawn | {draw_seed()})
 
 
 def test_a_seed_the_reference_fails_is_refused_with_the_reason(tmp_path, monkeypatch):
