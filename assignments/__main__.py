@@ -139,7 +139,7 @@ def run(args) -> int:
             from .export import EXPORTED_SEEDS
             from .references import draw_seed
 
-            seeds = [official_seed(args.seed)] if args.seed is not None else sorted(
+            seeds = official_seed(args.seed) if args.seed is not None else sorted(
                 {draw_seed() for _ in range(EXPORTED_SEEDS)})
             path = export_gradescope(args.assignment, args.out, seed=seeds)
             print(f"Wrote {path}: upload it as the assignment's autograder (Gradescope: "
