@@ -462,3 +462,26 @@ def test_an_export_with_several_seeds_draws_one_per_run(tmp_path, zygote):
     payload = json.loads(results.read_text())
     assert payload["tests"][0]["status"] == "passed", payload
     assert any(f"(Inputs: seed {seed}.)" in payload["output"] for seed in (3, 4)), payload["output"]
+
+
+def test_emptied_lists_score_nothing_in_the_gradescope_layout(source, zygote, tmp_path):
+    """The issue's attack in the Gradescope layout, every check: json.dumps replaced in the child
+    so that every list sent back is [], every function returning a constant. It scored 10/10;
+    now every test scores 0 and says what was sent."""
+    from test_grader_verdicts import EMPTIED_JSON, EMPTY_LISTS, with_body
+
+    from assignments.export import autograde
+
+    texts = reference_texts()
+    json_file, bodies = EMPTY_LISTS[NAME]
+    for file, qualname, body in bodies:
+        texts[file] = with_body(texts[file], qualname, body)
+    texts[json_file] += EMPTIED_JSON
+    autograder = layout(source, tmp_path, texts[THEORY], [c.name for c in ASSIGNMENT.checks])
+    for rel, text in texts.items():
+        (autograder / "submission" / Path(rel).name).write_text(text)
+    results = autograder / "results" / "results.json"
+    assert autograde(autograder / "source", autograder / "submission", results, zygote=zygote) == 0
+    tests = json.loads(results.read_text())["tests"]
+    assert [t["name"] for t in tests] == [c.name for c in ASSIGNMENT.checks]
+    assert all(t["score"] == 0 and "values" in t["output"] and "sent 0 values" in t["output"] for t in tests), tests
