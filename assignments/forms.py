@@ -16,7 +16,6 @@ and its reference (definition.Check.form).
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -45,15 +44,18 @@ def parse(data: bytes | str) -> object:
         raise ValueError("nested too deep") from None
 
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 _OTHERS = bytes(set(range(256)) - set(b"[{]}"))
 
 
 def depth_of(data: bytes) -> int:
-    """How deep the JSON text's lists and objects nest (brackets inside strings do not count),
-    counted in C-speed passes: strings removed, brackets kept as +1 / -1, running sum."""
-    brackets = _STRING.sub(b'""', data).translate(_BRACKETS, _OTHERS)
+    """How deep the JSON text's lists and objects nest (brackets inside strings do not count), in
+    linear passes at C speed: escapes dropped (an escaped backslash first, then an escaped quote),
+    the text between quotes dropped, brackets kept as +1 / -1, their running sum's maximum. (A
+    regular expression for strings backtracks quadratically on a run of escaped quotes.)"""
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(unescaped.split(b'"')[::2])
+    brackets = outside.translate(_BRACKETS, _OTHERS)
     return max(accumulate(memoryview(brackets).cast("b")), default=0)
 
 

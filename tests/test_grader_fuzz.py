@@ -223,6 +223,14 @@ def test_empty_short_and_deep_answers_score_nothing_with_a_message(genuine, assi
         assert not passed and f"sent {len(entry[2]) - 1} values for {len(entry[2])}" in message, message
 
 
+def _depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
 def test_parsing_refuses_deep_nesting_before_json_loads():
     """100,000-deep nesting (which made json.loads raise RecursionError in the grader) is a
     ValueError with the limit; brackets inside strings do not count; MAX_DEPTH itself parses."""
@@ -230,6 +238,12 @@ def test_parsing_refuses_deep_nesting_before_json_loads():
     with pytest.raises(ValueError, match=f"more than {MAX_DEPTH}"):
         parse(b'{"values": ' + deep + b"}")
     assert depth_of(b'{"values": "[[[[[[", "x": [[1]]}') == 3
+    for nested in (["a\"[[", [["\\"], "]"]], ["\\[", ["\\\"[[", "{"]], {"k\"": [{"[": "\\\\"}]}):
+        text = json.dumps(nested).encode()
+        assert depth_of(text) == _depth(nested), text  # escaped quotes and backslashes in strings
+    # a run of escaped quotes, 16 MB: linear passes, no backtracking (a regular expression for
+    # strings took 2 s for 10 kB and 4 times as long for twice as many here)
+    assert depth_of(b'"' + b'\\"' * 8_000_000) == 0
     assert parse("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None
     with pytest.raises(ValueError):
         parse(b'{"values": [1, 2')  # truncated
