@@ -3,8 +3,9 @@ reads them against it, in its own process, before any judge sees them (parse, do
 
 The student's code controls everything its child process writes: it can replace json.dumps, send
 [] for a list of twelve values, NaN for a logit, 5 for a text, a list nested 100,000 deep. So:
-- parse(data) refuses an answer nested deeper than MAX_DEPTH before json.loads sees it (the
-  decoder recurses: a deep answer would raise RecursionError in the grader);
+- parse(data) refuses an answer nested deeper than MAX_DEPTH, or holding more than
+  MAX_CONTAINERS lists and objects, before json.loads sees it (the decoder recurses: a deep answer
+  would raise RecursionError in the grader; a flood of {} would cost it gigabytes);
 - read(form, values) checks every value: exact types (a bool is not an int, 3.0 is not a token
   id), finite numbers in range, lists of exactly the length asked for (a judge's zip never stops
   early), texts of bounded length, nesting no deeper than the form. Anything else is Failed with
@@ -22,6 +23,7 @@ from itertools import accumulate
 from .definition import Failed
 
 MAX_DEPTH = 32  # no form nests deeper; an answer that does is refused before json.loads
+MAX_CONTAINERS = 200_000  # lists and objects in one answer (the largest form holds about 5,000)
 MAX_TEXT = 4000  # characters of any text a probe sends back
 MAX_LIST = 1_000_000  # items of a list whose length the form leaves open
 BIG = 1e12  # numbers beyond this are out of range unless a form says otherwise
@@ -36,8 +38,11 @@ def parse(data: bytes | str) -> object:
     or nests deeper than MAX_DEPTH."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    if depth_of(data) > MAX_DEPTH:
+    brackets = _brackets(data)
+    if max(accumulate(memoryview(brackets).cast("b")), default=0) > MAX_DEPTH:
         raise ValueError(f"nested more than {MAX_DEPTH} lists or objects deep")
+    if brackets.count(1) > MAX_CONTAINERS:  # millions of {} would cost the grader gigabytes to build
+        raise ValueError(f"more than {MAX_CONTAINERS:,} lists and objects")
     try:
         return json.loads(data)
     except RecursionError:  # cannot happen below MAX_DEPTH; kept so that parsing never raises it
@@ -48,15 +53,18 @@ _BRACKETS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 _OTHERS = bytes(set(range(256)) - set(b"[{]}"))
 
 
-def depth_of(data: bytes) -> int:
-    """How deep the JSON text's lists and objects nest (brackets inside strings do not count), in
-    linear passes at C speed: escapes dropped (an escaped backslash first, then an escaped quote),
-    the text between quotes dropped, brackets kept as +1 / -1, their running sum's maximum. (A
-    regular expression for strings backtracks quadratically on a run of escaped quotes.)"""
+def _brackets(data: bytes) -> bytes:
+    """The JSON text's brackets outside strings, each opening one as 1, each closing one as -1
+    (0xff), in linear passes at C speed: escapes dropped (an escaped backslash first, then an
+    escaped quote), then the text between quotes. (A regular expression for strings backtracks
+    quadratically on a run of escaped quotes.)"""
     unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    outside = b"".join(unescaped.split(b'"')[::2])
-    brackets = outside.translate(_BRACKETS, _OTHERS)
-    return max(accumulate(memoryview(brackets).cast("b")), default=0)
+    return b"".join(unescaped.split(b'"')[::2]).translate(_BRACKETS, _OTHERS)
+
+
+def depth_of(data: bytes) -> int:
+    """How deep the JSON text's lists and objects nest (brackets inside strings do not count)."""
+    return max(accumulate(memoryview(_brackets(data)).cast("b")), default=0)
 
 
 def _kind(value) -> str:

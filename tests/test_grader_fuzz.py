@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from assignments.definition import ChildRun, Failed
-from assignments.forms import MAX_DEPTH, depth_of, parse, read
+from assignments.forms import MAX_CONTAINERS, MAX_DEPTH, depth_of, parse, read
 from assignments.grade import judge as grade_judge
 from assignments.references import HIDDEN_SEED, make_data
 from assignments.registry import ASSIGNMENTS
@@ -247,6 +247,9 @@ def test_parsing_refuses_deep_nesting_before_json_loads():
     assert parse("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None
     with pytest.raises(ValueError):
         parse(b'{"values": [1, 2')  # truncated
+    with pytest.raises(ValueError, match=f"more than {MAX_CONTAINERS:,} lists and objects"):
+        parse(b'{"values": [' + b"{}," * MAX_CONTAINERS + b"{}]}")
+    assert len(parse(b'{"values": [' + b"[]," * (MAX_CONTAINERS - 3) + b"[]]}")["values"]) == MAX_CONTAINERS - 2
 
 
 def test_messages_say_what_was_wrong():
