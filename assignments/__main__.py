@@ -22,6 +22,8 @@ def main(argv=None) -> int:
     which.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
                        help="a ready-made assignment (assignments/<name>/README.md)")
     m.add_argument("--out", required=True, type=Path, help="a new or empty folder for the student's copy")
+    m.add_argument("--student", metavar="ID", help="find_the_bug: this student's own copy (the bug the "
+                                                   "instructor's secret, $FIND_THE_BUG_SECRET, and the id pick)")
     m.add_argument("--allow-leaks", action="store_true",
                    help="make the copy even if the leak check finds a stripped body elsewhere in it (warns)")
     g = sub.add_parser("grade", help="the instructor's grade of a student's copy (or of a folder of "
@@ -37,7 +39,9 @@ def main(argv=None) -> int:
     g.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="with --submissions: grade N submissions at once (each check uses one core; default 1)")
     g.add_argument("--json", action="store_true", help="print the report as JSON")
-    g.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed (another one re-runs the "
+    g.add_argument("--student", metavar="ID", help="whose copy it is (find_the_bug copies made with --student)")
+    g.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed, 1..10000 (default: a fresh one, "
+                                                          "printed with the grade; another one re-runs the "
                                                           "statistical checks on fresh samples)")
     g.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
     g.add_argument("--timeout", type=float, default=None, help="seconds per check (default: the check's own)")
@@ -60,7 +64,8 @@ def main(argv=None) -> int:
     e.add_argument("assignment", choices=sorted(ASSIGNMENTS))
     e.add_argument("--out", required=True, type=Path,
                    help="gradescope: the .zip to write; github: a new or empty folder")
-    e.add_argument("--seed", type=int, default=None, help="the hidden inputs' seed")
+    e.add_argument("--seed", type=int, default=None, help="gradescope: the hidden inputs' one seed (default: "
+                                                          "8 fresh ones, each run of the autograder draws one)")
     a = sub.add_parser("autograde", help=argparse.SUPPRESS)  # what an exported run_autograder calls
     a.add_argument("--source", type=Path, required=True)
     a.add_argument("--submission", type=Path, required=True)
@@ -75,13 +80,15 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from .grade import HIDDEN_SEED, check_locally, grade, print_report
+    from .grade import check_locally, grade, print_report
+    from .references import official_seed
 
     if args.command == "make":
         from .make import make
 
         functions = args.functions or list(ASSIGNMENTS[args.assignment].functions)
-        targets = make(functions, args.out, assignment=args.assignment, allow_leaks=args.allow_leaks)
+        targets = make(functions, args.out, assignment=args.assignment, allow_leaks=args.allow_leaks,
+                       student=args.student)
         planted = args.assignment and ASSIGNMENTS[args.assignment].plant
         print(f"Wrote {args.out} with " + ("a bug planted in one of these (the student names it in BUG.txt and "
                                            "fixes it):" if planted else
@@ -99,7 +106,7 @@ def run(args) -> int:
             raise AssignmentError(f"with --submissions, name the assignment ({', '.join(sorted(ASSIGNMENTS))}): "
                                   f"grade NAME --submissions DIR, or --assignment NAME")
         csv = args.csv or Path(f"grades-{name}.csv")
-        grade_batch(name, args.submissions, csv, seed=HIDDEN_SEED if args.seed is None else args.seed,
+        grade_batch(name, args.submissions, csv, seed=official_seed(args.seed),
                     timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox)
         print(f"Wrote {csv}")
         return 0
@@ -108,9 +115,9 @@ def run(args) -> int:
             if args.dir is None:
                 raise AssignmentError("give the student's copy to grade (or --submissions DIR for a whole class)")
             print(f"Grading {args.dir} (small checkpoints made on the fly) ...", file=sys.stderr)
-            report = grade(args.dir, seed=HIDDEN_SEED if args.seed is None else args.seed, timeout=args.timeout,
-                           only=args.only, assignment=args.assignment, functions=args.functions,
-                           isolation=args.sandbox)
+            report = grade(args.dir, seed=args.seed, timeout=args.timeout, only=args.only,
+                           assignment=args.assignment, functions=args.functions, isolation=args.sandbox,
+                           student_id=args.student)
         else:
             report = check_locally(args.dir, only=args.only)
             if args.summary is not None:
@@ -129,7 +136,12 @@ def run(args) -> int:
         from .export import export_github, export_gradescope
 
         if args.platform == "gradescope":
-            path = export_gradescope(args.assignment, args.out, seed=HIDDEN_SEED if args.seed is None else args.seed)
+            from .export import EXPORTED_SEEDS
+            from .references import draw_seed
+
+            seeds = official_seed(args.seed) if args.seed is not None else sorted(
+                {draw_seed() for _ in range(EXPORTED_SEEDS)})
+            path = export_gradescope(args.assignment, args.out, seed=seeds)
             print(f"Wrote {path}: upload it as the assignment's autograder (Gradescope: "
                   f"Configure Autograder, zip upload, base image Ubuntu with Python 3)")
         else:

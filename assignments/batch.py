@@ -129,12 +129,14 @@ class _Grader:
         # the other students' submissions are not the child's to see
         self.sandbox = Sandbox(pristine, isolation, hidden=[submissions])
 
-    def grade(self, folder: Path):
+    def grade(self, folder: Path, student: str | None = None):
         from .grade import Report, grade_tree, mark_isolation, student_files
+        from .references import for_student
 
         try:
             found, notes = student_files(folder, self.files)
-            report = grade_tree(self.assignment, self.pristine, found, self.data, self.refs, timeout=self.timeout,
+            refs = for_student(self.assignment, self.refs, student)  # find_the_bug: the bug in that student's copy
+            report = grade_tree(self.assignment, self.pristine, found, self.data, refs, timeout=self.timeout,
                                 notes=notes, zygote=self.sandbox)
         except (OSError, ValueError) as error:  # an unreadable submission: a row saying so, and on to the next
             report = Report(self.assignment.name, list(self.assignment.functions),
@@ -154,8 +156,8 @@ def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, su
     multiprocessing.util.Finalize(_WORKER, _WORKER.sandbox.close, exitpriority=10)
 
 
-def _grade_in_worker(folder: Path):
-    return _WORKER.grade(folder)
+def _grade_in_worker(submission: tuple):
+    return _WORKER.grade(*submission)
 
 
 def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path = ROOT,
@@ -207,9 +209,9 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
                 pool = multiprocessing.get_context("spawn").Pool(
                     jobs, _start_worker, (name, pristine, data, tmp / "refs.json", files, timeout, isolation,
                                           submissions.resolve()))
-                graded = pool.imap(_grade_in_worker, [s.folder for s in found])
+                graded = pool.imap(_grade_in_worker, [(s.folder, s.student) for s in found])
             else:
-                graded = (grader.grade(s.folder) for s in found)
+                graded = (grader.grade(s.folder, s.student) for s in found)
             reports = _write_csv(out, assignment, found, graded, jobs, file)
         finally:
             if pool is not None:

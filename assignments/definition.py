@@ -7,6 +7,9 @@ A check has three halves, so that the student's code never decides its own verdi
 - probe(inputs, data) -> values (JSON): runs in a child process inside the student's copy. It
   calls the student's functions on the inputs and returns what they gave, raw: tokens, numbers,
   sample counts. It judges nothing.
+- form(inputs, reference) -> forms.Form: the exact form of the values the probe sends back
+  (types, lengths and shapes, ranges: assignments/forms.py). The grader reads the values against
+  it before the judge sees them, so a judge only ever gets well-formed values.
 - judge(inputs, reference, got): runs in the grader's process. It compares the values with the
   reference (the same probe run on the instructor's code, or the check's own `reference`) and
   raises Failed with a message in plain words when they disagree.
@@ -31,6 +34,7 @@ class Check:
     make_inputs: Callable  # (seed) -> inputs
     probe: Callable  # (inputs, data: Path) -> values; in the student's process
     judge: Callable  # (inputs, reference, got) -> None, or raise Failed
+    form: Callable  # (inputs, reference) -> forms.Form: what `got` must be before it is judged
     points: float = 1.0
     visible: bool = True  # also run by the student's local `python -m assignments check`
     reference: Callable | None = None  # (inputs, data) -> values; default: the probe on the instructor's code
@@ -40,6 +44,9 @@ class Check:
     # (a target model whose forwards it counts); the judge then gets a 4th argument, what the
     # server counted: judge(inputs, reference, got, served)
     serve: Callable | None = None
+    # (inputs, reference, student id) -> the reference for that student's own copy (find_the_bug:
+    # the bug planted in it); references.for_student applies it
+    personal: Callable | None = None
 
 
 @dataclass(frozen=True)

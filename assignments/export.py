@@ -81,11 +81,13 @@ def reference_files(assignment, root: Path = ROOT) -> dict[str, Path]:
     return {rel: root / rel for rel in sorted({resolve(f).file for f in assignment.functions})}
 
 
-def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT,
+def gradescope_source(name: str, source: Path, seed: int | list[int], root: Path = ROOT,
                       check_reference: bool = True) -> Path:
     """Lay out what Gradescope unpacks into /autograder/source, after checking that the reference
     solution passes every check at this seed (check_reference=False: a caller that graded it on
-    these very inputs already)."""
+    these very inputs already). Several seeds: hidden.json holds the references of each
+    ({"seeds": {seed: references}}) and every run of the autograder draws one (pick_references),
+    so one submission's messages do not answer the next one's inputs."""
     import torch
 
     from .references import make_data, references, refuse_a_failing_seed
@@ -93,10 +95,12 @@ def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT,
     assignment = ASSIGNMENTS[name]
     make(list(assignment.functions), source / "copy", root=root, assignment=name, ship_visible=False)
     data = make_data(source / "data")
-    refs = references(assignment, data, seed)
-    if check_reference:  # a check the reference fails would fail every student who computes as it does
-        refuse_a_failing_seed(assignment, data, refs, seed)
-    (source / "hidden.json").write_text(json.dumps(refs))
+    by_seed = {}
+    for one in ([seed] if isinstance(seed, int) else seed):
+        by_seed[str(one)] = refs = references(assignment, data, one)
+        if check_reference:  # a check the reference fails would fail every student who computes as it does
+            refuse_a_failing_seed(assignment, data, refs, one)
+    (source / "hidden.json").write_text(json.dumps(refs if isinstance(seed, int) else {"seeds": by_seed}))
     version = torch.__version__.split("+")[0]
     setup = SETUP_SH.replace("TORCH_VERSION", version).replace("SANDBOX_USER", SANDBOX_USER)
     for script, text in (("setup.sh", setup),
@@ -106,7 +110,20 @@ def gradescope_source(name: str, source: Path, seed: int, root: Path = ROOT,
     return source
 
 
-def export_gradescope(name: str, out: Path, seed: int = 1, root: Path = ROOT) -> Path:
+def pick_references(hidden: dict) -> tuple[dict, int | None]:
+    """(references, seed) for one run: hidden.json's own, or one of its seeds drawn at random."""
+    import secrets
+
+    if "seeds" not in hidden:
+        return hidden, None
+    seed = secrets.choice(sorted(hidden["seeds"]))
+    return hidden["seeds"][seed], int(seed)
+
+
+EXPORTED_SEEDS = 8  # hidden inputs an exported autograder draws from, unless --seed names one
+
+
+def export_gradescope(name: str, out: Path, seed: int | list[int] = 1, root: Path = ROOT) -> Path:
     out = Path(out)
     if out.suffix != ".zip":
         raise AssignmentError(f"{out}: give a .zip file name (Gradescope takes the autograder as a zip)")
@@ -155,12 +172,13 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         hidden = source / "hidden.json"
-        refs = json.loads(hidden.read_text())
+        refs, seed = pick_references(json.loads(hidden.read_text()))
         hidden.unlink()  # in memory now; the student's code runs after this and cannot read it
         assignment = assignment_of(json.loads((source / "copy" / MANIFEST).read_text()))
         files, notes = student_files(Path(submission), assignment_files(assignment))
         disagreement = manifest_disagrees(Path(submission), assignment)
-        report = Report(assignment.name, list(assignment.functions), notes=[disagreement] if disagreement else [])
+        report = Report(assignment.name, list(assignment.functions), notes=[disagreement] if disagreement else [],
+                        seed=seed)
         grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote,
                    isolation=isolation, report=report,
                    on_result=lambda so_far: write_results(results, _payload(so_far, complete=False)))
@@ -211,6 +229,8 @@ def gradescope_results(report) -> dict:
     if len(visible) < len(report.results):
         summary += (f" The other {len(report.results) - len(visible)} checks ran on hidden inputs; their "
                     f"results and your total are shown when the grades are published.")
+    if report.seed is not None:  # the instructor reproduces this grade with grade --seed
+        summary += f" (Inputs: seed {report.seed}.)"
     return {"execution_time": round(report.seconds, 1), "output": "\n".join([*report.notes, summary]),
             "stdout_visibility": "hidden", "tests": tests}
 

@@ -22,10 +22,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
+from .forms import parse, read
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import oom_kills, silent_end
-from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
-                         refuse_a_failing_seed)
+from .references import (HIDDEN_SEED, VISIBLE_SEED, for_student, make_data, official_seed,  # noqa: F401
+                         references, refuse_a_failing_seed)  # (HIDDEN_SEED, VISIBLE_SEED: for callers)
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
@@ -53,6 +54,7 @@ class Report:
     notes: list[str] = field(default_factory=list)  # e.g. a submitted file that was missing
     isolation: dict | None = None  # how the student's code was shut in (sandbox.Isolation.to_json)
     unofficial: list[str] = field(default_factory=list)  # why this grade cannot be trusted, if it cannot
+    seed: int | None = None  # the hidden inputs' seed (an official grade): `grade --seed N` reproduces it
 
     @property
     def official(self) -> bool:
@@ -73,7 +75,7 @@ class Report:
     def to_json(self) -> dict:
         return {"assignment": self.assignment, "functions": self.functions, "passed": self.passed,
                 "points": self.points, "max_points": self.max_points, "seconds": round(self.seconds, 1),
-                "notes": self.notes, "official": self.official, "unofficial": self.unofficial,
+                "notes": self.notes, "official": self.official, "seed": self.seed, "unofficial": self.unofficial,
                 "isolation": self.isolation, "checks": [asdict(r) for r in self.results]}
 
 
@@ -125,11 +127,12 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
         run.error = silent_end(end.exit_code, kills, oom_kills())
     else:
         try:
-            message = json.loads(data_bytes)
+            message = parse(data_bytes)  # depth-limited: never a RecursionError here
             if not isinstance(message, dict) or not ("values" in message or "error" in message):
                 raise ValueError("not a probe's answer")
-        except ValueError:
-            run.error = "the check's answer was garbled (did your code write to file descriptors it did not open?)"
+        except ValueError as error:
+            run.error = (f"the check's answer was garbled ({str(error)[:200]}; did your code write to file "
+                         f"descriptors it did not open?)")
         else:
             if "error" in message:
                 run.error = str(message["error"])[:2000]
@@ -139,12 +142,14 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
 
 
 def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
-    """The verdict, decided here from the values the child sent back."""
+    """The verdict, decided here from the values the child sent back, once they are read against
+    the check's form (assignments/forms.py): a judge never sees values of another form."""
     passed, message = False, run.error
     if run.error is None:
         try:
+            got = read(check.form(inputs, reference), run.values)  # parse, don't trust: Malformed is a Failed
             # a check with a server also gets what the server counted (in this process)
-            check.judge(inputs, reference, run.values, *([run.served] if check.serve else []))
+            check.judge(inputs, reference, got, *([run.served] if check.serve else []))
             passed, message = True, "ok"
         except Failed as failure:
             message = str(failure)
@@ -262,16 +267,19 @@ def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:
     return None
 
 
-def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: float | None = None,
+def grade(student: Path, root: Path = ROOT, seed: int | None = None, timeout: float | None = None,
           only: list[str] | None = None, assignment: str | None = None, functions: list[str] | None = None,
-          isolation: str = "auto") -> Report:
+          isolation: str = "auto", student_id: str | None = None) -> Report:
     """The instructor's grade of a student's copy (or a folder of just the edited files): every
-    check, hidden inputs, references from this project's code. What is graded is `assignment` (a
-    ready-made one) or `functions` (a custom one), given by the instructor; without either it is
-    read from the copy's .assignment.json, and the report is marked unofficial for it."""
+    check, on hidden inputs (a fresh seed unless `seed` is given: the report records it),
+    references from this project's code. What is graded is `assignment` (a ready-made one) or
+    `functions` (a custom one), given by the instructor; without either it is read from the copy's
+    .assignment.json, and the report is marked unofficial for it. student_id: whose copy it is,
+    for an assignment whose copies differ per student (find_the_bug with a secret)."""
     from .registry import ASSIGNMENTS, custom_assignment
 
     refuse_a_students_copy(root, "grade")
+    seed = official_seed(seed)
     unofficial = []
     if assignment is not None:
         if assignment not in ASSIGNMENTS:
@@ -288,7 +296,7 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
     disagreement = manifest_disagrees(student, definition)
     if disagreement:
         notes.insert(0, disagreement)
-    report = Report(definition.name, list(definition.functions), unofficial=unofficial)
+    report = Report(definition.name, list(definition.functions), unofficial=unofficial, seed=seed)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         tmp = Path(tmp)
         make(list(definition.functions), tmp / "pristine", root=root, assignment=definition.name,
@@ -296,8 +304,8 @@ def grade(student: Path, root: Path = ROOT, seed: int = HIDDEN_SEED, timeout: fl
         data = make_data(tmp / "data")
         refs = references(definition, data, seed, [c for c in definition.checks if not only or c.name in only])
         refuse_a_failing_seed(definition, data, refs, seed)  # else it fails every student who computes as it does
-        grade_tree(definition, tmp / "pristine", files, data, refs, only, timeout, notes, isolation=isolation,
-                   report=report)
+        grade_tree(definition, tmp / "pristine", files, data, for_student(definition, refs, student_id), only,
+                   timeout, notes, isolation=isolation, report=report)
     return mark_isolation(report)
 
 
@@ -352,6 +360,8 @@ def print_report(report: Report, file=None, show_output: bool = True) -> None:
     verdict = "ALL PASS" if report.passed else "NOT YET: fix the failing checks above"
     print(f"\n{verdict}: {report.points:g}/{report.max_points:g} points (graded in {report.seconds:.0f} s)",
           file=file)
+    if report.seed is not None:
+        print(f"Hidden inputs: seed {report.seed} (grade --seed {report.seed} runs the same inputs)", file=file)
     if report.isolation is not None:  # the instructor's grade: was it isolated, can it be trusted
         print(f"UNOFFICIAL: {'; '.join(report.unofficial)}" if report.unofficial else report.isolation["line"],
               file=file)

@@ -319,13 +319,15 @@ def refuse_a_students_copy(root: Path, command: str) -> None:
 
 
 def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | None = None,
-         ship_visible: bool = True, allow_leaks: bool = False) -> list[Target]:
+         ship_visible: bool = True, allow_leaks: bool = False, student: str | None = None) -> list[Target]:
     """Copy the project at `root` into `out` (which must be empty or absent) with the named
     functions' bodies removed, and whatever else would answer them (the assignment's `removed`
     siblings and `dropped` files, the instructor's tests). Writes out/.assignment.json for the
     grader and, with ship_visible, the visible checks' inputs and reference values (computed with
     this project's code) in out/.assignment/. Refuses functions no check exercises, and (unless
-    allow_leaks) a copy in which the leak check still finds a stripped function's body."""
+    allow_leaks) a copy in which the leak check still finds a stripped function's body. student: a
+    "find the bug" assignment's copy for this student (the bug the instructor's secret and the id
+    pick: find_the_bug.bug_for); the manifest records the id."""
     from .registry import ASSIGNMENTS, custom_assignment
 
     if not functions:
@@ -339,6 +341,9 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     refuse_a_students_copy(root, "make")
     targets = [resolve(name, root) for name in dict.fromkeys(functions)]
     definition = ASSIGNMENTS[assignment] if assignment else custom_assignment([t.name for t in targets])
+    if student is not None and not definition.plant:
+        raise AssignmentError(f"--student {student}: only a \"find the bug\" assignment makes a different copy "
+                              f"per student")
     removed = [resolve(name, root) for name in definition.removed if name not in functions]
     grader_only = reference_functions()
     references = [resolve(name, root) for name in grader_only]
@@ -355,9 +360,15 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
         (out / file).write_text(text)
     _drop(out, ALWAYS_DROPPED + tuple(definition.dropped))
     if definition.plant:
-        definition.plant(out, root)
+        try:
+            definition.plant(out, root, *([student] if student is not None else []))
+        except AssignmentError:
+            shutil.rmtree(out)  # nothing half made is left
+            raise
     manifest = {"assignment": assignment, "functions": [t.name for t in targets],
                 "files": sorted({t.file for t in targets} | set(definition.answer_files))}
+    if student is not None:
+        manifest["student"] = student
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
     bodies = {t.name: _tokens(t.node.body) for t in stripped_targets + removed + references}

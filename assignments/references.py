@@ -6,9 +6,32 @@ from pathlib import Path
 
 from .definition import Assignment
 
-HIDDEN_SEED = 1  # the instructor's inputs; the visible ones (shipped with the copy) use seed 0
-VISIBLE_SEED = 0
+HIDDEN_SEED = 1  # a seed of hidden inputs (tests use it; an official grade draws its own: draw_seed)
+VISIBLE_SEED = 0  # the visible inputs, shipped with every copy for the student's own `check`
 MAX_SEED = 10_000  # seeds 0..MAX_SEED give valid inputs for every check (tests/test_grader_verdicts.py sweeps them)
+
+
+def draw_seed() -> int:
+    """A fresh seed of hidden inputs for one official grade (1..MAX_SEED): what one grade's messages
+    show about its inputs does not answer the next grade's."""
+    import secrets
+
+    return 1 + secrets.randbelow(MAX_SEED)
+
+
+def official_seed(seed: int | None) -> int:
+    """The seed of an official grade: `seed` (the instructor's, e.g. to reproduce a grade), or a fresh
+    one. Never the visible inputs' seed: a lookup table of the answers shipped with the copy would
+    pass them."""
+    from .definition import AssignmentError
+
+    if seed is None:
+        return draw_seed()
+    if seed == VISIBLE_SEED:
+        raise AssignmentError(f"--seed {seed} gives the visible inputs, shipped with every copy: an official grade "
+                              f"runs on hidden ones. Give a seed between 1 and {MAX_SEED}, or leave --seed out "
+                              f"for a fresh one (the report says which, to reproduce it)")
+    return seed
 
 
 def make_data(folder: Path) -> Path:
@@ -30,9 +53,9 @@ def make_data(folder: Path) -> Path:
 
 def references(assignment: Assignment, data: Path, seed: int, checks=None) -> dict:
     """{check: {"inputs", "reference"}}, computed in this process with this project's code (the
-    instructor's: never the student's). The visible checks always get the visible inputs (those
-    shipped with the copy: what they print tells the student nothing hidden); `seed` chooses the
-    hidden checks' inputs."""
+    instructor's: never the student's). Every check's inputs are made from `seed`: VISIBLE_SEED for
+    the visible inputs `make` ships with the copy, any other for an official grade's hidden inputs
+    (every check, the visible ones included: a lookup table of the shipped answers earns nothing)."""
     import torch
 
     from .definition import AssignmentError
@@ -43,9 +66,22 @@ def references(assignment: Assignment, data: Path, seed: int, checks=None) -> di
     torch.set_num_threads(1)
     out = {}
     for check in checks or assignment.checks:
-        inputs = check.make_inputs(VISIBLE_SEED if check.visible else seed)
+        inputs = check.make_inputs(seed)
         reference = (check.reference or check.probe)(inputs, data)
         out[check.name] = {"inputs": inputs, "reference": json.loads(json.dumps(reference))}
+    return out
+
+
+def for_student(assignment: Assignment, refs: dict, student: str | None) -> dict:
+    """refs with the references of the checks that differ per student's copy (Check.personal:
+    find_the_bug's planted bug) made for `student` (None: the class's, unchanged)."""
+    if student is None:
+        return refs
+    out = dict(refs)
+    for check in assignment.checks:
+        if check.personal is not None and check.name in refs:
+            entry = refs[check.name]
+            out[check.name] = {**entry, "reference": check.personal(entry["inputs"], entry["reference"], student)}
     return out
 
 
@@ -54,6 +90,7 @@ def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, 
     this process (trusted code: no child needed). At a seed where a statistical check fails the
     reference, it fails every student who draws random numbers as the reference does."""
     from .definition import Failed
+    from .forms import read
     from .serving import serve_here
 
     failures = {}
@@ -64,7 +101,7 @@ def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, 
         server = check.serve(inputs, reference, data) if check.serve else None
         serve_here(server)
         try:
-            got = json.loads(json.dumps(check.probe(inputs, data)))
+            got = read(check.form(inputs, reference), json.loads(json.dumps(check.probe(inputs, data))))
             check.judge(inputs, reference, got, *([server.record()] if server else []))
         except Failed as failure:
             failures[check.name] = str(failure)

@@ -433,3 +433,55 @@ def test_batch_command_line_errors(tmp_path, capsys):
     assert cli.main(["grade"]) == 2
     assert "give the student's copy to grade" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.csv")) and not list(Path.cwd().glob("grades-*.csv"))
+
+
+def test_an_export_with_several_seeds_draws_one_per_run(tmp_path, zygote):
+    """hidden.json holds each seed's references; every run of the autograder draws one of them
+    (seen over runs: more than one) and says which in results.json's output, and its inputs are
+    that seed's, never the visible ones."""
+    from assignments.export import autograde, pick_references
+    from assignments.references import VISIBLE_SEED, references
+
+    source = gradescope_source(NAME, tmp_path / "source", seed=[3, 4], check_reference=False)
+    hidden = json.loads((source / "hidden.json").read_text())
+    assert sorted(hidden["seeds"]) == ["3", "4"]
+    for seed in (3, 4):
+        assert hidden["seeds"][str(seed)] == json.loads(json.dumps(references(ASSIGNMENT, source / "data", seed)))
+    drawn = {pick_references(hidden)[1] for _ in range(40)}
+    assert drawn == {3, 4}
+    visible = {c.name: c.make_inputs(VISIBLE_SEED) for c in ASSIGNMENT.checks}
+    assert all(entry["inputs"] != visible[name] for refs in hidden["seeds"].values() for name, entry in refs.items())
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    shutil.copyfile(ROOT / THEORY, submission / "theory.py")
+    # one cheap check per run
+    cut = {"seeds": {seed: {"tokens_per_round": refs["tokens_per_round"]} for seed, refs in hidden["seeds"].items()}}
+    (source / "hidden.json").write_text(json.dumps(cut))
+    results = tmp_path / "results" / "results.json"
+    assert autograde(source, submission, results, zygote=zygote) == 0
+    payload = json.loads(results.read_text())
+    assert payload["tests"][0]["status"] == "passed", payload
+    assert any(f"(Inputs: seed {seed}.)" in payload["output"] for seed in (3, 4)), payload["output"]
+
+
+def test_emptied_lists_score_nothing_in_the_gradescope_layout(source, zygote, tmp_path):
+    """The issue's attack in the Gradescope layout, every check: json.dumps replaced in the child
+    so that every list sent back is [], every function returning a constant. It scored 10/10;
+    now every test scores 0 and says what was sent."""
+    from test_grader_verdicts import EMPTIED_JSON, EMPTY_LISTS, with_body
+
+    from assignments.export import autograde
+
+    texts = reference_texts()
+    json_file, bodies = EMPTY_LISTS[NAME]
+    for file, qualname, body in bodies:
+        texts[file] = with_body(texts[file], qualname, body)
+    texts[json_file] += EMPTIED_JSON
+    autograder = layout(source, tmp_path, texts[THEORY], [c.name for c in ASSIGNMENT.checks])
+    for rel, text in texts.items():
+        (autograder / "submission" / Path(rel).name).write_text(text)
+    results = autograder / "results" / "results.json"
+    assert autograde(autograder / "source", autograder / "submission", results, zygote=zygote) == 0
+    tests = json.loads(results.read_text())["tests"]
+    assert [t["name"] for t in tests] == [c.name for c in ASSIGNMENT.checks]
+    assert all(t["score"] == 0 and "values" in t["output"] and "sent 0 values" in t["output"] for t in tests), tests

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from assignments.definition import AssignmentError
 from assignments.find_the_bug import ANSWER, PLANTS, TEMPLATE, planted_bug
 from assignments.grade import (HIDDEN_SEED, Zygote, assignment_files, grade_tree, make_data, references,
                                student_files)
@@ -29,18 +30,18 @@ def kit(tmp_path_factory):
     data = make_data(folder / "data")
     pristine = folder / "pristine"
     make(list(ASSIGNMENT.functions), pristine, assignment="find_the_bug", ship_visible=False)
-    refs = references(ASSIGNMENT, data, HIDDEN_SEED)
+    refs = hidden = references(ASSIGNMENT, data, HIDDEN_SEED)
     zygote = Zygote(pristine)
     count = [0]
 
-    def grade(texts: dict[str, str], only=None):
+    def grade(texts: dict[str, str], only=None, refs=None):
         count[0] += 1
         submission = folder / f"submission{count[0]}"
         for rel, text in texts.items():
             (submission / rel).parent.mkdir(parents=True, exist_ok=True)
             (submission / rel).write_text(text)
         files, notes = student_files(submission, assignment_files(ASSIGNMENT))
-        return grade_tree(ASSIGNMENT, pristine, files, data, refs, only, None, notes, zygote=zygote)
+        return grade_tree(ASSIGNMENT, pristine, files, data, refs or hidden, only, None, notes, zygote=zygote)
 
     grade.data, grade.refs = data, refs
     yield pristine, grade
@@ -127,3 +128,115 @@ def test_every_plant_is_caught_by_bug_fixed(kit, bug):
         assert (ROOT / file).read_text().count(old) == 1, (bug, old)
     result = by_check(grade(planted_files(bug), only=["bug_fixed"]))["bug_fixed"]
     assert not result.passed and WORDS[bug] in result.message, (bug, result.message)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the code sends back
+# ------------------------------------------------------------------------------------------------
+
+FORGED_JSON = """
+
+import json as _json  # the attack: the values sent back replaced in the child
+_real_dumps = _json.dumps
+
+
+def _forged(value, *args, **kwargs):
+    if isinstance(value, dict) and "values" in value:
+        sent = value["values"]
+        if isinstance(sent, dict) and "samples" in sent:  # bug_fixed: only the (exact) samples kept
+            value = {"values": {key: sent["samples"] if key == "samples" else [] for key in sent}}
+        else:
+            value = {"values": FORGED_NAME}
+    return _real_dumps(value, *args, **kwargs)
+
+
+_json.dumps = _forged
+"""
+
+
+def test_a_non_string_answer_scores_nothing_with_a_message(kit):
+    """bug_named sent 5 (json.dumps replaced in the child), not BUG.txt's text: 0, and a message
+    saying so (the judge itself raised AttributeError on it, a traceback to the instructor)."""
+    from assignments.definition import ChildRun
+    from assignments.grade import judge
+
+    _, grade = kit
+    name = planted_bug(ROOT)[0]
+    texts = reference_files(name)
+    texts["spec_decoding/decoding.py"] += FORGED_JSON.replace("FORGED_NAME", "5")
+    result = by_check(grade(texts, only=["bug_named"]))["bug_named"]
+    assert result.points == 0 and "sent 5 (int) where the text of BUG.txt was expected" in result.message, result
+    check, entry = ASSIGNMENT.check("bug_named"), grade.refs["bug_named"]
+    for hostile in (5, [name], {"bug": name}, True, 5.0, "x" * 5000):
+        verdict = judge(check, entry["inputs"], entry["reference"], ChildRun(values=hostile))
+        assert verdict.points == 0 and "values:" in verdict.message, (hostile, verdict.message)
+    assert judge(check, entry["inputs"], entry["reference"], ChildRun(values=name)).passed
+
+
+def test_emptied_values_with_exact_samples_score_nothing(kit):
+    """bug_fixed's values forged in the child: every list empty but the samples, which are exact
+    (as plain sampling's are). It once scored 3 of 3 (the judge zipped the empty lists, and the
+    child sent its own counts): now 0, with a message saying what was sent."""
+    _, grade = kit
+    texts = reference_files(planted_bug(ROOT)[0])
+    texts["spec_decoding/decoding.py"] += FORGED_JSON.replace("FORGED_NAME", "''")
+    result = by_check(grade(texts, only=["bug_fixed"]))["bug_fixed"]
+    assert result.points == 0 and "values['greedy']: sent 0 values for 2 gammas" in result.message, result.message
+
+
+# ------------------------------------------------------------------------------------------------
+# A bug per student
+# ------------------------------------------------------------------------------------------------
+
+def test_each_students_copy_holds_the_bug_the_secret_and_the_id_pick(tmp_path, monkeypatch):
+    """With the instructor's secret set, `make --student ID` plants bug_for(ID): spread over the
+    zoo, fixed for a secret, another secret another spread; the manifest names the student, never
+    the bug. Without the secret a per-student copy is refused and nothing is left behind."""
+    from assignments.find_the_bug import SECRET, bug_for
+
+    plants = json.loads((ROOT / PLANTS).read_text())["plants"]
+    ids = [f"student{i}" for i in range(60)]
+    by_secret = {secret: [bug_for(i, secret, ROOT) for i in ids] for secret in ("one secret", "another")}
+    assert all(len(set(bugs)) >= 4 and set(bugs) <= set(plants) for bugs in by_secret.values())
+    assert by_secret["one secret"] != by_secret["another"]
+    assert by_secret["one secret"] == [bug_for(i, "one secret", ROOT) for i in ids]
+
+    monkeypatch.delenv(SECRET, raising=False)
+    with pytest.raises(AssignmentError, match=f"needs the instructor's secret: set {SECRET}"):
+        make(list(ASSIGNMENT.functions), tmp_path / "refused", assignment="find_the_bug", ship_visible=False,
+             student="student1")
+    assert not (tmp_path / "refused").exists()
+
+    monkeypatch.setenv(SECRET, "one secret")
+    student = next(i for i in ids if bug_for(i, "one secret", ROOT) != planted_bug(ROOT)[0])
+    copy = tmp_path / "copy"
+    make(list(ASSIGNMENT.functions), copy, assignment="find_the_bug", ship_visible=False, student=student)
+    for file, old, new in plants[bug_for(student, "one secret", ROOT)]:
+        assert new in (copy / file).read_text() and old not in (copy / file).read_text()
+    manifest = json.loads((copy / ".assignment.json").read_text())
+    assert manifest["student"] == student and bug_for(student, "one secret", ROOT) not in json.dumps(manifest)
+
+
+def test_the_name_is_judged_against_the_bug_in_that_students_copy(kit, monkeypatch):
+    """The grade, told whose copy it is, takes that copy's bug as the answer: the student's own bug
+    scores, the class's bug or another student's does not. Without the secret the class's bug."""
+    from assignments.find_the_bug import SECRET, bug_for
+    from assignments.references import for_student
+
+    _, grade = kit
+    monkeypatch.setenv(SECRET, "one secret")
+    ids = [f"student{i}" for i in range(60)]
+    mine = next(i for i in ids if bug_for(i, "one secret", ROOT) != planted_bug(ROOT)[0])
+    other = next(i for i in ids if bug_for(i, "one secret", ROOT) not in (bug_for(mine, "one secret", ROOT),
+                                                                          planted_bug(ROOT)[0]))
+    refs = for_student(ASSIGNMENT, grade.refs, mine)
+    assert refs["bug_fixed"] is grade.refs["bug_fixed"]  # the fix is judged the same for everyone
+
+    def named(bug, refs):
+        return by_check(grade({ANSWER: TEMPLATE + bug + "\n"}, only=["bug_named"], refs=refs))["bug_named"]
+
+    assert named(bug_for(mine, "one secret", ROOT), refs).passed
+    assert not named(planted_bug(ROOT)[0], refs).passed
+    assert not named(bug_for(other, "one secret", ROOT), refs).passed
+    monkeypatch.delenv(SECRET)
+    assert for_student(ASSIGNMENT, grade.refs, mine)["bug_named"] == grade.refs["bug_named"]

@@ -15,6 +15,7 @@
 """
 
 import ast
+import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -205,6 +206,192 @@ HONEST = {
 }
 
 
+# ------------------------------------------------------------------------------------------------
+# Attacks on what the code sends back: each scores 0
+# ------------------------------------------------------------------------------------------------
+
+# Appended to a student's file: the child's json.dumps sends every list as [] (the judges once
+# compared with zip(got, ref), which stops at the shorter list: 10/10 on gamma_cost_model).
+EMPTIED_JSON = """
+
+import json as _json  # the attack: every list sent back becomes []
+_real_dumps = _json.dumps
+
+
+def _emptied(value):
+    if isinstance(value, list):
+        return []
+    if isinstance(value, dict):
+        return {key: _emptied(item) for key, item in value.items()}
+    return value
+
+
+_json.dumps = lambda value, *args, **kwargs: _real_dumps(_emptied(value), *args, **kwargs)
+"""
+# {assignment: (file the json attack goes into, [(file, qualname, body)]: functions returning constants)}
+EMPTY_LISTS = {
+    "gamma_cost_model": ("spec_decoding/theory.py", [
+        ("spec_decoding/theory.py", "expected_tokens_per_round", "return 1.0"),
+        ("spec_decoding/theory.py", "predicted_speedup", "return 1.0"),
+        ("spec_decoding/theory.py", "best_gamma", "return 1"),
+        ("spec_decoding/theory.py", "expected_tokens_by_position", "return 1.0"),
+        ("spec_decoding/costs.py", "CostModel.round_seconds", "return 1.0")]),
+    "ngram_drafter": ("spec_decoding/drafters.py", [("spec_decoding/drafters.py", "NGramDrafter.propose",
+                                                      "return [], None")]),
+    # a "loop" that never calls the target
+    "greedy_speculative": ("spec_decoding/greedy.py", [("spec_decoding/greedy.py", "speculative_sampling_greedy",
+                                                        "return []")]),
+}
+# kv_cache: tensors of the right shape, all NaN (|NaN - x| > tolerance is False: NaN once passed)
+NAN_TENSORS = [
+    ("gpt2/kv_cache.py", "KVCache.update", """
+        shape = (k.shape[0], k.shape[1], self.length + k.shape[2], k.shape[3])
+        return torch.full(shape, float("nan")), torch.full(shape, float("nan"))"""),
+    ("gpt2/kv_cache.py", "KVCache.truncate", 'self.length = float("nan")'),
+    ("gpt2/model.py", "CausalSelfAttention.forward", 'return torch.full_like(x, float("nan"))'),
+]
+
+# A lookup table of the visible answers: each function replaced by one that answers from what the
+# instructor's code returned on the visible inputs (shipped with every copy), and raises otherwise.
+LOOKUP = """
+
+def _lookup_key(values):
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        return ("tensor", tuple(values.shape), tuple(round(float(x), 4) for x in values.detach().reshape(-1).tolist()))
+    if isinstance(values, (list, tuple, range)):
+        return tuple(_lookup_key(v) for v in values)
+    if isinstance(values, (int, float, str, bool)) or values is None:
+        return values
+    return type(values).__name__  # a model, a cache, a callable: by its kind
+
+
+def _lookup_answer(qualname, arguments):
+    import base64
+    import pickle
+
+    table = pickle.loads(base64.b64decode(_LOOKUP_TABLE))
+    me = arguments.pop("self", None)
+    entry = table.get((qualname, _lookup_key(list(arguments.values()))))
+    if entry is None:
+        raise KeyError(f"{qualname}: not in my table of the visible answers")
+    kind, value, length = entry
+    if length is not None:
+        me.length = length
+    if kind == "raise":
+        raise ValueError(value)
+    return value
+"""
+LOOKUP_ASSIGNMENTS = ("gamma_cost_model", "ngram_drafter", "kv_cache")
+
+
+def lookup_table_texts(kit, visible_refs) -> dict:
+    """The reference files with every function of the assignment answering from a table recorded
+    here: the visible checks' probes run on the instructor's code, on the visible inputs."""
+    import base64
+    import inspect
+    import pickle
+
+    import torch
+
+    from assignments.serving import serve_here
+
+    helpers = {}
+    exec(LOOKUP, helpers)
+    table, originals = {}, {}
+
+    def detached(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        return type(value)(detached(v) for v in value) if isinstance(value, tuple) else value
+
+    def recording(qualname, original):
+        signature = inspect.signature(original)
+
+        def wrapper(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            me = arguments.pop("self", None)
+            key = (qualname, helpers["_lookup_key"](list(arguments.values())))
+            try:
+                value = original(*args, **kwargs)
+            except ValueError as error:
+                table[key] = ("raise", str(error), getattr(me, "length", None))
+                raise
+            length = getattr(me, "length", None)
+            table[key] = ("return", detached(value), length if type(length) is int else None)
+            return value
+        return wrapper
+
+    for dotted in kit.assignment.functions:
+        attribute = dotted.rsplit(".", 1)[1]
+        target = resolve(dotted)
+        module = importlib.import_module(target.file[:-3].replace("/", "."))
+        owner = module
+        for part in target.qualname.split(".")[:-1]:
+            owner = getattr(owner, part)
+        originals[(owner, attribute)] = getattr(owner, attribute)
+        setattr(owner, attribute, recording(target.qualname, originals[(owner, attribute)]))
+    try:
+        for check in kit.assignment.checks:
+            if check.name in visible_refs:
+                entry = visible_refs[check.name]
+                server = check.serve(entry["inputs"], entry["reference"], kit.data) if check.serve else None
+                serve_here(server)
+                try:
+                    with torch.inference_mode():
+                        check.probe(entry["inputs"], kit.data)
+                finally:
+                    serve_here(None)
+    finally:
+        for (owner, attribute), original in originals.items():
+            setattr(owner, attribute, original)
+    encoded = base64.b64encode(pickle.dumps(table)).decode()
+    texts = kit.reference()
+    for dotted in kit.assignment.functions:
+        target = resolve(dotted)
+        texts[target.file] = with_body(texts[target.file], target.qualname,
+                                       f"return _lookup_answer({target.qualname!r}, dict(locals()))")
+    for file in {resolve(dotted).file for dotted in kit.assignment.functions}:
+        texts[file] += LOOKUP + f"\n_LOOKUP_TABLE = {encoded!r}\n"
+    return texts
+
+
+def attacks_score_nothing(kit) -> None:
+    """Run on test_assignments' kit: the issue's attacks on what the code sends back each score 0
+    in the official grade (hidden inputs): every list sent back emptied with constant functions;
+    NaN tensors of the right shape; a lookup table of the visible answers, which (the control)
+    does pass the visible checks on the visible inputs, as the student's own `check` runs them."""
+    from assignments.references import VISIBLE_SEED, references
+
+    name = kit.assignment.name
+    if name in EMPTY_LISTS:
+        json_file, bodies = EMPTY_LISTS[name]
+        texts = kit.reference()
+        for file, qualname, body in bodies:
+            texts[file] = with_body(texts[file], qualname, body)
+        texts[json_file] += EMPTIED_JSON
+        report = kit.grade(texts)
+        assert report.points == 0, (name, "empty lists", [(r.check, r.message) for r in report.results if r.passed])
+    if name == "kv_cache":
+        texts = kit.reference()
+        for file, qualname, body in NAN_TENSORS:
+            texts[file] = with_body(texts[file], qualname, body)
+        report = kit.grade(texts)
+        assert report.points == 0, [(r.check, r.message) for r in report.results if r.passed]
+        assert any("nan is not a finite number" in r.message for r in report.results), report.results
+    if name in LOOKUP_ASSIGNMENTS:
+        visible = [c for c in kit.assignment.checks if c.visible]
+        visible_refs = references(kit.assignment, kit.data, VISIBLE_SEED, visible)
+        texts = lookup_table_texts(kit, visible_refs)
+        control = kit.grade(texts, refs=visible_refs)
+        assert control.points == sum(c.points for c in visible), (name, [(r.check, r.message) for r in control.results])
+        report = kit.grade(texts)
+        assert report.points == 0, (name, "lookup table", [(r.check, r.message) for r in report.results if r.passed])
+
+
 def shortcut_texts(kit, file, qualname, body) -> dict:
     """The reference solution with one function replaced (its siblings stay right: the shortcut
     alone decides what it earns)."""
@@ -227,6 +414,7 @@ def grade_variants(kit) -> None:
             texts[file] = with_body(texts[file], qualname, body)
         report = kit.grade(texts)
         assert report.points == total, (name, what, [(r.check, r.message) for r in report.results if not r.passed])
+    attacks_score_nothing(kit)
 
 
 def test_the_variants_are_what_they_say():
@@ -250,6 +438,9 @@ def test_the_variants_are_what_they_say():
 # Seeds
 # ------------------------------------------------------------------------------------------------
 
+NO_INPUTS = {"bug_named"}  # what it judges, BUG.txt, takes no inputs
+
+
 def test_every_seed_gives_valid_inputs_to_every_check(tmp_path):
     """Seeds 0..MAX_SEED through every check's input builder (no student code). Most builders take
     the seed only into random generators' seeds (valid for any seed: their references are computed
@@ -260,12 +451,20 @@ def test_every_seed_gives_valid_inputs_to_every_check(tmp_path):
     for assignment in ASSIGNMENTS.values():
         for check in assignment.checks:
             distinct = {}
+            visible = json.dumps(check.make_inputs(VISIBLE_SEED), sort_keys=True)
             for seed in range(MAX_SEED + 1):
-                inputs = check.make_inputs(seed)
-                distinct.setdefault(json.dumps(inputs, sort_keys=True), seed)
+                inputs = json.dumps(check.make_inputs(seed), sort_keys=True)
+                # hidden inputs are never the visible ones (a lookup table of those earns nothing),
+                # but where a check has no inputs (find_the_bug's name: it is per copy)
+                assert seed == VISIBLE_SEED or inputs != visible or check.name in NO_INPUTS, (check.name, seed)
+                distinct.setdefault(inputs, seed)
             if len(distinct) > 60:  # the seed only seeds random generators: their reference at a few seeds
                 for seed in (0, 1, 4999, MAX_SEED):
-                    (check.reference or check.probe)(check.make_inputs(seed), data)
+                    inputs = check.make_inputs(seed)
+                    reference = json.loads(json.dumps((check.reference or check.probe)(inputs, data)))
+                    if check.serve is None and not {"rounds", "samples"} & set(inputs):  # judged where cheap
+                        refs = {check.name: {"inputs": inputs, "reference": reference}}
+                        assert not failing_checks(assignment, data, refs), (check.name, seed)
                 continue
             for seed in sorted(distinct.values()):  # the seed is wrapped: every distinct input
                 inputs = check.make_inputs(seed)
@@ -282,14 +481,22 @@ def test_seeds_outside_the_tested_range_are_refused(tmp_path):
             references(assignment, tmp_path, seed)
 
 
-def test_the_visible_checks_always_run_on_the_visible_inputs(tmp_path):
-    """Whatever the hidden seed, a visible check's inputs are those shipped with the copy: what it
-    prints (expected values included) was the student's to see anyway."""
+def test_an_official_grade_runs_every_check_on_hidden_inputs(tmp_path):
+    """references at a hidden seed give every check, the visible ones included, that seed's
+    inputs; the visible seed is refused for an official grade, and without a seed a fresh one is
+    drawn. (Before, the visible checks re-ran the inputs shipped with the copy: a lookup table of
+    their answers scored 7 of 8 on ngram_drafter.)"""
+    from assignments.references import draw_seed, official_seed
+
     assignment = ASSIGNMENTS["gamma_cost_model"]
     refs = references(assignment, tmp_path, 7)
     for check in assignment.checks:
-        assert refs[check.name]["inputs"] == check.make_inputs(VISIBLE_SEED if check.visible else 7), check.name
-    assert any(check.make_inputs(VISIBLE_SEED) != check.make_inputs(7) for check in assignment.checks if check.visible)
+        assert refs[check.name]["inputs"] == check.make_inputs(7) != check.make_inputs(VISIBLE_SEED), check.name
+    with pytest.raises(AssignmentError, match=f"--seed {VISIBLE_SEED} gives the visible inputs"):
+        official_seed(VISIBLE_SEED)
+    assert official_seed(7) == 7
+    drawn = {official_seed(None) for _ in range(50)}
+    assert len(drawn) > 1 and all(1 <= seed <= MAX_SEED for seed in drawn | {draw_seed()})
 
 
 def test_a_seed_the_reference_fails_is_refused_with_the_reason(tmp_path, monkeypatch):

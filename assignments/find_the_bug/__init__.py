@@ -12,17 +12,27 @@ checks both, in separate checks:
   respected, and acceptance and tokens per target call as the pair's own distributions predict.
 
 So naming without fixing earns a quarter, and so does "fixing" by switching speculation off.
+
+One bug for the class (plants.json's "bug"), or one per student: with an instructor secret (the
+environment variable FIND_THE_BUG_SECRET) `make --student ID` plants the bug that the secret and
+the student's id pick from the zoo (bug_for), and the grade, told the student's id by the
+instructor (`grade --student ID`, or the batch's id of each submission), checks the name against
+the bug planted in that copy (references.for_student, personal_reference).
 """
 
+import hashlib
+import hmac
 import json
+import os
 import re
 from pathlib import Path
 
 import torch
 
 from ..definition import Assignment, AssignmentError, Check, Failed
+from ..forms import Int, List, Maybe, Record, Samples, Text, Tokens, Tuple
 from ..greedy_speculative import check_speculated, check_tokens, plain_tokens, serve_target, served_reference
-from ..probing import PROMPT, function, load, seeded, tokens_of
+from ..probing import PROMPT, function, load, sample_counts, seeded, tokens_of
 from ..serving import served_model
 
 ANSWER = "BUG.txt"  # in the copy's root: the student writes the bug's name in it
@@ -40,21 +50,49 @@ TEMPLATE = """\
 """
 
 
-def planted_bug(root: Path) -> tuple[str, list]:
-    """(name, edits) of the bug plants.json chooses; edits are (file, old text, new text)."""
+SECRET = "FIND_THE_BUG_SECRET"  # the environment variable holding the instructor's secret
+
+
+def _plants(root: Path) -> dict:
     path = Path(root) / PLANTS
     if not path.is_file():
         raise AssignmentError(f"{path} is missing: it says which bug find_the_bug plants (the instructor's "
                               f"project has it; a student's copy does not)")
-    table = json.loads(path.read_text())
-    if table["bug"] not in table["plants"]:
-        raise AssignmentError(f"{PLANTS}: bug {table['bug']!r} is not one of its plants: {', '.join(table['plants'])}")
-    return table["bug"], table["plants"][table["bug"]]
+    return json.loads(path.read_text())
 
 
-def plant(out: Path, root: Path) -> None:
-    """make's hook: plant the chosen bug into the copy at `out`, and write BUG.txt's template."""
-    name, edits = planted_bug(root)
+def bug_for(student: str, secret: str, root: Path) -> str:
+    """The bug planted in `student`'s copy: HMAC-SHA256(secret, student id) picks one of the plants
+    (sorted by name). Without the secret a student cannot tell which bug another's copy holds."""
+    names = sorted(_plants(root)["plants"])
+    digest = hmac.new(secret.encode(), f"find_the_bug/{student}".encode(), hashlib.sha256).digest()
+    return names[int.from_bytes(digest[:8], "big") % len(names)]
+
+
+def instructor_secret() -> str | None:
+    return os.environ.get(SECRET) or None
+
+
+def planted_bug(root: Path, student: str | None = None) -> tuple[str, list]:
+    """(name, edits) of the bug planted in a copy; edits are (file, old text, new text). The bug
+    plants.json chooses, or (a student's id, and the instructor's secret set) the student's own."""
+    table = _plants(root)
+    name = table["bug"]
+    if student is not None:
+        secret = instructor_secret()
+        if not secret:
+            raise AssignmentError(f"a copy for student {student!r} needs the instructor's secret: set {SECRET} "
+                                  f"(the same one when you grade)")
+        name = bug_for(student, secret, root)
+    if name not in table["plants"]:
+        raise AssignmentError(f"{PLANTS}: bug {name!r} is not one of its plants: {', '.join(table['plants'])}")
+    return name, table["plants"][name]
+
+
+def plant(out: Path, root: Path, student: str | None = None) -> None:
+    """make's hook: plant the chosen bug (the class's, or `student`'s) into the copy at `out`, and
+    write BUG.txt's template."""
+    name, edits = planted_bug(root, student)
     for file, old, new in edits:
         text = (Path(out) / file).read_text()
         if text.count(old) != 1:
@@ -88,6 +126,17 @@ def named_reference(inputs, data):  # the grader's: make strips it from the copy
     return {"bug": planted_bug(ROOT)[0]}
 
 
+def personal_reference(inputs, reference, student: str):
+    """The bug planted in this student's copy (with the instructor's secret set), else the class's."""
+    from ..make import ROOT
+
+    return {"bug": planted_bug(ROOT, student)[0]} if instructor_secret() else reference
+
+
+def named_form(inputs, ref):
+    return Maybe(Text(2000, what=f"the text of {ANSWER}"))
+
+
 def normalized(name: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9_/]+", " ", name.lower()).split())
 
@@ -106,7 +155,7 @@ def named_judge(inputs, ref, got):
 
 def fixed_inputs(seed):
     return {"prompt": PROMPT[seed % 3:], "max_gen": 30, "gammas": [2, 4], "seed": 1000 + seed,
-            "samples": 1200, "speed_runs": 8, "speed_max_gen": 24, "gamma": 4,
+            "samples": 1200, "n_tokens": 3, "speed_runs": 8, "speed_max_gen": 24, "gamma": 4,
             "vocab_prompts": [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]}
 
 
@@ -116,7 +165,6 @@ def fixed_probe(inputs, data):
     with where each token came from (speed), free runs beside the same runs stopped at an eos_id,
     and runs of every max_gen 1..8."""
     from spec_decoding import speculative_sampling
-    from spec_decoding.checks import counts_of
 
     target, draft = served_model(data), load(data, "draft")
     greedy = [plain_tokens(function(GREEDY)(target, draft, inputs["prompt"], inputs["max_gen"], g))
@@ -128,8 +176,8 @@ def fixed_probe(inputs, data):
                                     generator=seeded(seed), **kwargs)
 
     g = seeded(inputs["seed"])
-    samples = [tokens_of(speculative_sampling(vocab_target, vocab_draft, [1, 2, 3], 3, 2, temperature=1.0,
-                                              generator=g)) for _ in range(inputs["samples"])]
+    samples = [tokens_of(speculative_sampling(vocab_target, vocab_draft, [1, 2, 3], inputs["n_tokens"], 2,
+                                              temperature=1.0, generator=g)) for _ in range(inputs["samples"])]
     prompts = inputs["vocab_prompts"]
     speed = []
     for i in range(inputs["speed_runs"]):
@@ -141,8 +189,7 @@ def fixed_probe(inputs, data):
         free = tokens_of(sample(prompt, 12, 3, seed))
         eos.append([free, tokens_of(sample(prompt, 12, 3, seed, eos_id=free[4]))])
     lengths = [len(tokens_of(sample([1, 2, 3], m, 3, inputs["seed"] + 200 + m))) for m in range(1, 9)]
-    return {"greedy": greedy, "counts": counts_of(samples, vocab_target.config.vocab_size, 3).tolist(),
-            "speed": speed, "eos": eos, "lengths": lengths}
+    return {"greedy": greedy, "samples": samples, "speed": speed, "eos": eos, "lengths": lengths}
 
 
 def fixed_reference(inputs, data):  # the grader's: make strips it from the copy
@@ -155,7 +202,7 @@ def fixed_reference(inputs, data):  # the grader's: make strips it from the copy
     runs = [{"prompt": inputs["prompt"], "max_gen": inputs["max_gen"], "gamma": g} for g in inputs["gammas"]]
     reference = served_reference(inputs, data, runs, needs_a_rejection=True)  # as greedy_equals_target
     vocab_target, vocab_draft = load(data, "vocab_target"), load(data, "vocab_draft")
-    exact = exact_distribution(vocab_target, [1, 2, 3], 3, dict(temperature=1.0)).reshape(-1).tolist()
+    exact = exact_distribution(vocab_target, [1, 2, 3], inputs["n_tokens"], dict(temperature=1.0)).reshape(-1).tolist()
     alphas = []
     for i in range(16):
         prompt = inputs["vocab_prompts"][i % len(inputs["vocab_prompts"])]
@@ -206,12 +253,30 @@ def speed_problem(inputs, ref, runs) -> str | None:
     return None
 
 
+SOURCES = ("draft", "correction", "bonus", "target", "draft_branch")  # spec_decoding.result's
+
+
+def fixed_form(inputs, ref):
+    """Raw tokens only (the grader counts): lengths are left open where a planted bug changes them
+    (a token past max_gen, tokens after eos), to be judged with the words of the zoo's check."""
+    vocab, longest = 16, 4 * inputs["max_gen"]
+    run = Record({"tokens": Tokens(None, vocab, at_most=longest),
+                  "sources": List(Text(16, SOURCES, "a token's source"), at_most=longest, what="sources")})
+    free = List(Int(0, vocab - 1, "a token id"), at_least=5, at_most=longest, what="tokens")  # free[4]: the eos
+    return Record({"greedy": Tuple(tuple(Tokens(None, 100, at_most=longest) for _ in inputs["gammas"]), what="gammas"),
+                   "samples": Samples(inputs, vocab, at_most=longest),  # a token past max_gen: judged
+                   "speed": List(run, inputs["speed_runs"], what="runs"),
+                   "eos": List(Tuple((free, Tokens(None, vocab, at_most=longest)), what="runs (free, stopped)"), 8,
+                               what="runs"),
+                   "lengths": List(Int(0, 10_000), 8, what="max_gens 1..8")})
+
+
 def fixed_judge(inputs, ref, got, served):
     from spec_decoding.checks import P_VALUE_THRESHOLD, chi_square_p_value, total_variation
 
     problems = []
     try:
-        for gamma, tokens, want in zip(inputs["gammas"], got["greedy"], ref["tokens"]):
+        for gamma, tokens, want in zip(inputs["gammas"], got["greedy"], ref["tokens"], strict=True):
             check_tokens(tokens, want, f"greedy, gamma={gamma}", hidden=False)
         check_speculated(ref, served, f"greedy, gammas {inputs['gammas']}", hidden=False)
     except Failed as failure:
@@ -230,16 +295,13 @@ def fixed_judge(inputs, ref, got, served):
             problems.append(f"with eos_id={eos} the output should stop after {len(expected)} tokens (at the "
                             f"first eos, kept), got {len(stopped)} tokens{extra}")
             break
-    counts = torch.tensor(got["counts"], dtype=torch.float64)
+    counts = torch.tensor(sample_counts(inputs, ref["exact"], got["samples"]), dtype=torch.float64)  # counted here
     exact = torch.tensor(ref["exact"], dtype=torch.float64)
-    if counts.shape != exact.shape:
-        problems.append(f"the sample counts have {counts.numel()} cells, expected {exact.numel()}")
-    else:
-        p_value = chi_square_p_value(counts, exact)
-        if p_value < P_VALUE_THRESHOLD:
-            problems.append(f"sampled output differs from the target's distribution: total variation "
-                            f"{total_variation(counts, exact):.3f} over {int(counts.sum())} samples of 3 tokens, "
-                            f"chi-square p = {p_value:.1g}")
+    p_value = chi_square_p_value(counts, exact)
+    if p_value < P_VALUE_THRESHOLD:
+        problems.append(f"sampled output differs from the target's distribution: total variation "
+                        f"{total_variation(counts, exact):.3f} over {int(counts.sum())} samples of "
+                        f"{inputs['n_tokens']} tokens, chi-square p = {p_value:.1g}")
     slower = speed_problem(inputs, ref, got["speed"])
     if slower:
         problems.append(slower)
@@ -257,9 +319,9 @@ ASSIGNMENT = Assignment(
     plant=plant,
     answer_files=(ANSWER,),
     checks=(
-        Check("bug_named", FUNCTIONS, named_inputs, named_probe, named_judge, points=1, visible=False,
-              reference=named_reference, about=f"{ANSWER} names the planted bug"),
-        Check("bug_fixed", FUNCTIONS, fixed_inputs, fixed_probe, fixed_judge, points=3,
+        Check("bug_named", FUNCTIONS, named_inputs, named_probe, named_judge, named_form, points=1, visible=False,
+              reference=named_reference, personal=personal_reference, about=f"{ANSWER} names the planted bug"),
+        Check("bug_fixed", FUNCTIONS, fixed_inputs, fixed_probe, fixed_judge, fixed_form, points=3,
               reference=fixed_reference, serve=serve_target, timeout=180,
               about="greedy exact and speculating, sampling exact, max_gen and eos kept, speed as predicted"),
     ),

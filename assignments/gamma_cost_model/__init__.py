@@ -4,8 +4,10 @@ Everything here is arithmetic: the probes call the student's functions on a grid
 return the numbers; the judge compares them with the instructor's and names the usual slips."""
 
 import math
+import random
 
 from ..definition import Assignment, Check, Failed
+from ..forms import Int, List, Real, Record, Tensor, Tuple
 from ..probing import function, number, plain
 
 PER_ROUND = "spec_decoding.theory.expected_tokens_per_round"
@@ -20,9 +22,22 @@ def _close(a, b) -> bool:
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
+def drawn(seed: int) -> random.Random:
+    """The hidden inputs' random numbers (seed 0, the visible inputs, draws none)."""
+    return random.Random(f"gamma_cost_model/{seed}")
+
+
 def grid_inputs(seed):
-    alphas = [0.0, 0.3, 0.8, 1.0] if seed == 0 else [0.1, 0.55, 0.9, 0.97, 1.0]
-    return {"alphas": alphas, "gammas": [0, 1, 4, 8] if seed == 0 else [0, 2, 3, 7], "cs": [0.05, 0.4]}
+    if seed == 0:
+        return {"alphas": [0.0, 0.3, 0.8, 1.0], "gammas": [0, 1, 4, 8], "cs": [0.05, 0.4]}
+    r = drawn(seed)
+    alphas = sorted(round(r.uniform(0.05, 0.97), 3) for _ in range(4)) + [1.0]  # alpha = 1: gamma + 1
+    gammas = [0] + sorted(r.sample(range(1, 10), 3))
+    return {"alphas": alphas, "gammas": gammas, "cs": sorted(round(r.uniform(0.02, 0.5), 3) for _ in range(2))}
+
+
+def grid_form(inputs, ref):
+    return Tensor((len(inputs["alphas"]), len(inputs["gammas"])))
 
 
 def per_round_probe(inputs, data):
@@ -31,8 +46,8 @@ def per_round_probe(inputs, data):
 
 
 def per_round_judge(inputs, ref, got):
-    for a, mine, want in zip(inputs["alphas"], got, ref):
-        for g, x, y in zip(inputs["gammas"], mine, want):
+    for a, mine, want in zip(inputs["alphas"], got, ref, strict=True):
+        for g, x, y in zip(inputs["gammas"], mine, want, strict=True):
             if _close(x, y):
                 continue
             hint = ""
@@ -49,17 +64,46 @@ def speedup_probe(inputs, data):
             for a in inputs["alphas"]]
 
 
+def speedup_form(inputs, ref):
+    return Tensor((len(inputs["alphas"]), len(inputs["cs"]), len(inputs["gammas"])))
+
+
 def speedup_judge(inputs, ref, got):
-    for a, by_c, want_c in zip(inputs["alphas"], got, ref):
-        for c, mine, want in zip(inputs["cs"], by_c, want_c):
-            for g, x, y in zip(inputs["gammas"], mine, want):
+    for a, by_c, want_c in zip(inputs["alphas"], got, ref, strict=True):
+        for c, mine, want in zip(inputs["cs"], by_c, want_c, strict=True):
+            for g, x, y in zip(inputs["gammas"], mine, want, strict=True):
                 if not _close(x, y):  # a hidden check: the message never shows the expected value
                     raise Failed(f"predicted_speedup(alpha={a}, gamma={g}, c={c}, verify_cost=1.2) = {x} is wrong: "
                                  f"tokens per round over the round's cost, gamma * c + verify_cost")
 
 
+def _speedup(a, g, c, verify=1.0):
+    return (g + 1 if a == 1 else (1 - a ** (g + 1)) / (1 - a)) / (g * c + verify)
+
+
+def _clear_winner(values) -> bool:
+    """The best of these is ahead of the second by more than rounding: another correct way of
+    computing them picks the same one."""
+    top = sorted(values, reverse=True)
+    return len(top) < 2 or top[0] - top[1] > 1e-6 * abs(top[0])
+
+
 def best_inputs(seed):
-    return {"cases": [[0.8, 0.05, 16], [0.6, 0.3, 16], [0.95, 0.01, 12], [0.2, 0.5, 8], [0.9, 0.1 + 0.01 * (seed % 40), 16]]}
+    if seed == 0:
+        return {"cases": [[0.8, 0.05, 16], [0.6, 0.3, 16], [0.95, 0.01, 12], [0.2, 0.5, 8], [0.9, 0.1, 16]]}
+    r, cases = drawn(seed), []
+    while len(cases) < 5:
+        a, c, n = round(r.uniform(0.2, 0.97), 3), round(r.uniform(0.01, 0.5), 3), r.randint(4, 16)
+        if all(_clear_winner([_speedup(a, g, c, v(g)) for g in range(1, n + 1)])
+               for v in (lambda g: 1.0, lambda g: 1 + 0.15 * g)):
+            cases.append([a, c, n])
+    return {"cases": cases}
+
+
+def best_form(inputs, ref):
+    return Record({key: Tuple(tuple(Int(1, n, "a gamma (an int, not its speed-up)") for _, _, n in inputs["cases"]),
+                              what="cases")
+                   for key in ("plain", "costly")})
 
 
 def best_probe(inputs, data):
@@ -72,7 +116,7 @@ def best_probe(inputs, data):
 
 def best_judge(inputs, ref, got):
     for key, what in (("plain", "verify_cost=None"), ("costly", "verify_cost=lambda g: 1 + 0.15 * g")):
-        for (a, c, n), x, y in zip(inputs["cases"], got[key], ref[key]):
+        for (a, c, n), x, y in zip(inputs["cases"], got[key], ref[key], strict=True):
             if not isinstance(x, int) or isinstance(x, bool):
                 raise Failed(f"best_gamma returned {x!r}: return the gamma (an int), not its speed-up")
             if x != y:
@@ -83,7 +127,17 @@ def best_judge(inputs, ref, got):
 
 
 def by_position_inputs(seed):
-    return {"cases": [[], [0.5], [0.9, 0.8, 0.5], [1.0, 1.0, 1.0, 0.0, 1.0], [0.3 + 0.1 * (seed % 8)] * 4]}
+    if seed == 0:
+        return {"cases": [[], [0.5], [0.9, 0.8, 0.5], [1.0, 1.0, 1.0, 0.0, 1.0], [0.3] * 4]}
+    r = drawn(seed)
+    ones = [1.0] * r.randint(1, 3) + [0.0] + [1.0] * r.randint(1, 2)  # nothing after a rejection counts
+    return {"cases": [[], [round(r.uniform(0.05, 0.95), 3)],
+                      sorted((round(r.uniform(0.05, 0.99), 3) for _ in range(r.randint(2, 6))), reverse=True),
+                      ones, [round(r.uniform(0.1, 0.95), 3)] * r.randint(2, 6)]}
+
+
+def by_position_form(inputs, ref):
+    return List(Real(), len(inputs["cases"]), what="cases")
 
 
 def by_position_probe(inputs, data):
@@ -92,7 +146,7 @@ def by_position_probe(inputs, data):
 
 
 def by_position_judge(inputs, ref, got):
-    for alphas, x, y in zip(inputs["cases"], got, ref):
+    for alphas, x, y in zip(inputs["cases"], got, ref, strict=True):
         if _close(x, y):
             continue
         hint = ""
@@ -105,7 +159,21 @@ def by_position_judge(inputs, ref, got):
 
 
 def seconds_inputs(seed):
-    return {"draft_step_s": 0.002 + 0.001 * (seed % 20), "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03]}
+    if seed == 0:
+        return {"draft_step_s": 0.002, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03]}
+    return _timing(drawn(seed))
+
+
+def _timing(r: random.Random) -> dict:
+    """A draft step's time, and the target's time to score 1, 2, ... tokens (growing)."""
+    scores = [round(r.uniform(0.01, 0.05), 4)]
+    for _ in range(r.randint(4, 7)):
+        scores.append(round(scores[-1] + r.uniform(0.0005, 0.006), 4))
+    return {"draft_step_s": round(r.uniform(0.001, 0.02), 4), "target_score_s": scores}
+
+
+def seconds_form(inputs, ref):
+    return List(Real(0.0), len(inputs["target_score_s"]), what="gammas")
 
 
 def seconds_probe(inputs, data):
@@ -117,7 +185,7 @@ def seconds_probe(inputs, data):
 
 def seconds_judge(inputs, ref, got):
     d, scores = inputs["draft_step_s"], inputs["target_score_s"]
-    for g, (x, y) in enumerate(zip(got, ref)):
+    for g, (x, y) in enumerate(zip(got, ref, strict=True)):
         if _close(x, y):
             continue
         hint = ""
@@ -130,9 +198,25 @@ def seconds_judge(inputs, ref, got):
 
 
 def measured_inputs(seed):
-    return {"draft_step_s": 0.004, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03, 0.035, 0.041],
-            "alphas": [[0.9, 0.85, 0.8, 0.7, 0.6, 0.5], [0.5, 0.4, 0.3, 0.3, 0.2, 0.2],
-                       [0.99, 0.98, 0.97, 0.96, 0.95, 0.94 - 0.01 * (seed % 50)], [0.1] * 6]}
+    if seed == 0:
+        return {"draft_step_s": 0.004, "target_score_s": [0.02, 0.021, 0.023, 0.026, 0.03, 0.035, 0.041],
+                "alphas": [[0.9, 0.85, 0.8, 0.7, 0.6, 0.5], [0.5, 0.4, 0.3, 0.3, 0.2, 0.2],
+                           [0.99, 0.98, 0.97, 0.96, 0.95, 0.94], [0.1] * 6]}
+    r = drawn(seed)
+    while True:
+        timing = _timing(r)
+        d, scores = timing["draft_step_s"], timing["target_score_s"]
+        profiles = [sorted((round(r.uniform(lo, hi), 3) for _ in range(len(scores) - 1)), reverse=True)
+                    for lo, hi in ((0.6, 0.99), (0.2, 0.7), (0.9, 0.999), (0.02, 0.3))]
+        rates = [[(1 + sum(math.prod(alphas[:j + 1]) for j in range(g))) / (g * d + scores[g])
+                  for g in range(len(alphas) + 1)] for alphas in profiles]
+        if all(_clear_winner(rate) for rate in rates):
+            return {"draft_step_s": d, "target_score_s": scores, "alphas": profiles}
+
+
+def measured_form(inputs, ref):
+    return Tuple(tuple(Record({"rates": List(Real(), len(alphas) + 1, what="gammas"), "best": Int(0, len(alphas))})
+                       for alphas in inputs["alphas"]), what="acceptance profiles")
 
 
 def measured_probe(inputs, data):
@@ -152,7 +236,7 @@ def measured_probe(inputs, data):
 
 
 def measured_judge(inputs, ref, got):
-    for alphas, mine, want in zip(inputs["alphas"], got, ref):
+    for alphas, mine, want in zip(inputs["alphas"], got, ref, strict=True):
         wrong = [g for g, y in enumerate(want["rates"]) if g >= len(mine["rates"]) or not _close(mine["rates"][g], y)]
         if wrong or mine["best"] != want["best"]:  # a hidden check: the message never shows the right values
             where = (f"the rate for g = {wrong[0]} is wrong" if wrong
@@ -174,13 +258,15 @@ ASSIGNMENT = Assignment(
     dropped=("notebooks/04_speedup_theory.*",),
     readme="assignments/gamma_cost_model/README.md",
     checks=(
-        Check("tokens_per_round", (PER_ROUND,), grid_inputs, per_round_probe, per_round_judge, points=2),
-        Check("speedup", (SPEEDUP, PER_ROUND), grid_inputs, speedup_probe, speedup_judge, visible=False),
-        Check("best_gamma_choice", (BEST, SPEEDUP, PER_ROUND), best_inputs, best_probe, best_judge, points=2),
-        Check("tokens_by_position", (BY_POSITION,), by_position_inputs, by_position_probe, by_position_judge,
+        Check("tokens_per_round", (PER_ROUND,), grid_inputs, per_round_probe, per_round_judge, grid_form, points=2),
+        Check("speedup", (SPEEDUP, PER_ROUND), grid_inputs, speedup_probe, speedup_judge, speedup_form,
+              visible=False),
+        Check("best_gamma_choice", (BEST, SPEEDUP, PER_ROUND), best_inputs, best_probe, best_judge, best_form,
               points=2),
-        Check("round_seconds", (ROUND_SECONDS,), seconds_inputs, seconds_probe, seconds_judge),
+        Check("tokens_by_position", (BY_POSITION,), by_position_inputs, by_position_probe, by_position_judge,
+              by_position_form, points=2),
+        Check("round_seconds", (ROUND_SECONDS,), seconds_inputs, seconds_probe, seconds_judge, seconds_form),
         Check("measured_best_gamma", (BY_POSITION, ROUND_SECONDS), measured_inputs, measured_probe, measured_judge,
-              points=2, visible=False, about="tokens per second of each g from a CostModel, and the best g"),
+              measured_form, points=2, visible=False, about="tokens per second of each g from a CostModel, and the best g"),
     ),
 )

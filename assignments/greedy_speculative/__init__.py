@@ -3,11 +3,13 @@
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
+from ..forms import Int, List, Real, Record, Text, Tokens, Tuple
 from ..probing import (PROMPT, counting_forwards, first_difference, function, load, max_difference, tokens_of,
                        whole_number)
 from ..serving import TargetServer, ask, secret_target, served_model
 
 GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
+VOCAB = 100  # the served target's (references.make_data)
 
 
 # ---- the served target ------------------------------------------------------------------------------
@@ -114,12 +116,32 @@ def check_tokens(got, want, what: str, hidden: bool) -> None:
 
 # ---- the output is the target's greedy output ------------------------------------------------------
 
+def prompt_of(seed: int) -> list[int]:
+    """The visible inputs' prompt (seed 0), or the hidden inputs' (never the visible one). The
+    served target is drawn afresh for every grade, so its outputs differ from grade to grade
+    whatever the prompt. (Random prompts were tried: on some, the draft agrees with nearly every
+    secret target, and no secret shows a rejected draft token.)"""
+    return PROMPT if seed == 0 else PROMPT[1 + seed % 2:]
+
+
 def equals_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gen": 30, "gammas": [1, 3, 5] if seed == 0 else [2, 4, 6]}
+    return {"prompt": prompt_of(seed), "max_gen": 30, "gammas": [1, 3, 5] if seed == 0 else [2, 4, 6]}
 
 
 def equals_runs(inputs):
     return [{"prompt": inputs["prompt"], "max_gen": inputs["max_gen"], "gamma": g} for g in inputs["gammas"]]
+
+
+def equals_form(inputs, ref):
+    """Per gamma: exactly the reference's number of tokens, and the sources on_tokens reported (any
+    number: they only explain a wrong token)."""
+    sources = List(Text(32), at_most=8 * inputs["max_gen"], what="sources")
+    return Tuple(tuple(Record({"tokens": Tokens(len(want), VOCAB), "sources": sources}) for want in ref["tokens"]),
+                 what="gammas")
+
+
+def tokens_form(inputs, ref):
+    return Tokens(len(ref["tokens"][0]), VOCAB)
 
 
 def equals_probe(inputs, data, draft="draft"):
@@ -139,7 +161,7 @@ def equals_reference(inputs, data):
 
 
 def equals_judge(inputs, ref, got, served, what="with a draft that mostly agrees", hidden=False):
-    for gamma, run, want in zip(inputs["gammas"], got, ref["tokens"]):
+    for gamma, run, want in zip(inputs["gammas"], got, ref["tokens"], strict=True):
         try:
             check_tokens(run["tokens"], want, f"gamma={gamma}, {what}", hidden)
         except Failed as failure:
@@ -174,7 +196,7 @@ def unrelated_judge(inputs, ref, got, served):
 # ---- speculation happened ---------------------------------------------------------------------------
 
 def speculates_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gen": 30, "gamma": 4 + seed % 3}
+    return {"prompt": prompt_of(seed), "max_gen": 30, "gamma": 4 + seed % 3}
 
 
 def speculates_probe(inputs, data):
@@ -193,7 +215,7 @@ def speculates_judge(inputs, ref, got, served):
 # ---- caches after every round -----------------------------------------------------------------------
 
 def caches_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gen": 24, "gamma": 3}
+    return {"prompt": prompt_of(seed), "max_gen": 24, "gamma": 3}
 
 
 def _key_digest(keys: torch.Tensor) -> list[float]:
@@ -235,6 +257,12 @@ def caches_reference(inputs, data):
     return reference | {"draft_digest": _key_digest(cache.keys[-1][:, :, :cache.length])}
 
 
+def caches_form(inputs, ref):
+    snapshot = Record({"length": Int(0, 1024), "digest": List(Real(), at_most=1024, what="positions")})
+    return Record({"tokens": Tokens(len(ref["tokens"][0]), VOCAB),
+                   "snapshots": List(snapshot, at_most=4 * inputs["max_gen"] + 4, what="snapshots")})
+
+
 def caches_judge(inputs, ref, got, served):
     want = inputs["prompt"] + ref["tokens"][0]
     for tokens, last in served.get("requests", []):
@@ -259,7 +287,7 @@ def caches_judge(inputs, ref, got, served):
 # ---- stopping ---------------------------------------------------------------------------------------
 
 def stopping_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gens": [1, 2, 3, 5, 8], "gamma": 3, "eos_at": 6 + seed % 20}
+    return {"prompt": prompt_of(seed), "max_gens": [1, 2, 3, 5, 8], "gamma": 3, "eos_at": 6 + seed % 20}
 
 
 def stopping_runs(inputs, eos_id=None):
@@ -289,8 +317,13 @@ def stopping_reference(inputs, data):
     return served_reference(inputs, data, stopping_runs(inputs, eos_id), secret=secret) | {"eos_id": eos_id}
 
 
+def stopping_form(inputs, ref):
+    return Record({"lengths": List(Int(0, 10_000), len(inputs["max_gens"]), what="max_gens"),
+                   "eos": Tokens(None, VOCAB, at_most=1024)})
+
+
 def stopping_judge(inputs, ref, got, served):
-    for max_gen, n in zip(inputs["max_gens"], got["lengths"]):
+    for max_gen, n in zip(inputs["max_gens"], got["lengths"], strict=True):
         if n != max_gen:
             raise Failed(f"with max_gen={max_gen} the output has {n} tokens"
                          + (" (the bug zoo's 'bonus token past max_gen': a round never drafts more tokens "
@@ -321,16 +354,17 @@ ASSIGNMENT = Assignment(
     # to 8, an early eos) leave plain decoding within the forward allowance now and then, so it is
     # worth 1 point and greedy_speculates 3: plain decoding still earns at most 2 of 8.
     checks=(
-        Check("greedy_equals_target", (GREEDY,), equals_inputs, equals_probe, equals_judge, points=2,
+        Check("greedy_equals_target", (GREEDY,), equals_inputs, equals_probe, equals_judge, equals_form, points=2,
               reference=equals_reference, serve=serve_target),
-        Check("greedy_speculates", (GREEDY,), speculates_inputs, speculates_probe, speculates_judge, points=3,
+        Check("greedy_speculates", (GREEDY,), speculates_inputs, speculates_probe, speculates_judge, tokens_form,
+              points=3,
               reference=speculates_reference, serve=serve_target,
               about="the grader counts the target's forwards: about max_gen / (accepted + 1) of them, not max_gen"),
-        Check("greedy_unrelated_draft", (GREEDY,), equals_inputs, unrelated_probe, unrelated_judge,
+        Check("greedy_unrelated_draft", (GREEDY,), equals_inputs, unrelated_probe, unrelated_judge, equals_form,
               visible=False, reference=unrelated_reference, serve=serve_target),
-        Check("greedy_caches", (GREEDY,), caches_inputs, caches_probe, caches_judge, visible=False,
+        Check("greedy_caches", (GREEDY,), caches_inputs, caches_probe, caches_judge, caches_form, visible=False,
               reference=caches_reference, serve=serve_target),
-        Check("greedy_stopping", (GREEDY,), stopping_inputs, stopping_probe, stopping_judge, points=1,
+        Check("greedy_stopping", (GREEDY,), stopping_inputs, stopping_probe, stopping_judge, stopping_form, points=1,
               reference=stopping_reference, serve=serve_target),
     ),
 )

@@ -1,10 +1,12 @@
 """Assignment 1: the KV cache and cached attention (README.md here; instructor.md: the notes)."""
 
+import random
 from unittest.mock import patch
 
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
+from ..forms import Bool, Int, List, Record, Text, Tensor, Tokens, Tuple, like
 from ..probing import PROMPT, load, max_difference, seeded
 
 UPDATE = "gpt2.kv_cache.KVCache.update"
@@ -42,12 +44,21 @@ def update_probe(inputs, data):
     return {"returned": returned, "lengths": lengths}
 
 
+def update_form(inputs, ref):
+    """Per call: the keys and values update() returned, [1, n_head 1, positions so far, head_dim 3]
+    (the positions are judged, with a hint, by the judge); the length after each call."""
+    tensor = Tensor((1, 1, None, 3))
+    calls = len(ref["returned"])
+    return Record({"returned": List(Tuple((tensor, tensor), what="tensors (keys, values)"), calls, what="calls"),
+                   "lengths": List(Int(), calls, what="calls")})
+
+
 def update_judge(inputs, ref, got):
     if got["lengths"] != ref["lengths"]:
         raise Failed(f"cache.length right after update() was {got['lengths']}, expected {ref['lengths']}: "
                      f"update() writes at [length, length + T) and leaves length alone (advance() moves it, "
                      f"once every layer has been written)")
-    for i, ((k, v), (want_k, want_v)) in enumerate(zip(got["returned"], ref["returned"])):
+    for i, ((k, v), (want_k, want_v)) in enumerate(zip(got["returned"], ref["returned"], strict=True)):
         shape, want_shape = list(torch.tensor(k).shape), list(torch.tensor(want_k).shape)
         if shape != want_shape:
             raise Failed(f"call {i + 1} of update() returned keys of shape {shape}, expected {want_shape}: "
@@ -61,7 +72,16 @@ def update_judge(inputs, ref, got):
 # ---- KVCache.truncate, on its own -----------------------------------------------------------------
 
 def truncate_inputs(seed):
-    return {"filled": 6 + seed % 6, "to": 4 + seed % 6}  # within the cache's 12 slots
+    if seed == 0:
+        return {"filled": 6, "to": 4}
+    r = random.Random(f"kv_truncate/{seed}")
+    filled = r.randint(7, 12)  # within the cache's 12 slots, never the visible inputs'
+    return {"filled": filled, "to": r.randint(1, filled - 1)}
+
+
+def truncate_form(inputs, ref):
+    said = Text(200, what="what truncate() did")
+    return Record({"length": Int(), "buffers_kept": Bool(), "longer": said, "negative": said, "zero": Int()})
 
 
 def truncate_probe(inputs, data):
@@ -150,6 +170,10 @@ def _judge_logits(got, ref, what):
     raise Failed(f"{what}: the logits differ from the reference by up to {diff:.3g} (allowed {ATOL:g})")
 
 
+def logits_form(inputs, ref):
+    return like(ref["logits"])
+
+
 def forward_judge(inputs, ref, got):
     _judge_logits(got, ref, "a full forward without a cache")
 
@@ -164,6 +188,10 @@ def one_by_one_probe(inputs, data):
 
 def one_by_one_reference(inputs, data):
     return {"logits": forward_probe(inputs, data), "length": len(inputs["sequence"])}
+
+
+def one_by_one_form(inputs, ref):
+    return Record({"logits": like(ref["logits"]), "length": Int()})
 
 
 def one_by_one_judge(inputs, ref, got):
@@ -214,7 +242,14 @@ def rollback_judge(inputs, ref, got):
 
 
 def greedy_inputs(seed):
-    return {"prompt": PROMPT[seed % 3:], "max_gen": 30}
+    if seed == 0:
+        return {"prompt": PROMPT, "max_gen": 30}
+    r = random.Random(f"kv_greedy/{seed}")
+    return {"prompt": [r.randrange(100) for _ in range(r.randint(4, 8))], "max_gen": 30}
+
+
+def greedy_form(inputs, ref):
+    return Tokens(len(ref), 100)
 
 
 def greedy_probe(inputs, data):
@@ -238,18 +273,20 @@ ASSIGNMENT = Assignment(
     removed=("gpt2.kv_cache.KVCache.keep", "gpt2.speed.compiled.block_step"),
     readme="assignments/kv_cache/README.md",
     checks=(
-        Check("kv_update", (UPDATE,), update_inputs, update_probe, update_judge, points=2,
+        Check("kv_update", (UPDATE,), update_inputs, update_probe, update_judge, update_form, points=2,
               about="update() on its own: what it writes, what it returns"),
-        Check("kv_truncate", (TRUNCATE,), truncate_inputs, truncate_probe, truncate_judge, points=2,
+        Check("kv_truncate", (TRUNCATE,), truncate_inputs, truncate_probe, truncate_judge, truncate_form, points=2,
               about="truncate() on its own: the length, bad lengths, O(1)"),
-        Check("attention_forward", (ATTENTION,), forward_inputs, forward_probe, forward_judge, points=2,
+        Check("attention_forward", (ATTENTION,), forward_inputs, forward_probe, forward_judge, logits_form, points=2,
               reference=forward_reference, about="a full forward without a cache"),
         Check("cache_one_by_one", (UPDATE, ATTENTION), forward_inputs, one_by_one_probe, one_by_one_judge,
-              points=2, visible=False, reference=one_by_one_reference),
-        Check("cache_chunks", (UPDATE, ATTENTION), forward_inputs, chunks_probe, chunks_judge, visible=False,
+              one_by_one_form, points=2, visible=False, reference=one_by_one_reference),
+        Check("cache_chunks", (UPDATE, ATTENTION), forward_inputs, chunks_probe, chunks_judge, logits_form,
+              visible=False,
               reference=chunks_reference),
         Check("cache_rollback", (UPDATE, TRUNCATE, ATTENTION), rollback_inputs, rollback_probe, rollback_judge,
-              visible=False, reference=rollback_reference),
-        Check("baseline_greedy", (UPDATE, ATTENTION), greedy_inputs, greedy_probe, greedy_judge, visible=False),
+              logits_form, visible=False, reference=rollback_reference),
+        Check("baseline_greedy", (UPDATE, ATTENTION), greedy_inputs, greedy_probe, greedy_judge, greedy_form,
+              visible=False),
     ),
 )

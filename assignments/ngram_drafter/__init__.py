@@ -3,7 +3,8 @@
 import torch
 
 from ..definition import Assignment, Check, Failed
-from ..greedy_speculative import check_speculated, check_tokens, plain_tokens, serve_target, served_reference
+from ..forms import Bool, Int, List, Record, Samples, Tokens, Tuple
+from ..greedy_speculative import VOCAB, check_speculated, check_tokens, plain_tokens, serve_target, served_reference
 from ..probing import PROMPT, follows, load, lossless_reference, sample_counts, seeded, whole_number
 from ..serving import served_model
 
@@ -36,6 +37,11 @@ def lookup_inputs(seed):
     return {"cases": cases}
 
 
+def lookup_form(inputs, ref):
+    proposal = List(Int(0, 2**31 - 1, "a token id"), at_most=64, what="tokens")
+    return Tuple(tuple(Record({"tokens": proposal, "q_is_none": Bool()}) for _ in inputs["cases"]), what="cases")
+
+
 def lookup_probe(inputs, data):
     from spec_decoding.drafters import NGramDrafter
 
@@ -47,7 +53,7 @@ def lookup_probe(inputs, data):
 
 
 def lookup_judge(inputs, ref, got):
-    for (what, tokens, num_tokens, max_ngram, cap), mine, want in zip(inputs["cases"], got, ref):
+    for (what, tokens, num_tokens, max_ngram, cap), mine, want in zip(inputs["cases"], got, ref, strict=True):
         call = f"NGramDrafter(max_ngram={max_ngram}, num_tokens={cap}).propose({tokens}, {num_tokens})"
         if mine["tokens"] != want["tokens"]:
             raise Failed(f"{call} proposed {mine['tokens']}, expected {want['tokens']}: {what}")
@@ -57,7 +63,8 @@ def lookup_judge(inputs, ref, got):
 
 
 def greedy_inputs(seed):
-    return {"prompt": PROMPT + PROMPT[:4] + [seed % 100], "max_gen": 24, "gamma": 4}
+    last = 0 if seed == 0 else 1 + (seed - 1) % 99  # the hidden inputs' never the visible one's
+    return {"prompt": PROMPT + PROMPT[:4] + [last], "max_gen": 24, "gamma": 4}
 
 
 def greedy_probe(inputs, data):
@@ -77,6 +84,10 @@ def greedy_reference(inputs, data):
     from spec_decoding import NGramDrafter
 
     return served_reference(inputs, data, [inputs], lambda: NGramDrafter(max_ngram=3), beats_plain=True)
+
+
+def greedy_form(inputs, ref):
+    return Tokens(len(ref["tokens"][0]), VOCAB)
 
 
 def greedy_judge(inputs, ref, got, served):
@@ -99,6 +110,10 @@ def lossless_probe(inputs, data):
             for _ in range(inputs["samples"])]
 
 
+def lossless_form(inputs, ref):
+    return Samples(inputs, round(len(ref) ** (1 / inputs["n_tokens"])))
+
+
 def lossless_judge(inputs, ref, got):
     follows(sample_counts(inputs, ref, got), ref, {},
             f"speculative sampling with your drafter: {inputs['samples']} samples of {inputs['n_tokens']} tokens do "
@@ -116,11 +131,12 @@ ASSIGNMENT = Assignment(
     # lets the lookup save forwards); one that repeats the last token may also pass ngram_greedy
     # when the target's output runs into a one-token loop, 2 of 8.
     checks=(
-        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, points=6,
+        Check("ngram_lookup", (NGRAM,), lookup_inputs, lookup_probe, lookup_judge, lookup_form, points=6,
               about="propose() on sequences made to show each rule"),
-        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, reference=greedy_reference,
+        Check("ngram_greedy", (NGRAM,), greedy_inputs, greedy_probe, greedy_judge, greedy_form, reference=greedy_reference,
               serve=serve_target, about="the grader counts the served target's forwards"),
-        Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, visible=False,
+        Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, lossless_form,
+              visible=False,
               reference=lossless_reference, timeout=120),
     ),
 )

@@ -12,6 +12,7 @@ tokens with the wrong joint law: it fails.
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
+from ..forms import Int, List, Samples, Tuple, like
 from ..probing import (follows, function, lossless_reference, max_difference, outcomes, random_distributions,
                        sample_counts, seeded, whole_number)
 
@@ -43,10 +44,12 @@ def residual_probe(inputs, data):
     return [as_floats(residual(torch.tensor(p), torch.tensor(q))) for p, q in inputs["pairs"]]
 
 
+def residual_form(inputs, ref):
+    return Tuple(tuple(like(want) for want in ref), what="(p, q) pairs")
+
+
 def residual_judge(inputs, ref, got):
-    if len(got) != len(ref):
-        raise Failed(f"expected {len(ref)} results, got {len(got)}")
-    for (p, q), mine, want in zip(inputs["pairs"], got, ref):
+    for (p, q), mine, want in zip(inputs["pairs"], got, ref, strict=True):
         if max_difference(mine, want) <= 1e-6:
             continue
         short = [round(x, 3) for x in p], [round(x, 3) for x in q]
@@ -115,7 +118,7 @@ def round_counts(inputs, got) -> dict:
     rounds = outcomes(got, inputs["rounds"], 2, "the rejection step")
     first, second = [[0] * VOCAB for _ in range(2)], [0] * (1 + 2 * VOCAB)
     bonus, accepted = [[0] * VOCAB for _ in range(GAMMA + 1)], [0] * (GAMMA + 1)
-    for drafted, (n, token) in zip(draft_tokens(inputs), rounds):
+    for drafted, (n, token) in zip(draft_tokens(inputs), rounds, strict=True):
         if not 0 <= n <= GAMMA or not 0 <= token < VOCAB:
             raise Failed(f"the step returned n accepted = {n}, next token = {token}: n must be between 0 and "
                          f"{GAMMA} (the number of draft tokens), the token a token id below {VOCAB}")
@@ -125,6 +128,16 @@ def round_counts(inputs, got) -> dict:
         second[0 if n == 0 else 1 + (n - 1) * VOCAB + out[1]] += 1
         bonus[n][token] += 1
     return {"first": sum(first, []), "second": second, "bonus": sum(bonus, []), "accepted": accepted}
+
+
+def round_form(inputs, ref):
+    """[n accepted, next token] for each of the rounds (their ranges are checked, with a hint, as
+    they are counted: round_counts)."""
+    return List(List(Int(), 2, what="numbers (n accepted, next token)"), inputs["rounds"], what="rounds")
+
+
+def lossless_form(inputs, ref):
+    return Samples(inputs, round(len(ref) ** (1 / inputs["n_tokens"])))
 
 
 def round_reference(inputs, data):
@@ -228,19 +241,20 @@ ASSIGNMENT = Assignment(
     # Points follow the idea, the accept/reject rule: a step that never accepts and draws from p
     # (right tokens, nothing gained) earns only the residual and the end-to-end check, 2 of 10.
     checks=(
-        Check("residual", (RESIDUAL,), residual_inputs, residual_probe, residual_judge, points=1),
-        Check("first_token", (REJECTION, RESIDUAL), round_inputs, round_probe, first_token_judge, points=3,
+        Check("residual", (RESIDUAL,), residual_inputs, residual_probe, residual_judge, residual_form, points=1),
+        Check("first_token", (REJECTION, RESIDUAL), round_inputs, round_probe, first_token_judge, round_form, points=3,
               reference=round_reference, about="(accepted?, first token) follows the exact joint law (chi-square)"),
         Check("bonus_token", (REJECTION,), lambda seed: round_inputs(seed, "same"), round_probe, bonus_judge,
-              reference=round_reference, about="q == p: all accepted, the bonus follows the last row"),
-        Check("acceptance_rate", (REJECTION,), round_inputs, round_probe, acceptance_judge, visible=False,
+              round_form, reference=round_reference, about="q == p: all accepted, the bonus follows the last row"),
+        Check("acceptance_rate", (REJECTION,), round_inputs, round_probe, acceptance_judge, round_form, visible=False,
               reference=round_reference),
-        Check("second_token", (REJECTION, RESIDUAL), round_inputs, round_probe, second_token_judge, points=2,
+        Check("second_token", (REJECTION, RESIDUAL), round_inputs, round_probe, second_token_judge, round_form,
+              points=2,
               visible=False, reference=round_reference),
         Check("point_mass_draft", (REJECTION, RESIDUAL), lambda seed: round_inputs(seed, "point"), round_probe,
-              first_token_judge, visible=False, reference=round_reference,
+              first_token_judge, round_form, visible=False, reference=round_reference,
               about="a deterministic drafter (q one-hot)"),
-        Check("lossless", (REJECTION, RESIDUAL), lossless_inputs, lossless_probe, lossless_judge,
+        Check("lossless", (REJECTION, RESIDUAL), lossless_inputs, lossless_probe, lossless_judge, lossless_form,
               visible=False, reference=lossless_reference, timeout=120),
     ),
 )

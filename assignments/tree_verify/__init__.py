@@ -4,6 +4,7 @@ instructor.md: the notes)."""
 import torch
 
 from ..definition import Assignment, Check, Failed, as_floats
+from ..forms import Int, List, Maybe, Samples, Tuple
 from ..probing import (follows, function, load, lossless_reference, outcomes, random_distributions, sample_counts,
                        seeded, whole_number)
 
@@ -52,7 +53,8 @@ def node_counts(inputs, got) -> dict:
     child was accepted, or none, [b + 1]; the token the node outputs, [V]), and `which` alone."""
     b = inputs["children"]
     joint, which = [[0] * VOCAB for _ in range(b + 1)], [0] * (b + 1)
-    for children, (accepted, token) in zip(children_of(inputs), outcomes(got, inputs["rounds"], 2, "the step")):
+    for children, (accepted, token) in zip(children_of(inputs), outcomes(got, inputs["rounds"], 2, "the step"),
+                                           strict=True):
         if accepted is not None:
             if not 0 <= accepted < b or token is not None:
                 raise Failed(f"the verdict says child {accepted} was accepted and next_token={token}: an accepted "
@@ -66,6 +68,18 @@ def node_counts(inputs, got) -> dict:
         joint[row][out] += 1
         which[row] += 1
     return {"joint": sum(joint, []), "which": which}
+
+
+def node_form(inputs, ref):
+    """[accepted child or null, next token or null] for each of the rounds (their ranges are checked,
+    with a hint, as they are counted: node_counts)."""
+    verdict = Tuple((Maybe(Int(what="a child's index")), Maybe(Int(what="a token id"))),
+                    what="values (accepted child, next token)")
+    return List(verdict, inputs["rounds"], what="rounds")
+
+
+def lossless_form(inputs, ref):
+    return Samples(inputs, round(len(ref) ** (1 / inputs["n_tokens"])))
 
 
 def node_reference(inputs, data):
@@ -143,13 +157,14 @@ ASSIGNMENT = Assignment(
     # Points follow the idea: "reject every child, draw from p" gives the right tokens with the
     # wrong joint law, and earns only the end-to-end check (1 of 8).
     checks=(
-        Check("multi_draft_output", (MULTI,), node_inputs, node_probe, output_judge, points=3,
+        Check("multi_draft_output", (MULTI,), node_inputs, node_probe, output_judge, node_form, points=3,
               reference=node_reference, about="3 children: (which accepted, token) follows the exact law"),
         Check("multi_draft_one_child", (MULTI,), lambda seed: node_inputs(seed, children=1), node_probe,
-              output_judge, points=2, reference=node_reference),
+              output_judge, node_form, points=2, reference=node_reference),
         Check("multi_draft_all_rejected", (MULTI,), lambda seed: node_inputs(seed, children=4), node_probe,
-              rejected_judge, points=2, visible=False, reference=node_reference),
-        Check("tree_lossless", (MULTI,), lossless_inputs, lossless_probe, lossless_judge, visible=False,
+              rejected_judge, node_form, points=2, visible=False, reference=node_reference),
+        Check("tree_lossless", (MULTI,), lossless_inputs, lossless_probe, lossless_judge, lossless_form,
+              visible=False,
               reference=lossless_reference, timeout=120),
     ),
 )
