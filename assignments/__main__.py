@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .definition import AssignmentError
+from .printable import printable
 from .registry import ASSIGNMENTS
 from .sandbox import LEVELS
 
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except AssignmentError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable(error)}", file=sys.stderr)  # it may name a submitted file
         return 2
 
 

@@ -646,13 +646,14 @@ class Sandbox:
         """The folder a submission's code runs in: a copy of the stripped copy `pristine` with the
         student's files put in, readable (not writable) by the sandbox user."""
         from .make import IGNORE
+        from .submission_files import copy_submitted
 
         self.count += 1
         tree = self.folder / "trees" / str(self.count)
         shutil.copytree(pristine, tree, ignore=IGNORE)
         shutil.rmtree(tree / ".assignment", ignore_errors=True)  # shipped references: not the child's business
         for rel, path in files.items():
-            shutil.copyfile(path, tree / rel)
+            copy_submitted(path, tree / rel)  # the file itself, never what a link points to
         if self.isolation.uid is not None:
             _readable(tree)
         return tree
@@ -753,6 +754,10 @@ class Sandbox:
                     t.join(1)
         return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
                         seconds, killed - hung, holders)
+
+    def alive(self) -> bool:
+        """Whether the zygote still runs (a grading that raised may have ended it)."""
+        return self.process.poll() is None and self.sock.fileno() >= 0
 
     def kill_all(self, session: int | None = None) -> int:
         """Kill every process of the sandbox user; in "userns" every process of the namespace but

@@ -382,7 +382,8 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     assert cli.main(["grade", NAME, "--submissions", str(archive), "--csv", str(out), "--jobs", "2"]) == 0
     rows = list(csv.DictReader(out.open()))
     checks = [c.name for c in ASSIGNMENT.checks]
-    assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "official", "notes"]
+    assert list(rows[0]) == ["student", "name", "submission", *checks, "total", "max", "official", "seconds",
+                             "similar_to_reference", "notes"]
     assert [(r["student"], r["name"], r["submission"]) for r in rows] == [
         ("100", "Ada Lovelace", "submission_1001"), ("200+201", "Pair One+Pair Two", "submission_1002"),
         ("noimport@example.edu", "No Import", "submission_1003")]
