@@ -129,17 +129,18 @@ class _Grader:
     sandbox: in this process, or in each worker process of a --jobs run."""
 
     def __init__(self, name: str, pristine: Path, data: Path, refs: dict, files: list[str],
-                 timeout: float | None, isolation: str, submissions: Path, root: Path = ROOT):
+                 timeout: float | None, isolation: str, submissions: Path, root: Path = ROOT,
+                 memory: int | None = None):
         self.assignment, self.pristine, self.data, self.refs = ASSIGNMENTS[name], pristine, data, refs
         self.files, self.timeout, self.isolation, self.submissions = files, timeout, isolation, submissions
-        self.root = root
+        self.root, self.memory = root, memory
         self.sandbox = self._new_sandbox()
 
     def _new_sandbox(self):
         from .sandbox import Sandbox
 
         # the other students' submissions are not the child's to see
-        return Sandbox(self.pristine, self.isolation, hidden=[self.submissions])
+        return Sandbox(self.pristine, self.isolation, hidden=[self.submissions], memory=self.memory)
 
     def grade(self, folder: Path) -> tuple:
         """(the report, its similarity to the reference bodies) of one submission. Nothing the
@@ -150,7 +151,7 @@ class _Grader:
 
         report = Report(self.assignment.name, list(self.assignment.functions),
                         isolation=self.sandbox.isolation.to_json())
-        copied = {}
+        copied, start = {}, time.perf_counter()
         try:
             found, notes = student_files(folder, self.files)
             copied = similarity_to_reference(self.assignment, found, self.root)
@@ -163,16 +164,17 @@ class _Grader:
             if not self.sandbox.alive():
                 self.sandbox.close()
                 self.sandbox = self._new_sandbox()
+        report.seconds = time.perf_counter() - start
         return mark_isolation(report), copied
 
 
 _WORKER: _Grader | None = None  # a --jobs worker process's grader
 
 
-def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, submissions, root) -> None:
+def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, submissions, root, memory) -> None:
     global _WORKER
     _WORKER = _Grader(name, pristine, data, json.loads(Path(refs_file).read_text()), files, timeout, isolation,
-                      submissions, root)
+                      submissions, root, memory)
     # closed (and waited for) when the worker ends, as the pool closes
     multiprocessing.util.Finalize(_WORKER, _WORKER.sandbox.close, exitpriority=10)
 
@@ -182,12 +184,14 @@ def _grade_in_worker(folder: Path):
 
 
 def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path = ROOT,
-                timeout: float | None = None, jobs: int = 1, isolation: str = "auto", file=None) -> list:
+                timeout: float | None = None, jobs: int = 1, isolation: str = "auto", file=None,
+                memory: int | None = None) -> list:
     """Grade every submission in `submissions` for assignment `name`; write `out` (CSV: student,
     name, submission, each check's points, total, max, official, seconds, similar_to_reference,
     notes: see COLUMNS and upstream.py); progress on `file`
     (stderr). jobs: submissions graded at once, each by a worker process with a sandbox of its
-    own (a check's process uses one core). isolation: the sandbox's level (sandbox.py).
+    own (a check's process uses one core). isolation: the sandbox's level (sandbox.py). memory:
+    bytes the processes of one check may use together (memory.SandboxMemory; default: its own).
     Returns the reports, in the CSV's order."""
     from .export import reference_files
     from .references import make_data, references, refuse_a_failing_seed
@@ -218,7 +222,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
         refs = references(assignment, data, seed)
         refuse_a_failing_seed(assignment, data, refs, seed)
         files = list(reference_files(assignment, root))
-        grader = _Grader(name, pristine, data, refs, files, timeout, isolation, submissions.resolve(), root)
+        grader = _Grader(name, pristine, data, refs, files, timeout, isolation, submissions.resolve(), root, memory)
         pool = None
         try:
             print(f"Built, and the reference solution passes every check at seed {seed} "
@@ -230,7 +234,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
                 # spawned, not forked: this process has torch's threads running
                 pool = multiprocessing.get_context("spawn").Pool(
                     jobs, _start_worker, (name, pristine, data, tmp / "refs.json", files, timeout, isolation,
-                                          submissions.resolve(), root))
+                                          submissions.resolve(), root, memory))
                 graded = pool.imap(_grade_in_worker, [s.folder for s in found])
             else:
                 graded = (grader.grade(s.folder) for s in found)

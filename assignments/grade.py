@@ -139,6 +139,8 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
                 run.error = str(message["error"])[:2000]
             else:
                 run.values = message["values"]
+    if end.out_of_memory and run.error is not None:  # the sandbox's memory limit ended (part of) it
+        run.error = end.out_of_memory
     return run
 
 

@@ -36,8 +36,7 @@ def similarity_to_reference(assignment, files: dict[str, Path], root: Path = ROO
 
 
 def describe(found: dict[str, float]) -> str:
-    """One CSV cell: the highest similarity and its function ("" when nothing was compared)."""
-    if not found:
-        return ""
-    name, share = max(found.items(), key=lambda item: item[1])
-    return f"{share:.0%} {name.rsplit('.', 1)[-1]}"
+    """One CSV cell: each compared function's similarity, the highest first ("" when nothing was
+    compared), e.g. "100% predicted_speedup; 41% expected_tokens_per_round"."""
+    ranked = sorted(found.items(), key=lambda item: (-item[1], item[0]))
+    return "; ".join(f"{share:.0%} {name.rsplit('.', 1)[-1]}" for name, share in ranked)

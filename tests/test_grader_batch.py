@@ -1,0 +1,139 @@
+"""A batch nothing can stop (assignments/batch.py): one class of gamma_cost_model submissions,
+honest ones around a hanging, a crashing and hostile ones (a link to the instructor's checkout,
+an answer 200,000 lists deep, a memory hog, escape sequences), graded in one batch into a complete
+CSV: a row for each student, in order, each with its right score and a note saying what went
+wrong; the students after the hostile ones are graded in full. The submissions are those of
+benchmarks/demo_class.py (which grades a class of 20).
+
+Also, without grading: printable() (the escaping every report goes through) and the columns.
+Needs root and namespaces, as tests/test_grader_hostile.py."""
+
+import csv
+import io
+import json
+import os
+
+import pytest
+
+from assignments.batch import grade_batch
+from assignments.export import gradescope_results
+from assignments.grade import print_report
+from assignments.make import ROOT
+from assignments.printable import printable
+from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import namespaces_work
+from benchmarks.demo_class import NAME, write_class
+
+ASSIGNMENT = ASSIGNMENTS[NAME]
+TIMEOUT = 12  # seconds per check, and for all of a submission's checks together
+MEMORY_MB = 256  # the memory hog asks for 6 x 100 MB
+# the class, in the CSV's order: kind -> how many
+CLASS = {"honest": 1, "symlink-checkout": 1, "hang": 1, "crash": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
+         "honest-loop": 1}
+PER_ROUND = {"tokens_per_round", "speedup", "best_gamma_choice"}  # the checks that call expected_tokens_per_round
+
+
+def test_printable_escapes_every_control_and_formatting_character():
+    """ESC, CSI (0x9b), \\r, backspace, BEL, a bidirectional override: written out; newlines and
+    tabs kept (or escaped for one CSV cell); twice is once; ordinary text unchanged."""
+    forged = "ok\x1b[2J\x1b[H\x9b31m\rALL PASS\x08\x07 \u202eevil\u200b\nline\ttab é ü 你"
+    shown = printable(forged)
+    assert not any(c in shown for c in "\x1b\x9b\r\x08\x07\u202e\u200b")
+    assert shown == "ok\\x1b[2J\\x1b[H\\x9b31m\\x0dALL PASS\\x08\\x07 \\u202eevil\\u200b\nline\ttab é ü 你"
+    assert printable(shown) == shown
+    assert printable(forged, newlines=False).count("\n") == 0 and "\\n" in printable(forged, newlines=False)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if os.geteuid() != 0 or not namespaces_work():
+        pytest.skip("the sandbox's tests need root and working namespaces (unshare)")
+    folder = tmp_path_factory.mktemp("class")
+    names = write_class(folder / "submissions", ROOT, CLASS, hog_mb=100, hogs=6)
+    progress = io.StringIO()
+    reports = grade_batch(NAME, folder / "submissions", folder / "grades.csv", seed=1, timeout=TIMEOUT,
+                          file=progress, memory=MEMORY_MB << 20)
+    rows = list(csv.DictReader((folder / "grades.csv").open()))
+    return {"names": names, "rows": {r["student"]: r for r in rows}, "order": [r["student"] for r in rows],
+            "reports": dict(zip(names, reports)), "progress": progress.getvalue(),
+            "text": (folder / "grades.csv").read_text()}
+
+
+def _row(graded, kind):
+    return graded["rows"][next(n for n in graded["names"] if n.endswith("-" + kind))]
+
+
+def test_every_student_gets_a_row_in_order(graded):
+    """A row per student, in order, each with every column filled; the honest students, first and
+    after all the hostile ones, get full marks (a batch that stopped, or a sandbox left broken by
+    a hostile student, would miss them)."""
+    assert graded["order"] == graded["names"]
+    assert all(row["max"] == f"{ASSIGNMENT.points:g}" and row["seconds"] for row in graded["rows"].values())
+    for kind in ("honest", "honest-loop"):
+        assert _row(graded, kind)["total"] == f"{ASSIGNMENT.points:g}", _row(graded, kind)
+    assert f"[{len(CLASS)}/{len(CLASS)}]" in graded["progress"]
+
+
+def test_a_link_to_the_checkout_is_refused(graded):
+    """theory.py a symbolic link to the instructor's own theory.py: refused, 0 points (copied
+    through the link it scored full marks)."""
+    row = _row(graded, "symlink-checkout")
+    assert row["total"] == "0" and "refused: spec_decoding/theory.py is a symbolic link" in row["notes"]
+
+
+def test_a_hanging_submission_costs_one_timeout(graded):
+    """Its first check uses the submission's time (TIMEOUT); the other checks are not run (each
+    waited its own timeout before)."""
+    row, report = _row(graded, "hang"), graded["reports"][next(n for n in graded["names"] if n.endswith("-hang"))]
+    assert float(row["seconds"]) < 3 * TIMEOUT
+    verdicts = {r.check: r.message for r in report.results}
+    assert "did not finish within" in verdicts["tokens_per_round"]
+    assert sum("not run: the submission used its time" in m for m in verdicts.values()) >= len(verdicts) - 2
+    assert row["total"] == "0"
+
+
+def test_a_crash_and_an_unreadable_answer_are_rows_with_a_reason(graded):
+    """os._exit in the student's function: its checks fail, saying the process ended; an answer
+    200,000 lists deep: the batch goes on (whatever the grader raised reading it is the row's
+    note, or the check's verdict), 0 for the checks that read it."""
+    crash = _row(graded, "crash")
+    assert "the process ended before the check could report" in crash["notes"]
+    deep, report = _row(graded, "deep-json"), graded["reports"][next(n for n in graded["names"] if n.endswith("-deep-json"))]
+    passed = {r.check for r in report.results if r.passed}
+    assert not passed & PER_ROUND and deep["notes"]
+    assert float(deep["total"]) == sum(c.points for c in ASSIGNMENT.checks if c.name in passed)
+
+
+def test_a_memory_hog_ends_its_check_not_the_grader(graded):
+    """Seven processes of 100 MB inside a 256 MB limit: the out-of-memory killer ends the check's
+    processes (the grader and the students after it are graded), and the note says the submission
+    used too much memory."""
+    row, report = _row(graded, "memory-hog"), graded["reports"][next(n for n in graded["names"] if n.endswith("-hog"))]
+    verdicts = {r.check: r for r in report.results}
+    assert "used too much memory" in verdicts["tokens_per_round"].message
+    assert not any(verdicts[check].passed for check in PER_ROUND)
+    assert float(row["total"]) == sum(r.points for r in report.results)  # costs.py's checks: its own, honest
+    assert _row(graded, "honest-loop")["total"] == f"{ASSIGNMENT.points:g}"
+
+
+def test_escape_sequences_reach_no_terminal_csv_or_results_json(graded):
+    """An exception message and a print full of escape sequences drawing "ALL PASS": the CSV, the
+    printed report and results.json hold them escaped (\\x1b), never raw."""
+    report = graded["reports"][next(n for n in graded["names"] if n.endswith("-ansi"))]
+    assert any("\x1b" in r.message for r in report.results)  # what the student's code raised, kept as it was
+    printed = io.StringIO()
+    print_report(report, file=printed)
+    for text in (graded["text"], printed.getvalue(), json.dumps(gradescope_results(report), ensure_ascii=False),
+                 json.dumps(report.to_json(), ensure_ascii=False)):
+        assert "\x1b" not in text and "\r" not in text.replace("\r\n", "\n") and "\x07" not in text
+        assert "\\x1b[2J" in text
+    assert not any(r.passed for r in report.results if r.check in PER_ROUND)
+
+
+def test_the_csv_shows_a_pasted_solution(graded):
+    """The honest student submitted this project's own theory.py: 100% similar to the reference;
+    the one who wrote expected_tokens_per_round as a loop is not; a refused file is not compared."""
+    assert _row(graded, "honest")["similar_to_reference"].startswith("100%")
+    assert _row(graded, "symlink-checkout")["similar_to_reference"] == ""
+    loop = dict(reversed(part.split("% ")) for part in _row(graded, "honest-loop")["similar_to_reference"].split("; "))
+    assert int(loop["expected_tokens_per_round"]) < 50
