@@ -160,7 +160,8 @@ class _Grader:
         except RefusedSubmission as refused:
             report.notes.append(str(refused))
         except Exception as error:  # noqa: BLE001  (one student's submission never stops the class)
-            report.notes.append(f"could not be graded: {type(error).__name__}: {printable(error, newlines=False)[:500]}")
+            why = printable(error, newlines=False)[:500]
+            report.notes.append(f"could not be graded: {type(error).__name__}: {why}")
             if not self.sandbox.alive():
                 self.sandbox.close()
                 self.sandbox = self._new_sandbox()

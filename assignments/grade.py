@@ -24,12 +24,12 @@ from pathlib import Path
 from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import oom_kills, silent_end
+from .printable import printable
 from .references import (HIDDEN_SEED, VISIBLE_SEED, make_data, references,  # noqa: F401  (VISIBLE_SEED: for callers)
                          refuse_a_failing_seed)
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
-from .printable import printable
 from .submission_files import read_submitted, submitted_files
 
 
@@ -267,7 +267,7 @@ def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:
         manifest = json.loads(read_submitted(path))
         named = manifest.get("assignment") or ", ".join(manifest.get("functions", []))
     except (OSError, ValueError, AttributeError, RecursionError):
-        return None if not os.path.lexists(path) else f"the submission's {MANIFEST} is not valid JSON or not a file: ignored"
+        return None if not os.path.lexists(path) else f"the submission's {MANIFEST} is not a valid JSON file: ignored"
     mine = assignment.name or ", ".join(assignment.functions)
     if named and named != mine:
         return (f"the submission's {MANIFEST} names {named!r}, but this grader grades {mine!r}: graded as "

@@ -63,6 +63,10 @@ def _row(graded, kind):
     return graded["rows"][next(n for n in graded["names"] if n.endswith("-" + kind))]
 
 
+def _report(graded, kind):
+    return graded["reports"][next(n for n in graded["names"] if n.endswith("-" + kind))]
+
+
 def test_every_student_gets_a_row_in_order(graded):
     """A row per student, in order, each with every column filled; the honest students, first and
     after all the hostile ones, get full marks (a batch that stopped, or a sandbox left broken by
@@ -84,7 +88,7 @@ def test_a_link_to_the_checkout_is_refused(graded):
 def test_a_hanging_submission_costs_one_timeout(graded):
     """Its first check uses the submission's time (TIMEOUT); the other checks are not run (each
     waited its own timeout before)."""
-    row, report = _row(graded, "hang"), graded["reports"][next(n for n in graded["names"] if n.endswith("-hang"))]
+    row, report = _row(graded, "hang"), _report(graded, "hang")
     assert float(row["seconds"]) < 3 * TIMEOUT
     verdicts = {r.check: r.message for r in report.results}
     assert "did not finish within" in verdicts["tokens_per_round"]
@@ -98,7 +102,7 @@ def test_a_crash_and_an_unreadable_answer_are_rows_with_a_reason(graded):
     note, or the check's verdict), 0 for the checks that read it."""
     crash = _row(graded, "crash")
     assert "the process ended before the check could report" in crash["notes"]
-    deep, report = _row(graded, "deep-json"), graded["reports"][next(n for n in graded["names"] if n.endswith("-deep-json"))]
+    deep, report = _row(graded, "deep-json"), _report(graded, "deep-json")
     passed = {r.check for r in report.results if r.passed}
     assert not passed & PER_ROUND and deep["notes"]
     assert float(deep["total"]) == sum(c.points for c in ASSIGNMENT.checks if c.name in passed)
@@ -108,7 +112,7 @@ def test_a_memory_hog_ends_its_check_not_the_grader(graded):
     """Seven processes of 100 MB inside a 256 MB limit: the out-of-memory killer ends the check's
     processes (the grader and the students after it are graded), and the note says the submission
     used too much memory."""
-    row, report = _row(graded, "memory-hog"), graded["reports"][next(n for n in graded["names"] if n.endswith("-hog"))]
+    row, report = _row(graded, "memory-hog"), _report(graded, "memory-hog")
     verdicts = {r.check: r for r in report.results}
     assert "used too much memory" in verdicts["tokens_per_round"].message
     assert not any(verdicts[check].passed for check in PER_ROUND)
@@ -119,7 +123,7 @@ def test_a_memory_hog_ends_its_check_not_the_grader(graded):
 def test_escape_sequences_reach_no_terminal_csv_or_results_json(graded):
     """An exception message and a print full of escape sequences drawing "ALL PASS": the CSV, the
     printed report and results.json hold them escaped (\\x1b), never raw."""
-    report = graded["reports"][next(n for n in graded["names"] if n.endswith("-ansi"))]
+    report = _report(graded, "ansi")
     assert any("\x1b" in r.message for r in report.results)  # what the student's code raised, kept as it was
     printed = io.StringIO()
     print_report(report, file=printed)
@@ -137,3 +141,23 @@ def test_the_csv_shows_a_pasted_solution(graded):
     assert _row(graded, "symlink-checkout")["similar_to_reference"] == ""
     loop = dict(reversed(part.split("% ")) for part in _row(graded, "honest-loop")["similar_to_reference"].split("; "))
     assert int(loop["expected_tokens_per_round"]) < 50
+
+
+def test_each_row_is_on_disk_before_the_next_submission_is_graded(tmp_path):
+    """The header and every finished row are flushed to disk before the next submission's grading
+    starts, so a batch killed midway (the out-of-memory killer, a time limit) keeps them (unflushed,
+    a batch killed during its first submissions left an empty CSV). No grading: reports made here."""
+    from assignments.batch import Submission, _write_csv
+    from assignments.grade import Report
+
+    out, on_disk = tmp_path / "grades.csv", []
+
+    def graded():
+        for i in range(3):
+            on_disk.append(len(list(csv.reader(out.open()))))  # what another process would read now
+            yield Report(NAME, list(ASSIGNMENT.functions), notes=[f"note \x1b[2J{i}"]), {}
+
+    found = [Submission(f"s{i}", "", tmp_path / f"s{i}") for i in range(3)]
+    _write_csv(out, ASSIGNMENT, found, graded(), 1, io.StringIO())
+    assert on_disk == [1, 2, 3]
+    assert [row["notes"] for row in csv.DictReader(out.open())] == [f"note \\x1b[2J{i}" for i in range(3)]

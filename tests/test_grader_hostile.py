@@ -14,6 +14,11 @@ A grader that is not root (level "userns"): the same attacks, and escapes from t
 (remount, mount, chroot, a user namespace of its own), graded by a throwaway user this test makes,
 end in the same fair 0; with isolation "none" they succeed.
 
+What the code can reach besides (at the end): submitted links and special files are refused before
+anything reads them, and nothing (a key in a keyring, a file in /tmp, the home or /dev/shm) is
+left from one submission for the next. tests/test_grader_batch.py grades a class with a hang, a
+crash, a memory hog, an unreadable answer and escape sequences in one batch.
+
 Needs root and working namespaces (as on this machine, a Linux VM or a privileged container);
 skipped elsewhere, with the reason."""
 
