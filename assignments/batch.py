@@ -230,6 +230,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
                   f"({_duration(time.perf_counter() - start)}).", file=file)
             line = grader.sandbox.isolation.line()
             print(line if grader.sandbox.isolation.level in OFFICIAL else f"UNOFFICIAL: {line}", file=file)
+            print(grader.sandbox.memory.line(grader.sandbox.isolation.level != "none"), file=file)
             if jobs > 1:
                 (tmp / "refs.json").write_text(json.dumps(refs))
                 # spawned, not forked: this process has torch's threads running

@@ -263,6 +263,15 @@ class SandboxMemory:
         inherits it), or the address-space limit to set instead."""
         return {"procs_fd": self.procs if self.folder is not None else None, "limit": self.limit}
 
+    def line(self, address_limit: bool = True) -> str:
+        """One line for the grader's log: the limit, and how it holds (address_limit: whether each
+        process gets RLIMIT_AS where there is no cgroup; not at level "none")."""
+        if self.folder is not None:
+            return f"memory: {_mib(self.limit)} for every process of a check together (a memory cgroup of its own)"
+        limit = f"{_mib(self.limit)} of address space for each process of a check" if address_limit else "no limit"
+        return (f"memory: {limit} (no memory cgroup could be made: {self.why_not}); the check's processes are the "
+                f"out-of-memory killer's first choice")
+
     def describe(self) -> str:
         where = "every process of the check together" if self.folder is not None else "each process of the check"
         return f"{_mib(self.limit)} for {where}"

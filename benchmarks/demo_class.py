@@ -26,7 +26,7 @@ FUNCTION = "def expected_tokens_per_round(alpha: float, gamma: int) -> float:"
 HANG = "while True:\n    pass\n"
 CRASH = "import os\nos._exit(3)\n"
 SEGFAULT = "import ctypes\nctypes.string_at(0)\n"
-WRONG = "return (1 - alpha ** gamma) / (1 - alpha)  # off by one\n"
+WRONG = "if alpha >= 1.0:\n    return float(gamma)\nreturn (1 - alpha ** gamma) / (1 - alpha)  # off by one\n"
 REFERENCE_BODY = ("    if alpha >= 1.0:\n        return gamma + 1.0\n"
                   "    return (1 - alpha ** (gamma + 1)) / (1 - alpha)\n")
 LOOP = "    return float(sum(alpha ** i for i in range(gamma + 1)))\n"  # honest, written differently: the body
