@@ -816,6 +816,7 @@ class Sandbox:
         """Fork a child in `tree` that runs `check`'s probe on `inputs`; wait until it exits or
         `timeout` seconds pass; then kill every process it left; return what it sent. served: the
         child's end of a socket to the grader (assignments/serving.py)."""
+        kills = self.memory.oom_kills()  # before the child exists: it may be killed at once
         stdin_read, stdin_write = os.pipe()
         output_read, output_write = os.pipe()
         answer_read, answer_write = os.pipe()
@@ -830,7 +831,6 @@ class Sandbox:
                 raise OSError("the sandbox's zygote process ended")
             pid = message.get("pid")
         start = time.perf_counter()
-        kills = self.memory.oom_kills()
         pipes = [os.fstat(fd).st_ino for fd in (output_read, answer_read)]
         output, answer = [], []
         jobs = [(_drain, (os.fdopen(output_read, "rb"), output, OUTPUT_HEAD)),
