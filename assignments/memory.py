@@ -206,8 +206,8 @@ class SandboxMemory:
                 self.folder = self._make(version)
                 self.version = version
                 return
-            except OSError as error:
-                reasons.append(f"cgroup {version}: {error.strerror or error}")
+            except (OSError, ValueError) as error:  # ValueError: a /proc file this code cannot read
+                reasons.append(f"cgroup {version}: {getattr(error, 'strerror', None) or error}")
         self.why_not = "; ".join(reasons)
 
     def _make(self, version: str) -> Path:

@@ -161,3 +161,50 @@ def test_each_row_is_on_disk_before_the_next_submission_is_graded(tmp_path):
     _write_csv(out, ASSIGNMENT, found, graded(), 1, io.StringIO())
     assert on_disk == [1, 2, 3]
     assert [row["notes"] for row in csv.DictReader(out.open())] == [f"note \\x1b[2J{i}" for i in range(3)]
+
+
+def _child_allocating(memory: dict | None, megabytes: int) -> tuple[int, str]:
+    """Fork a process that joins the sandbox's memory limit as a check's child does
+    (sandbox.join_memory), then fills `megabytes`; its exit code as subprocess gives it, and its
+    oom_score_adj (read back through a pipe before it allocates)."""
+    from assignments.sandbox import join_memory
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            join_memory(memory)
+            os.write(write, open("/proc/self/oom_score_adj").read().strip().encode())
+            os.close(write)
+            block = b"x" * (megabytes << 20)
+            os._exit(0 if block else 1)
+        except MemoryError:
+            os._exit(3)
+        finally:
+            os._exit(4)
+    os.close(write)
+    adj = os.read(read, 100).decode()
+    os.close(read)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), adj
+
+
+def test_a_checks_processes_are_held_to_the_sandboxs_memory_limit():
+    """A process that joins the sandbox's memory cgroup (64 MB) and fills 200 MB is killed by the
+    out-of-memory killer (SIGKILL, the cgroup's kill count goes up), not anything else; where there
+    is no cgroup, its address-space limit makes the allocation fail (MemoryError). Either way it is
+    the killer's first choice (oom_score_adj 1000). Without the limit it fills 200 MB and exits 0."""
+    from assignments.memory import SandboxMemory
+
+    assert _child_allocating(None, 200) == (0, "1000")
+    assert _child_allocating({"procs_fd": None, "limit": 64 << 20}, 200) == (3, "1000")
+    memory = SandboxMemory(64 << 20)
+    try:
+        if memory.folder is None:
+            pytest.skip(f"no memory cgroup can be made here: {memory.why_not}")
+        before = memory.oom_kills()
+        assert _child_allocating(memory.for_child(), 200) == (-9, "1000")
+        assert memory.oom_kills() == before + 1
+        assert _child_allocating(memory.for_child(), 16) == (0, "1000")
+    finally:
+        memory.close()
