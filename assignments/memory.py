@@ -292,6 +292,6 @@ class SandboxMemory:
 
 def used_too_much_memory(limit: str) -> str:
     """The verdict of a check whose processes the out-of-memory killer ended in the sandbox's cgroup."""
-    return (f"used too much memory: the kernel's out-of-memory killer ended the check's processes (the limit is "
-            f"{limit}). Does your code build something far larger than the inputs (a tensor per token pair, "
-            f"a list that keeps growing in a loop), or start processes that do?")
+    return (f"ran out of memory: your code used too much memory, and the kernel's out-of-memory killer ended the "
+            f"check's processes (the limit is {limit}). Does your code build something far larger than the "
+            f"inputs (a tensor per token pair, a list that keeps growing in a loop), or start processes that do?")

@@ -114,7 +114,8 @@ def test_a_memory_hog_ends_its_check_not_the_grader(graded):
     used too much memory."""
     row, report = _row(graded, "memory-hog"), _report(graded, "memory-hog")
     verdicts = {r.check: r for r in report.results}
-    assert "used too much memory" in verdicts["tokens_per_round"].message
+    message = verdicts["tokens_per_round"].message
+    assert message.startswith("ran out of memory: your code used too much memory") and "256 MB" in message
     assert not any(verdicts[check].passed for check in PER_ROUND)
     assert float(row["total"]) == sum(r.points for r in report.results)  # costs.py's checks: its own, honest
     assert _row(graded, "honest-loop")["total"] == f"{ASSIGNMENT.points:g}"
