@@ -32,6 +32,11 @@ process of the sandbox user is killed (in "userns": every process of the namespa
 in "none": the child's session), so nothing a check
 started can write, spin or hold a pipe open after its verdict; between gradings the sandbox's
 home and temporary folders are emptied, so one submission leaves nothing for the next.
+
+Each check's child also, before any student code (enter): joins the sandbox's memory cgroup
+(memory.SandboxMemory: one limit for all its processes, the out-of-memory killer's first choice),
+gets fresh tmpfs on /tmp, its home and /dev/shm in a mount namespace of its own (with namespaces),
+and a new session keyring, the sandbox user's own keyrings emptied (fresh_keyrings).
 """
 
 import ctypes
