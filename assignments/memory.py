@@ -218,7 +218,8 @@ class SandboxMemory:
             enabled = (parent / "cgroup.subtree_control").read_text().split()
             if "memory" not in enabled:
                 raise OSError(0, f"the memory controller is not enabled below {parent}")
-        folder = parent / f"assignments-sandbox-{os.getpid()}-{id(self):x}"
+        _remove_stale(parent)
+        folder = parent / f"assignments-sandbox-{_pid_namespace()}-{os.getpid()}-{id(self):x}"
         folder.mkdir()
         try:
             if version == "v2":
@@ -288,6 +289,26 @@ class SandboxMemory:
             except OSError:
                 time.sleep(0.05)
         self.folder = None
+
+
+def _pid_namespace() -> int:
+    """This process's PID namespace (its inode): a pid means something only inside it."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove the empty cgroups a grader killed outright left (named with its PID namespace and
+    pid: one of this namespace whose process is gone)."""
+    for folder in parent.glob(f"assignments-sandbox-{_pid_namespace()}-*-*"):
+        pid = folder.name.split("-")[3]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                folder.rmdir()  # refused while a process is in it
+            except OSError:
+                pass
 
 
 def used_too_much_memory(limit: str) -> str:
