@@ -14,7 +14,9 @@ docs/instructor_guide.md is the instructor's guide. The modules:
     definition.py  what an assignment and a check are        make.py     the copy, the leak check
     registry.py    the ready-made ones, custom ones           grade.py    grading, reports
     references.py  inputs, reference values, checkpoints      export.py   Gradescope, GitHub
-    memory.py      out-of-memory verdicts                     batch.py    a class's submissions, one CSV
+    memory.py      memory limits, out-of-memory verdicts      batch.py    a class's submissions, one CSV
     probing.py     helpers the checks share                   runner.py, zygote.py  a check's process
-    sandbox.py     the sandbox user, namespaces, killing every process of a check
+    sandbox.py     the sandbox user, namespaces, killing every process of a check, fresh keyrings and tmpfs
+    submission_files.py  a submission's files, never links    printable.py  escaping what students' code wrote
+    upstream.py    how much of a submission is the reference solution
 """

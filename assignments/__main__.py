@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .definition import AssignmentError
+from .printable import printable
 from .registry import ASSIGNMENTS
 from .sandbox import LEVELS
 
@@ -44,7 +45,11 @@ def main(argv=None) -> int:
                                                           "printed with the grade; another one re-runs the "
                                                           "statistical checks on fresh samples)")
     g.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks")
-    g.add_argument("--timeout", type=float, default=None, help="seconds per check (default: the check's own)")
+    g.add_argument("--timeout", type=float, default=None, help="seconds per check (default: the check's own); "
+                                                               "a submission's checks share the longest one")
+    g.add_argument("--memory", type=float, default=None, metavar="MB",
+                   help="with --submissions: memory in MB the processes of one check may use together "
+                        "(default: 2048, or half of this machine's or container's memory if less)")
     g.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
                    help="what to grade (else read from the copy's .assignment.json, and the grade is unofficial)")
     g.add_argument("--functions", nargs="+", metavar="NAME", help="what to grade: a custom assignment's functions")
@@ -75,7 +80,7 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except AssignmentError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable(error)}", file=sys.stderr)  # it may name a submitted file
         return 2
 
 
@@ -107,7 +112,8 @@ def run(args) -> int:
                                   f"grade NAME --submissions DIR, or --assignment NAME")
         csv = args.csv or Path(f"grades-{name}.csv")
         grade_batch(name, args.submissions, csv, seed=official_seed(args.seed),
-                    timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox)
+                    timeout=args.timeout, jobs=args.jobs, isolation=args.sandbox,
+                    memory=int(args.memory * 2**20) if args.memory else None)
         print(f"Wrote {csv}")
         return 0
     if args.command in ("grade", "check"):

@@ -12,14 +12,18 @@ The stripped copy, the checkpoints, the hidden inputs and their reference values
 the instructor's own solution is checked on them first (a seed it fails is refused), and one
 sandbox (sandbox.py: its user, its zygote process) serves every submission, one per worker
 process with --jobs; each submission is then graded as `grade` grades one (its own tree, a
-process per check). The CSV gets a row per submission as soon as it is graded, so an interrupted
-run keeps what it did.
+process per check). The CSV gets a row per submission as soon as it is graded (flushed to disk),
+so an interrupted run keeps what it did. Nothing one submission does stops the batch: a refused
+file, a hang (its checks share one timeout: grade.submission_seconds), a crash, memory exhausted,
+an answer the grader cannot read, any exception while grading it, each ends as a note in its row.
+Each row also says how much of the submission is the project's own solution (upstream.py).
 """
 
 import csv
 import json
 import multiprocessing
 import multiprocessing.util
+import os
 import sys
 import tempfile
 import time
@@ -30,7 +34,10 @@ from pathlib import Path
 from .definition import AssignmentError
 from .make import ROOT, make, refuse_a_students_copy
 from .registry import ASSIGNMENTS
+from .printable import printable
 from .sandbox import OFFICIAL
+from .submission_files import RefusedSubmission
+from .upstream import describe, similarity_to_reference
 
 GRADESCOPE_METADATA = "submission_metadata.yml"
 
@@ -111,9 +118,10 @@ def _duration(seconds: float) -> str:
 
 
 def notes_of(report) -> str:
-    """The CSV's notes: what the grader noted about the submission, then each failed check's message."""
+    """The CSV's notes: what the grader noted about the submission, then each failed check's
+    message; one line, escaped (printable: nothing of the student's reaches a terminal raw)."""
     failed = [f"{r.check}: {' '.join(r.message.split())[:200]}" for r in report.results if not r.passed]
-    return "; ".join([*report.notes, *failed])
+    return printable("; ".join([*report.notes, *failed]), newlines=False)
 
 
 class _Grader:
@@ -121,37 +129,56 @@ class _Grader:
     sandbox: in this process, or in each worker process of a --jobs run."""
 
     def __init__(self, name: str, pristine: Path, data: Path, refs: dict, files: list[str],
-                 timeout: float | None, isolation: str, submissions: Path):
+                 timeout: float | None, isolation: str, submissions: Path, root: Path = ROOT,
+                 memory: int | None = None):
+        self.assignment, self.pristine, self.data, self.refs = ASSIGNMENTS[name], pristine, data, refs
+        self.files, self.timeout, self.isolation, self.submissions = files, timeout, isolation, submissions
+        self.root, self.memory = root, memory
+        self.sandbox = self._new_sandbox()
+
+    def _new_sandbox(self):
         from .sandbox import Sandbox
 
-        self.assignment, self.pristine, self.data, self.refs = ASSIGNMENTS[name], pristine, data, refs
-        self.files, self.timeout = files, timeout
         # the other students' submissions are not the child's to see
-        self.sandbox = Sandbox(pristine, isolation, hidden=[submissions])
+        return Sandbox(self.pristine, self.isolation, hidden=[self.submissions], memory=self.memory)
 
-    def grade(self, folder: Path, student: str | None = None):
+    def grade(self, folder: Path, student: str | None = None) -> tuple:
+        """(the report, its similarity to the reference bodies) of one submission (student: whose
+        copy it is, for find_the_bug's per-student bugs). Nothing the submission does stops the
+        batch: whatever is raised while grading it becomes a note on its row (its checks graded so
+        far keep their verdicts, the others score 0), and a sandbox broken by it is replaced for
+        the next one."""
         from .grade import Report, grade_tree, mark_isolation, student_files
         from .references import for_student
 
+        report = Report(self.assignment.name, list(self.assignment.functions),
+                        isolation=self.sandbox.isolation.to_json())
+        copied, start = {}, time.perf_counter()
         try:
             found, notes = student_files(folder, self.files)
+            copied = similarity_to_reference(self.assignment, found, self.root)
             refs = for_student(self.assignment, self.refs, student)  # find_the_bug: the bug in that student's copy
-            report = grade_tree(self.assignment, self.pristine, found, self.data, refs, timeout=self.timeout,
-                                notes=notes, zygote=self.sandbox)
-        except (OSError, ValueError) as error:  # an unreadable submission: a row saying so, and on to the next
-            report = Report(self.assignment.name, list(self.assignment.functions),
-                            notes=[f"could not be graded: {type(error).__name__}: {error}"],
-                            isolation=self.sandbox.isolation.to_json())
-        return mark_isolation(report)
+            grade_tree(self.assignment, self.pristine, found, self.data, refs, timeout=self.timeout,
+                       notes=notes, zygote=self.sandbox, report=report)
+        except RefusedSubmission as refused:
+            report.notes.append(str(refused))
+        except Exception as error:  # noqa: BLE001  (one student's submission never stops the class)
+            why = printable(error, newlines=False)[:500]
+            report.notes.append(f"could not be graded: {type(error).__name__}: {why}")
+            if not self.sandbox.alive():
+                self.sandbox.close()
+                self.sandbox = self._new_sandbox()
+        report.seconds = time.perf_counter() - start
+        return mark_isolation(report), copied
 
 
 _WORKER: _Grader | None = None  # a --jobs worker process's grader
 
 
-def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, submissions) -> None:
+def _start_worker(name, pristine, data, refs_file, files, timeout, isolation, submissions, root, memory) -> None:
     global _WORKER
     _WORKER = _Grader(name, pristine, data, json.loads(Path(refs_file).read_text()), files, timeout, isolation,
-                      submissions)
+                      submissions, root, memory)
     # closed (and waited for) when the worker ends, as the pool closes
     multiprocessing.util.Finalize(_WORKER, _WORKER.sandbox.close, exitpriority=10)
 
@@ -161,11 +188,14 @@ def _grade_in_worker(submission: tuple):
 
 
 def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path = ROOT,
-                timeout: float | None = None, jobs: int = 1, isolation: str = "auto", file=None) -> list:
+                timeout: float | None = None, jobs: int = 1, isolation: str = "auto", file=None,
+                memory: int | None = None) -> list:
     """Grade every submission in `submissions` for assignment `name`; write `out` (CSV: student,
-    name, submission, each check's points, total, max, official, notes); progress on `file`
+    name, submission, each check's points, total, max, official, seconds, similar_to_reference,
+    notes: see COLUMNS and upstream.py); progress on `file`
     (stderr). jobs: submissions graded at once, each by a worker process with a sandbox of its
-    own (a check's process uses one core). isolation: the sandbox's level (sandbox.py).
+    own (a check's process uses one core). isolation: the sandbox's level (sandbox.py). memory:
+    bytes the processes of one check may use together (memory.SandboxMemory; default: its own).
     Returns the reports, in the CSV's order."""
     from .export import reference_files
     from .references import make_data, references, refuse_a_failing_seed
@@ -196,19 +226,20 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
         refs = references(assignment, data, seed)
         refuse_a_failing_seed(assignment, data, refs, seed)
         files = list(reference_files(assignment, root))
-        grader = _Grader(name, pristine, data, refs, files, timeout, isolation, submissions.resolve())
+        grader = _Grader(name, pristine, data, refs, files, timeout, isolation, submissions.resolve(), root, memory)
         pool = None
         try:
             print(f"Built, and the reference solution passes every check at seed {seed} "
                   f"({_duration(time.perf_counter() - start)}).", file=file)
             line = grader.sandbox.isolation.line()
             print(line if grader.sandbox.isolation.level in OFFICIAL else f"UNOFFICIAL: {line}", file=file)
+            print(grader.sandbox.memory.line(grader.sandbox.isolation.level != "none"), file=file)
             if jobs > 1:
                 (tmp / "refs.json").write_text(json.dumps(refs))
                 # spawned, not forked: this process has torch's threads running
                 pool = multiprocessing.get_context("spawn").Pool(
                     jobs, _start_worker, (name, pristine, data, tmp / "refs.json", files, timeout, isolation,
-                                          submissions.resolve()))
+                                          submissions.resolve(), root, memory))
                 graded = pool.imap(_grade_in_worker, [(s.folder, s.student) for s in found])
             else:
                 graded = (grader.grade(s.folder, s.student) for s in found)
@@ -222,21 +253,32 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
     return reports
 
 
+COLUMNS = ("student", "name", "submission", "total", "max", "official", "seconds", "similar_to_reference", "notes")
+
+
 def _write_csv(out: Path, assignment, found: list[Submission], graded, jobs: int, file) -> list:
-    """Write a row per report as it comes (an interrupted run keeps the rows it wrote), with progress."""
+    """Write a row per report as it comes, flushed to disk (a batch killed midway keeps every row
+    it finished), with progress. Every cell is escaped (printable): the ids, names and folder
+    names come from the submissions too."""
     checks = [c.name for c in assignment.checks]
     first, reports = time.perf_counter(), []
+    cell = lambda text: printable(text, newlines=False)  # noqa: E731
     with open(out, "x", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["student", "name", "submission", *checks, "total", "max", "official", "notes"])
-        for i, (submission, report) in enumerate(zip(found, graded), 1):
+
+        def row(cells):
+            writer.writerow(cells)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+        row([*COLUMNS[:3], *checks, *COLUMNS[3:]])
+        for i, (submission, (report, copied)) in enumerate(zip(found, graded), 1):
             reports.append(report)
             points = {r.check: r.points for r in report.results}
-            writer.writerow([submission.student, submission.name, submission.folder.name,
-                             *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}",
-                             f"{assignment.points:g}", "yes" if report.official else "no", notes_of(report)])
-            handle.flush()
+            row([cell(submission.student), cell(submission.name), cell(submission.folder.name),
+                 *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}", f"{assignment.points:g}",
+                 "yes" if report.official else "no", f"{report.seconds:.1f}", describe(copied), notes_of(report)])
             per = (time.perf_counter() - first) / i
-            print(f"[{i}/{len(found)}] {submission.student}: {report.points:g}/{assignment.points:g} "
+            print(f"[{i}/{len(found)}] {cell(submission.student)}: {report.points:g}/{assignment.points:g} "
                   f"({_duration(report.seconds)}; about {_duration(per * (len(found) - i))} left)", file=file)
     return reports

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .definition import AssignmentError
 from .make import ROOT, make
+from .printable import printable
 from .registry import ASSIGNMENTS
 from .sandbox import USER as SANDBOX_USER
 
@@ -186,9 +187,13 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
     except Interrupted:
         payload = _payload(report, complete=False) if report else {
             "score": 0, "output": "The autograder was stopped (SIGTERM) before it graded anything.", "tests": []}
-    except (OSError, ValueError, AssignmentError) as error:
-        payload = {"score": 0, "output": f"The autograder could not grade this submission: {error}",
-                   "tests": []}
+    except Exception as error:  # noqa: BLE001  (whatever went wrong, the student gets a results.json saying so)
+        why = f"The autograder could not grade this submission: {type(error).__name__}: {printable(error)}"
+        if report is not None and report.results:
+            payload = _payload(report, complete=False)
+            payload["output"] += "\n" + why
+        else:
+            payload = {"score": 0, "output": why, "tests": []}
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_results(results, payload)
@@ -216,10 +221,10 @@ def gradescope_results(report) -> dict:
     (it would override the tests' sum) and no total in the top-level "output" (shown at once):
     Gradescope hides the total while tests are hidden, and the output says only the visible part."""
     tests = []
-    for r in report.results:
-        output = r.message
+    for r in report.results:  # what the student's code wrote, escaped (printable)
+        output = printable(r.message)
         if r.output.strip():
-            output += "\n\nYour code printed (truncated):\n" + r.output
+            output += "\n\nYour code printed (truncated):\n" + printable(r.output)
         tests.append({"name": r.check, "score": r.points, "max_score": r.max_points,
                       "status": "passed" if r.passed else "failed",
                       "visibility": "visible" if r.visible else "after_published", "output": output})
@@ -231,7 +236,7 @@ def gradescope_results(report) -> dict:
                     f"results and your total are shown when the grades are published.")
     if report.seed is not None:  # the instructor reproduces this grade with grade --seed
         summary += f" (Inputs: seed {report.seed}.)"
-    return {"execution_time": round(report.seconds, 1), "output": "\n".join([*report.notes, summary]),
+    return {"execution_time": round(report.seconds, 1), "output": "\n".join([*map(printable, report.notes), summary]),
             "stdout_visibility": "hidden", "tests": tests}
 
 
@@ -294,7 +299,7 @@ def markdown_summary(report) -> str:
     lines = [f"## {report.assignment}: visible checks, {report.points:g}/{report.max_points:g} points ({verdict})",
              "", "| check | points | result |", "|---|---|---|"]
     for r in report.results:
-        message = " ".join(r.message.split()).replace("|", "\\|")[:500]
+        message = printable(" ".join(r.message.split()), newlines=False).replace("|", "\\|")[:500]
         lines.append(f"| {r.check} | {r.points:g}/{r.max_points:g} | {'PASS' if r.passed else 'FAIL'}: {message} |")
     lines += ["", "The grade also runs hidden checks, on other inputs."]
     return "\n".join(lines) + "\n"

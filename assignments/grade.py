@@ -25,11 +25,13 @@ from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
 from .forms import parse, read
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import oom_kills, silent_end
+from .printable import printable
 from .references import (HIDDEN_SEED, VISIBLE_SEED, for_student, make_data, official_seed,  # noqa: F401
                          references, refuse_a_failing_seed)  # (HIDDEN_SEED, VISIBLE_SEED: for callers)
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
+from .submission_files import read_submitted, submitted_files
 
 
 @dataclass
@@ -73,10 +75,12 @@ class Report:
         return sum(r.max_points for r in self.results)
 
     def to_json(self) -> dict:
+        """The report as JSON; what the student's code wrote, escaped (printable)."""
+        checks = [{**asdict(r), "message": printable(r.message), "output": printable(r.output)} for r in self.results]
         return {"assignment": self.assignment, "functions": self.functions, "passed": self.passed,
                 "points": self.points, "max_points": self.max_points, "seconds": round(self.seconds, 1),
-                "notes": self.notes, "official": self.official, "seed": self.seed, "unofficial": self.unofficial,
-                "isolation": self.isolation, "checks": [asdict(r) for r in self.results]}
+                "notes": [printable(n) for n in self.notes], "official": self.official, "seed": self.seed,
+                "unofficial": self.unofficial, "isolation": self.isolation, "checks": checks}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,6 +142,8 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
                 run.error = str(message["error"])[:2000]
             else:
                 run.values = message["values"]
+    if end.out_of_memory and run.error is not None:  # the sandbox's memory limit ended (part of) it
+        run.error = end.out_of_memory
     return run
 
 
@@ -166,20 +172,9 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
 
 def student_files(submission: Path, files: list[str]) -> tuple[dict[str, Path], list[str]]:
     """The student's versions of the assignment's files: at their path in the submission, or
-    (a submission of just the edited files) the one file of that name anywhere in it."""
-    found, notes = {}, []
-    for rel in files:
-        path = submission / rel
-        if not path.is_file():
-            same_name = [p for p in submission.rglob(Path(rel).name) if p.is_file()]
-            path = same_name[0] if len(same_name) == 1 else None
-            if len(same_name) > 1:
-                notes.append(f"{len(same_name)} files named {Path(rel).name} were submitted; put yours at {rel}")
-        if path is None:
-            notes.append(f"{rel} was not submitted: graded with the unedited (stripped) version")
-        else:
-            found[rel] = path
-    return found, notes
+    (a submission of just the edited files) the one file of that name anywhere in it. Links,
+    special files and hard links to files elsewhere are refused (submission_files.py)."""
+    return submitted_files(submission, files)
 
 
 class _InFolder:
@@ -196,14 +191,26 @@ class _InFolder:
         os.chdir(self.previous)
 
 
+def submission_seconds(checks, timeout: float | None = None) -> float:
+    """A submission's time for all its checks: the longest one check may take."""
+    return max((timeout or c.timeout for c in checks), default=0.0)
+
+
+def not_run(check: Check, budget: float) -> CheckResult:
+    return CheckResult(check.name, list(check.exercises), 0.0, check.points, False,
+                       f"not run: the submission used its time ({budget:g} s for all its checks)", check.visible)
+
+
 def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], data: Path, refs: dict,
                only: list[str] | None = None, timeout: float | None = None, notes=(),
                zygote: Sandbox | None = None, isolation: str = "auto", report: "Report | None" = None,
-               on_result=None) -> Report:
+               on_result=None, budget: float | None = None) -> Report:
     """Grade the stripped copy `pristine` with the student's `files` put in. zygote: a sandbox to
     share between several gradings (else one is made for this one, at `isolation`). report: one
     to fill (its results so far survive an exception); on_result(report) is called after each
-    check, once every process of that check is dead."""
+    check, once every process of that check is dead. budget: seconds for all the checks together
+    (default submission_seconds): a check gets at most what is left, and once it is spent the
+    checks left score 0, not run (a submission that hangs costs one timeout, not one a check)."""
     start = time.perf_counter()
     report = report or Report(assignment.name, list(assignment.functions))
     report.notes.extend(notes)
@@ -214,12 +221,18 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
         tree = zygote.place_tree(pristine, files)
         try:
             data = zygote.place_data(data)
-            for check in assignment.checks:
-                if check.name not in refs or (only and check.name not in only):
+            checks = [c for c in assignment.checks if c.name in refs and not (only and c.name not in only)]
+            budget = submission_seconds(checks, timeout) if budget is None else budget
+            first = time.perf_counter()
+            for check in checks:
+                left = budget - (time.perf_counter() - first)
+                if left <= 0:
+                    report.results.append(not_run(check, budget))
                     continue
                 entry = refs[check.name]
                 server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
-                run = run_child(tree, check, entry["inputs"], data, timeout, zygote, server)
+                run = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left), zygote,
+                                server)
                 report.results.append(judge(check, entry["inputs"], entry["reference"], run))
                 report.seconds = time.perf_counter() - start
                 if on_result is not None:
@@ -256,10 +269,10 @@ def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:
     """A note when the submission's .assignment.json names another assignment than the one graded."""
     path = Path(student) / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(read_submitted(path))
         named = manifest.get("assignment") or ", ".join(manifest.get("functions", []))
-    except (OSError, ValueError, AttributeError):
-        return None if not path.exists() else f"the submission's {MANIFEST} is not valid JSON: ignored"
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None if not os.path.lexists(path) else f"the submission's {MANIFEST} is not a valid JSON file: ignored"
     mine = assignment.name or ", ".join(assignment.functions)
     if named and named != mine:
         return (f"the submission's {MANIFEST} names {named!r}, but this grader grades {mine!r}: graded as "
@@ -343,15 +356,17 @@ def check_locally(copy: Path, only: list[str] | None = None, timeout: float | No
 # ------------------------------------------------------------------------------------------------
 
 def print_report(report: Report, file=None, show_output: bool = True) -> None:
+    """The report for a terminal; what the student's code wrote is escaped (printable): no escape
+    sequence of theirs reaches the screen."""
     file = file or sys.stdout
     for note in report.notes:
-        print(f"note: {note}", file=file)
+        print(f"note: {printable(note)}", file=file)
     for r in report.results:
         print(f"[{'PASS' if r.passed else 'FAIL'}] {r.check} ({r.points:g}/{r.max_points:g} points, "
-              f"{r.seconds:.1f} s; exercises {', '.join(r.exercises)}): {r.message}", file=file)
+              f"{r.seconds:.1f} s; exercises {', '.join(r.exercises)}): {printable(r.message)}", file=file)
         if show_output and r.output.strip() and not r.passed:
-            print("    your code printed:\n" + "\n".join("    | " + line for line in r.output.splitlines()[:60]),
-                  file=file)
+            lines = printable(r.output).splitlines()[:60]
+            print("    your code printed:\n" + "\n".join("    | " + line for line in lines), file=file)
     print(file=file)
     width = max(len(f) for f in report.functions)
     for function in report.functions:

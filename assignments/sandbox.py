@@ -32,6 +32,11 @@ process of the sandbox user is killed (in "userns": every process of the namespa
 in "none": the child's session), so nothing a check
 started can write, spin or hold a pipe open after its verdict; between gradings the sandbox's
 home and temporary folders are emptied, so one submission leaves nothing for the next.
+
+Each check's child also, before any student code (enter): joins the sandbox's memory cgroup
+(memory.SandboxMemory: one limit for all its processes, the out-of-memory killer's first choice),
+gets fresh tmpfs on /tmp, its home and /dev/shm in a mount namespace of its own (with namespaces),
+and a new session keyring, the sandbox user's own keyrings emptied (fresh_keyrings).
 """
 
 import ctypes
@@ -52,6 +57,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .memory import SANDBOX_OOM_SCORE_ADJ, SandboxMemory, used_too_much_memory
 
 USER = "student-sandbox"  # the unprivileged user student code runs as (one per concurrent grader: -1, -2, ...)
 LEVELS = ("namespaces", "userns", "user", "none")  # best first; "userns" is for a grader that is not root
@@ -316,7 +323,7 @@ PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECURE_NOROOT_ALL = 0xEF  # securebits: no capabilities for uid 0, none kept, fixed up or raised ambient; locked
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
-CLONE_NEWIPC = 0x08000000
+CLONE_NEWIPC, CLONE_NEWNS = 0x08000000, 0x00020000
 
 
 def _call(result: int, what: str) -> None:
@@ -399,10 +406,11 @@ def capabilities_left() -> list[str]:
 
 
 def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
-    """In a check's child, before any student code: its cwd, its own IPC namespace, limits, then
-    the sandbox user's ids for good (root's cannot come back: no setuid programs either), or in
-    "userns" no capabilities for good."""
+    """In a check's child, before any student code: its cwd, its memory limit, fresh scratch
+    folders and keyrings, its own IPC namespace, limits, then the sandbox user's ids for good
+    (root's cannot come back: no setuid programs either), or in "userns" no capabilities for good."""
     os.chdir(tree)
+    join_memory(config.get("memory"), address_limit=config["level"] != "none")
     for fd in _open_fds():  # nothing of the zygote's: only stdin/stdout/stderr and the answer pipe
         if fd > 2 and fd not in keep_fds:
             try:
@@ -410,8 +418,11 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
             except OSError:
                 pass
     if config["level"] == "none":
+        fresh_keyrings(clear_user=False)  # the user's keyrings are the grader's own: left alone
         return
     _libc.unshare(CLONE_NEWIPC)  # shared memory and queues of its own (fails harmlessly without namespaces)
+    if config["level"] in ("namespaces", "userns"):
+        fresh_scratch(config["spec"], config["uid"], config["gid"])
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
     resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_FILE_BYTES, MAX_FILE_BYTES))
@@ -421,6 +432,7 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
         os.umask(0o077)
         if capabilities_left():
             os._exit(111)
+        fresh_keyrings(clear_user=_user_keyrings_per_namespace())
         return
     os.setgroups([])
     os.setgid(config["gid"])
@@ -430,6 +442,100 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     os.umask(0o077)
     if os.getuid() != config["uid"] or os.geteuid() != config["uid"] or _can_become_root():
         os._exit(111)
+    fresh_keyrings(clear_user=True)
+
+
+def join_memory(memory: dict | None, address_limit: bool = True) -> None:
+    """In a check's child: become the out-of-memory killer's first choice (oom_score_adj), and
+    join the sandbox's memory cgroup (memory.SandboxMemory; writing 0 to its cgroup.procs moves
+    the writer), or, where there is none (and address_limit: not at level "none", the student's
+    own run), limit this process's address space to what it has now plus the limit (each process
+    the student starts inherits that)."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write(str(SANDBOX_OOM_SCORE_ADJ))
+    except OSError:
+        pass  # no /proc: the cgroup's limit still holds
+    if not memory:
+        return
+    if memory.get("procs_fd") is not None:
+        try:
+            os.write(memory["procs_fd"], b"0")
+            return
+        except OSError:
+            os._exit(113)  # outside its memory limit no student code runs
+    if not address_limit:
+        return
+    size = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (size + memory["limit"], size + memory["limit"]))
+
+
+SCRATCH_BYTES = 256 * 2**20  # each of a check's fresh tmpfs: /tmp, its home, /dev/shm (memory: in its limit)
+
+
+def fresh_scratch(spec: dict, uid: int | None, gid: int | None) -> None:
+    """In a check's child, still privileged, with namespaces: a mount namespace of its own, with a
+    fresh, empty, size-capped tmpfs on /tmp, its home and /dev/shm, gone with its last process:
+    nothing one check writes there is seen by the next. The folders the zygote bound under /tmp (a
+    virtualenv there) are bound again on the new /tmp, through descriptors opened before it hid them."""
+    _call(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    under_tmp = sorted({target for _, target, _, _ in spec["binds"] if target.startswith("/tmp/")})
+    top = [t for t in under_tmp if not any(t.startswith(other + "/") for other in under_tmp)]
+    kept = [(target, os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)) for target in top]
+    owner = f",uid={uid},gid={gid}" if uid is not None else ""
+    scratch = lambda path: _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,  # noqa: E731
+                                  f"mode=700,size={SCRATCH_BYTES}{owner}")
+    scratch("/tmp")
+    scratch("/dev/shm")
+    for target, fd in kept:
+        os.makedirs(target, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+        os.close(fd)
+    scratch(spec["home"])  # after the binds: the sandbox's own folder may be one of them
+
+
+# keyctl(2) and add_key(2) by architecture (no libkeyutils needed)
+_KEY_SYSCALLS = {"x86_64": (250, 248), "aarch64": (219, 217), "i686": (288, 286), "ppc64le": (271, 269),
+                 "s390x": (280, 278), "riscv64": (219, 217)}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+
+
+def keyctl(operation: int, *args) -> int:
+    """keyctl(2); -1 with errno set on failure (ENOSYS where the machine has no keyrings)."""
+    numbers = _KEY_SYSCALLS.get(os.uname().machine)  # (no import here: it may run as the sandbox user)
+    if numbers is None:
+        ctypes.set_errno(38)  # ENOSYS
+        return -1
+    converted = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    return _libc.syscall(ctypes.c_long(numbers[0]), ctypes.c_long(operation), *converted)
+
+
+def fresh_keyrings(clear_user: bool) -> None:
+    """In a check's child, as the user its code runs as: a new, empty session keyring of its own
+    (it would otherwise share the zygote's, the grader's login session's, whose keys its
+    possessor may read), and (clear_user) the user's own keyrings emptied, so no key one
+    submission stored there is there for the next. A machine without keyrings (ENOSYS), or whose
+    seccomp policy refuses keyctl to everyone (EPERM), has none to carry anything over."""
+    if keyctl(KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        if ctypes.get_errno() not in (1, 38):  # EPERM, ENOSYS
+            os._exit(114)
+        return
+    if clear_user:
+        for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+            keyctl(KEYCTL_CLEAR, keyring)
+
+
+def _user_keyrings_per_namespace() -> bool:
+    """Whether the kernel keeps a user keyring per user namespace (Linux 5.3 and later): in
+    "userns" the child's user keyring is then its namespace's own, and may be cleared; before,
+    it is the grader's user's."""
+    try:
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 3)
 
 
 def _can_become_root() -> bool:
@@ -521,7 +627,7 @@ def root_spec(python: str, folder: Path, hidden: list[Path]) -> dict:
         (folder, folder, True, False), (f"{folder}/home", f"{folder}/home", False, False),
         (f"{folder}/tmp", "/tmp", False, False)]
     return {"root": f"{folder}/root", "symlinks": symlinks, "binds": sorted(binds, key=lambda b: len(b[1])),
-            "masks": sorted(set(masks)), "tmp": f"{folder}/tmp"}
+            "masks": sorted(set(masks)), "tmp": f"{folder}/tmp", "home": f"{folder}/home"}
 
 
 @dataclass
@@ -537,6 +643,7 @@ class ChildEnd:
     killed_after: int = 0  # processes it left running, killed when it ended
     stuck: list = field(default_factory=list)  # (pid, command) of processes holding its pipes after the kill
                                                # (only possible without a sandbox user)
+    out_of_memory: str | None = None  # the verdict, when the out-of-memory killer ended one of its processes
 
 
 def pipe_holders(inodes) -> list[tuple[int, str]]:
@@ -591,13 +698,17 @@ class Sandbox:
 
     code: a stripped copy whose assignments/ package (the check definitions) the zygote imports.
     isolation: "auto" (the best this machine allows) or a level of LEVELS.
-    hidden: folders the child must never see (default: the project this grader runs from)."""
+    hidden: folders the child must never see (default: the project this grader runs from).
+    memory: bytes all the processes of one check may use together (memory.SandboxMemory)."""
 
-    def __init__(self, code: Path, isolation: str = "auto", python: str | None = None, hidden=()):
+    def __init__(self, code: Path, isolation: str = "auto", python: str | None = None, hidden=(),
+                 memory: int | None = None):
         from .make import ROOT
 
         self.python = python or sys.executable
         self.isolation = detect(isolation, self.python)
+        # every check's processes together: at most `memory` bytes (default: memory.default_sandbox_limit)
+        self.memory = SandboxMemory(memory)
         self.folder = Path(tempfile.mkdtemp(prefix="sandbox-"))
         self.count = 0
         self._data: dict[str, Path] = {}
@@ -646,13 +757,14 @@ class Sandbox:
         """The folder a submission's code runs in: a copy of the stripped copy `pristine` with the
         student's files put in, readable (not writable) by the sandbox user."""
         from .make import IGNORE
+        from .submission_files import copy_submitted
 
         self.count += 1
         tree = self.folder / "trees" / str(self.count)
         shutil.copytree(pristine, tree, ignore=IGNORE)
         shutil.rmtree(tree / ".assignment", ignore_errors=True)  # shipped references: not the child's business
         for rel, path in files.items():
-            shutil.copyfile(path, tree / rel)
+            copy_submitted(path, tree / rel)  # the file itself, never what a link points to
         if self.isolation.uid is not None:
             _readable(tree)
         return tree
@@ -683,7 +795,9 @@ class Sandbox:
     # the zygote -------------------------------------------------------------------------------
     def _start_zygote(self, hidden: list[Path]):
         sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = {"level": self.isolation.level, "uid": self.isolation.uid, "gid": self.isolation.gid}
+        config = {"level": self.isolation.level, "uid": self.isolation.uid, "gid": self.isolation.gid,
+                  "memory": self.memory.for_child()}
+        inherited = [theirs.fileno()] + ([self.memory.procs] if self.memory.folder is not None else [])
         command = [self.python, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())]
         if self.isolation.level in ("namespaces", "userns"):
             spec = config["spec"] = root_spec(self.python, self.folder, hidden)
@@ -693,7 +807,7 @@ class Sandbox:
             command = [shutil.which("unshare", path=SYSTEM_PATH), *unshare] + command
         process = subprocess.Popen(command + [json.dumps(config)], cwd=self.folder / "code", env=self.env(),
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   pass_fds=(theirs.fileno(),), start_new_session=True)
+                                   pass_fds=inherited, start_new_session=True)
         theirs.close()
         ready = _receive(sock, timeout=300)
         if ready != {"ready": True}:
@@ -707,6 +821,7 @@ class Sandbox:
         """Fork a child in `tree` that runs `check`'s probe on `inputs`; wait until it exits or
         `timeout` seconds pass; then kill every process it left; return what it sent. served: the
         child's end of a socket to the grader (assignments/serving.py)."""
+        kills = self.memory.oom_kills()  # before the child exists: it may be killed at once
         stdin_read, stdin_write = os.pipe()
         output_read, output_write = os.pipe()
         answer_read, answer_write = os.pipe()
@@ -751,8 +866,14 @@ class Sandbox:
                     holders = pipe_holders(pipes) if t.is_alive() else []
                 else:
                     t.join(1)
+        after = self.memory.oom_kills()
+        memory = used_too_much_memory(self.memory.describe()) if after is not None and after > kills else None
         return ChildEnd(output[0] if output else ("", "", 0), *(answer[0] if answer else (b"", 0)), hung, exit_code,
-                        seconds, killed - hung, holders)
+                        seconds, killed - hung, holders, memory)
+
+    def alive(self) -> bool:
+        """Whether the zygote still runs (a grading that raised may have ended it)."""
+        return self.process.poll() is None and self.sock.fileno() >= 0
 
     def kill_all(self, session: int | None = None) -> int:
         """Kill every process of the sandbox user; in "userns" every process of the namespace but
@@ -792,6 +913,7 @@ class Sandbox:
             self._remove()
 
     def _remove(self) -> None:
+        self.memory.close()
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
             for shared in ("/tmp", "/var/tmp", "/dev/shm"):

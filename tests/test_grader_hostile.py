@@ -14,6 +14,11 @@ A grader that is not root (level "userns"): the same attacks, and escapes from t
 (remount, mount, chroot, a user namespace of its own), graded by a throwaway user this test makes,
 end in the same fair 0; with isolation "none" they succeed.
 
+What the code can reach besides (at the end): submitted links and special files are refused before
+anything reads them, and nothing (a key in a keyring, a file in /tmp, the home or /dev/shm) is
+left from one submission for the next. tests/test_grader_batch.py grades a class with a hang, a
+crash, a memory hog, an unreadable answer and escape sequences in one batch.
+
 Needs root and working namespaces (as on this machine, a Linux VM or a privileged container);
 skipped elsewhere, with the reason."""
 
@@ -838,3 +843,125 @@ def test_a_user_namespace_sandbox_that_cannot_be_built_falls_back_to_none(built,
         assert fallen.isolation.line() == (
             "NOT ISOLATED: the student's code ran as your own user (the user-namespace sandbox could not be built "
             "(the sandbox's zygote process did not start: mount proc on /proc: Operation not permitted))")
+
+
+# ------------------------------------------------------------------------------------------------
+# What the code can reach: submitted links and special files, keyrings and scratch folders
+# ------------------------------------------------------------------------------------------------
+
+def _submission_of(tmp_path: Path, make) -> Path:
+    """A submission folder whose spec_decoding/theory.py `make(path)` creates."""
+    folder = tmp_path / "submission"
+    (folder / "spec_decoding").mkdir(parents=True)
+    make(folder / "spec_decoding" / "theory.py")
+    return folder
+
+
+def test_submitted_links_and_special_files_are_refused(built, tmp_path):
+    """A submitted file that is a symbolic link (to the instructor's checkout, to a root-only file,
+    to /proc/self/environ; or a folder on its way that is one), a hard link to a file outside the
+    submission, a FIFO, a socket or a device: refused, naming the file, before anything reads it
+    (through a link, the checkout's theory.py scored full marks and the others printed what they
+    point to). A hard link whose every name is inside the submission, and a plain file, are taken.
+    Through Gradescope's entry point (autograde): 0 points, and results.json says why."""
+    import socket
+    import stat
+
+    from assignments.export import autograde
+    from assignments.submission_files import RefusedSubmission, copy_submitted, submitted_files
+
+    secret = tmp_path / "root-only.txt"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    outside = tmp_path / "outside.py"
+    outside.write_text("x = 1\n")
+
+    def unix_socket(path):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+
+    attacks = {
+        "symbolic link (to " + str(ROOT / TARGET.file): lambda p: p.symlink_to(ROOT / TARGET.file),
+        "symbolic link (to " + str(secret): lambda p: p.symlink_to(secret),
+        "symbolic link (to /proc/self/environ": lambda p: p.symlink_to("/proc/self/environ"),
+        "hard link to a file outside the submission": lambda p: os.link(outside, p),
+        "named pipe (FIFO)": os.mkfifo,
+        "socket": unix_socket,
+        "device file": lambda p: os.mknod(p, stat.S_IFCHR | 0o644, os.makedev(1, 3)),
+    }
+    for i, (what, make) in enumerate(attacks.items()):
+        folder = _submission_of(tmp_path / str(i), make)
+        with pytest.raises(RefusedSubmission, match=re.escape(f"refused: spec_decoding/theory.py is a {what}")):
+            student_files(folder, [TARGET.file])
+        with pytest.raises(RefusedSubmission, match=re.escape(f"refused: theory.py is a {what}")):
+            student_files(folder / "spec_decoding", [TARGET.file])  # found by its name
+    linked = tmp_path / "linked-folder"
+    linked.mkdir()
+    (linked / "spec_decoding").symlink_to(ROOT / "spec_decoding")
+    with pytest.raises(RefusedSubmission, match="refused: spec_decoding is a symbolic link"):
+        student_files(linked, [TARGET.file])
+    inside = _submission_of(tmp_path / "inside", lambda p: p.write_text("y = 2\n"))
+    os.link(inside / TARGET.file, inside / "copy-of-theory.py")
+    files, _ = submitted_files(inside, [TARGET.file])
+    copy_submitted(files[TARGET.file], tmp_path / "copied.py")
+    assert (tmp_path / "copied.py").read_text() == "y = 2\n"
+    # swapped for a link after it was checked: the copy (O_NOFOLLOW, then fstat) refuses it
+    (inside / TARGET.file).unlink()
+    (inside / TARGET.file).symlink_to(ROOT / TARGET.file)
+    with pytest.raises(RefusedSubmission, match="symbolic link"):
+        copy_submitted(files[TARGET.file], tmp_path / "copied-again.py")
+    root = autograder(built, tmp_path / "gradescope", "unused")
+    (root / "submission" / "theory.py").unlink()
+    (root / "submission" / "theory.py").symlink_to(ROOT / TARGET.file)
+    assert autograde(root / "source", root / "submission", root / "results" / "results.json") == 0
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == 0 and results["tests"] == []
+    assert "refused: theory.py is a symbolic link" in results["output"]
+
+
+LEFT_BEHIND = """
+import ctypes, glob, os
+libc = ctypes.CDLL(None, use_errno=True)
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+found = []
+for keyring in (-3, -4, -5):  # session, user, user session
+    serial = libc.syscall(ctypes.c_long(KEYCTL), ctypes.c_long(10), ctypes.c_long(keyring), b"user",
+                          b"left-behind", ctypes.c_long(0))  # KEYCTL_SEARCH
+    if serial > 0:
+        buffer = ctypes.create_string_buffer(256)
+        size = libc.syscall(ctypes.c_long(KEYCTL), ctypes.c_long(11), ctypes.c_long(serial), buffer,
+                            ctypes.c_long(256))  # KEYCTL_READ
+        found.append("KEY " + buffer.raw[:max(size, 0)].decode(errors="replace"))
+for folder in ("/tmp", os.environ["HOME"], "/dev/shm"):
+    found += ["FILE " + path for path in glob.glob(f"{folder}/left-behind*")]
+wrote = []
+for keyring in (-3, -4, -5):
+    if libc.syscall(ctypes.c_long(ADD_KEY), b"user", b"left-behind", SECRET.encode(), ctypes.c_long(len(SECRET)),
+                    ctypes.c_long(keyring)) > 0:
+        wrote.append(keyring)
+for folder in ("/tmp", os.environ["HOME"], "/dev/shm"):
+    with open(f"{folder}/left-behind-{os.getpid()}", "w") as f:
+        f.write(SECRET)
+        wrote.append(folder)
+print("FOUND", found, "WROTE", wrote, "OOM-SCORE-ADJ", open("/proc/self/oom_score_adj").read().strip(), flush=True)
+"""
+
+
+def test_nothing_carries_over_between_submissions(built, sandbox, tmp_path):
+    """A submission stores a key in its session, user and user-session keyrings and a file in
+    /tmp, its home and /dev/shm, after looking for those a submission before it left: the next
+    finds none (a fresh session keyring and the user's keyrings cleared for each check, fresh
+    tmpfs). Before, a key in the user keyring was read by the next submission. Each check's process
+    is also the out-of-memory killer's first choice (oom_score_adj 1000)."""
+    outputs = []
+    for i in range(2):
+        text = planted(built["stripped"], LEFT_BEHIND, SECRET=f"{SECRET}-{i}")
+        results = grade_locally(built, sandbox, text, tmp_path / str(i))
+        fair(results)
+        outputs.append(results["tokens_per_round"].output)  # the check that calls the planted function
+    for output in outputs:
+        found = re.search(r"FOUND (\[.*?\]) WROTE (\[.*?\]) OOM-SCORE-ADJ (\S+)", output)
+        assert found, output
+        assert found[1] == "[]" and SECRET not in found[1], output
+        assert "-4" in found[2] and "'/tmp'" in found[2] and "'/dev/shm'" in found[2], output  # the writes worked
+        assert found[3] == "1000"

@@ -1,0 +1,213 @@
+"""A batch nothing can stop (assignments/batch.py): one class of gamma_cost_model submissions,
+honest ones around a hanging, a crashing and hostile ones (a link to the instructor's checkout,
+an answer 200,000 lists deep, a memory hog, escape sequences), graded in one batch into a complete
+CSV: a row for each student, in order, each with its right score and a note saying what went
+wrong; the students after the hostile ones are graded in full. The submissions are those of
+benchmarks/demo_class.py (which grades a class of 20).
+
+Also, without grading: printable() (the escaping every report goes through) and the columns.
+Needs root and namespaces, as tests/test_grader_hostile.py."""
+
+import csv
+import io
+import json
+import os
+
+import pytest
+
+from assignments.batch import grade_batch
+from assignments.export import gradescope_results
+from assignments.grade import print_report
+from assignments.make import ROOT
+from assignments.printable import printable
+from assignments.registry import ASSIGNMENTS
+from assignments.sandbox import namespaces_work
+from benchmarks.demo_class import NAME, write_class
+
+ASSIGNMENT = ASSIGNMENTS[NAME]
+TIMEOUT = 12  # seconds per check, and for all of a submission's checks together
+MEMORY_MB = 256  # the memory hog asks for 6 x 100 MB
+# the class, in the CSV's order: kind -> how many
+CLASS = {"honest": 1, "symlink-checkout": 1, "hang": 1, "crash": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
+         "honest-loop": 1}
+PER_ROUND = {"tokens_per_round", "speedup", "best_gamma_choice"}  # the checks that call expected_tokens_per_round
+
+
+def test_printable_escapes_every_control_and_formatting_character():
+    """ESC, CSI (0x9b), \\r, backspace, BEL, a bidirectional override: written out; newlines and
+    tabs kept (or escaped for one CSV cell); twice is once; ordinary text unchanged."""
+    forged = "ok\x1b[2J\x1b[H\x9b31m\rALL PASS\x08\x07 \u202eevil\u200b\nline\ttab é ü 你"
+    shown = printable(forged)
+    assert not any(c in shown for c in "\x1b\x9b\r\x08\x07\u202e\u200b")
+    assert shown == "ok\\x1b[2J\\x1b[H\\x9b31m\\x0dALL PASS\\x08\\x07 \\u202eevil\\u200b\nline\ttab é ü 你"
+    assert printable(shown) == shown
+    assert printable(forged, newlines=False).count("\n") == 0 and "\\n" in printable(forged, newlines=False)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if os.geteuid() != 0 or not namespaces_work():
+        pytest.skip("the sandbox's tests need root and working namespaces (unshare)")
+    folder = tmp_path_factory.mktemp("class")
+    names = write_class(folder / "submissions", ROOT, CLASS, hog_mb=100, hogs=6)
+    progress = io.StringIO()
+    reports = grade_batch(NAME, folder / "submissions", folder / "grades.csv", seed=1, timeout=TIMEOUT,
+                          file=progress, memory=MEMORY_MB << 20)
+    rows = list(csv.DictReader((folder / "grades.csv").open()))
+    return {"names": names, "rows": {r["student"]: r for r in rows}, "order": [r["student"] for r in rows],
+            "reports": dict(zip(names, reports)), "progress": progress.getvalue(),
+            "text": (folder / "grades.csv").read_text()}
+
+
+def _row(graded, kind):
+    return graded["rows"][next(n for n in graded["names"] if n.endswith("-" + kind))]
+
+
+def _report(graded, kind):
+    return graded["reports"][next(n for n in graded["names"] if n.endswith("-" + kind))]
+
+
+def test_every_student_gets_a_row_in_order(graded):
+    """A row per student, in order, each with every column filled; the honest students, first and
+    after all the hostile ones, get full marks (a batch that stopped, or a sandbox left broken by
+    a hostile student, would miss them)."""
+    assert graded["order"] == graded["names"]
+    assert all(row["max"] == f"{ASSIGNMENT.points:g}" and row["seconds"] for row in graded["rows"].values())
+    for kind in ("honest", "honest-loop"):
+        assert _row(graded, kind)["total"] == f"{ASSIGNMENT.points:g}", _row(graded, kind)
+    assert f"[{len(CLASS)}/{len(CLASS)}]" in graded["progress"]
+
+
+def test_a_link_to_the_checkout_is_refused(graded):
+    """theory.py a symbolic link to the instructor's own theory.py: refused, 0 points (copied
+    through the link it scored full marks)."""
+    row = _row(graded, "symlink-checkout")
+    assert row["total"] == "0" and "refused: spec_decoding/theory.py is a symbolic link" in row["notes"]
+
+
+def test_a_hanging_submission_costs_one_timeout(graded):
+    """Its first check uses the submission's time (TIMEOUT); the other checks are not run (each
+    waited its own timeout before)."""
+    row, report = _row(graded, "hang"), _report(graded, "hang")
+    assert float(row["seconds"]) < 3 * TIMEOUT
+    verdicts = {r.check: r.message for r in report.results}
+    assert "did not finish within" in verdicts["tokens_per_round"]
+    assert sum("not run: the submission used its time" in m for m in verdicts.values()) >= len(verdicts) - 2
+    assert row["total"] == "0"
+
+
+def test_a_crash_and_an_unreadable_answer_are_rows_with_a_reason(graded):
+    """os._exit in the student's function: its checks fail, saying the process ended; an answer
+    200,000 lists deep: the batch goes on (whatever the grader raised reading it is the row's
+    note, or the check's verdict), 0 for the checks that read it."""
+    crash = _row(graded, "crash")
+    assert "the process ended before the check could report" in crash["notes"]
+    deep, report = _row(graded, "deep-json"), _report(graded, "deep-json")
+    passed = {r.check for r in report.results if r.passed}
+    assert not passed & PER_ROUND
+    reasons = [deep["notes"]] + [r.message for r in report.results if not r.passed]
+    assert any("deep" in reason for reason in reasons), reasons  # said, not silently zero
+    assert float(deep["total"]) == sum(c.points for c in ASSIGNMENT.checks if c.name in passed)
+
+
+def test_a_memory_hog_ends_its_check_not_the_grader(graded):
+    """Seven processes of 100 MB inside a 256 MB limit: the out-of-memory killer ends the check's
+    processes (the grader and the students after it are graded), and the note says the submission
+    used too much memory."""
+    row, report = _row(graded, "memory-hog"), _report(graded, "memory-hog")
+    verdicts = {r.check: r for r in report.results}
+    message = verdicts["tokens_per_round"].message
+    assert message.startswith("ran out of memory: your code used too much memory") and "256 MB" in message
+    assert not any(verdicts[check].passed for check in PER_ROUND)
+    assert float(row["total"]) == sum(r.points for r in report.results)  # costs.py's checks: its own, honest
+    assert _row(graded, "honest-loop")["total"] == f"{ASSIGNMENT.points:g}"
+
+
+def test_escape_sequences_reach_no_terminal_csv_or_results_json(graded):
+    """An exception message and a print full of escape sequences drawing "ALL PASS": the CSV, the
+    printed report and results.json hold them escaped (\\x1b), never raw."""
+    report = _report(graded, "ansi")
+    assert any("\x1b" in r.message for r in report.results)  # what the student's code raised, kept as it was
+    printed = io.StringIO()
+    print_report(report, file=printed)
+    for text in (graded["text"], printed.getvalue(), json.dumps(gradescope_results(report), ensure_ascii=False),
+                 json.dumps(report.to_json(), ensure_ascii=False)):
+        assert "\x1b" not in text and "\r" not in text.replace("\r\n", "\n") and "\x07" not in text
+        assert "\\x1b[2J" in text
+    assert not any(r.passed for r in report.results if r.check in PER_ROUND)
+
+
+def test_the_csv_shows_a_pasted_solution(graded):
+    """The honest student submitted this project's own theory.py: 100% similar to the reference;
+    the one who wrote expected_tokens_per_round as a loop is not; a refused file is not compared."""
+    assert _row(graded, "honest")["similar_to_reference"].startswith("100%")
+    assert _row(graded, "symlink-checkout")["similar_to_reference"] == ""
+    loop = dict(reversed(part.split("% ")) for part in _row(graded, "honest-loop")["similar_to_reference"].split("; "))
+    assert int(loop["expected_tokens_per_round"]) < 50
+
+
+def test_each_row_is_on_disk_before_the_next_submission_is_graded(tmp_path):
+    """The header and every finished row are flushed to disk before the next submission's grading
+    starts, so a batch killed midway (the out-of-memory killer, a time limit) keeps them (unflushed,
+    a batch killed during its first submissions left an empty CSV). No grading: reports made here."""
+    from assignments.batch import Submission, _write_csv
+    from assignments.grade import Report
+
+    out, on_disk = tmp_path / "grades.csv", []
+
+    def graded():
+        for i in range(3):
+            on_disk.append(len(list(csv.reader(out.open()))))  # what another process would read now
+            yield Report(NAME, list(ASSIGNMENT.functions), notes=[f"note \x1b[2J{i}"]), {}
+
+    found = [Submission(f"s{i}", "", tmp_path / f"s{i}") for i in range(3)]
+    _write_csv(out, ASSIGNMENT, found, graded(), 1, io.StringIO())
+    assert on_disk == [1, 2, 3]
+    assert [row["notes"] for row in csv.DictReader(out.open())] == [f"note \\x1b[2J{i}" for i in range(3)]
+
+
+def _child_allocating(memory: dict | None, megabytes: int) -> tuple[int, str]:
+    """Fork a process that joins the sandbox's memory limit as a check's child does
+    (sandbox.join_memory), then fills `megabytes`; its exit code as subprocess gives it, and its
+    oom_score_adj (read back through a pipe before it allocates)."""
+    from assignments.sandbox import join_memory
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            join_memory(memory)
+            os.write(write, open("/proc/self/oom_score_adj").read().strip().encode())
+            os.close(write)
+            block = b"x" * (megabytes << 20)
+            os._exit(0 if block else 1)
+        except MemoryError:
+            os._exit(3)
+        finally:
+            os._exit(4)
+    os.close(write)
+    adj = os.read(read, 100).decode()
+    os.close(read)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), adj
+
+
+def test_a_checks_processes_are_held_to_the_sandboxs_memory_limit():
+    """A process that joins the sandbox's memory cgroup (64 MB) and fills 200 MB is killed by the
+    out-of-memory killer (SIGKILL, the cgroup's kill count goes up), not anything else; where there
+    is no cgroup, its address-space limit makes the allocation fail (MemoryError). Either way it is
+    the killer's first choice (oom_score_adj 1000). Without the limit it fills 200 MB and exits 0."""
+    from assignments.memory import SandboxMemory
+
+    assert _child_allocating(None, 200) == (0, "1000")
+    assert _child_allocating({"procs_fd": None, "limit": 64 << 20}, 200) == (3, "1000")
+    memory = SandboxMemory(64 << 20)
+    try:
+        if memory.folder is None:
+            pytest.skip(f"no memory cgroup can be made here: {memory.why_not}")
+        before = memory.oom_kills()
+        assert _child_allocating(memory.for_child(), 200) == (-9, "1000")
+        assert memory.oom_kills() == before + 1
+        assert _child_allocating(memory.for_child(), 16) == (0, "1000")
+    finally:
+        memory.close()
