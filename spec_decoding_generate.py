@@ -245,9 +245,14 @@ def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=
     except CheckpointError as e:  # say which of the two models failed
         raise CheckpointError(f"--{role} {name}: {e}") from None
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, "
-          f"{str(model.wte.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s",
-          file=sys.stderr, flush=True)
+          f"{str(model.wte.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s; "
+          f"kernels: {kernels_line(model)}", file=sys.stderr, flush=True)
     return model
+
+
+def kernels_line(model) -> str:
+    """What runs the model's linear layers (gpt2/speed/kernels.py's choice, which loading logs)."""
+    return getattr(model, "kernel_choice", None) or "plain PyTorch (gpt2/model.py)"
 
 
 def make_drafter(args, target, device: torch.device, dtype: str):

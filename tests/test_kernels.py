@@ -258,15 +258,19 @@ def test_stepping_into_the_plain_face_reaches_f_linear(wide_dir, monkeypatch):
     assert len(calls) == 4 * WIDE.n_layer + 1
 
 
-def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys):
-    monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys, caplog):
+    """The kernel choice is logged (logger gpt2.speed) and kept on the model, never printed."""
+    caplog.set_level("INFO", logger="gpt2.speed")
     model = load_gpt2(wide_dir, dtype="float32")
     assert kernels.attached(model)
-    err = capsys.readouterr().err
-    assert err.startswith("kernels: gpt2/speed/kernels.py, float32: 1+ rows: onednn") and "kernels=False" in err, err
+    assert model.kernel_choice.startswith("float32: 1+ rows: onednn")
+    logged = [r.getMessage() for r in caplog.records if r.name == "gpt2.speed"]
+    assert len(logged) == 1 and logged[0].startswith("kernels: gpt2/speed/kernels.py, float32: 1+ rows: onednn")
+    assert "kernels=False" in logged[0] and "kernels:" not in capsys.readouterr().err
+    caplog.clear()
     monkeypatch.setattr(kernels, "ENABLED", False)  # what GPT2_FAST_LINEAR=0 sets at import
     assert kernels.attached(load_gpt2(wide_dir)) == []
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and not caplog.records
 
 
 @pytest.mark.parametrize("choice", [[(math.inf, "onednn")], [(math.inf, "mm")], [(math.inf, "linear")],
