@@ -67,8 +67,9 @@ def draw_figures(results: dict) -> dict:
             if len(drafters) > 1:
                 ax.set_title(f"drafter {drafter}: " + ax.get_title(), fontsize=10)
         if any(c.get("looped_runs") for c in cells):
-            fig.text(0.01, 0.005, f"looped: {LOOP_MARK} (most of a run's text repeats one n-gram; "
-                     f"spec_decoding/loops.py)", fontsize=8, color=LOOP_COLOUR, va="bottom")
+            fig.text(0.01, 0.005, f"looped (red) = {LOOP_MARK}: most of a run's text repeats one n-gram, "
+                     f"which both models predict (spec_decoding/loops.py)", fontsize=8, color=LOOP_COLOUR,
+                     va="bottom")
         fig.suptitle(title, fontsize=9)
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         figures[name] = fig
@@ -149,12 +150,12 @@ def speedup_bars(ax, cells, t, norm=None):
     spread = [median - [c.get("speedup_q1", m) for c, m in zip(cells, median)],
               [c.get("speedup_q3", m) for c, m in zip(cells, median)] - median]
     bars = ax.bar(x, median, color=plt.get_cmap("RdYlGn")(norm(median)), edgecolor="black",
-                  yerr=spread, capsize=3, hatch=None)
+                  yerr=spread, capsize=3)
     for bar, c, m in zip(bars, cells, median):
         if looped(c):
             bar.set_hatch("//")
             bar.set_edgecolor(LOOP_COLOUR)
-        ax.text(bar.get_x() + bar.get_width() / 2, m, f"{m:.2f}x" + ("\nlooped" if looped(c) else ""),
+        ax.text(bar.get_x() + bar.get_width() / 2, c.get("speedup_q3", m), f"{m:.2f}x" + ("\nlooped" if looped(c) else ""),
                 ha="center", va="bottom", fontsize=9, color=LOOP_COLOUR if looped(c) else "black")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylim(0, max(1.1, float(np.max(median)) * 1.25))
