@@ -7,8 +7,9 @@ generated text is such a repetition, and looped() flags a text that is mostly on
 
 The measure is a period detector. GPT-2's tokenizer writes indentation as one space token per
 space, so ordinary code is full of short runs of one token; runs are therefore taken as units
-first (a run of one token repeated k times is one unit of k tokens). A token is covered when it lies
-  * in a stretch where the units repeat themselves with one period p (1 .. MAX_PERIOD units) at
+first (a run of one token repeated k times is one unit of k tokens; two units are equal when both
+their token and their length are). A token is covered when it lies
+  * in a stretch where the units repeat themselves with one period p (2 .. MAX_PERIOD units) at
     least once in full: unit[i] == unit[i - p] for p or more units in a row, with the copy they
     repeat (a repeated line, '\\n' + 8 spaces again and again), or
   * in a run of one token MAX_RUN or more long (a line of nothing but spaces).
@@ -24,8 +25,8 @@ LOOP_SHARE = 0.5
 # The longest repeated n-gram looked for, in units: longer than most lines of code, short enough
 # that two copies fit in the shortest generations the benchmark makes.
 MAX_PERIOD = 32
-# One token this many times in a row is a loop by itself: longer than any indentation or column
-# alignment that code uses.
+# One token this many times in a row is a loop by itself: deeper than code indents; column
+# alignment this wide is rare, and is whitespace both models predict as easily as a loop.
 MAX_RUN = 32
 
 
@@ -43,15 +44,15 @@ def runs(tokens: list[int]) -> list[tuple[int, int]]:
 def loop_share(tokens: list[int], max_period: int = MAX_PERIOD, max_run: int = MAX_RUN) -> float:
     """The largest share of tokens (0 to 1) that lie in a repetition of one period (see the module
     docstring): periodic stretches of units, and runs of one token max_run or more long."""
-    units = runs(tokens)
-    symbols, lengths = [u[0] for u in units], [u[1] for u in units]
+    units = runs(tokens)  # compared whole: '\n' + 13 spaces does not repeat '\n' + 11 spaces
+    lengths = [u[1] for u in units]
     long_runs = [length >= max_run for length in lengths]
     best = sum(length for length, long in zip(lengths, long_runs) if long)
-    for p in range(1, min(max_period, len(units) // 2) + 1):
+    for p in range(2, min(max_period, len(units) // 2) + 1):  # p = 1: neighbouring units always differ
         covered = list(long_runs)
         streak = 0  # units in a row equal to the unit p back
         for i in range(p, len(units) + 1):
-            if i < len(units) and symbols[i] == symbols[i - p]:
+            if i < len(units) and units[i] == units[i - p]:
                 streak += 1
                 continue
             if streak >= p:  # a full copy repeated: units i - streak - p .. i - 1

@@ -486,9 +486,9 @@ def ordinary_windows(n: int = 100) -> list[list[int]]:
 
 
 def test_ordinary_text_is_not_a_loop():
-    """Code and prose (whose indentation is runs of one space token) stay far below LOOP_SHARE.
-    Shown to fail when runs of one token are not taken as units (every indented line repeats
-    the space before it: period 1)."""
+    """Code and prose (whose indentation is runs of one space token) stay below LOOP_SHARE.
+    Shown to fail when a unit equal to the one p back counts without a full copy of the period
+    (every pair of equal neighbours would be a loop)."""
     from spec_decoding.loops import LOOP_SHARE, loop_share
 
     windows = ordinary_windows()
@@ -506,10 +506,12 @@ def test_ordinary_text_is_not_a_loop():
      "    for name in args.names:\n        print(Path(name).resolve(), file=sys.stderr)\n" + "x = 1\n" * 2, False),
     ("The draft proposes gamma tokens, the target scores them in one forward pass, and each is "
      "accepted with probability min(1, p/q).", False),
+    # indentation that changes from line to line is not a repetition (a sample of the quick pair)
+    ("\n" + " " * 13 + '"""\n' + " " * 11 + '"""\n' + " " * 7 + "lines, turtles(),n", False),
 ])
 def test_loops_are_found_and_text_is_not(text, is_loop):
     """Planted loops (a run of spaces, a repeated line, text that ends in a loop) against text
-    with a short repetition in it."""
+    with a short repetition in it. The last case fails when units are compared by token alone."""
     from gpt2 import encode
     from spec_decoding.loops import looped
 
