@@ -51,6 +51,9 @@ def test_writes_all_files(benchmark_run):
         with Image.open(out / name) as image:
             assert image.size[0] > 100 and image.size[1] > 100
     assert "| Gamma | Avg Speedup |" in proc.stdout  # the summary table
+    # the kernel choice: in the script's own lines (after loading, and in the summary), not as a note
+    assert "target kernels: " in proc.stdout and "Kernels (target): " in proc.stdout
+    assert "kernels: gpt2/speed/kernels.py" not in proc.stderr
     assert (out / "summary.md").read_text() in proc.stdout
 
 
