@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from spec_decoding.loops import LOOP_MARK  # noqa: E402
 
@@ -67,7 +68,7 @@ def draw_figures(results: dict) -> dict:
             if len(drafters) > 1:
                 ax.set_title(f"drafter {drafter}: " + ax.get_title(), fontsize=10)
         if any(c.get("looped_runs") for c in cells):
-            fig.text(0.01, 0.005, f"looped (red) = {LOOP_MARK}: most of a run's text repeats one n-gram, "
+            fig.text(0.01, 0.005, f"looped (hatched, ringed, or named) = {LOOP_MARK}: most of a run's text repeats one n-gram, "
                      f"which both models predict (spec_decoding/loops.py)", fontsize=8, color=LOOP_COLOUR,
                      va="bottom")
         fig.suptitle(title, fontsize=9)
@@ -129,7 +130,11 @@ def heatmap(ax, cells, t, norm=None):
     for i in range(len(gammas)):
         for j in range(len(max_gens)):
             ax.text(j, i, f"{grid[i, j]:.2f}x" + ("\nlooped" if loops[i, j] else ""), ha="center",
-                    va="center", fontsize=9, color=LOOP_COLOUR if loops[i, j] else "black")
+                    va="center", fontsize=9, fontweight="bold" if loops[i, j] else "normal",
+                    bbox=dict(facecolor="white", alpha=0.8, linewidth=0) if loops[i, j] else None)
+            if loops[i, j]:  # hatched in black: visible on every colour of the scale but the darkest
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="black",
+                                       linewidth=1))
     ax.set_xticks(range(len(max_gens)), [str(m) for m in max_gens])
     ax.set_yticks(range(len(gammas)), [str(g) for g in gammas])
     ax.set_xlabel("max_gen (new tokens)")
@@ -154,9 +159,8 @@ def speedup_bars(ax, cells, t, norm=None):
     for bar, c, m in zip(bars, cells, median):
         if looped(c):
             bar.set_hatch("//")
-            bar.set_edgecolor(LOOP_COLOUR)
         ax.text(bar.get_x() + bar.get_width() / 2, c.get("speedup_q3", m), f"{m:.2f}x" + ("\nlooped" if looped(c) else ""),
-                ha="center", va="bottom", fontsize=9, color=LOOP_COLOUR if looped(c) else "black")
+                ha="center", va="bottom", fontsize=9, fontweight="bold" if looped(c) else "normal")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylim(0, max(1.1, float(np.max(median)) * 1.25))
     ax.set_xticks(x, [str(c["gamma"]) for c in cells])
