@@ -397,8 +397,8 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, 
                      f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
         lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
     if tokens is not None and looped(tokens):  # the acceptance above measures the loop
-        lines.append(f"{LOOP_MARK} ({loop_share(tokens):.0%} of the tokens repeat one n-gram; "
-                     f"greedy decoding of small models loops: try --temperature 1)")
+        lines.append(f"{LOOP_MARK} ({loop_share(tokens):.0%} of the tokens repeat one n-gram, which "
+                     f"both models predict: spec_decoding/loops.py)")
     print("\n".join(lines))
 
 

@@ -24,9 +24,11 @@ layer (its cost grows with the width) and per-operation overhead (it grows with 
 narrow, shallow draft costs a fraction of the target's step (measured in docs/trained_pair.md) and still lands
 between the target and a unigram model on held-out code.
 
-The run is a fixed number of steps (TARGET_STEPS, DRAFT_STEPS: about 10 minutes on 2 CPU cores),
-so the same seed gives the same pair on a fast machine and a slow one, up to floating-point
-rounding (tolerance: REPRODUCIBLE_WITHIN). --minutes is only a cap: a run it cuts short says so, in
+The run is a fixed number of steps (TARGET_STEPS, DRAFT_STEPS: about 10 minutes on 2 idle CPU
+cores; --steps 300 makes a quick first pair), so the same seed gives the same pair on a fast
+machine and a slow one, up to floating-point rounding (tolerance: REPRODUCIBLE_WITHIN). It says
+when it should end, and again whenever the machine's pace moves that by more than a quarter
+(FinishEstimate). --minutes is only a cap: a run it cuts short says so, in
 its output and its README. At the end the run's losses are set beside those of the documented
 default run (offline/reference_run.json).
 
@@ -556,12 +558,11 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
 
 class FinishEstimate:
     """The time a model's training has left, from the pace of its last `window` steps (their
-    median), and when to
-    say it: after the first `window` steps, and again whenever the finish it projects moves by more
-    than REPRINT_SHARE of the time that was left when it was last said (until the last `window`
-    steps). (A projection from the first
-    steps alone holds only if the machine's load stays as it was; on a shared machine it does not.)
-    Fed step durations, it reads no clock, so its logic is tested on made-up durations."""
+    median), and when to say it: after the first `window` steps, and again whenever the finish it
+    projects moves by more than reprint_share of the time that was left when it was last said
+    (until the last `window` steps). A projection from the first steps alone holds only while the
+    machine's load stays as it was; on a shared machine it does not. Fed step durations, it reads
+    no clock, so its logic is tested on made-up durations."""
 
     def __init__(self, steps: int, window: int = PACE_STEPS, reprint_share: float = REPRINT_SHARE):
         self.steps, self.window, self.reprint_share = steps, window, reprint_share
