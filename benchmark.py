@@ -30,6 +30,12 @@ drafted position counts, also those after the first rejection, which the target 
 alpha is accepted / (accepted + rejected): the chance that a draft token the target judged was
 accepted, the alpha of the theory. For gamma = 1 they are equal; the prediction uses alpha.
 
+Loops: a small model's greedy text often repeats itself (runs of spaces, a line again and again),
+which the draft predicts as well as the target, so its acceptance and speed-up measure the loop,
+not the drafter. Every run's text is measured (spec_decoding/loops.py), and every table and plot
+marks a cell some of whose runs looped: "output looped: acceptance inflated". The best gamma is
+given per temperature (greedy and sampled cells are different experiments).
+
 --trees B1,B2,... adds token trees (spec_decoding.tree) to the grid beside the gammas, drafted by
 every drafter in --drafters that drafts trees (a draft model scores the tree level by level; Medusa
 heads build it with their propose_tree; spec_decoding.cli.DRAFTER_KINDS says which kinds do): each
