@@ -30,6 +30,12 @@ drafted position counts, also those after the first rejection, which the target 
 alpha is accepted / (accepted + rejected): the chance that a draft token the target judged was
 accepted, the alpha of the theory. For gamma = 1 they are equal; the prediction uses alpha.
 
+Loops: a small model's greedy text often repeats itself (runs of spaces, a line again and again),
+which the draft predicts as well as the target, so its acceptance and speed-up measure the loop,
+not the drafter. Every run's text is measured (spec_decoding/loops.py), and every table and plot
+marks a cell some of whose runs looped: "output looped: acceptance inflated". The best gamma is
+given per temperature (greedy and sampled cells are different experiments).
+
 --trees B1,B2,... adds token trees (spec_decoding.tree) to the grid beside the gammas, drafted by
 every drafter in --drafters that drafts trees (a draft model scores the tree level by level; Medusa
 heads build it with their propose_tree; spec_decoding.cli.DRAFTER_KINDS says which kinds do): each
@@ -81,6 +87,7 @@ from spec_decoding.decoding import check_drafter
 from spec_decoding import cli
 from spec_decoding.costs import CostModel
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX
+from spec_decoding.loops import LOOP_MARK, loop_share, looped
 from spec_decoding.theory import predicted_speedup, predicted_tree_speedup
 
 ROOT = Path(__file__).resolve().parent
@@ -92,7 +99,7 @@ CSV_COLUMNS = [
     "speedup_min", "speedup_max", "predicted_speedup", "target_tokens_per_s", "spec_tokens_per_s",
     "acceptance_rate", "alpha", "tokens_per_target_call", "generated_tokens", "target_calls",
     "draft_calls", "acceptance_by_position", "tokens_match_baseline", "hf_speedup_median",
-    "tree", "nodes_per_target_call", "cost_model_speedup", "mean_gamma", "plain_rounds",
+    "tree", "nodes_per_target_call", "cost_model_speedup", "mean_gamma", "plain_rounds", "looped_runs",
 ]
 
 
@@ -357,6 +364,8 @@ def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]
                             "accepted_by_position": s.accepted_by_position,
                             "gamma_by_round": s.gamma_by_round,
                             "tokens_match_baseline": spec.tokens == base.tokens if temperature == 0 else None,
+                            # a looping output is accepted because it repeats itself (spec_decoding/loops.py)
+                            "loop_share": loop_share(spec.tokens), "looped": looped(spec.tokens),
                         })
     bar.close()
     return records
@@ -419,6 +428,7 @@ def summarize_cell(runs: list[dict], costs: dict) -> dict:
         "target_calls": total("target_calls"), "draft_calls": total("draft_calls"),
         "acceptance_by_position": by_position,
         "tokens_match_baseline": all(r["tokens_match_baseline"] for r in runs) if first["temperature"] == 0 else None,
+        "looped_runs": sum(r["looped"] for r in runs),
         **({} if tree else policy_columns(runs, CostModel(**costs["cost_models"][first["drafter"]]))),
         "run_records": runs,
     }
@@ -442,7 +452,9 @@ def best_gammas(cells: list[dict]) -> tuple[int, int | None]:
     return best("speedup_median"), best("predicted_speedup")
 
 
-def environment(args, device, dtype, standins: bool) -> dict:
+def environment(args, device, dtype, standins: bool, kernels: dict | None = None) -> dict:
+    """The run's machine, versions and settings; kernels: role -> the kernels loading chose for that
+    model (kernel_choices)."""
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
     else:
@@ -465,7 +477,38 @@ def environment(args, device, dtype, standins: bool) -> dict:
         "warmup": args.warmup, "seed": args.seed, "git_commit": commit,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "kernels": kernels or {},
     }
+
+
+def kernel_choices(target, draft=None) -> dict:
+    """role -> what runs the model's linear layers: gpt2/speed/kernels.py's choice, which loading
+    logs (logger gpt2.speed) rather than prints; here it is part of the run's summary."""
+    return {role: getattr(model, "kernel_choice", None) or "plain PyTorch (gpt2/model.py)"
+            for role, model in (("target", target), ("draft", draft)) if model is not None}
+
+
+def loop_flag(cells: list[dict]) -> str:
+    """The mark for cells some of whose runs looped (spec_decoding/loops.py), "" for none."""
+    looped_runs, runs = sum(c["looped_runs"] for c in cells), sum(c["runs"] for c in cells)
+    return f"{LOOP_MARK} ({looped_runs}/{runs} runs)" if looped_runs else ""
+
+
+def best_gamma_lines(cells: list[dict]) -> list[str]:
+    """The best fixed gamma, measured and predicted, per drafter and temperature (greedy and
+    sampled cells are different experiments: averaging them would hide both), marked where the
+    best gamma's cells looped."""
+    drafters = list(dict.fromkeys(c["drafter"] for c in cells))
+    lines = []
+    for name, t in itertools.product(drafters, sorted({c["temperature"] for c in cells})):
+        rows = [c for c in cells if c["drafter"] == name and c["temperature"] == t]
+        measured, predicted = best_gammas(rows)
+        if measured is None:
+            continue
+        flag = loop_flag([c for c in rows if c["gamma"] == measured])
+        lines.append(f"Best gamma{'' if len(drafters) == 1 else ' for ' + name} at temperature {t:g}: "
+                     f"measured {measured}, predicted {predicted}" + (f"; its cells: {flag}." if flag else "."))
+    return lines
 
 
 def fmt(x, spec=".2f", none="-"):
@@ -484,7 +527,7 @@ def drafters_side_by_side(results: dict) -> list[str]:
     cells, costs = results["cells"], results["costs"]
     lines = ["Drafters side by side, each at its best gamma (averages over max_gen):", "",
              "| Drafter | Temperature | Draft step / target step (c) | Best gamma | Speedup | alpha "
-             "| Tokens/target call |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| Tokens/target call | Loops |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name in dict.fromkeys(c["drafter"] for c in cells):
         for t in sorted({c["temperature"] for c in cells}):
             rows = [c for c in cells if c["drafter"] == name and c["temperature"] == t]
@@ -495,7 +538,7 @@ def drafters_side_by_side(results: dict) -> list[str]:
             gc = by_gamma[best]
             lines.append(f"| {name} | {t:g} | {costs['drafters'][name]['c']:.3f} | {best} | "
                          f"{mean(gc, 'speedup_median'):.2f}x | {fmt(mean(gc, 'alpha'))} | "
-                         f"{mean(gc, 'tokens_per_target_call'):.2f} |")
+                         f"{mean(gc, 'tokens_per_target_call'):.2f} | {loop_flag(gc) or 'none'} |")
     return lines
 
 
@@ -506,8 +549,8 @@ def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list
     lines = ["Token trees (averages over max_gen; chain = the same drafter's gamma with as many draft "
              "tokens as the tree has nodes, or else as deep as the tree, same temperature):", "",
              "| Drafter | Tree | T | Nodes | Avg Speedup | Predicted | Tokens/target call | Nodes/target call "
-             "| Verify cost | Chain gamma | Chain speedup | Chain tokens/call | Same tokens |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+             "| Verify cost | Chain gamma | Chain speedup | Chain tokens/call | Same tokens | Loops |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---|"]
     for name, t, tree in dict.fromkeys((c["drafter"], c["temperature"], c["tree"]) for c in tree_cells):
         tc = [c for c in tree_cells if (c["drafter"], c["temperature"], c["tree"]) == (name, t, tree)]
         n, depth = tree_size(parse_branching(tree)), len(parse_branching(tree))
@@ -526,7 +569,7 @@ def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list
                      f"| {fmt(avg(tc, 'predicted_speedup'))}x "
                      f"| {avg(tc, 'tokens_per_target_call'):.2f} | {avg(tc, 'nodes_per_target_call'):.1f} "
                      f"| {costs['verify_cost_by_tree'][tree]:.2f} | {chain_gamma} | {fmt(avg(chain, 'speedup_median'))}x "
-                     f"| {fmt(avg(chain, 'tokens_per_target_call'))} | {same} |")
+                     f"| {fmt(avg(chain, 'tokens_per_target_call'))} | {same} | {loop_flag(tc) or 'none'} |")
     return lines + [""]
 
 
@@ -537,7 +580,8 @@ def summary_markdown(results: dict) -> str:
     drafted_by = "drafter " + drafter_label(drafters[0], env) if len(drafters) == 1 else f"{len(drafters)} drafters"
     lines = [f"Target {env['target']}, {drafted_by}"
              + (" (random-weight stand-ins)" if env["standins"] else "")
-             + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} thread{'s' * (env['threads'] != 1)}", ""]
+             + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} thread{'s' * (env['threads'] != 1)}"]
+    lines += [f"Kernels ({role}): {choice}" for role, choice in env.get("kernels", {}).items()] + [""]
     if len(drafters) > 1:
         lines += drafters_side_by_side(results) + [""]
     for name, t in itertools.product(drafters, sorted({c["temperature"] for c in cells})):
@@ -551,8 +595,8 @@ def summary_markdown(results: dict) -> str:
                   f"{np.mean([c['target_tokens_per_s'] for c in rows]):.1f} tokens/s", "",
                   "| Gamma | Avg Speedup | Predicted | Cost-model speedup | Avg Tokens/s | Acceptance | alpha "
                   "| Tokens/target call | Mean g (plain rounds) | Tests | Same tokens |"
-                  + (" HF assisted speedup |" if hf else ""),
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if hf else "")]
+                  + (" HF assisted speedup |" if hf else "") + " Loops |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|" + ("---:|" if hf else "") + "---|"]
         for g in sorted({c["gamma"] for c in rows}, key=gamma_order):
             gc = [c for c in rows if c["gamma"] == g]
 
@@ -567,16 +611,21 @@ def summary_markdown(results: dict) -> str:
                 f"{avg('spec_tokens_per_s'):.1f} | {fmt(avg('acceptance_rate'))} | {fmt(avg('alpha'))} | "
                 f"{avg('tokens_per_target_call'):.2f} | {fmt(avg('mean_gamma'))} "
                 f"({sum(c.get('plain_rounds', 0) for c in gc)}) | {sum(c['runs'] for c in gc)} | {same} |"
-                + (f" {fmt(avg('hf_speedup_median'))}x |" if hf else ""))
+                + (f" {fmt(avg('hf_speedup_median'))}x |" if hf else "") + f" {loop_flag(gc) or 'none'} |")
         lines += ["", "Median speed-up by gamma (rows) and max_gen (columns):", "",
                   "| gamma | " + " | ".join(map(str, max_gens)) + " |", "|---:|" + "---:|" * len(max_gens)]
         for g in sorted({c["gamma"] for c in rows}, key=gamma_order):
-            by_mg = {c["max_gen"]: c["speedup_median"] for c in rows if c["gamma"] == g}
-            lines.append(f"| {g} | " + " | ".join(f"{by_mg[m]:.2f}" for m in max_gens) + " |")
+            by_mg = {c["max_gen"]: c for c in rows if c["gamma"] == g}
+            lines.append(f"| {g} | " + " | ".join(f"{by_mg[m]['speedup_median']:.2f}"
+                                                  + (" (looped)" if by_mg[m]["looped_runs"] else "")
+                                                  for m in max_gens) + " |")
+        if any(c["looped_runs"] for c in rows):
+            lines += ["", f"(looped): {LOOP_MARK} (some of the cell's runs made text that is mostly a "
+                          f"repeated n-gram, spec_decoding/loops.py)"]
         lines.append("")
     if tree_cells := results.get("tree_cells"):
         lines += tree_summary(tree_cells, cells, costs)
-    verify = ", ".join(f"{g + 1} tokens {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
+    verify = ", ".join(f"{int(g) + 1} tokens {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())  # int: read back from JSON too
     verify += "".join(f", tree {b} ({tree_size(parse_branching(b)) + 1} tokens) {v:.2f}"
                       for b, v in costs.get("verify_cost_by_tree", {}).items())
     steps = "; ".join(f"{name} {d['draft_step_ms']:.1f} ms, c = {d['c']:.3f}" for name, d in costs["drafters"].items())
@@ -589,8 +638,7 @@ def summary_markdown(results: dict) -> str:
     lines += [f"Speculation pays ({name}; best gamma, Leviathan's formula with these costs) from alpha = "
               + (f"{a:.2f}." if a is not None else "never: the draft costs too much.")
               for name, a in costs.get("break_even_alpha", {}).items()]
-    lines += [f"Best gamma{'' if len(drafters) == 1 else ' for ' + name}: measured {best['best_gamma_measured']}, "
-              f"predicted {best['best_gamma_predicted']}." for name, best in results["by_drafter"].items()]
+    lines += best_gamma_lines(cells)
     if bad := [c for c in cells + results.get("tree_cells", []) if c["tokens_match_baseline"] is False]:
         lines.append("WARNING: greedy speculative tokens differ from the baseline's in cells "
                      + ", ".join(f"({c['drafter']}, {'tree ' + c['tree'] if c.get('tree') else 'gamma ' + str(c['gamma'])}, "
@@ -654,6 +702,8 @@ def main(argv=None) -> None:
     target = load_model("target", str(args.target), device, args.dtype, args.quantize, args.compile)
     dtype = target.wte.weight.dtype
     models = [target] + ([draft] if draft is not None else [])
+    kernels = kernel_choices(target, draft)
+    print("; ".join(f"{role} kernels: {choice}" for role, choice in kernels.items()), flush=True)
     drafters = make_drafters(args.drafters, target, draft)
     try:
         for drafter in drafters.values():
@@ -707,7 +757,8 @@ def main(argv=None) -> None:
                                  best_gammas([c for c in cells if c["drafter"] == name])))
                   for name in args.drafters}
     measured, predicted = by_drafter[args.drafters[0]].values()  # the first drafter's
-    results = {"cells": cells, "tree_cells": tree_cells, "costs": costs, "environment": environment(args, device, dtype, standins),
+    results = {"cells": cells, "tree_cells": tree_cells, "costs": costs,
+               "environment": environment(args, device, dtype, standins, kernels),
                "best_gamma_measured": measured, "best_gamma_predicted": predicted, "hf_assisted": hf,
                "by_drafter": by_drafter,
                "by_temperature": {str(t): dict(zip(("best_gamma_measured", "best_gamma_predicted"),

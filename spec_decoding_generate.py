@@ -52,6 +52,7 @@ from spec_decoding.decoding import check_drafter
 from spec_decoding import cli
 from spec_decoding.drafters import ModelDrafter
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX
+from spec_decoding.loops import LOOP_MARK, loop_share, looped
 from spec_decoding.trace_page import write_html
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   SOURCE_COLOURS, STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
@@ -245,9 +246,14 @@ def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=
     except CheckpointError as e:  # say which of the two models failed
         raise CheckpointError(f"--{role} {name}: {e}") from None
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, "
-          f"{str(model.wte.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s",
-          file=sys.stderr, flush=True)
+          f"{str(model.wte.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s; "
+          f"kernels: {kernels_line(model)}", file=sys.stderr, flush=True)
     return model
+
+
+def kernels_line(model) -> str:
+    """What runs the model's linear layers (gpt2/speed/kernels.py's choice, which loading logs)."""
+    return getattr(model, "kernel_choice", None) or "plain PyTorch (gpt2/model.py)"
 
 
 def make_drafter(args, target, device: torch.device, dtype: str):
@@ -362,8 +368,9 @@ def get_cost_model(args, target, draft) -> CostModel | None:
     return cost_model
 
 
-def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) -> None:
-    """gamma: draft tokens per round, or auto/heuristic (with a tree: its depth)."""
+def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, tokens=None) -> None:
+    """gamma: draft tokens per round, or auto/heuristic (with a tree: its depth); tokens: the
+    generated ones, to say when they looped (spec_decoding/loops.py)."""
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
     most = gamma if isinstance(gamma, int) else max(stats.gamma_by_round, default=0)
@@ -389,6 +396,9 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None) 
         lines.append(f"baseline (target alone): {baseline.stats.tokens_per_second:.1f} tokens/s "
                      f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
         lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
+    if tokens is not None and looped(tokens):  # the acceptance above measures the loop
+        lines.append(f"{LOOP_MARK} ({loop_share(tokens):.0%} of the tokens repeat one n-gram, which "
+                     f"both models predict: spec_decoding/loops.py)")
     print("\n".join(lines))
 
 
@@ -438,6 +448,7 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
         "tokens": result.tokens,
         "text": get_tokenizer().decode(result.tokens),
         "stats": result.stats.to_dict(),
+        "loop_share": loop_share(result.tokens), "looped": looped(result.tokens),
     }
     if baseline is not None:
         report["baseline"] = {"tokens": baseline.tokens,
@@ -562,7 +573,8 @@ def generate(args) -> None:
     if args.json:
         print(to_json(args, device, target.wte.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))
     else:
-        print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, drafter_line, args.tree)
+        print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, drafter_line, args.tree,
+                    result.tokens)
         if baseline is not None:
             print(describe_baseline_match(result, baseline, args.temperature))
 

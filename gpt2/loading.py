@@ -44,7 +44,7 @@ from safetensors import SafetensorError, safe_open
 from .speed.compiled import COMPILE_CHOICES, choose_compiled, compile_decode
 from .speed.cuda_graph import choose_graphed, graph_decode
 from .config import GPT2Config
-from .speed.device import auto_format, dtype_note, note_once, resolve_device, resolve_dtype
+from .speed.device import auto_format, dtype_note, log_kernel_choice, note_once, resolve_device, resolve_dtype
 from .speed.fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
 from .speed import kernels as fast_face
 from .model import GPT2
@@ -395,9 +395,9 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         params = dict(model.named_parameters())
         said = fast_face.attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()},
                                         fp16=quantize == "fp16")
-        if said:
-            note_once(f"kernels: gpt2/speed/kernels.py, {'; '.join(said)}. Plain PyTorch (gpt2/model.py as it "
-                      f"reads): load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", sys.stderr)
+        if said:  # logged, not printed: the scripts show model.kernel_choice in their own summary
+            model.kernel_choice = "; ".join(said)
+            log_kernel_choice(model.kernel_choice)
     model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
 

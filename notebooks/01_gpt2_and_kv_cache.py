@@ -63,7 +63,7 @@ print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
 #
 # `kernels=False` keeps the model plain PyTorch, exactly as `gpt2/model.py` reads: step into
 # `model(idx)` and you are in `GPT2.forward`, every linear layer an `nn.Linear`. A default load
-# attaches faster CPU kernels beside it (`gpt2/speed/kernels.py`, named in the one line it prints),
+# attaches faster CPU kernels beside it (`gpt2/speed/kernels.py`, named in `model.kernel_choice`),
 # which compute the same float32 logits.
 
 # %%

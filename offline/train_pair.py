@@ -24,9 +24,11 @@ layer (its cost grows with the width) and per-operation overhead (it grows with 
 narrow, shallow draft costs a fraction of the target's step (measured in docs/trained_pair.md) and still lands
 between the target and a unigram model on held-out code.
 
-The run is a fixed number of steps (TARGET_STEPS, DRAFT_STEPS: about 10 minutes on 2 CPU cores),
-so the same seed gives the same pair on a fast machine and a slow one, up to floating-point
-rounding (tolerance: REPRODUCIBLE_WITHIN). --minutes is only a cap: a run it cuts short says so, in
+The run is a fixed number of steps (TARGET_STEPS, DRAFT_STEPS: about 10 minutes on 2 idle CPU
+cores; --steps 300 makes a quick first pair), so the same seed gives the same pair on a fast
+machine and a slow one, up to floating-point rounding (tolerance: REPRODUCIBLE_WITHIN). It says
+when it should end, and again whenever the machine's pace moves that by more than a quarter
+(FinishEstimate). --minutes is only a cap: a run it cuts short says so, in
 its output and its README. At the end the run's losses are set beside those of the documented
 default run (offline/reference_run.json).
 
@@ -42,11 +44,12 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import sys
 import sysconfig
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -79,8 +82,12 @@ DRAFT_SHARE = 0.3  # of a --minutes cap: the target may use the rest, the draft 
 REPRODUCIBLE_WITHIN = 0.02
 # The documented default run: its train_pair.json, copied here (docs/trained_pair.md says how).
 REFERENCE_RUN = Path(__file__).resolve().parent / "reference_run.json"
-# After this many steps a model's pace is known well enough to project its finish (pace_note).
+# After this many steps a model's pace is known well enough to project its finish (pace_note); the
+# projection then follows the pace of the last PACE_STEPS steps (FinishEstimate).
 PACE_STEPS = 20
+# The projection is printed again when the finish it gives moves by more than this share of the time
+# that was left when it was last printed: a shared machine's pace changes as other jobs come and go.
+REPRINT_SHARE = 0.25
 # A pace this many times slower than the reference run's is worth a line of advice.
 SLOW_FACTOR = 1.5
 HELD_OUT_EVERY = 25  # every 25th file of the corpus is held out for evaluation
@@ -285,6 +292,7 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
                disable=os.environ.get("TRAIN_PAIR_PROGRESS", "1") == "0")
     start, cpu_start = time.perf_counter(), time.process_time()
     smoothed = None
+    estimate, step_start = FinishEstimate(steps), start
     for step, progress in capped_steps(steps, seconds):
         set_learning_rate(optimizer, learning_rate(settings, step, progress))
         window = random_windows(train, B, T, generator)  # [B, T + 1]
@@ -297,8 +305,13 @@ def train_one(name: str, config: GPT2Config, vocab: Vocabulary, train: torch.Ten
         smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
         bar.update(1)
         bar.set_postfix(step=step + 1, loss=f"{smoothed:.3f}", refresh=False)
-        if step + 1 == PACE_STEPS and steps >= 2 * PACE_STEPS:
-            tqdm.write(pace_note(name, config, B, PACE_STEPS, time.perf_counter() - start, steps))
+        now = time.perf_counter()
+        left = estimate.step_done(now - step_start)
+        step_start = now
+        if left is not None and steps >= 2 * PACE_STEPS:
+            tqdm.write(pace_note(name, config, B, PACE_STEPS, now - start, steps) if step + 1 == PACE_STEPS
+                       else f"{name}: the pace changed: about {minutes(left)} left ({step + 1} of {steps} "
+                            f"steps; the last {PACE_STEPS} took {estimate.pace():.2f} s each, the median)")
     bar.close()
     model.eval()
     step += 1  # steps done
@@ -541,6 +554,41 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
     log(f"Saved {out}/target and {out}/draft (see {out}/README.md)")
     log(compare_with_reference(info, target_config, draft_config))
     return info
+
+
+class FinishEstimate:
+    """The time a model's training has left, from the pace of its last `window` steps (their
+    median), and when to say it: after the first `window` steps, and again whenever the finish it
+    projects moves by more than reprint_share of the time that was left when it was last said
+    (until the last `window` steps). A projection from the first steps alone holds only while the
+    machine's load stays as it was; on a shared machine it does not. Fed step durations, it reads
+    no clock, so its logic is tested on made-up durations."""
+
+    def __init__(self, steps: int, window: int = PACE_STEPS, reprint_share: float = REPRINT_SHARE):
+        self.steps, self.window, self.reprint_share = steps, window, reprint_share
+        self.recent: deque[float] = deque(maxlen=window)  # seconds of the last `window` steps
+        self.done, self.elapsed = 0, 0.0
+        self.said_end = self.said_left = None  # the projected finish (seconds from the start) last said
+
+    def pace(self) -> float:
+        """Seconds per step: the median of the last `window` steps (one slow step, a burst of
+        another job, does not move it; a lasting change does once it fills half the window)."""
+        return statistics.median(self.recent)
+
+    def step_done(self, seconds: float) -> float | None:
+        """Count a step that took `seconds`. Returns the seconds left when the estimate is to be
+        said (the first time, or it moved by more than reprint_share), else None."""
+        self.recent.append(seconds)
+        self.done += 1
+        self.elapsed += seconds
+        if self.done < self.window or (self.said_end is not None and self.steps - self.done < self.window):
+            return None  # too early to know the pace; too late to be worth a line (the bar shows it)
+        left = self.pace() * (self.steps - self.done)
+        end = self.elapsed + left
+        if self.said_end is not None and abs(end - self.said_end) <= self.reprint_share * self.said_left:
+            return None
+        self.said_end, self.said_left = end, left
+        return left
 
 
 def pace_note(name: str, config: GPT2Config, batch_size: int, steps_done: int, seconds: float, steps: int,

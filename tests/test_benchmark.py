@@ -51,6 +51,9 @@ def test_writes_all_files(benchmark_run):
         with Image.open(out / name) as image:
             assert image.size[0] > 100 and image.size[1] > 100
     assert "| Gamma | Avg Speedup |" in proc.stdout  # the summary table
+    # the kernel choice: in the script's own lines (after loading, and in the summary), not as a note
+    assert "target kernels: " in proc.stdout and "Kernels (target): " in proc.stdout
+    assert "kernels: gpt2/speed/kernels.py" not in proc.stderr
     assert (out / "summary.md").read_text() in proc.stdout
 
 
@@ -469,3 +472,144 @@ def test_linear_sequence_times_three_doors_that_compute_the_same(tmp_path, fmt, 
     monkeypatch.setattr(native, "rows_linear", lambda *args, **kw: real(*args, **kw) + 1e-6)
     with pytest.raises(AssertionError, match="the wrapper door's output differs from the kernel's"):
         linear_sequence.main(["--quick", "--format", fmt, "--rows", "1", "--out", str(tmp_path / "bad")])
+
+
+# ---------------------------------------------------------------- loops (spec_decoding/loops.py)
+
+def ordinary_windows(n: int = 100) -> list[list[int]]:
+    """Windows of n tokens of this project's own code and prose, except those mostly whitespace."""
+    from gpt2 import decode, encode
+
+    windows = []
+    for path in ("spec_decoding/decoding.py", "spec_decoding/rejection.py", "spec_decoding/speculative.py",
+                 "gpt2/model.py", "docs/trained_pair.md"):
+        ids = encode((ROOT / path).read_text())
+        windows += [ids[s:s + n] for s in range(0, len(ids) - n, n)]
+    return [w for w in windows if sum(decode([t]).isspace() for t in w) < n / 2]
+
+
+def test_ordinary_text_is_not_a_loop():
+    """Code and prose (whose indentation is runs of one space token) stay below LOOP_SHARE.
+    Shown to fail when a unit equal to the one p back counts without a full copy of the period
+    (every pair of equal neighbours would be a loop)."""
+    from spec_decoding.loops import LOOP_SHARE, loop_share
+
+    windows = ordinary_windows()
+    assert len(windows) > 50
+    shares = [loop_share(w) for w in windows]
+    assert max(shares) < LOOP_SHARE, max(shares)
+
+
+@pytest.mark.parametrize("text, is_loop", [
+    ("\n" + " " * 39, True),  # the trained pair's greedy output under the README's old example
+    (("\n" + " " * 12) * 4, True),  # a line of nothing but indentation, again and again
+    ("def parse_args(argv=None):\n" + "    return self.parse_args(argv)\n" * 5, True),
+    ("import os\nimport sys\n\n\ndef main():\n    print(os.getcwd())\n" + "x = x + 1\n" * 8, True),
+    ("import os\nimport sys\nfrom pathlib import Path\n\n\ndef main(argv=None):\n    args = parse(argv)\n"
+     "    for name in args.names:\n        print(Path(name).resolve(), file=sys.stderr)\n" + "x = 1\n" * 2, False),
+    ("The draft proposes gamma tokens, the target scores them in one forward pass, and each is "
+     "accepted with probability min(1, p/q).", False),
+    # indentation that changes from line to line is not a repetition (a sample of the quick pair)
+    ("\n" + " " * 13 + '"""\n' + " " * 11 + '"""\n' + " " * 7 + "lines, turtles(),n", False),
+])
+def test_loops_are_found_and_text_is_not(text, is_loop):
+    """Planted loops (a run of spaces, a repeated line, text that ends in a loop) against text
+    with a short repetition in it. The last case fails when units are compared by token alone."""
+    from gpt2 import encode
+    from spec_decoding.loops import looped
+
+    assert looped(encode(text)) == is_loop
+
+
+def test_loop_share_counts_the_repeated_stretch_with_its_first_copy():
+    from spec_decoding.loops import loop_share, runs
+
+    assert runs([5, 5, 5, 7, 5]) == [(5, 3), (7, 1), (5, 1)]
+    assert loop_share([]) == 0.0 and loop_share([1, 2, 3, 4]) == 0.0
+    assert loop_share([1, 2, 3, 4, 5, 6] + [7, 8] * 3) == pytest.approx(6 / 12)  # 7 8 7 8 7 8
+    assert loop_share([9] * 31 + [1]) == 0.0 and loop_share([9] * 32) == 1.0  # MAX_RUN in a row
+    assert loop_share(list(range(40)) * 2) == 0.0  # a period longer than MAX_PERIOD is not looked for
+
+
+def summary_cells(results: dict, looped_gamma: int, temperature: float) -> dict:
+    """results with every cell of (looped_gamma, temperature) marked looped in all its runs."""
+    results = json.loads(json.dumps(results))
+    for cell in results["cells"]:
+        cell["looped_runs"] = cell["runs"] if (cell["gamma"], cell["temperature"]) == (looped_gamma, temperature) else 0
+    return results
+
+
+def test_the_tables_mark_looped_cells_and_give_best_gamma_per_temperature(benchmark_run):
+    """Only the looped cells' rows carry the mark; best gamma is one line per temperature. Shown to
+    fail without the Loops column (the mark is nowhere) and with one best gamma for all temperatures."""
+    import benchmark
+    from spec_decoding.loops import LOOP_MARK
+
+    out, _, _ = benchmark_run
+    results = summary_cells(json.loads((out / "results.json").read_text()), looped_gamma=2, temperature=0.0)
+    md = benchmark.summary_markdown(results)
+    greedy, sampled = md.split("Measured costs")[0].split("Temperature 1 (sampling)")
+    # the gamma table's rows (wide; the max_gen table's rows start the same way)
+    wide = {line.split("|")[1].strip(): line for line in greedy.splitlines()
+            if line.startswith("| ") and line.count("|") > 8 and "Gamma" not in line}
+    assert set(wide) == {"1", "2"}
+    assert f"{LOOP_MARK} (10/10 runs)" in wide["2"] and LOOP_MARK not in wide["1"]
+    assert "(looped)" in greedy and LOOP_MARK not in sampled and "(looped)" not in sampled
+    best = [line for line in md.splitlines() if line.startswith("Best gamma")]
+    assert [line.split(":")[0] for line in best] == ["Best gamma at temperature 0", "Best gamma at temperature 1"]
+    measured_greedy = int(best[0].split("measured ")[1].split(",")[0])
+    assert (LOOP_MARK in best[0]) == (measured_greedy == 2) and LOOP_MARK not in best[1]
+
+
+def test_the_grid_run_records_each_runs_loop_share(benchmark_run):
+    from spec_decoding.loops import LOOP_SHARE
+
+    out, _, _ = benchmark_run
+    for cell in json.loads((out / "results.json").read_text())["cells"]:
+        runs = cell["run_records"]
+        assert all(0 <= r["loop_share"] <= 1 and r["looped"] == (r["loop_share"] >= LOOP_SHARE) for r in runs)
+        assert cell["looped_runs"] == sum(r["looped"] for r in runs)
+
+
+def test_the_heatmap_panels_share_one_colour_scale_and_mark_loops(benchmark_run):
+    """Shown to fail when each panel computes its own scale (the old heatmap)."""
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plots import draw_figures
+
+    out, _, _ = benchmark_run
+    results = summary_cells(json.loads((out / "results.json").read_text()), looped_gamma=2, temperature=0.0)
+    results["cells"][0].update(speedup_median=3.0, speedup_q3=3.0, speedup_max=3.0)  # one panel far above
+    figures = draw_figures(results)
+    fig = figures["benchmark_heatmap.png"]
+    norms = {(im.norm.vmin, im.norm.vcenter, im.norm.vmax) for ax in fig.axes for im in ax.images}
+    assert len([im for ax in fig.axes for im in ax.images]) == 2 and len(norms) == 1
+    assert next(iter(norms))[2] >= 3.0
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert sum("looped" in t for t in texts) == len(MAX_GENS)  # gamma 2, greedy: one per max_gen
+    acceptance = figures["benchmark_acceptance.png"]
+    labels = [line.get_label() for ax in acceptance.axes for line in ax.get_lines()]
+    assert sum("output looped" in label for label in labels) == 1
+    for f in figures.values():
+        plt.close(f)
+
+
+def test_one_max_gen_draws_bars(benchmark_run):
+    """A grid of one max_gen column is drawn as bars per gamma (a heatmap would be one column of
+    blocks), on the shared scale, a looped bar hatched and labelled."""
+    import matplotlib.pyplot as plt
+
+    from benchmarks.plots import draw_figures
+
+    out, _, _ = benchmark_run
+    results = summary_cells(json.loads((out / "results.json").read_text()), looped_gamma=1, temperature=1.0)
+    results["cells"] = [c for c in results["cells"] if c["max_gen"] == MAX_GENS[0]]
+    fig = draw_figures(results)["benchmark_heatmap.png"]
+    panels = [ax for ax in fig.axes if ax.patches]
+    assert len(panels) == 2 and not any(ax.images for ax in fig.axes)
+    assert all(len(ax.patches) == len(GAMMAS) for ax in panels)
+    hatched = [p for ax in panels for p in ax.patches if p.get_hatch()]
+    assert len(hatched) == 1
+    for f in draw_figures(results).values():
+        plt.close(f)
+    plt.close(fig)

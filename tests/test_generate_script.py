@@ -142,6 +142,25 @@ def test_piped_output_is_plain_text_with_stats(runs, json_report):
                  "alpha (theory):"):
         assert line in out
     assert "Loading target" in err and "Loading draft" in err
+    # the kernel choice is in each load's own line, not a note printed by load_gpt2
+    loads = [line for line in err.splitlines() if "M parameters" in line]
+    assert len(loads) == 2 and all("; kernels: " in line for line in loads), err
+    assert "kernels: gpt2/speed/kernels.py" not in err
+
+
+def test_the_summary_says_when_the_output_looped(json_report, capsys):
+    """A looped output gets the mark under its stats (its acceptance measures the loop); the
+    JSON carries the measure. Shown to fail with the mark left out of print_stats."""
+    from spec_decoding.loops import LOOP_MARK, loop_share
+    from spec_decoding.result import GenerationStats
+
+    stats = GenerationStats(target_calls=10, draft_calls=30, rounds=10, token_sources=["target"] * 40,
+                            gamma_by_round=[3] * 10, seconds=1.0)
+    script.print_stats(stats, 3, tokens=encode("\n" + " " * 39))  # the old README example's output
+    assert LOOP_MARK in capsys.readouterr().out
+    script.print_stats(stats, 3, tokens=encode(PROMPT + " return parser.parse_args(argv)"))
+    assert LOOP_MARK not in capsys.readouterr().out
+    assert json_report["loop_share"] == loop_share(json_report["tokens"])
 
 
 def test_terminal_output_is_coloured_with_legend(runs):

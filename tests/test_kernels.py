@@ -258,15 +258,19 @@ def test_stepping_into_the_plain_face_reaches_f_linear(wide_dir, monkeypatch):
     assert len(calls) == 4 * WIDE.n_layer + 1
 
 
-def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys):
-    monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys, caplog):
+    """The kernel choice is logged (logger gpt2.speed) and kept on the model, never printed."""
+    caplog.set_level("INFO", logger="gpt2.speed")
     model = load_gpt2(wide_dir, dtype="float32")
     assert kernels.attached(model)
-    err = capsys.readouterr().err
-    assert err.startswith("kernels: gpt2/speed/kernels.py, float32: 1+ rows: onednn") and "kernels=False" in err, err
+    assert model.kernel_choice.startswith("float32: 1+ rows: onednn")
+    logged = [r.getMessage() for r in caplog.records if r.name == "gpt2.speed"]
+    assert len(logged) == 1 and logged[0].startswith("kernels: gpt2/speed/kernels.py, float32: 1+ rows: onednn")
+    assert "kernels=False" in logged[0] and "kernels:" not in capsys.readouterr().err
+    caplog.clear()
     monkeypatch.setattr(kernels, "ENABLED", False)  # what GPT2_FAST_LINEAR=0 sets at import
     assert kernels.attached(load_gpt2(wide_dir)) == []
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and not caplog.records
 
 
 @pytest.mark.parametrize("choice", [[(math.inf, "onednn")], [(math.inf, "mm")], [(math.inf, "linear")],
@@ -322,7 +326,7 @@ def test_a_layer_packs_its_weights_on_its_first_call_once(wide_dir, fmt, path, m
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
     builds = count_builds(monkeypatch)
     model = load_gpt2(wide_dir, **FORMATS[fmt])
-    assert f"{path} packs every layer's weights on its first call, side by side on" in capsys.readouterr().err
+    assert f"{path} packs every layer's weights on its first call, side by side on" in model.kernel_choice
     assert paths_used(model) == {path} and built_for(builds, model) == []
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
     first = logits(model, idx)
@@ -398,7 +402,7 @@ def test_the_choice_is_measured_once_and_read_by_later_runs(wide_dir, kernel_cac
     assert len(calls) == 1 and choice_of(model) == MM_BELOW_PROMPTS
     assert err[0].startswith("measuring which kernel runs float32 weights [2048, 512] fastest on this machine, "
                              f"once: the choice is kept in {kernel_cache_file}"), err
-    assert "float32: 1-16 rows: mm, 17+ rows: onednn (measured now, kept in" in err[1]
+    assert model.kernel_choice.startswith("float32: 1-16 rows: mm, 17+ rows: onednn (measured now, kept in")
     entry, = json.loads(kernel_cache_file.read_text())["entries"]
     assert entry["kind"] == "kernels" and entry["value"]["choice"] == [[16, "mm"], [None, "onednn"]]
     key = json.loads(entry["key"])
@@ -411,7 +415,7 @@ def test_the_choice_is_measured_once_and_read_by_later_runs(wide_dir, kernel_cac
     calls.clear()
     model = load_gpt2(wide_dir, dtype="float32")
     assert choice_of(model) == MM_BELOW_PROMPTS and calls == []
-    assert "measured here before, kept in" in capsys.readouterr().err
+    assert "measured here before, kept in" in model.kernel_choice
 
 
 def test_another_machine_threads_torch_or_emulation_measures_again(kernel_cache_file, monkeypatch):

@@ -242,3 +242,43 @@ def test_the_comparison_with_the_documented_run(trained_pair_dirs, tmp_path):
     assert "Not comparable: this run differs in seed" in compare(other)
     assert "No documented default run" in tp.compare_with_reference(info, TINY_TARGET, TINY_DRAFT,
                                                                       tmp_path / "missing.json")
+
+
+def said(estimate: tp.FinishEstimate, step_seconds: list[float]) -> list[tuple[int, float]]:
+    """(steps done, seconds left) each time the estimate asks to be printed."""
+    out = []
+    for seconds in step_seconds:
+        if (left := estimate.step_done(seconds)) is not None:
+            out.append((estimate.done, left))
+    return out
+
+
+def test_the_estimate_is_said_once_on_a_steady_machine():
+    """Steady 1 s steps with a little jitter: said once, after the first window, exactly right."""
+    steps = 200
+    times = [1.0 + 0.05 * ((i * 7) % 5 - 2) for i in range(steps)]
+    printed = said(tp.FinishEstimate(steps, window=20), times)
+    assert len(printed) == 1 and printed[0][0] == 20
+    assert printed[0][1] == pytest.approx(sum(times[:20]) / 20 * 180)
+
+
+def test_the_estimate_follows_a_machine_that_gets_busy():
+    """The pace quadruples after 40 steps (other jobs start): a first-steps projection would stay
+    4x too short (as a fixed estimate did: 13 min said, 46 min taken); the moving window says it
+    again, with a time left that matches the new pace, and not at every step. Shown to fail with
+    the estimate never said again, and with a pace averaged over all steps (its time left lags)."""
+    steps, window = 400, 20
+    times = [1.0] * 40 + [4.0] * 360
+    printed = said(tp.FinishEstimate(steps, window=window), times)
+    assert len(printed) >= 2 and printed[0] == (20, pytest.approx(380.0))
+    done, left = printed[-1]
+    assert done <= 40 + window and left == pytest.approx(4.0 * (steps - done), rel=0.25)
+    assert len(printed) <= 3  # once the new pace fills half the window, then quiet
+
+
+def test_the_estimate_is_not_said_again_for_a_small_move_or_near_the_end():
+    """A pace 20% slower (under REPRINT_SHARE) is not worth a line; nor is a change in the last window."""
+    assert len(said(tp.FinishEstimate(300, window=20), [1.0] * 100 + [1.2] * 200)) == 1
+    assert len(said(tp.FinishEstimate(300, window=20), [1.0] * 285 + [10.0] * 15)) == 1
+    # and a move past the share is said: the same machine twice as slow
+    assert len(said(tp.FinishEstimate(300, window=20), [1.0] * 100 + [2.0] * 200)) >= 2

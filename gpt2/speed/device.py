@@ -6,6 +6,7 @@ probe and fastest_format); no speed measured elsewhere is written into the code.
 machines measured so far are in docs/weight_formats.md and docs/linear_kernels.md.
 """
 
+import logging
 import sys
 
 import torch
@@ -115,6 +116,16 @@ def dtype_note(dtype: torch.dtype, device: torch.device) -> str | None:
 
 
 _NOTES_SHOWN: set[str] = set()
+# Where each load's kernel choice goes: logging.basicConfig(level=logging.INFO) shows it; the
+# scripts print it in their own summary, python -m gpt2.speed.kernel_report shows the kept choices.
+LOG = logging.getLogger("gpt2.speed")
+
+
+def log_kernel_choice(choice: str) -> None:
+    """Log (INFO, logger "gpt2.speed") the kernels loading attached: choice is one line per format
+    joined by "; ", e.g. "float32: 1-16 rows: native-f32, 17+ rows: onednn (measured here)"."""
+    LOG.info("kernels: gpt2/speed/kernels.py, %s. Plain PyTorch (gpt2/model.py as it reads): "
+             "load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", choice)
 
 
 def note_once(note: str | None, file=None) -> None:

@@ -39,7 +39,8 @@ def report(config: GPT2Config | None = None) -> str:
     if config is not None:
         lines += model_choices(config)
     kept = kernel_cache.entries_here()
-    lines.append(f"choices kept for this machine in {kernel_cache.shown_path()}: {len(kept)}")
+    lines.append(f"choices kept for this machine in {kernel_cache.shown_path()}: {len(kept)} (each load_gpt2 "
+                 f"logs its model's to the 'gpt2.speed' logger at INFO; the scripts print it)")
     for entry in kept:
         lines.append(f"  {entry['measured']}  {entry['kind']} {describe_what(entry['what'])}: "
                      f"{describe_value(entry['kind'], entry['value'])}")
