@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tempfile
 import time
 from pathlib import Path
 
@@ -877,8 +878,13 @@ def test_submitted_links_and_special_files_are_refused(built, tmp_path):
     outside.write_text("x = 1\n")
 
     def unix_socket(path):
+        # bound under a short name, then moved: a socket's path is limited to about 108 bytes,
+        # and pytest's temporary folders can be longer
+        short = Path(tempfile.mkdtemp(dir="/tmp")) / "s"
         with socket.socket(socket.AF_UNIX) as s:
-            s.bind(str(path))
+            s.bind(str(short))
+        os.rename(short, path)
+        short.parent.rmdir()
 
     attacks = {
         "symbolic link (to " + str(ROOT / TARGET.file): lambda p: p.symlink_to(ROOT / TARGET.file),
