@@ -180,6 +180,7 @@ class AutoGamma(GammaPolicy):
         self.plain_rounds = 0  # plain rounds chosen since the last drafting round
         self.rejected_probes = 0  # probes rejected in a row (each doubles the wait for the next)
         self._probe_every = None  # probe_every's base as last computed (cleared when the costs change)
+        self._plain_until = 0  # plain steps, with nothing to decide, while plain_rounds is below it
         # What the current spell of drafting (the rounds since the last plain one) has given:
         # tokens made (accepted + 1 a round), seconds spent (as costed, or as clocked), rounds;
         # losing: a spell measured slower than plain decoding, until a probe is accepted.
@@ -288,6 +289,11 @@ class AutoGamma(GammaPolicy):
         return self.made / self.spent * self.round_seconds(0)
 
     def _choose(self) -> int:
+        if self.plain_rounds < self._plain_until:
+            # Off, and nothing has changed since it decided so (a plain round changes no estimate
+            # and no cost): a plain step, with no more work than a plain step's, until a probe is due.
+            self.plain_rounds += 1
+            return 0
         rates = self.tokens_per_second()
         # Until the target has judged a first draft token, the estimates are the prior's alone:
         # draft one token (if the prior says it pays), the cheapest way to learn whether the draft
@@ -302,8 +308,10 @@ class AutoGamma(GammaPolicy):
             self.losing = True
         if not (opening or self.losing) and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
             return best
-        if self.plain_rounds >= self.probe_every:
+        probing = self.clock is not None or self.could_pay()
+        if probing and self.plain_rounds >= self.probe_every:
             return 1
+        self._plain_until = self.probe_every if probing else math.inf
         self.plain_rounds += 1
         return 0
 
@@ -313,9 +321,12 @@ class AutoGamma(GammaPolicy):
             seconds = self.clock() - self._round_start
             self.observe_round(drafted, seconds)
         self._round_start, self._prefill_round = None, False
+        if seconds is not None:
+            self._plain_until = 0  # the costs moved: decide afresh
         if drafted == 0:
             self.plain_rounds_before = True  # the next drafting round starts a new spell
             return
+        self._plain_until = 0  # the estimates move: decide afresh
         probe = self.plain_rounds_before  # a probe (or a spell's first round after plain ones)
         if probe:
             self.made, self.spent, self.evidence = 0, 0.0, 0
@@ -341,6 +352,12 @@ class AutoGamma(GammaPolicy):
                 self.rejected_probes = 0
             elif self.acceptance_by_position()[0] < self.g1_break_even() / 2:
                 self.rejected_probes += 1
+
+    def could_pay(self) -> bool:
+        """Whether some g would beat a plain step were every draft token accepted. If not (a draft
+        as slow as the target), probing cannot find anything to use, and with fixed costs
+        (clock=None) it never probes; with a clock, its probes also time the rounds."""
+        return any((g + 1) / self.round_seconds(g) > 1 / self.round_seconds(0) for g in range(1, self.gamma_max + 1))
 
     def g1_break_even(self) -> float:
         """The acceptance from which a round of g = 1 beats a plain step: (1 + a) / round_seconds(1)

@@ -76,6 +76,100 @@ def never_agreeing_generation(policy, costs, max_gen=32):
     return made * costs.round_seconds(0) / spent, chosen
 
 
+# (c, verify slope, max_gen, k): the cost shapes of a draft that cannot pay when it never agrees
+CANNOT_PAY = [(0.4, 0.05, 48, 3), (0.4, 0.05, 200, 5),  # gpt2-large-like: a 12-block draft of a 36-block target
+              (0.45, 0.1, 48, 2), (0.45, 0.1, 200, 4),  # a draft too dear for the prior's 0.5
+              (0.05, 0.1, 48, 6), (0.05, 0.1, 200, 9)]  # a cheap draft: it takes more rejections to tell
+
+
+@pytest.mark.parametrize("c, verify_slope, max_gen, k", CANNOT_PAY)
+def test_with_a_draft_that_never_agrees_auto_drafts_in_at_most_k_rounds(c, verify_slope, max_gen, k):
+    """With a draft that never agrees, auto drafts in at most k rounds of a generation, k being
+    the opening plus the probes:
+    - the opening: a round of g = 1 pays from an acceptance of c + verify_cost(1) - 1 (here 0.45,
+      0.55, 0.15). Where the prior's 0.5 is below that, auto does not draft at all before a probe
+      (0 rounds); otherwise it drafts until even the estimate two posterior standard deviations up
+      is below it: 2 rounds at 0.45 (after one rejection 0.22 + 2 x 0.21 = 0.64 still beats it,
+      after two 0.13 + 2 x 0.15 = 0.42 does not), 4 at 0.15;
+    - the probes: the first after the fewest plain rounds whose 2% pays for one (23, 28 and 8
+      rounds here), each later wait twice the one before (the estimate is far below break-even),
+      at most max_catch_up - 1 = 63: 1, 1 and 2 probes in 48 tokens, 3, 3 and 5 in 200; a probe
+      made before any opening (the 0.55 case) gets one round more while its estimate is still
+      unsure.
+    And the whole generation costs, in the CostModel's seconds, at most 3% more than plain
+    decoding over 48 tokens and 1.5% over 200. Main's policy (an opening of 2-4 rounds whatever
+    the prior, a probe every probe_every rounds) failed: 3 rounds where k = 2 at 0.55, 8 where
+    k = 6 at 0.15 over 48 tokens; 10, 8 and 25 rounds over 200."""
+    costs = cost_model(c, verify_slope)
+    ratio, chosen = never_agreeing_generation(AutoGamma(costs), costs, max_gen)
+    assert sum(g > 0 for g in chosen) <= k and max(chosen) <= 1, chosen
+    assert ratio >= (0.97 if max_gen < 100 else 0.985), (ratio, chosen)
+
+
+class RowCounter(ModelDrafter):
+    """A draft model that notes, before each of its forwards, how many tokens of the output (the
+    prompt aside: its prefill) it has not seen yet, i.e. what that forward feeds it."""
+
+    def start(self, prompt, max_gen):
+        super().start(prompt, max_gen)
+        self._prompt_len, self._rows = len(prompt), []
+
+    def next_logits(self, tokens):
+        self._rows.append(len(tokens) - max(self.cache.length, self._prompt_len))
+        return super().next_logits(tokens)
+
+
+def test_a_probe_feeds_the_draft_at_most_max_catch_up_rows(pair):
+    """While auto takes plain steps the draft sees nothing, and a probe's first forward catches it
+    up over every token since: one forward of that many rows. A draft that (nearly) never agrees
+    (an untrained model), costs where a probe is due only after 28 plain rounds, and a policy
+    allowing 8 rows: no draft forward reads more than 8 tokens of the output, and some probe does
+    read 8 (the bound is reached, so the test can fail). Main's policy probed after 28 plain
+    rounds, its probe feeding the draft 29 rows."""
+    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+    target, _ = pair
+    torch.manual_seed(0)
+    counter = RowCounter(GPT2(target.config.with_(n_layer=1)).eval())
+    costs = cost_model(0.45, 0.1, target=describe_model(target), draft=describe_model(counter))
+    policy = AutoGamma(costs, max_catch_up=8)
+    result = speculative_sampling_greedy(target, counter, PROMPT, 56, policy)
+    assert result.tokens == autoregressive_generate(target, PROMPT, 56).tokens
+    assert result.stats.gamma_by_round.count(0) > 30  # plain steps, with probes between them
+    assert max(counter._rows) <= 8 and 8 in counter._rows, counter._rows
+
+
+def test_probes_pay_for_the_drafts_catch_up():
+    """A probe costs a round of g = 1 more than a plain step plus the draft's catch-up over the
+    plain rounds' tokens (CostModel.catch_up_seconds). Where that catch-up is dear, probes wait
+    longer, and each wait's probe_budget share of the plain steps pays for its probe."""
+    flat, dear = cost_model(0.3), cost_model(0.3)
+    dear.draft_catch_up_s = {"16": 1.5 * dear.draft_step_s, "64": 3 * dear.draft_step_s}
+    assert dear.catch_up_seconds(1) == dear.draft_step_s == flat.catch_up_seconds(40)
+    assert dear.catch_up_seconds(16 + 48 / 2) == pytest.approx(2.25 * dear.draft_step_s)  # halfway to 64
+    assert dear.catch_up_seconds(112) == pytest.approx(4.5 * dear.draft_step_s)  # the last slope beyond
+    for costs in (flat, dear):
+        policy = AutoGamma(costs)
+        n = policy.probe_every
+        assert policy.probe_extra_seconds(n) <= policy.probe_budget * n * costs.round_seconds(0)
+        assert policy.probe_extra_seconds(n - 1) > policy.probe_budget * (n - 1) * costs.round_seconds(0)
+    assert AutoGamma(dear).probe_every > AutoGamma(flat).probe_every
+
+
+def test_seeded_auto_reproduces_its_tokens_and_gammas_with_probes(pair):
+    """Two seeded sampled runs with costs where auto takes plain steps and probes (their waits
+    growing after rejections, their catch-ups bounded): the same gammas and the same tokens.
+    Everything the probes depend on is the CostModel and the rounds before; a wait read from the
+    clock (planted: probe_every times a random factor) made the gammas differ and this test fail."""
+    from spec_decoding import speculative_sampling
+    target, draft = pair
+    costs = pair_costs(target, draft, 0.45)
+    runs = [speculative_sampling(target, draft, PROMPT, 90, AutoGamma(costs, max_catch_up=16), temperature=1.5,
+                                 generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    gammas = [r.stats.gamma_by_round for r in runs]
+    assert gammas[0] == gammas[1] and runs[0].tokens == runs[1].tokens
+    assert 0 in gammas[0] and 1 in gammas[0]  # plain steps and probes: the test could fail
+
+
 def test_one_autogamma_passed_to_several_generations_carries_what_it_learned(pair):
     """gamma=<a GammaPolicy> is used as it is, so the same AutoGamma passed to the next generation
     of the same pair keeps its estimates: a draft that never agrees costs its start once, not in
