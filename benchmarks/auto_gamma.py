@@ -33,6 +33,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -208,25 +209,34 @@ def round_breakdown(target, draft, costs: CostModel, prompt, max_gen: int) -> di
 
 
 def breakdown_table(summary: dict) -> str:
-    s, ms = summary, lambda x: f"{1000 * x:.1f} ms"
-    step = s["plain_step_s"]
-    loop = (s["plain_round_s"] - s["plain_round_forward_s"]) - (step - s["plain_step_forward_s"]) \
-        if s["plain_rounds"] else 0.0
+    """The breakdown as a table: each part's seconds, and what auto spent beyond plain decoding in
+    plain decoding's median step (later steps: the first holds the prompt's prefill)."""
+    s, step = summary, summary["plain_step_s"]
+
+    def ms(x):
+        return f"{1000 * x:.1f} ms"
+
+    def steps(x):
+        return f"{x / step:+.2f} steps"
+
     rows = [
-        ["whole generation", ms(s["plain_total_s"]), ms(s["auto_total_s"]), f"{s['ratio']:.3f}x"],
-        ["first round (prefill)", ms(s["plain_first_step_s"]),
-         f"{ms(s['auto_first_round_s'])} (g = {s['auto_first_round_gamma']}, draft {ms(s['auto_first_round_draft_s'])} "
-         f"over rows {s['auto_first_round_draft_rows']})", f"+{(s['auto_first_round_s'] - s['plain_first_step_s']) / step:.2f} steps"],
-        [f"opening drafting rounds after the first ({max(0, s['opening_rounds'] - 1)})", "-",
-         ms(s["opening_extra_s"]) + " more than plain steps", f"+{s['opening_extra_s'] / step:.2f} steps"],
-        [f"probes ({s['probes']}, draft rows {s['probe_draft_rows']})", "-",
-         f"{ms(s['probe_extra_s'])} more than plain steps (catch-up and draft {ms(s['probe_catch_up_s'])})",
-         f"+{s['probe_extra_s'] / step:.2f} steps"],
-        [f"a plain round ({s['plain_rounds']}) beside a plain step", f"{ms(step)} (forward {ms(s['plain_step_forward_s'])})",
-         "-" if not s["plain_rounds"] else f"{ms(s['plain_round_s'])} (forward {ms(s['plain_round_forward_s'])})",
-         f"loop {1000 * loop:+.2f} ms a round"],
+        ["whole generation", ms(s["plain_total_s"]), ms(s["auto_total_s"]),
+         f"{steps(s['auto_total_s'] - s['plain_total_s'])} (plain / auto {s['ratio']:.3f}x)"],
+        ["first round (both prefills)", ms(s["plain_first_step_s"]),
+         f"{ms(s['auto_first_round_s'])}: g = {s['auto_first_round_gamma']}, the draft {ms(s['auto_first_round_draft_s'])} "
+         f"over rows {s['auto_first_round_draft_rows']}", steps(s["auto_first_round_s"] - s["plain_first_step_s"])],
+        [f"opening drafting rounds after the first: {max(0, s['opening_rounds'] - 1)}", "-",
+         f"{ms(s['opening_extra_s'])} beyond plain steps", steps(s["opening_extra_s"])],
+        [f"probes: {s['probes']}, the draft's rows {s['probe_draft_rows']}", "-",
+         f"{ms(s['probe_extra_s'])} beyond plain steps (the draft's forwards {ms(s['probe_catch_up_s'])})",
+         steps(s["probe_extra_s"])],
     ]
-    return markdown_table(["where", "plain decoding", "gamma auto", "auto's extra"], rows)
+    if s["plain_rounds"]:
+        rows.append([f"a plain round ({s['plain_rounds']}), median", f"{ms(step)} (outside the forward "
+                     f"{ms(step - s['plain_step_forward_s'])})", f"{ms(s['plain_round_s'])} (outside the "
+                     f"forward {ms(s['plain_round_s'] - s['plain_round_forward_s'])})",
+                     steps(s["plain_round_s"] - step)])
+    return markdown_table(["where", "plain decoding", "gamma auto", "auto beyond plain decoding"], rows)
 
 
 # ------------------------------------------------------------------------ the command
@@ -270,6 +280,9 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt-len", type=int, default=24, help="random prompts' length")
     parser.add_argument("--fixed-gamma", type=int, help="the fixed gamma to compare (default: the best, by a pilot run)")
     parser.add_argument("--breakdown", action="store_true", help="time auto round by round instead (greedy)")
+    parser.add_argument("--calibrate-s", type=float, default=10.0,
+                        help="seconds to measure each pair's CostModel (default 10; more is steadier on a busy machine)")
+    parser.add_argument("--calibrate-rounds", type=int, default=7, help="at least this many rounds of it (default 7)")
     parser.add_argument("--threads", type=int, help="PyTorch threads (default: its own choice)")
     parser.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS), help="where the stand-ins are kept")
     parser.add_argument("--out", default="runs/auto-gamma", help="output folder (results.json, results.md)")
@@ -285,11 +298,14 @@ def main(argv=None) -> None:
         print(note, flush=True)
     load_start = load_average()
     target, pairs, models = load_pairs(args)
-    results = {"machine": machine_info(), "settings": vars(args), "pairs": {}}
+    results = {"machine": machine_info(), "settings": vars(args), "cost_models": {}, "pairs": {}}
     rows, texts = [], []
     for name, pair_draft in pairs:
         print(f"{name}: measuring the costs ...", flush=True)
-        costs = CostModel.calibrate(target, pair_draft, gamma_max=GAMMA_MAX)
+        costs = CostModel.calibrate(target, pair_draft, gamma_max=GAMMA_MAX, budget_s=args.calibrate_s,
+                                    min_rounds=args.calibrate_rounds)
+        print(costs, flush=True)
+        results["cost_models"][name] = asdict(costs)
         if args.breakdown:
             for max_gen in args.max_gens:
                 prompt = prompts[0] if prompts else random_prompt(args.prompt_len, 0, target.config.vocab_size)
