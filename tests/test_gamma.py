@@ -705,7 +705,7 @@ def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_p
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def main():\n\nimport os\n")
     common = ["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--repeats", "2",
-              "--threads", "1"]
+              "--threads", "1", "--calibrate-s", "0.2", "--calibrate-rounds", "2"]
     auto_gamma.main(common + ["--temperatures", "0", "1", "--max-gens", "6", "9", "--out", str(tmp_path / "out")])
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert sorted(results["pairs"]) == ["given, T=0, 6 tokens", "given, T=0, 9 tokens",
@@ -716,7 +716,7 @@ def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_p
     auto_gamma.main(common + ["--max-gens", "12", "--breakdown", "--out", str(tmp_path / "rounds")])
     rounds = json.loads((tmp_path / "rounds" / "results.json").read_text())["pairs"]["given, 12 tokens"]
     assert len(rounds["plain"]) == 12 and sum(r["gamma"] + 1 for r in rounds["auto"]) >= 12
-    assert "first round (prefill)" in capsys.readouterr().out
+    assert "first round (both prefills)" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="give both --target DIR and --draft DIR"):
         auto_gamma.main(["--target", str(target_dir)])
     with pytest.raises(SystemExit, match="cannot read the prompts file"):
