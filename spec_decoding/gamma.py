@@ -123,8 +123,9 @@ class AutoGamma(GammaPolicy):
     The opening. Before the first round the estimates are the prior's alone, and the costs already
     say from which acceptance a round of g = 1 pays: (1 + a) / round_seconds(1) > 1 /
     round_seconds(0), i.e. a > c + verify_cost(1) - 1. If the prior's a does not reach that, it
-    does not draft at all (plain steps, and probes as below); if it does, the first round drafts one
-    token, the cheapest way to learn whether the draft agrees at all. After that, drafting goes on
+    does not draft on the prior: its first round is a probe (below), due at once, since before any
+    evidence a probe tells the most and the draft has only the prompt to read; if it does, the
+    first round drafts one token, the cheapest way to learn whether the draft agrees at all. After that, drafting goes on
     while the estimates, or optimistic ones (each a_i `optimism` = 2 posterior standard deviations
     higher, the deviations from all the rounds judged so far, so they shrink as the generation goes
     on), say some g beats a plain step, and stops as soon as neither does: with a draft that never
@@ -139,12 +140,14 @@ class AutoGamma(GammaPolicy):
     token anyway (a probe), which costs a round of g = 1 more than a plain step, plus the draft's
     catch-up: its cache has not seen the tokens of the plain rounds, and it reads them all in one
     forward (CostModel.catch_up_seconds). The probe comes after the fewest plain rounds whose
-    probe_budget share pays for it (probe_every), never more than max_catch_up - 1 of them, so a
-    probe never feeds the draft more than max_catch_up rows (the skipped tokens and the last one);
-    each rejected probe in a row that leaves the estimate of a_1 below half of g = 1's break-even
-    doubles the wait (up to that bound), so a draft that never agrees costs a few probes per
-    generation, not one every probe_every rounds, while one near break-even keeps its probes. Accepted probes can switch
-    speculation back on.
+    probe_budget share pays for it (probe_every), and never after so many that the draft would
+    read more than max_catch_up rows of output (the plain rounds' tokens and the one or two the
+    last drafting round left unseen);
+    a rejected probe leaves optimism nothing to hold on to (plain steps again, unless the estimates
+    themselves say drafting pays); each rejected probe in a row that leaves the estimate of a_1
+    below half of g = 1's break-even doubles the wait (up to that bound), so a draft that never
+    agrees costs a few probes per generation, not one every probe_every rounds, while one near
+    break-even keeps its probes. Accepted probes can switch speculation back on.
 
     Costs (see the module docstring): clock=None (the default) decides from the CostModel's
     costs as they are, so a seeded run reproduces. With a clock (e.g. time.perf_counter), each
@@ -179,8 +182,12 @@ class AutoGamma(GammaPolicy):
         self.probe_budget, self.max_catch_up = probe_budget, max_catch_up
         self.plain_rounds = 0  # plain rounds chosen since the last drafting round
         self.rejected_probes = 0  # probes rejected in a row (each doubles the wait for the next)
-        self._probe_every = None  # probe_every's base as last computed (cleared when the costs change)
+        self._probe_every = {}  # probe_every's base by draft_behind, as last computed (cleared when the costs change)
         self._plain_until = 0  # plain steps, with nothing to decide, while plain_rounds is below it
+        self._probe_round = False  # the round under way is a probe
+        # Tokens the draft has not seen after the last drafting round: the round's last one, and
+        # after a fully accepted round also the draft's own last proposal (it never fed it).
+        self.draft_behind = 1
         # What the current spell of drafting (the rounds since the last plain one) has given:
         # tokens made (accepted + 1 a round), seconds spent (as costed, or as clocked), rounds;
         # losing: a spell measured slower than plain decoding, until a probe is accepted.
@@ -211,19 +218,21 @@ class AutoGamma(GammaPolicy):
     def probe_extra_seconds(self, plain_rounds: int) -> float:
         """What a probe after `plain_rounds` plain rounds costs more than a plain step: a round of
         g = 1 instead of g = 0, and the draft's catch-up over the plain rounds' tokens."""
-        catch_up = self.costs.catch_up_seconds(plain_rounds + 1) - self.costs.draft_step_s
+        catch_up = self.costs.catch_up_seconds(plain_rounds + self.draft_behind) - self.costs.draft_step_s
         return self.round_seconds(1) - self.round_seconds(0) + catch_up
 
     @property
     def probe_every(self) -> int:
         """Plain rounds before a probe: the fewest n whose probe_budget share of n plain steps pays
         for the probe's extra time (catch-up included), doubled for each rejected probe in a row,
-        and never more than max_catch_up - 1 (the probe then feeds the draft max_catch_up rows)."""
-        if self._probe_every is None:
-            plain, bound = self.round_seconds(0), self.max_catch_up - 1
-            self._probe_every = next((n for n in range(1, bound + 1)
-                                      if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), bound)
-        return max(1, min(self._probe_every * 2 ** min(self.rejected_probes, 16), self.max_catch_up - 1))
+        and never more than max_catch_up - draft_behind (the probe then feeds the draft
+        max_catch_up rows)."""
+        bound = max(1, self.max_catch_up - self.draft_behind)
+        if self.draft_behind not in self._probe_every:
+            plain = self.round_seconds(0)
+            self._probe_every[self.draft_behind] = next(
+                (n for n in range(1, bound + 1) if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), bound)
+        return min(self._probe_every[self.draft_behind] * 2 ** min(self.rejected_probes, 16), bound)
 
     def observe_round(self, drafted: int, seconds: float) -> None:
         """A round that drafted `drafted` tokens took `seconds`: refit draft_step_s and target_scale."""
@@ -245,7 +254,7 @@ class AutoGamma(GammaPolicy):
         if fit is not None:
             self.draft_step_s, self.target_scale = fit
             self._rates.clear()
-            self._probe_every = None
+            self._probe_every.clear()
         self.timed_rounds += 1
 
     def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
@@ -309,7 +318,10 @@ class AutoGamma(GammaPolicy):
         if not (opening or self.losing) and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
             return best
         probing = self.clock is not None or self.could_pay()
-        if probing and self.plain_rounds >= self.probe_every:
+        # The first probe is due at once: before any evidence a probe tells the most, and the
+        # draft has only the prompt to read (it catches up over more rows the longer it waits).
+        if probing and (opening or self.plain_rounds >= self.probe_every):
+            self._probe_round = True
             return 1
         self._plain_until = self.probe_every if probing else math.inf
         self.plain_rounds += 1
@@ -327,12 +339,14 @@ class AutoGamma(GammaPolicy):
             self.plain_rounds_before = True  # the next drafting round starts a new spell
             return
         self._plain_until = 0  # the estimates move: decide afresh
-        probe = self.plain_rounds_before  # a probe (or a spell's first round after plain ones)
+        # a probe, or a spell's first round after plain ones
+        probe, self._probe_round = self.plain_rounds_before or self._probe_round, False
         if probe:
             self.made, self.spent, self.evidence = 0, 0.0, 0
             self.plain_rounds_before = False
-            self.losing = self.losing and accepted < drafted
+            self.losing = accepted < drafted  # a rejected probe leaves optimism nothing to hold on to
         self.plain_rounds = 0
+        self.draft_behind = 2 if accepted == drafted else 1
         if seconds is None:
             seconds = self.round_seconds(min(drafted, self.gamma_max))
         self.made += accepted + 1
