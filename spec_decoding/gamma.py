@@ -49,6 +49,7 @@ To write your own policy, subclass GammaPolicy and pass an instance as gamma=; t
 need no change.
 """
 
+import itertools
 import math
 
 from .costs import CostModel
@@ -174,6 +175,10 @@ class AutoGamma(GammaPolicy):
                              "0 < decay <= 1 and probe_budget > 0")
         check_positive_int("max_catch_up", max_catch_up)
         self.costs, self.gamma_max = cost_model, gamma_max
+        # The target scoring k tokens, as measured but never cheaper than scoring fewer: a
+        # CostModel measured on a busy machine can say otherwise, and a longer draft would then
+        # look cheaper than a shorter one (in seconds; the fit below refits only a scale).
+        self.target_score_s = list(itertools.accumulate(cost_model.target_score_s, max))
         self.prior_alpha, self.prior_strength, self.decay = prior_alpha, prior_strength, decay
         self.optimism = optimism
         self.judged = [0.0] * gamma_max  # decayed counts per draft position
@@ -199,8 +204,8 @@ class AutoGamma(GammaPolicy):
         self.draft_step_s, self.target_scale = cost_model.draft_step_s, 1.0
         # Least-squares sums over timed rounds, x = (g, target_score_s[g]), y = seconds: the
         # CostModel enters as cost_prior_rounds rounds of g = 0 and of g = 1, as it predicts them.
-        self._prior = [((0.0, cost_model.target_score_s[0]), cost_model.round_seconds(0), cost_prior_rounds),
-                       ((1.0, cost_model.target_score_s[1]), cost_model.round_seconds(1), cost_prior_rounds)]
+        self._prior = [((0.0, self.target_score_s[0]), self.round_seconds(0), cost_prior_rounds),
+                       ((1.0, self.target_score_s[1]), self.round_seconds(1), cost_prior_rounds)]
         self._xx, self._xy = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0]
         self._round_start = None
         self.timed_rounds = 0
@@ -213,7 +218,7 @@ class AutoGamma(GammaPolicy):
 
     def round_seconds(self, gamma: int) -> float:
         """The expected wall time of a round drafting gamma tokens, as estimated now."""
-        return gamma * self.draft_step_s + self.target_scale * self.costs.target_score_s[gamma]
+        return gamma * self.draft_step_s + self.target_scale * self.target_score_s[gamma]
 
     def probe_extra_seconds(self, plain_rounds: int) -> float:
         """What a probe after `plain_rounds` plain rounds costs more than a plain step: a round of
@@ -236,7 +241,7 @@ class AutoGamma(GammaPolicy):
 
     def observe_round(self, drafted: int, seconds: float) -> None:
         """A round that drafted `drafted` tokens took `seconds`: refit draft_step_s and target_scale."""
-        x = (float(drafted), self.costs.target_score_s[drafted])
+        x = (float(drafted), self.target_score_s[drafted])
         for i in range(2):
             self._xy[i] = self.cost_decay * self._xy[i] + x[i] * seconds
             for j in range(2):

@@ -155,6 +155,25 @@ def test_probes_pay_for_the_drafts_catch_up():
     assert AutoGamma(dear).probe_every > AutoGamma(flat).probe_every
 
 
+def test_a_longer_draft_never_looks_cheaper_than_a_shorter_one():
+    """A CostModel measured on a busy machine can time the target scoring 4 tokens faster than 2
+    (seen: verify costs 1.23 for 2 tokens, 1.02 for 4). Taken as they are, a round of g = 3 costs
+    less than one of g = 1, and near break-even auto drafts 3 tokens where 1 does not pay (on the
+    trained pair at temperature 1, with acceptance 0.2, that kept a quarter of its rounds drafting).
+    AutoGamma takes the target scoring k tokens as never cheaper than scoring fewer; main's
+    round_seconds(3) was below round_seconds(1) here and this test failed."""
+    costs = CostModel(target="T", draft="D", draft_step_s=0.0027,
+                      target_score_s=[0.0278 * v for v in (1, 1.23, 1.76, 1.02, 1.07, 1.27, 1.2, 1.72, 1.1)])
+    policy = AutoGamma(costs)
+    seconds = [policy.round_seconds(g) for g in range(GAMMA_MAX + 1)]
+    assert seconds == sorted(seconds) and seconds[3] > seconds[1]
+    assert policy.round_seconds(2) == pytest.approx(2 * 0.0027 + 0.0278 * 1.76)  # as measured where it is monotone
+    for seed in range(5):
+        rng = random.Random(seed)
+        chosen = run(AutoGamma(costs), accept=lambda i: rng.random() < 0.2, rounds=200)
+        assert max(chosen[50:]) <= 2, (seed, chosen)
+
+
 def test_seeded_auto_reproduces_its_tokens_and_gammas_with_probes(pair):
     """Two seeded sampled runs with costs where auto takes plain steps and probes (their waits
     growing after rejections, their catch-ups bounded): the same gammas and the same tokens.
