@@ -227,17 +227,19 @@ class AutoGamma(GammaPolicy):
         return self.round_seconds(1) - self.round_seconds(0) + catch_up
 
     @property
-    def probe_every(self) -> int:
+    def probe_every(self) -> int | None:
         """Plain rounds before a probe: the fewest n whose probe_budget share of n plain steps pays
         for the probe's extra time (catch-up included), doubled for each rejected probe in a row,
         and never more than max_catch_up - draft_behind (the probe then feeds the draft
-        max_catch_up rows)."""
+        max_catch_up rows). None where no such n pays for it (the draft's catch-up costs more a
+        row than the budget gives a plain round): then it probes no more."""
         bound = max(1, self.max_catch_up - self.draft_behind)
         if self.draft_behind not in self._probe_every:
             plain = self.round_seconds(0)
             self._probe_every[self.draft_behind] = next(
-                (n for n in range(1, bound + 1) if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), bound)
-        return min(self._probe_every[self.draft_behind] * 2 ** min(self.rejected_probes, 16), bound)
+                (n for n in range(1, bound + 1) if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), None)
+        base = self._probe_every[self.draft_behind]
+        return None if base is None else min(base * 2 ** min(self.rejected_probes, 16), bound)
 
     def observe_round(self, drafted: int, seconds: float) -> None:
         """A round that drafted `drafted` tokens took `seconds`: refit draft_step_s and target_scale."""
@@ -322,13 +324,13 @@ class AutoGamma(GammaPolicy):
             self.losing = True
         if not (opening or self.losing) and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
             return best
-        probing = self.clock is not None or self.could_pay()
+        wait = self.probe_every if self.clock is not None or self.could_pay() else None
         # The first probe is due at once: before any evidence a probe tells the most, and the
         # draft has only the prompt to read (it catches up over more rows the longer it waits).
-        if probing and (opening or self.plain_rounds >= self.probe_every):
+        if wait is not None and (opening or self.plain_rounds >= wait) or opening and self.could_pay():
             self._probe_round = True
             return 1
-        self._plain_until = self.probe_every if probing else math.inf
+        self._plain_until = math.inf if wait is None else wait
         self.plain_rounds += 1
         return 0
 

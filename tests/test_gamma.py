@@ -119,23 +119,27 @@ class RowCounter(ModelDrafter):
         return super().next_logits(tokens)
 
 
-def test_a_probe_feeds_the_draft_at_most_max_catch_up_rows(pair):
+@pytest.mark.parametrize("max_catch_up", [32, 8])
+def test_a_probe_feeds_the_draft_at_most_max_catch_up_rows(pair, max_catch_up):
     """While auto takes plain steps the draft sees nothing, and a probe's first forward catches it
     up over every token since: one forward of that many rows. A draft that (nearly) never agrees
-    (an untrained model), costs where a probe is due only after 28 plain rounds, and a policy
-    allowing 8 rows: no draft forward reads more than 8 tokens of the output, and some probe does
-    read 8 (the bound is reached, so the test can fail). Main's policy probed after 28 plain
-    rounds, its probe feeding the draft 29 rows."""
+    (an untrained model), costs where a probe pays for itself after 28 plain rounds: allowed 32
+    rows, a probe comes after 28 plain rounds and reads 29; allowed 8, no probe pays for itself
+    within the bound and only the first probe (at once) is made. No draft forward ever reads more
+    rows of the output than allowed. Main's policy probed after every 28 plain rounds, its probes
+    feeding the draft 29 rows: it failed with 8 allowed."""
     from spec_decoding import autoregressive_generate, speculative_sampling_greedy
     target, _ = pair
     torch.manual_seed(0)
     counter = RowCounter(GPT2(target.config.with_(n_layer=1)).eval())
     costs = cost_model(0.45, 0.1, target=describe_model(target), draft=describe_model(counter))
-    policy = AutoGamma(costs, max_catch_up=8)
+    policy = AutoGamma(costs, max_catch_up=max_catch_up)
     result = speculative_sampling_greedy(target, counter, PROMPT, 56, policy)
     assert result.tokens == autoregressive_generate(target, PROMPT, 56).tokens
-    assert result.stats.gamma_by_round.count(0) > 30  # plain steps, with probes between them
-    assert max(counter._rows) <= 8 and 8 in counter._rows, counter._rows
+    gammas = result.stats.gamma_by_round
+    assert gammas.count(0) > 40 and gammas[0] == 1  # plain steps after a probe at once
+    assert max(counter._rows) <= max_catch_up, counter._rows
+    assert (max(counter._rows) > 8) == (max_catch_up == 32), (counter._rows, gammas)  # probes after long waits
 
 
 def test_probes_pay_for_the_drafts_catch_up():
@@ -153,6 +157,11 @@ def test_probes_pay_for_the_drafts_catch_up():
         assert policy.probe_extra_seconds(n) <= policy.probe_budget * n * costs.round_seconds(0)
         assert policy.probe_extra_seconds(n - 1) > policy.probe_budget * (n - 1) * costs.round_seconds(0)
     assert AutoGamma(dear).probe_every > AutoGamma(flat).probe_every
+    dearest = cost_model(0.3)  # a catch-up row costing more than probe_budget of a plain step
+    dearest.draft_catch_up_s = {"64": dearest.draft_step_s + 64 * 0.03 * dearest.target_step_s}
+    policy = AutoGamma(dearest)
+    assert policy.probe_every is None  # no wait within the bound pays for a probe: none but the first
+    assert run(policy, accept=lambda i: False, rounds=300)[3:].count(1) == 0
 
 
 def test_a_longer_draft_never_looks_cheaper_than_a_shorter_one():
