@@ -27,17 +27,12 @@ from gpt2.speed.device import synchronize
 from .decoding import check_drafter
 from .drafters import ModelDrafter
 from .result import ROOT
-from .sampling import logits_to_probs, sample
 from .theory import break_even_alpha, predicted_speedup
 from .tree import TokenTree, score_tree, tree_size
 
 
 # Row counts at which calibrate times a draft model's catch-up (CostModel.draft_catch_up_s).
 CATCH_UP_ROWS = (16, 64)
-# The temperature calibrate samples at: a round's costs include turning logits into the p and q a
-# sampled round draws from (over the whole vocabulary, as much as a small model's forward); a
-# greedy round's argmax costs less, so greedy decoding sees the costs a little high, never low.
-SAMPLED = 1.0
 
 
 def describe_model(model) -> str:
@@ -190,8 +185,7 @@ class CostModel(SavedAsJson):
     def calibrate(cls, target: GPT2, draft, gamma_max: int = 8, context_len: int = 128,
                   budget_s: float = 3.0, min_rounds: int = 3, max_rounds: int = 30, trees=()) -> "CostModel":
         """Time, on warm KV caches holding context_len tokens: one draft step, and the target
-        scoring k = 1 .. gamma_max + 1 new tokens, each with the sampling a round at temperature 1
-        does (the draft's q and its draw, the target's k rows of p). Every call is rolled back afterwards, so all
+        scoring k = 1 .. gamma_max + 1 new tokens. Every call is rolled back afterwards, so all
         see the same context; the calls take turns round after round, so a busy machine slows
         them alike; each cost is the median over the rounds after the first (warm-up).
         Runs at least min_rounds + 1 rounds and stops after budget_s seconds (or max_rounds).
@@ -222,9 +216,9 @@ class CostModel(SavedAsJson):
                              return_features=True)
         draft_step = _draft_stepper(draft, context, device, features[0])
 
-        def target_score(k):  # the forward and the k distributions p a sampled round draws from
+        def target_score(k):
             new = torch.randint(vocab, (1, k), generator=g).to(device)
-            logits_to_probs(target(new, target_cache, num_last_logits=k)[0], SAMPLED)
+            target(new, target_cache, num_last_logits=k)
             target_cache.truncate(context_len)
 
         def tree_score(branching):  # the root (the context's last token) and the nodes, in one forward
@@ -280,17 +274,16 @@ def _draft_stepper(draft, context: list[int], device, target_features=None):
         draft(torch.tensor([context], device=device), cache, num_last_logits=1)
 
         def step(token):
-            sample(logits_to_probs(draft(torch.tensor([[token]], device=device), cache, num_last_logits=1)[0, -1],
-                                   SAMPLED))
+            draft(torch.tensor([[token]], device=device), cache, num_last_logits=1)
             cache.truncate(len(context))
         return step
     draft.start(context, 2)
     if target_features is not None:
         draft.observe_target_features(0, target_features)
-    draft.propose(context, 1, SAMPLED)
+    draft.propose(context, 1)
 
     def step(token):
-        draft.propose(context + [token], 1, SAMPLED)
+        draft.propose(context + [token], 1)
         draft.roll_back(len(context))
     return step
 
@@ -305,10 +298,10 @@ def _draft_catch_up(draft, context: list[int], device):
     elif not isinstance(draft, ModelDrafter):
         return None
     draft.start(context, max(CATCH_UP_ROWS) + 2)
-    draft.propose(context, 1, SAMPLED)
+    draft.propose(context, 1)
 
     def catch_up(tokens):
-        draft.propose(context + tokens, 1, SAMPLED)
+        draft.propose(context + tokens, 1)
         draft.roll_back(len(context))
     return catch_up
 

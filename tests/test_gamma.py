@@ -513,22 +513,6 @@ def test_calibrate_measures_every_shape():
     costs.check_models(target, draft)
 
 
-def test_calibrate_times_the_sampling_a_round_does(monkeypatch):
-    """A sampled round turns logits into q for each draft token and into p for each row the target
-    scores, over the whole vocabulary: for a small pair that costs as much as the forwards. Timing
-    the forwards alone, the trained pair's CostModel put a draft step at 0.07 of a target step, and
-    at temperature 1 (acceptance 0.23) auto drafted and ran at 0.6x plain decoding by the clock.
-    calibrate times each call with its sampling; main's did not, and this test failed."""
-    import spec_decoding.costs as costs_module
-    shapes = []
-    real = costs_module.logits_to_probs
-    monkeypatch.setattr(costs_module, "logits_to_probs",
-                        lambda logits, *a, **k: shapes.append(tuple(logits.shape)) or real(logits, *a, **k))
-    target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
-    CostModel.calibrate(target, draft, gamma_max=2, context_len=16, budget_s=0.05)
-    assert {(TINY.vocab_size,), (1, TINY.vocab_size), (3, TINY.vocab_size)} <= set(shapes)  # q; p for 1 and 3 rows
-
-
 def test_calibrate_times_token_trees_too(monkeypatch, tmp_path):
     """The CostModel is the one home of per-call timing, token trees included: each shape given is
     scored (spec_decoding.tree.score_tree, the tree's root and every node) in the same rounds."""
