@@ -126,13 +126,15 @@ class AutoGamma(GammaPolicy):
     round_seconds(0), i.e. a > c + verify_cost(1) - 1. If the prior's a does not reach that, it
     does not draft on the prior: its first round is a probe (below), due at once, since before any
     evidence a probe tells the most and the draft has only the prompt to read; if it does, the
-    first round drafts one token, the cheapest way to learn whether the draft agrees at all. After that, drafting goes on
-    while the estimates, or optimistic ones (each a_i `optimism` = 2 posterior standard deviations
-    higher, the deviations from all the rounds judged so far, so they shrink as the generation goes
-    on), say some g beats a plain step, and stops as soon as neither does: with a draft that never
-    agrees that is after one to a few rounds, fewer the dearer the draft (what learning must
-    cost: a round of g = 1 costs c + verify_cost(1) - 1 target steps more than a plain one, and it
-    takes fewer rejections to show the acceptance is below that). A spell of drafting whose tokens
+    first round drafts one token, the cheapest way to learn whether the draft agrees at all. After
+    that, drafting goes on while the estimates, or optimistic ones (each a_i `optimism` = 2
+    posterior standard deviations higher, the deviations from all the rounds judged so far, so
+    they shrink as the generation goes on), say some g beats a plain step, and stops as soon as
+    neither does: with a draft that never agrees that is after one to a few rounds, fewer the
+    dearer the draft (what learning must cost: a round of g = 1 costs c + verify_cost(1) - 1
+    target steps more than a plain one, and it takes fewer rejections to show the acceptance is
+    below that). The target scoring k tokens is taken as never cheaper than scoring fewer, whatever
+    a CostModel from a busy moment says. A spell of drafting whose tokens
     per second, after min_evidence rounds, fall below a plain step's (measured_speedup() < 1) ends
     too, however optimistic the estimates, and optimism then counts for nothing until a probe is
     accepted (the estimates alone can still switch it on).
@@ -143,12 +145,14 @@ class AutoGamma(GammaPolicy):
     forward (CostModel.catch_up_seconds). The probe comes after the fewest plain rounds whose
     probe_budget share pays for it (probe_every), and never after so many that the draft would
     read more than max_catch_up rows of output (the plain rounds' tokens and the one or two the
-    last drafting round left unseen);
-    a rejected probe leaves optimism nothing to hold on to (plain steps again, unless the estimates
-    themselves say drafting pays); each rejected probe in a row that leaves the estimate of a_1
-    below half of g = 1's break-even doubles the wait (up to that bound), so a draft that never
-    agrees costs a few probes per generation, not one every probe_every rounds, while one near
-    break-even keeps its probes. Accepted probes can switch speculation back on.
+    last drafting round left unseen); where no such wait pays for a probe, none is made after the
+    first. A rejected probe leaves optimism nothing to hold on to (plain steps again, unless the
+    estimates themselves say drafting pays); each rejected probe in a row that leaves the estimate
+    of a_1 below half of g = 1's break-even doubles the wait (up to that bound), so a draft that
+    never agrees costs a few probes per generation, not one every probe_every rounds, while one
+    near break-even keeps its probes. Accepted probes can switch speculation back on. Where no
+    acceptance could pay (could_pay), it never probes, unless a clock may show the costs wrong.
+    Once it has chosen a plain step, later plain rounds cost it a comparison until a probe is due.
 
     Costs (see the module docstring): clock=None (the default) decides from the CostModel's
     costs as they are, so a seeded run reproduces. With a clock (e.g. time.perf_counter), each
