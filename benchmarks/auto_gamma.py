@@ -1,91 +1,245 @@
-"""Does gamma="auto" ever lose to plain decoding? Ten runs of each, interleaved, on three pairs.
+"""gamma="auto" by the clock: beside plain decoding and the best fixed gamma, interleaved, repeated.
 
-    python -m benchmarks.auto_gamma --size gpt2 --repeats 10 --max-gen 32 --threads 1
+    python -m benchmarks.auto_gamma --size gpt2-large --draft-layers 12 --max-gens 48 200 --repeats 5
     python -m benchmarks.auto_gamma --target runs/trained_pair/target --draft runs/trained_pair/draft \
-        --prompts prompts/code.txt --temperatures 0 1 --repeats 10
+        --prompts prompts/code.txt --temperatures 0 1 --max-gens 48 200 --repeats 9
+    python -m benchmarks.auto_gamma --size gpt2-large --draft-layers 12 --breakdown   # where the time goes
 
-With --target and --draft (a trained pair, e.g. offline.train_pair's: real acceptance, which
-random stand-ins do not have) the pairs are that pair ("given") and its target drafting for
-itself ("cannot"), on the prompts of --prompts (one per line, taken in turn); at a temperature
-above 0 plain decoding and auto sample (seeded alike; their tokens then differ, the comparison
-is of speed only).
-
-The pairs, random-weight stand-ins of the official shape (a forward's cost does not depend on the
-weights; benchmarks/common.py):
-  pays      a draft made of the target's first --draft-layers blocks that agrees with it often
+The pairs. With --target and --draft (a trained pair, e.g. offline.train_pair's: real acceptance,
+which random stand-ins do not have): that pair ("given"), on the prompts of --prompts (one per
+line, taken in turn). Otherwise random-weight stand-ins of an official shape (a forward's cost does
+not depend on the weights; benchmarks/common.py), --pairs of:
+  pays      a draft made of the target's first --draft-layers blocks, which agrees with it often
             (offline.random_weights.save_agreeing_pair): speculation pays.
-  cannot    the target drafting for itself: it always agrees, but a draft step costs a target
-            step, so every gamma is slower than the target alone (the break-even alpha is > 1).
-  disagrees a cheap draft from another seed's random weights with small embeddings (no copier):
-            it costs what the paying draft costs but rarely picks the target's token, so
-            speculation loses on acceptance.
+  disagrees an independent draft of --draft-layers blocks of the same width (another seed, small
+            embeddings): it costs what the paying draft costs but never picks the target's token.
 
-For each pair the CostModel is measured once (as gamma="auto" does, once per pair in a process);
-then each repeat runs plain decoding (autoregressive_generate) and greedy speculative decoding
-with gamma="auto" on the same prompt, back to back, in alternating order (A B, B A, ...) so a busy
-moment slows both alike. A repeat's ratio is plain seconds / auto seconds (both make the same
-tokens: checked), so below 1 auto lost. The table gives each pair's smallest, median and largest
-ratio, the smallest in the CostModel's seconds (the rounds auto chose, priced by the costs it
-measured: the comparison without the machine's noise), and how many of auto's rounds were plain.
+For each pair the CostModel is measured once (CostModel.calibrate); the best fixed gamma is the one
+the CostModel predicts fastest from the acceptance by position of one untimed pilot run at
+gamma_max (on the first prompt). Then each repeat runs plain decoding (autoregressive_generate),
+the best fixed gamma and gamma="auto" on the same prompt, back to back, the order rotating from
+repeat to repeat (so a busy moment slows each alike); a ratio is plain seconds / its seconds (below
+1: slower than the target alone). Greedy runs must give the target's own tokens (checked); at a
+temperature above 0 all three sample, seeded alike (then they differ; the comparison is of speed).
+The table gives each ratio's median and quartiles over the repeats.
+
+--breakdown instead times gamma="auto" round by round against plain decoding's steps on the same
+prompt (model forwards timed by hooks, the draft's rows counted), and says where the time goes:
+the first round (both prefills), the opening drafting rounds, the probes (the draft's catch-up
+over the tokens it skipped: one forward of many rows), the plain rounds beside plain steps.
 """
 
 import argparse
 import statistics
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from gpt2 import load_gpt2
 from gpt2.speed.machine_load import busy_note, load_average
-from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
+from spec_decoding.theory import expected_tokens_by_position
 
 from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, read_prompts,
                      standin_pair, timed, write_results)
 
+GAMMA_MAX = 8
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile); with fewer than 2 values all three are the value."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def generate(method, target, draft, prompt, max_gen: int, temperature: float, seed: int, costs):
+    """One generation by `method`: "plain", an int (a fixed gamma) or "auto"."""
+    generator = torch.Generator(device=target.wte.weight.device).manual_seed(seed)
+    if method == "plain":
+        return autoregressive_generate(target, prompt, max_gen, temperature, generator=generator)
+    return speculative_sampling(target, draft, prompt, max_gen, method, temperature=temperature,
+                                generator=generator, cost_model=costs if method == "auto" else None)
+
+
+def best_fixed_gamma(target, draft, costs: CostModel, prompt, max_gen: int, temperature: float) -> int:
+    """The fixed gamma the CostModel predicts fastest, from the acceptance by position of one
+    (untimed) pilot run at gamma_max: argmax E(g) / round_seconds(g), E as in theory.py."""
+    stats = generate(costs.gamma_max, target, draft, prompt, max_gen, temperature, 0, costs).stats
+    alphas = [a if a is not None else 0.0 for a in stats.acceptance_by_position]
+    return max(range(1, costs.gamma_max + 1),
+               key=lambda g: expected_tokens_by_position(alphas[:g]) / costs.round_seconds(g))
+
 
 def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int,
-            temperature: float = 0.0, prompts: list[list[int]] | None = None) -> dict:
-    """`repeats` interleaved runs of plain decoding and gamma="auto" on one pair: greedy (the
-    same tokens, checked) or sampled at `temperature` (each repeat's two runs seeded alike).
-    prompts: taken in turn (default: random token ids of prompt_len, a new one each repeat)."""
-    device = target.wte.weight.device
-    ratios, cost_ratios, plain_rounds, rounds, drafted, accepted = [], [], 0, 0, 0, 0
-    for r in range(repeats):
-        prompt = (prompts[r % len(prompts)] if prompts
-                  else random_prompt(prompt_len, seed=r, vocab_size=target.config.vocab_size))
-        runs = {}
-        for name in (("plain", "auto") if r % 2 == 0 else ("auto", "plain")):
-            seeded = torch.Generator(device=device).manual_seed(r)
-            if name == "plain":
-                runs[name] = timed(device, autoregressive_generate, target, prompt, max_gen, temperature,
-                                   generator=seeded)
-            elif temperature == 0:
-                runs[name] = timed(device, speculative_sampling_greedy, target, draft, prompt, max_gen, "auto",
-                                   cost_model=costs)
-            else:
-                runs[name] = timed(device, speculative_sampling, target, draft, prompt, max_gen, "auto",
-                                   temperature=temperature, generator=seeded, cost_model=costs)
-        (plain, plain_s), (auto, auto_s) = runs["plain"], runs["auto"]
-        if temperature == 0 and plain.tokens != auto.tokens:
-            raise AssertionError(f"repeat {r}: gamma auto's greedy tokens differ from the target's own")
-        # a sampled run can stop early (a full context window): compare the rates
-        plain_s, auto_s = plain_s / max(1, len(plain.tokens)) * max_gen, auto_s / max(1, len(auto.tokens)) * max_gen
-        ratios.append(plain_s / auto_s)
-        # The same comparison in the CostModel's seconds: what the gammas chose, without the noise.
-        gammas = auto.stats.gamma_by_round
-        cost_ratios.append(len(gammas) and len(auto.tokens) * costs.round_seconds(0)
-                           / sum(costs.round_seconds(g) for g in gammas))
-        plain_rounds += auto.stats.gamma_by_round.count(0)
-        rounds += len(auto.stats.gamma_by_round)
-        drafted, accepted = drafted + auto.stats.tokens_drafted, accepted + auto.stats.tokens_accepted
-        print(f"  repeat {r + 1}: plain {plain_s:.2f} s, auto {auto_s:.2f} s, ratio {ratios[-1]:.2f}, "
-              f"gammas {' '.join(map(str, auto.stats.gamma_by_round))}", flush=True)
-    return {"ratios": ratios, "min": min(ratios), "median": statistics.median(ratios), "max": max(ratios),
-            "cost_model_ratios": cost_ratios, "cost_model_min": min(cost_ratios),
-            "plain_round_share": plain_rounds / rounds, "acceptance": accepted / drafted if drafted else None, "break_even_alpha": costs.break_even_alpha(),
-            "c": costs.c, "verify_cost_5": costs.verify_cost(min(4, costs.gamma_max))}
+            temperature: float = 0.0, prompts: list[list[int]] | None = None,
+            fixed_gamma: int | None = None) -> dict:
+    """`repeats` interleaved runs of plain decoding, FixedGamma(fixed_gamma) (None: best_fixed_gamma)
+    and gamma="auto" on one pair, greedy (the same tokens, checked) or sampled at `temperature`
+    (a repeat's runs seeded alike). prompts: taken in turn (default: random token ids of
+    prompt_len, a new one each repeat). Ratios are plain seconds over each method's seconds."""
+    def prompt_of(r):
+        return (prompts[r % len(prompts)] if prompts
+                else random_prompt(prompt_len, seed=r, vocab_size=target.config.vocab_size))
 
+    if fixed_gamma is None:
+        fixed_gamma = best_fixed_gamma(target, draft, costs, prompt_of(0), max_gen, temperature)
+    methods = ["plain", fixed_gamma, "auto"]
+    device = target.wte.weight.device
+    ratios = {"fixed": [], "auto": []}
+    auto_gammas, plain_rounds, rounds, drafted, accepted = [], 0, 0, 0, 0
+    for r in range(repeats):
+        prompt, runs = prompt_of(r), {}
+        for method in methods[r % 3:] + methods[:r % 3]:  # the order rotates
+            runs[method] = timed(device, generate, method, target, draft, prompt, max_gen, temperature, r, costs)
+        (plain, plain_s) = runs["plain"]
+        for method in methods[1:]:
+            result, seconds = runs[method]
+            if temperature == 0 and result.tokens != plain.tokens:
+                raise AssertionError(f"repeat {r}: gamma={method}'s greedy tokens differ from the target's own")
+            # a sampled run can stop early (a full context window): compare the rates
+            rate = len(result.tokens) / seconds
+            ratios["auto" if method == "auto" else "fixed"].append(rate / (len(plain.tokens) / plain_s))
+        auto = runs["auto"][0].stats
+        auto_gammas.append(auto.gamma_by_round)
+        plain_rounds, rounds = plain_rounds + auto.gamma_by_round.count(0), rounds + len(auto.gamma_by_round)
+        drafted, accepted = drafted + auto.tokens_drafted, accepted + auto.tokens_accepted
+        print(f"  repeat {r + 1}: plain {plain_s:.2f} s, gamma {fixed_gamma} {ratios['fixed'][-1]:.2f}x, "
+              f"auto {ratios['auto'][-1]:.2f}x, auto's gammas {' '.join(map(str, auto.gamma_by_round))}",
+              flush=True)
+    result = {"fixed_gamma": fixed_gamma, "auto_gammas": auto_gammas,
+              "plain_round_share": plain_rounds / rounds, "acceptance": accepted / drafted if drafted else None,
+              "break_even_alpha": costs.break_even_alpha(), "c": costs.c, "verify_cost_2": costs.verify_cost(1)}
+    for name, values in ratios.items():
+        q1, q2, q3 = quartiles(values)
+        result[name] = {"ratios": values, "q1": q1, "median": q2, "q3": q3, "min": min(values)}
+    result["auto_over_fixed_median"] = result["auto"]["median"] / result["fixed"]["median"]
+    return result
+
+
+# ------------------------------------------------------------------------ where the time goes
+
+class ForwardTimer:
+    """Forward hooks on a model: the wall time and the rows (new tokens) of every forward."""
+
+    def __init__(self, model):
+        self.calls, self._start = [], None
+        self.handles = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
+
+    def _before(self, module, args):
+        self._start = time.perf_counter()
+
+    def _after(self, module, args, output):
+        self.calls.append((args[0].shape[1], time.perf_counter() - self._start))
+
+    def take(self) -> list[tuple[int, float]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+
+def round_breakdown(target, draft, costs: CostModel, prompt, max_gen: int) -> dict:
+    """gamma="auto" (greedy) timed round by round beside plain decoding's steps on the same prompt:
+    per round its gamma, wall seconds, the target's forward seconds, and the draft's forwards
+    (rows, seconds). Returns {"auto": [round dicts], "plain": [step seconds], "summary": {...}}."""
+    target_timer, draft_timer = ForwardTimer(target), ForwardTimer(draft)
+    try:
+        rounds, marks = [], [time.perf_counter()]
+
+        def on_round(report):
+            now = time.perf_counter()
+            target_calls, draft_calls = target_timer.take(), draft_timer.take()
+            rounds.append({"gamma": len(report.draft_tokens), "seconds": now - marks[-1],
+                           "target_s": sum(s for _, s in target_calls),
+                           "draft_rows": [n for n, _ in draft_calls], "draft_s": sum(s for _, s in draft_calls)})
+            marks.append(now)
+
+        target_timer.take(), draft_timer.take()
+        marks[0] = time.perf_counter()
+        from spec_decoding import speculative_sampling_greedy
+        auto = speculative_sampling_greedy(target, draft, prompt, max_gen, "auto", cost_model=costs,
+                                           on_round=on_round)
+        auto_s = time.perf_counter() - marks[0]
+        steps, step_marks = [], [time.perf_counter()]
+
+        def on_tokens(tokens, sources):
+            now = time.perf_counter()
+            steps.append(now - step_marks[-1])
+            step_marks.append(now)
+
+        target_timer.take()
+        step_marks[0] = time.perf_counter()
+        plain = autoregressive_generate(target, prompt, max_gen, on_tokens=on_tokens)
+        plain_s = time.perf_counter() - step_marks[0]
+        plain_forwards = target_timer.take()
+    finally:
+        target_timer.remove(), draft_timer.remove()
+    if plain.tokens != auto.tokens:
+        raise AssertionError("gamma auto's greedy tokens differ from the target's own")
+    step = statistics.median(steps[1:])
+    first = rounds[0]
+    plain_rounds = [r for r in rounds[1:] if r["gamma"] == 0]
+    drafting = [(i, r) for i, r in enumerate(rounds) if r["gamma"] > 0]
+    opening = [r for i, r in drafting if i == 0 or all(rounds[j]["gamma"] > 0 for j in range(i))]
+    probes = [r for i, r in drafting if r not in opening]
+    plain_forward = statistics.median(s for _, s in plain_forwards[1:])
+    summary = {
+        "plain_total_s": plain_s, "auto_total_s": auto_s, "ratio": plain_s / auto_s,
+        "plain_step_s": step, "plain_first_step_s": steps[0],
+        "plain_step_forward_s": plain_forward,
+        "auto_first_round_s": first["seconds"], "auto_first_round_gamma": first["gamma"],
+        "auto_first_round_draft_s": first["draft_s"], "auto_first_round_draft_rows": first["draft_rows"],
+        "opening_rounds": len(opening), "opening_extra_s": sum(r["seconds"] - step for r in opening[1:]),
+        "probes": len(probes), "probe_draft_rows": [r["draft_rows"] for r in probes],
+        "probe_extra_s": sum(r["seconds"] - step for r in probes),
+        "probe_catch_up_s": sum(r["draft_s"] for r in probes),
+        "plain_rounds": len(plain_rounds),
+        "plain_round_s": statistics.median(r["seconds"] for r in plain_rounds) if plain_rounds else None,
+        "plain_round_forward_s": statistics.median(r["target_s"] for r in plain_rounds) if plain_rounds else None,
+        "gammas": auto.stats.gamma_by_round,
+    }
+    return {"auto": rounds, "plain": steps, "summary": summary}
+
+
+def breakdown_table(summary: dict) -> str:
+    """The breakdown as a table: each part's seconds, and what auto spent beyond plain decoding in
+    plain decoding's median step (later steps: the first holds the prompt's prefill)."""
+    s, step = summary, summary["plain_step_s"]
+
+    def ms(x):
+        return f"{1000 * x:.1f} ms"
+
+    def steps(x):
+        return f"{x / step:+.2f} steps"
+
+    rows = [
+        ["whole generation", ms(s["plain_total_s"]), ms(s["auto_total_s"]),
+         f"{steps(s['auto_total_s'] - s['plain_total_s'])} (plain / auto {s['ratio']:.3f}x)"],
+        ["first round (both prefills)", ms(s["plain_first_step_s"]),
+         f"{ms(s['auto_first_round_s'])}: g = {s['auto_first_round_gamma']}, the draft {ms(s['auto_first_round_draft_s'])} "
+         f"over rows {s['auto_first_round_draft_rows']}", steps(s["auto_first_round_s"] - s["plain_first_step_s"])],
+        [f"opening drafting rounds after the first: {max(0, s['opening_rounds'] - 1)}", "-",
+         f"{ms(s['opening_extra_s'])} beyond plain steps", steps(s["opening_extra_s"])],
+        [f"probes: {s['probes']}, the draft's rows {s['probe_draft_rows']}", "-",
+         f"{ms(s['probe_extra_s'])} beyond plain steps (the draft's forwards {ms(s['probe_catch_up_s'])})",
+         steps(s["probe_extra_s"])],
+    ]
+    if s["plain_rounds"]:
+        rows.append([f"a plain round ({s['plain_rounds']}), median", f"{ms(step)} (outside the forward "
+                     f"{ms(step - s['plain_step_forward_s'])})", f"{ms(s['plain_round_s'])} (outside the "
+                     f"forward {ms(s['plain_round_s'] - s['plain_round_forward_s'])})",
+                     steps(s["plain_round_s"] - step)])
+    return markdown_table(["where", "plain decoding", "gamma auto", "auto beyond plain decoding"], rows)
+
+
+# ------------------------------------------------------------------------ the command
 
 def load_pairs(args) -> tuple[object, list[tuple[str, object]], str]:
     """(target, [(pair name, its draft)], what the models are): the given pair, or the stand-ins."""
@@ -93,36 +247,50 @@ def load_pairs(args) -> tuple[object, list[tuple[str, object]], str]:
         if not (args.target and args.draft):
             sys.exit("error: give both --target DIR and --draft DIR (a pair, e.g. runs/trained_pair/target and .../draft)")
         target, draft = load_gpt2(args.target, dtype="float32"), load_gpt2(args.draft, dtype="float32")
-        return target, [("given", draft), ("cannot", target)], f"the pair {args.target} / {args.draft}"
+        return target, [("given", draft)], f"the pair {args.target} / {args.draft}"
     target_dir, draft_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
                                          embedding_std=0.3)
-    # Small embeddings: this model does not copy its input as the pair's large-embedding models do,
-    # so it rarely picks their next token.
-    _, stranger_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
-                                   embedding_std=0.02, seed=1)
-    target, draft = load_gpt2(target_dir, dtype="float32"), load_gpt2(draft_dir, dtype="float32")
-    stranger = load_gpt2(stranger_dir, dtype="float32")
-    return target, [("pays", draft), ("cannot", target), ("disagrees", stranger)], f"{args.size}-shaped stand-ins"
+    target = load_gpt2(target_dir, dtype=args.dtype)
+    pairs = []
+    if "pays" in args.pairs:
+        pairs.append(("pays", load_gpt2(draft_dir, dtype=args.dtype)))
+    if "disagrees" in args.pairs:
+        # Another seed's weights with small embeddings: this model does not copy its input as the
+        # pair's large-embedding models do, so it never picks their next token.
+        _, stranger_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
+                                       embedding_std=0.02, seed=1)
+        pairs.append(("disagrees", load_gpt2(stranger_dir, dtype=args.dtype)))
+    return target, pairs, f"{args.size}-shaped stand-ins ({args.dtype})"
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.auto_gamma", description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="gpt2", help="the stand-ins' official shape (default gpt2)")
-    parser.add_argument("--draft-layers", type=int, default=3, help="the paying pair's draft: the target's first K blocks")
+    parser.add_argument("--draft-layers", type=int, default=3, help="the stand-in drafts' blocks")
+    parser.add_argument("--pairs", nargs="+", choices=["pays", "disagrees"], default=["pays", "disagrees"],
+                        help="which stand-in pairs (default both)")
+    parser.add_argument("--dtype", default="float32", help="the stand-ins' format for load_gpt2 (default float32)")
     parser.add_argument("--target", help="a target checkpoint folder (with --draft: that pair instead of the stand-ins)")
     parser.add_argument("--draft", help="its draft's checkpoint folder")
     parser.add_argument("--prompts", help="a text file, one prompt a line, taken in turn (default: random token ids)")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0],
-                        help="0: greedy (default); above 0, both sample, seeded alike")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--max-gen", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=16, help="random prompts' length")
+                        help="0: greedy (default); above 0, all sample, seeded alike")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-gens", type=int, nargs="+", default=[48, 200])
+    parser.add_argument("--prompt-len", type=int, default=24, help="random prompts' length")
+    parser.add_argument("--fixed-gamma", type=int, help="the fixed gamma to compare (default: the best, by a pilot run)")
+    parser.add_argument("--breakdown", action="store_true", help="time auto round by round instead (greedy)")
+    parser.add_argument("--calibrate-s", type=float, default=10.0,
+                        help="seconds to measure each pair's CostModel (default 10; more is steadier on a busy machine)")
+    parser.add_argument("--calibrate-rounds", type=int, default=7, help="at least this many rounds of it (default 7)")
     parser.add_argument("--threads", type=int, help="PyTorch threads (default: its own choice)")
     parser.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS), help="where the stand-ins are kept")
     parser.add_argument("--out", default="runs/auto-gamma", help="output folder (results.json, results.md)")
     args = parser.parse_args(argv)
     if any(t < 0 for t in args.temperatures):
         sys.exit("error: --temperatures must be >= 0 (0 is greedy)")
+    if args.repeats < 1 or any(m < 1 for m in args.max_gens):
+        sys.exit("error: --repeats and --max-gens must be >= 1")
     prompts = read_prompts(Path(args.prompts)) if args.prompts else None
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -130,30 +298,49 @@ def main(argv=None) -> None:
         print(note, flush=True)
     load_start = load_average()
     target, pairs, models = load_pairs(args)
-    results = {"machine": machine_info(), "settings": vars(args), "pairs": {}}
-    rows = []
+    results = {"machine": machine_info(), "settings": vars(args), "cost_models": {}, "pairs": {}}
+    rows, texts = [], []
     for name, pair_draft in pairs:
         print(f"{name}: measuring the costs ...", flush=True)
-        costs = CostModel.calibrate(target, pair_draft, gamma_max=8)
+        costs = CostModel.calibrate(target, pair_draft, gamma_max=GAMMA_MAX, budget_s=args.calibrate_s,
+                                    min_rounds=args.calibrate_rounds)
+        print(costs, flush=True)
+        results["cost_models"][name] = asdict(costs)
+        if args.breakdown:
+            for max_gen in args.max_gens:
+                prompt = prompts[0] if prompts else random_prompt(args.prompt_len, 0, target.config.vocab_size)
+                generate("plain", target, pair_draft, prompt, 4, 0.0, 0, costs)  # warm up
+                b = round_breakdown(target, pair_draft, costs, prompt, max_gen)
+                results["pairs"][f"{name}, {max_gen} tokens"] = b
+                texts.append(f"{name}, {max_gen} tokens, auto's gammas "
+                             f"{' '.join(map(str, b['summary']['gammas']))}:\n\n{breakdown_table(b['summary'])}")
+                print("\n" + texts[-1] + "\n", flush=True)
+            continue
         for temperature in args.temperatures:
-            if len(args.temperatures) > 1:
-                print(f"  temperature {temperature:g}", flush=True)
-            r = compare(target, pair_draft, costs, args.repeats, args.max_gen, args.prompt_len, temperature, prompts)
-            results["pairs"][name if len(args.temperatures) == 1 else f"{name}, T={temperature:g}"] = r
-            rows.append([name, f"{temperature:g}", f"{r['c']:.2f}", f"{r['verify_cost_5']:.2f}",
-                         "never" if r["break_even_alpha"] is None else f"{r['break_even_alpha']:.2f}",
-                         f"{r['min']:.2f}x", f"{r['median']:.2f}x", f"{r['max']:.2f}x", f"{r['cost_model_min']:.2f}x",
-                         f"{r['plain_round_share']:.0%}", "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"])
+            for max_gen in args.max_gens:
+                print(f"  temperature {temperature:g}, {max_gen} tokens", flush=True)
+                r = compare(target, pair_draft, costs, args.repeats, max_gen, args.prompt_len, temperature,
+                            prompts, args.fixed_gamma)
+                results["pairs"][f"{name}, T={temperature:g}, {max_gen} tokens"] = r
+                f, a = r["fixed"], r["auto"]
+                rows.append([name, f"{temperature:g}", max_gen,
+                             "never" if r["break_even_alpha"] is None else f"{r['break_even_alpha']:.2f}",
+                             "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}",
+                             f"{r['fixed_gamma']}: {f['median']:.2f}x ({f['q1']:.2f}-{f['q3']:.2f})",
+                             f"{a['median']:.2f}x ({a['q1']:.2f}-{a['q3']:.2f})", f"{a['min']:.2f}x",
+                             f"{r['auto_over_fixed_median']:.2f}", f"{r['plain_round_share']:.0%}"])
     results["load_average_start_end"] = [load_start, load_average()]
-    table = markdown_table(["pair", "temperature", "c", "verify 5 tokens", "pays from alpha",
-                            "auto / plain: min", "median", "max", "min in the CostModel's seconds", "plain rounds",
-                            "acceptance of drafted tokens"], rows)
     m = results["machine"]
-    header = (f"{args.repeats} repeats, {models}, {args.max_gen} tokens, "
-              f"{m['torch_threads']} threads, {m['cpu']} ({m['cores']} cores), torch {m['torch']}, "
-              f"load average {load_start:.1f} at the start, {load_average():.1f} at the end")
-    print("\n" + header + "\n\n" + table)
-    write_results(args.out, results, header + "\n\n" + table + "\n")
+    header = (f"{args.repeats} repeats, {models}, {m['torch_threads']} threads, {m['cpu']} ({m['cores']} cores), "
+              f"torch {m['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+              f"{load_start:.1f} at the start, {load_average():.1f} at the end")
+    if not args.breakdown:
+        texts.append(markdown_table(
+            ["pair", "temperature", "max_gen", "pays from alpha", "auto's acceptance",
+             "best fixed gamma / plain: median (quartiles)", "auto / plain: median (quartiles)", "auto: min",
+             "auto / best fixed (medians)", "auto's plain rounds"], rows))
+    print("\n" + header + "\n\n" + "\n\n".join(texts))
+    write_results(args.out, results, header + "\n\n" + "\n\n".join(texts) + "\n")
 
 
 if __name__ == "__main__":

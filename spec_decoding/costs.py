@@ -25,9 +25,14 @@ from gpt2 import GPT2
 from gpt2.speed import kernel_cache
 from gpt2.speed.device import synchronize
 from .decoding import check_drafter
+from .drafters import ModelDrafter
 from .result import ROOT
 from .theory import break_even_alpha, predicted_speedup
 from .tree import TokenTree, score_tree, tree_size
+
+
+# Row counts at which calibrate times a draft model's catch-up (CostModel.draft_catch_up_s).
+CATCH_UP_ROWS = (16, 64)
 
 
 def describe_model(model) -> str:
@@ -72,6 +77,10 @@ class CostModel(SavedAsJson):
     target_score_s[k - 1]: the target scoring k new tokens in one forward (k = 1: a plain step;
     k = g + 1: verifying g draft tokens), for k = 1 .. gamma_max + 1.
     draft_step_s: the drafter proposing one more token (0 for a model-free drafter).
+    draft_catch_up_s: {str(rows): seconds} of a draft model proposing one token after `rows`
+    tokens its cache has not seen, in one forward (a probe of gamma="auto" after `rows` - 1 plain
+    rounds: the draft catches up over the tokens it skipped); rows = 1 is draft_step_s. Empty:
+    not measured (a model-free drafter, or a CostModel saved before it was timed).
     """
     target: str  # describe_model(target)
     draft: str  # describe_model(draft)
@@ -81,6 +90,7 @@ class CostModel(SavedAsJson):
     rounds: int = 0  # timing rounds (each cost is a median over them)
     notes: dict = field(default_factory=dict)
     tree_score_s: dict = field(default_factory=dict)  # "2,2,1" -> the target scoring that tree's root and nodes
+    draft_catch_up_s: dict = field(default_factory=dict)  # "64" -> the draft proposing after 64 unseen tokens
 
     def __post_init__(self):
         if not self.target_score_s or min(self.target_score_s) <= 0 or self.draft_step_s < 0:
@@ -120,6 +130,16 @@ class CostModel(SavedAsJson):
         """Expected wall time of a round that drafts gamma tokens: gamma draft steps + the target
         scoring gamma + 1 tokens."""
         return gamma * self.draft_step_s + self.target_score_s[gamma]
+
+    def catch_up_seconds(self, rows: int) -> float:
+        """Seconds of the draft proposing one token after `rows` tokens it has not seen (one forward
+        over all of them): linear between the measured row counts (and (1, draft_step_s)), the
+        last stretch's slope beyond them; draft_step_s where nothing was measured."""
+        points = [(1, self.draft_step_s)] + sorted((int(k), v) for k, v in self.draft_catch_up_s.items())
+        for (n0, s0), (n1, s1) in zip(points, points[1:]):
+            if rows <= n1 or (n1, s1) == points[-1]:
+                return max(self.draft_step_s, s0 + (s1 - s0) * (rows - n0) / (n1 - n0))
+        return self.draft_step_s
 
     def break_even_alpha(self) -> float | None:
         """The acceptance chance from which speculation pays at all (Leviathan's formula with
@@ -209,6 +229,12 @@ class CostModel(SavedAsJson):
         calls = [("draft", lambda: draft_step(int(torch.randint(vocab, (), generator=g))))]
         calls += [(k, lambda k=k: target_score(k)) for k in range(1, gamma_max + 2)]
         calls += [(tuple(b), lambda b=b: tree_score(b)) for b in trees]
+        catch_up = _draft_catch_up(draft, context, device)
+        n_positions = draft.config.n_positions if isinstance(draft, GPT2) else draft.n_positions
+        catch_up_rows = [n for n in CATCH_UP_ROWS
+                         if catch_up is not None and context_len + n + 1 <= (n_positions or context_len + n + 1)]
+        calls += [(f"catch-up {n}", lambda n=n: catch_up(torch.randint(vocab, (n,), generator=g).tolist()))
+                  for n in catch_up_rows]
         times = {name: [] for name, _ in calls}
         start, rounds = time.perf_counter(), 0
         while rounds <= min_rounds or (time.perf_counter() - start < budget_s and rounds <= max_rounds):
@@ -226,7 +252,8 @@ class CostModel(SavedAsJson):
                    target_score_s=[median[k] for k in range(1, gamma_max + 2)],
                    context_len=context_len, rounds=rounds - 1,
                    notes={"threads": torch.get_num_threads(), "device": str(device)},
-                   tree_score_s={",".join(map(str, b)): median[tuple(b)] for b in trees})
+                   tree_score_s={",".join(map(str, b)): median[tuple(b)] for b in trees},
+                   draft_catch_up_s={str(n): median[f"catch-up {n}"] for n in catch_up_rows})
 
 
 def random_tree(branching, vocab_size: int, generator) -> TokenTree:
@@ -259,6 +286,24 @@ def _draft_stepper(draft, context: list[int], device, target_features=None):
         draft.propose(context + [token], 1)
         draft.roll_back(len(context))
     return step
+
+
+def _draft_catch_up(draft, context: list[int], device):
+    """For a draft model (a GPT2, or a drafter running one: ModelDrafter, LayerSkipDrafter), a
+    function that makes it propose one token after context + tokens, all of `tokens` unseen (one
+    forward over them), then forgets them: a probe's catch-up. None for other drafters (a
+    model-free one has nothing to catch up)."""
+    if isinstance(draft, GPT2):
+        draft = ModelDrafter(draft)
+    elif not isinstance(draft, ModelDrafter):
+        return None
+    draft.start(context, max(CATCH_UP_ROWS) + 2)
+    draft.propose(context, 1)
+
+    def catch_up(tokens):
+        draft.propose(context + tokens, 1)
+        draft.roll_back(len(context))
+    return catch_up
 
 
 @dataclass

@@ -109,7 +109,7 @@ def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: 
     The drafter (if given) is handed the target's features of every position fed
     (Drafter.observe_target_features): feature drafters draft from them."""
     start = target_cache.length
-    new = torch.tensor([(tokens + draft_tokens)[start:]], device=target.wte.weight.device)
+    new = torch.tensor([tokens[start:] + draft_tokens], device=target.wte.weight.device)
     logits, features = target(new, target_cache, num_last_logits=len(draft_tokens) + 1, return_features=True)
     if drafter is not None:
         drafter.observe_target_features(start, features[0])

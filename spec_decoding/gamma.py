@@ -49,6 +49,7 @@ To write your own policy, subclass GammaPolicy and pass an instance as gamma=; t
 need no change.
 """
 
+import itertools
 import math
 
 from .costs import CostModel
@@ -120,18 +121,38 @@ class AutoGamma(GammaPolicy):
     rounds already move the estimates. Every drafting round multiplies the old counts by `decay`:
     the estimates follow the text as it changes (an effective memory of 1 / (1 - decay) rounds).
 
-    The first round drafts one token (the estimates are still the prior's alone): the cheapest way
-    to learn whether the draft agrees at all, which is what a short generation with a draft that
-    never agrees pays for. Switching off needs evidence: while the estimates say g = 0 is fastest
-    but optimistic ones (each a_i `optimism` = 2 posterior standard deviations higher, the deviations from all the
-    rounds judged so far, so they shrink as the generation goes on) say otherwise, speculation
-    stays on, so one unlucky rejection in the first round does not turn it off for good; unless
-    a spell of drafting has been losing: after min_evidence drafting rounds, tokens per second
-    below a plain step's (measured_speedup() < 1) end it, and optimism counts for nothing until a
-    probe is accepted (the estimates alone can still switch it on). While it is off, plain rounds add
-    nothing to the estimates, so now and then it drafts one token anyway (a probe),
-    spending at most probe_budget of the time on probes (a round of g = 1 costs round_seconds(1) -
-    round_seconds(0) more than a plain step). Accepted probes can switch speculation back on.
+    The opening. Before the first round the estimates are the prior's alone, and the costs already
+    say from which acceptance a round of g = 1 pays: (1 + a) / round_seconds(1) > 1 /
+    round_seconds(0), i.e. a > c + verify_cost(1) - 1. If the prior's a does not reach that, it
+    does not draft on the prior: its first round is a probe (below), due at once, since before any
+    evidence a probe tells the most and the draft has only the prompt to read; if it does, the
+    first round drafts one token, the cheapest way to learn whether the draft agrees at all. After
+    that, drafting goes on while the estimates, or optimistic ones (each a_i `optimism` = 2
+    posterior standard deviations higher, the deviations from all the rounds judged so far, so
+    they shrink as the generation goes on), say some g beats a plain step, and stops as soon as
+    neither does: with a draft that never agrees that is after one to a few rounds, fewer the
+    dearer the draft (what learning must cost: a round of g = 1 costs c + verify_cost(1) - 1
+    target steps more than a plain one, and it takes fewer rejections to show the acceptance is
+    below that). The target scoring k tokens is taken as never cheaper than scoring fewer, whatever
+    a CostModel from a busy moment says. A spell of drafting whose tokens
+    per second, after min_evidence rounds, fall below a plain step's (measured_speedup() < 1) ends
+    too, however optimistic the estimates, and optimism then counts for nothing until a probe is
+    accepted (the estimates alone can still switch it on).
+
+    Probes. While it is off, plain rounds add nothing to the estimates, so now and then it drafts one
+    token anyway (a probe), which costs a round of g = 1 more than a plain step, plus the draft's
+    catch-up: its cache has not seen the tokens of the plain rounds, and it reads them all in one
+    forward (CostModel.catch_up_seconds). The probe comes after the fewest plain rounds whose
+    probe_budget share pays for it (probe_every), and never after so many that the draft would
+    read more than max_catch_up rows of output (the plain rounds' tokens and the one or two the
+    last drafting round left unseen); where no such wait pays for a probe, none is made after the
+    first. A rejected probe leaves optimism nothing to hold on to (plain steps again, unless the
+    estimates themselves say drafting pays); each rejected probe in a row that leaves the estimate
+    of a_1 below half of g = 1's break-even doubles the wait (up to that bound), so a draft that
+    never agrees costs a few probes per generation, not one every probe_every rounds, while one
+    near break-even keeps its probes. Accepted probes can switch speculation back on. Where no
+    acceptance could pay (could_pay), it never probes, unless a clock may show the costs wrong.
+    Once it has chosen a plain step, later plain rounds cost it a comparison until a probe is due.
 
     Costs (see the module docstring): clock=None (the default) decides from the CostModel's
     costs as they are, so a seeded run reproduces. With a clock (e.g. time.perf_counter), each
@@ -145,7 +166,7 @@ class AutoGamma(GammaPolicy):
     def __init__(self, cost_model: CostModel, gamma_max: int | None = None, prior_alpha: float = 0.5,
                  prior_strength: float = 2.0, decay: float = 0.95, probe_budget: float = 0.02,
                  optimism: float = 2.0, clock=None, cost_prior_rounds: float = 2.0,
-                 cost_decay: float = 0.95, min_evidence: int = 4):
+                 cost_decay: float = 0.95, min_evidence: int = 4, max_catch_up: int = 64):
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
         gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
@@ -156,14 +177,26 @@ class AutoGamma(GammaPolicy):
         if not (0 <= prior_alpha <= 1 and prior_strength > 0 and 0 < decay <= 1 and probe_budget > 0):
             raise ValueError("AutoGamma needs 0 <= prior_alpha <= 1, prior_strength > 0, "
                              "0 < decay <= 1 and probe_budget > 0")
+        check_positive_int("max_catch_up", max_catch_up)
         self.costs, self.gamma_max = cost_model, gamma_max
+        # The target scoring k tokens, as measured but never cheaper than scoring fewer: a
+        # CostModel measured on a busy machine can say otherwise, and a longer draft would then
+        # look cheaper than a shorter one (in seconds; the fit below refits only a scale).
+        self.target_score_s = list(itertools.accumulate(cost_model.target_score_s, max))
         self.prior_alpha, self.prior_strength, self.decay = prior_alpha, prior_strength, decay
         self.optimism = optimism
         self.judged = [0.0] * gamma_max  # decayed counts per draft position
         self.judged_ever = [0] * gamma_max  # the same, not decayed: how sure the estimates are
         self.accepted = [0.0] * gamma_max
-        self.probe_budget = probe_budget
+        self.probe_budget, self.max_catch_up = probe_budget, max_catch_up
         self.plain_rounds = 0  # plain rounds chosen since the last drafting round
+        self.rejected_probes = 0  # probes rejected in a row (each doubles the wait for the next)
+        self._probe_every = {}  # probe_every's base by draft_behind, as last computed (cleared when the costs change)
+        self._plain_until = 0  # plain steps, with nothing to decide, while plain_rounds is below it
+        self._probe_round = False  # the round under way is a probe
+        # Tokens the draft has not seen after the last drafting round: the round's last one, and
+        # after a fully accepted round also the draft's own last proposal (it never fed it).
+        self.draft_behind = 1
         # What the current spell of drafting (the rounds since the last plain one) has given:
         # tokens made (accepted + 1 a round), seconds spent (as costed, or as clocked), rounds;
         # losing: a spell measured slower than plain decoding, until a probe is accepted.
@@ -175,8 +208,8 @@ class AutoGamma(GammaPolicy):
         self.draft_step_s, self.target_scale = cost_model.draft_step_s, 1.0
         # Least-squares sums over timed rounds, x = (g, target_score_s[g]), y = seconds: the
         # CostModel enters as cost_prior_rounds rounds of g = 0 and of g = 1, as it predicts them.
-        self._prior = [((0.0, cost_model.target_score_s[0]), cost_model.round_seconds(0), cost_prior_rounds),
-                       ((1.0, cost_model.target_score_s[1]), cost_model.round_seconds(1), cost_prior_rounds)]
+        self._prior = [((0.0, self.target_score_s[0]), self.round_seconds(0), cost_prior_rounds),
+                       ((1.0, self.target_score_s[1]), self.round_seconds(1), cost_prior_rounds)]
         self._xx, self._xy = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0]
         self._round_start = None
         self.timed_rounds = 0
@@ -189,17 +222,32 @@ class AutoGamma(GammaPolicy):
 
     def round_seconds(self, gamma: int) -> float:
         """The expected wall time of a round drafting gamma tokens, as estimated now."""
-        return gamma * self.draft_step_s + self.target_scale * self.costs.target_score_s[gamma]
+        return gamma * self.draft_step_s + self.target_scale * self.target_score_s[gamma]
+
+    def probe_extra_seconds(self, plain_rounds: int) -> float:
+        """What a probe after `plain_rounds` plain rounds costs more than a plain step: a round of
+        g = 1 instead of g = 0, and the draft's catch-up over the plain rounds' tokens."""
+        catch_up = self.costs.catch_up_seconds(plain_rounds + self.draft_behind) - self.costs.draft_step_s
+        return self.round_seconds(1) - self.round_seconds(0) + catch_up
 
     @property
-    def probe_every(self) -> int:
-        """Plain rounds between probes: a probe's extra time is probe_budget of the plain rounds'."""
-        extra = self.round_seconds(1) - self.round_seconds(0)
-        return max(1, math.ceil(extra / (self.probe_budget * self.round_seconds(0))))
+    def probe_every(self) -> int | None:
+        """Plain rounds before a probe: the fewest n whose probe_budget share of n plain steps pays
+        for the probe's extra time (catch-up included), doubled for each rejected probe in a row,
+        and never more than max_catch_up - draft_behind (the probe then feeds the draft
+        max_catch_up rows). None where no such n pays for it (the draft's catch-up costs more a
+        row than the budget gives a plain round): then it probes no more."""
+        bound = max(1, self.max_catch_up - self.draft_behind)
+        if self.draft_behind not in self._probe_every:
+            plain = self.round_seconds(0)
+            self._probe_every[self.draft_behind] = next(
+                (n for n in range(1, bound + 1) if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), None)
+        base = self._probe_every[self.draft_behind]
+        return None if base is None else min(base * 2 ** min(self.rejected_probes, 16), bound)
 
     def observe_round(self, drafted: int, seconds: float) -> None:
         """A round that drafted `drafted` tokens took `seconds`: refit draft_step_s and target_scale."""
-        x = (float(drafted), self.costs.target_score_s[drafted])
+        x = (float(drafted), self.target_score_s[drafted])
         for i in range(2):
             self._xy[i] = self.cost_decay * self._xy[i] + x[i] * seconds
             for j in range(2):
@@ -217,6 +265,7 @@ class AutoGamma(GammaPolicy):
         if fit is not None:
             self.draft_step_s, self.target_scale = fit
             self._rates.clear()
+            self._probe_every.clear()
         self.timed_rounds += 1
 
     def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
@@ -260,21 +309,32 @@ class AutoGamma(GammaPolicy):
         return self.made / self.spent * self.round_seconds(0)
 
     def _choose(self) -> int:
+        if self.plain_rounds < self._plain_until:
+            # Off, and nothing has changed since it decided so (a plain round changes no estimate
+            # and no cost): a plain step, with no more work than a plain step's, until a probe is due.
+            self.plain_rounds += 1
+            return 0
         rates = self.tokens_per_second()
         # Until the target has judged a first draft token, the estimates are the prior's alone:
-        # draft one token, the cheapest way to learn whether the draft agrees at all.
-        best = max(range(1, self.gamma_max + 1 if self.judged_ever[0] else 2), key=rates.__getitem__)
+        # draft one token (if the prior says it pays), the cheapest way to learn whether the draft
+        # agrees at all.
+        opening = not self.judged_ever[0]
+        best = max(range(1, 2 if opening else self.gamma_max + 1), key=rates.__getitem__)
         if rates[best] > rates[0]:  # the estimates say drafting pays
             return best
-        # Not sure yet: optimistic estimates keep it drafting, unless a spell has been losing
-        # (then only an accepted probe gives them another chance).
+        # Not sure yet: optimistic estimates keep it drafting (once there is evidence to be unsure
+        # about), unless a spell has been losing (then only an accepted probe gives them another chance).
         if (measured := self.measured_speedup()) is not None and measured < 1:
             self.losing = True
-        if not self.losing and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
+        if not (opening or self.losing) and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
             return best
-        if self.plain_rounds >= self.probe_every:
-            self.plain_rounds = 0
+        wait = self.probe_every if self.clock is not None or self.could_pay() else None
+        # The first probe is due at once: before any evidence a probe tells the most, and the
+        # draft has only the prompt to read (it catches up over more rows the longer it waits).
+        if wait is not None and (opening or self.plain_rounds >= wait) or opening and self.could_pay():
+            self._probe_round = True
             return 1
+        self._plain_until = math.inf if wait is None else wait
         self.plain_rounds += 1
         return 0
 
@@ -284,14 +344,20 @@ class AutoGamma(GammaPolicy):
             seconds = self.clock() - self._round_start
             self.observe_round(drafted, seconds)
         self._round_start, self._prefill_round = None, False
+        if seconds is not None:
+            self._plain_until = 0  # the costs moved: decide afresh
         if drafted == 0:
             self.plain_rounds_before = True  # the next drafting round starts a new spell
             return
-        if self.plain_rounds_before:
+        self._plain_until = 0  # the estimates move: decide afresh
+        # a probe, or a spell's first round after plain ones
+        probe, self._probe_round = self.plain_rounds_before or self._probe_round, False
+        if probe:
             self.made, self.spent, self.evidence = 0, 0.0, 0
             self.plain_rounds_before = False
-            self.losing = self.losing and accepted < drafted
+            self.losing = accepted < drafted  # a rejected probe leaves optimism nothing to hold on to
         self.plain_rounds = 0
+        self.draft_behind = 2 if accepted == drafted else 1
         if seconds is None:
             seconds = self.round_seconds(min(drafted, self.gamma_max))
         self.made += accepted + 1
@@ -304,6 +370,25 @@ class AutoGamma(GammaPolicy):
             self.judged[i] += 1
             self.judged_ever[i] += 1
             self.accepted[i] += i < accepted
+        if probe:
+            # A rejected probe makes the next wait longer only where the estimate is now far below
+            # what pays (a draft that never agrees); near break-even, probes keep their pace.
+            if accepted == drafted:
+                self.rejected_probes = 0
+            elif self.acceptance_by_position()[0] < self.g1_break_even() / 2:
+                self.rejected_probes += 1
+
+    def could_pay(self) -> bool:
+        """Whether some g would beat a plain step were every draft token accepted. If not (a draft
+        as slow as the target), probing cannot find anything to use, and with fixed costs
+        (clock=None) it never probes; with a clock, its probes also time the rounds."""
+        return any((g + 1) / self.round_seconds(g) > 1 / self.round_seconds(0) for g in range(1, self.gamma_max + 1))
+
+    def g1_break_even(self) -> float:
+        """The acceptance from which a round of g = 1 beats a plain step: (1 + a) / round_seconds(1)
+        > 1 / round_seconds(0), i.e. a > round_seconds(1) / round_seconds(0) - 1, which is
+        c + verify_cost(1) - 1 in the CostModel's terms."""
+        return self.round_seconds(1) / self.round_seconds(0) - 1
 
     def __repr__(self):
         alphas = ", ".join(f"{a:.2f}" for a in self.acceptance_by_position())
