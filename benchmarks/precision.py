@@ -98,16 +98,15 @@ def measure_pair(target_dir: Path, draft_dir: Path, formats: list[str], prompts:
     prompt_ids = [random_prompt(PROMPT_TOKENS, seed, vocab) for seed in range(prompts)]
     rows, texts = [], {}  # texts: format -> [(its greedy tokens, its logits along them)] per prompt
     for fmt in formats:
-        target = load(target_dir, fmt)
-        runs = []
-        for i, p in enumerate(prompt_ids):
+        target, draft = load(target_dir, fmt), load(draft_dir, fmt)
+        runs, parted = [], 0
+        for i, p in enumerate(prompt_ids):  # each prompt's figures said as it ends (a long run can be cut)
             runs.append(greedy_run(target, p, n))
-            print(f"  {fmt}: prompt {i + 1} of {len(prompt_ids)}, {runs[-1]['ties']} exact ties", flush=True)
+            parted += speculative_sampling_greedy(target, draft, p, n, gamma=gamma).tokens != runs[-1]["tokens"]
+            print(f"  {fmt}: prompt {i + 1} of {len(prompt_ids)}: {sum(r['ties'] for r in runs)} exact ties in "
+                  f"{sum(len(r['tokens']) for r in runs)} steps so far; speculative parted from plain greedy on "
+                  f"{parted} of {i + 1} prompts", flush=True)
         texts[fmt] = [(r["tokens"], teacher_forced_logits(target, p, r["tokens"])) for p, r in zip(prompt_ids, runs)]
-        draft = load(draft_dir, fmt)
-        parted = 0
-        for p, r in zip(prompt_ids, runs):
-            parted += speculative_sampling_greedy(target, draft, p, n, gamma=gamma).tokens != r["tokens"]
         del target, draft
         steps = sum(len(r["tokens"]) for r in runs)
         rows.append({"format": fmt, "steps": steps, "ties_per_1k": 1000 * sum(r["ties"] for r in runs) / steps,

@@ -82,7 +82,10 @@ def timing_sample(shape, fmt: str, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def describe_what(what: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats", "native"))
+    shown = [f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats", "native", "fidelity")]
+    if "fidelity" in what:
+        shown.append("fidelity checked on its weights" if what["fidelity"] else "by speed alone")
+    return ", ".join(shown)
 
 
 def describe_value(kind: str, value) -> str:
