@@ -408,7 +408,7 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=Tr
     quantize option is decided here (gpt2.speed.device.auto_format; float32 for the plain face) and said
     in one line; a 16-bit dtype without a fast path on this CPU gets its one-line note."""
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
-        dtype, quantize, why = auto_format(device, config if kernels else None)
+        dtype, quantize, why = auto_format(device, config if kernels else None, format_logits(path, config, device))
         if why is not None and device.type == "cpu":
             name = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
                 quantize, str(dtype).removeprefix("torch."))
@@ -418,6 +418,18 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=Tr
     if dtype is not None and quantize != "int8":
         note_once(dtype_note(dtype, device), sys.stderr)
     return dtype, quantize
+
+
+def format_logits(path, config: GPT2Config, device):
+    """(format, tokens [B, T]) -> logits [B, T, vocab] of the model at path loaded in one of
+    gpt2.speed.kernels.AUTO_FORMATS: what dtype="auto" measures a format's fidelity to float32 with
+    (one model at a time, freed before the next)."""
+    def logits_in(fmt: str, tokens: torch.Tensor) -> torch.Tensor:
+        dtype, quantize = fast_face.AUTO_FORMATS[fmt]
+        model = load_safetensors(path, config, device=device, dtype=dtype, quantize=quantize)
+        with torch.inference_mode():
+            return model(tokens.to(device)).float().cpu()
+    return logits_in
 
 
 @contextlib.contextmanager
