@@ -50,6 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast_linear, kernel_cache, native
+from .stored_weights import StoredWeight
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
 # Read at call time by KernelLinear: False runs the plain path on a model with kernels attached
@@ -118,9 +119,18 @@ CANDIDATES = {
     "float32": ("onednn", "mm", "linear", "onednn-packed", "native-f32"),
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
-    "fp16": ("fbgemm-fp16", "native-fp16", "onednn", "mm", "linear"),
+    # (only paths that read 16-bit weights: a float32 path would need a float32 copy beside them)
+    "fp16": ("fbgemm-fp16", "native-fp16"),
     "int8": ("int8pack", "int8-bf16", "native-int8"),
 }
+# The layout each path's kernel reads (gpt2/speed/stored_weights.py): the weight itself ("plain"),
+# the int8 bytes ("q"), or a copy it packs: our C kernel's "panels" (plain tensors, storable in a
+# file) or a library's opaque "packed" weight (oneDNN's blocked layout, fbgemm's packed float16).
+LAYOUTS = {"linear": "plain", "mm": "plain", "onednn": "plain", "onednn-packed": "packed",
+           "onednn-bf16": "packed", "fbgemm-fp16": "packed", "native-fp16": "panels",
+           "native-f32": "panels", "int8pack": "q", "int8-bf16": "packed", "native-int8": "panels"}
+# The paths whose packed layout can be written to the weight cache and mapped back.
+STORABLE_PATHS = tuple(p for p, layout in LAYOUTS.items() if layout == "panels")
 # The paths built from int8 weights' (q, scale).
 INT8_PATHS = CANDIDATES["int8"]
 INT8_KERNELS = {"int8pack": fast_linear.Int8Weight, "int8-bf16": fast_linear.Int8AsBF16,
@@ -201,8 +211,40 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
     """The kernel of `path` for one weight [out, in]. int8: (q, scale) for INT8_PATHS (default:
     quantized from the weight)."""
     if path in INT8_PATHS:
-        return INT8_KERNELS[path](*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
+        if int8 is None:
+            int8 = weight.int8() if isinstance(weight, StoredWeight) else fast_linear.int8_per_channel(weight)
+        return INT8_KERNELS[path](*int8)
     return KERNELS[path](weight)
+
+
+def kernel_from_layouts(path: str, weight) -> object | None:
+    """The kernel of `path` built from a layout the stored weight already holds (our C kernel's
+    panels, mapped from the weight cache): no packing. None if it holds no such layout."""
+    panels = weight.layouts.get("panels") if isinstance(weight, StoredWeight) else None
+    dtype = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8}.get(path)
+    if panels is None or panels.dtype != dtype:
+        return None
+    scale = weight.layouts.get("scale") if path == "native-int8" else None
+    cls = fast_linear.NativeInt8Linear if path == "native-int8" else fast_linear.NativeRowsLinear
+    return cls.from_panels(panels, weight.shape[0], scale)
+
+
+def stored_form(path: str, kernel, weight: StoredWeight) -> tuple[dict, object]:
+    """(layouts, decoder) a kernel of `path` holds for its weight: what replaces the layout it was
+    packed from. decoder: () -> the plain weight, for a library's opaque layout (else None)."""
+    layout = LAYOUTS[path]
+    if layout == "panels":
+        return {"panels": kernel.panels}, None
+    if layout == "q":
+        return {"q": kernel.q}, None
+    packed = kernel.packed
+    if path == "fbgemm-fp16":
+        return {"packed": packed}, lambda: torch.ops.quantized.linear_unpack_fp16(packed)[0]
+    if path == "int8-bf16":
+        scale = weight.layouts["scale"]
+        return {"packed": packed}, lambda: fast_linear.dequantize_int8(packed.to_dense().to(torch.int8), scale,
+                                                                       weight.dtype)
+    return {"packed": packed}, lambda: packed.to_dense()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,6 +380,8 @@ def detach_kernels(model):
 
 
 def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
+    if isinstance(weight, StoredWeight):
+        return weight.format
     if int8 is not None and weight in int8:
         return "int8"
     if fp16 and weight.dtype == torch.float32:
@@ -374,6 +418,7 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
         if layer[2].device.type == "cpu":
             groups.setdefault(weight_format(layer[2], int8, fp16), []).append(layer)
     said, packing_groups = [], {}
+    plain_to_stored = {}
     for fmt, layers in groups.items():
         dtype = layers[0][2].dtype
         paths = candidates(fmt, dtype)
@@ -389,12 +434,17 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             if choose is not None:
                 choice, how = choose(fmt, sample, paths, int8), "as given"
             elif measuring():
-                choice, how = rows_choice(fmt, shape, dtype, paths, lambda: sample, int8)
+                measured, how = rows_choice(fmt, shape, dtype, paths, lambda: sample, int8)
+                choice = one_layout(measured)
+                if choice != measured:
+                    how += f"; measured {describe_choice(measured)}, run on the 1-row kernel's layout only"
             else:
                 how = "the format's default: GPT2_MEASURE_KERNELS=0"
         for owner, name, weight, bias in layers:
-            kernel = KernelLinear(weight, bias, _rows_aware(
-                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8, packing_groups))
+            weight_choice = [(math.inf, paths[0])] if id(weight) in small else choice
+            weight = stored_for(model, owner, name, weight, weight_choice, plain_to_stored)
+            kernel = KernelLinear(weight, bias, _rows_aware(weight, weight_choice, int8, packing_groups,
+                                                            head=name == "head"))
             setattr(owner, name, kernel)
             weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
@@ -411,23 +461,89 @@ def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tens
     return max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
 
 
-def _rows_aware(weight, choice, int8, groups: dict[str, list]) -> RowsAwareKernel:
-    """groups: path -> the PackedOnFirstCall kernels of this model on that path (filled here)."""
+def layout_key(path: str) -> str:
+    """Paths with equal keys read the same bytes: the plain weight, the int8 bytes, or (a packing
+    path) the copy that path packs."""
+    return LAYOUTS[path] if LAYOUTS[path] in ("plain", "q") else path
+
+
+def one_layout(choice: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """A measured choice with every row count on kernels that read one layout, the 1-row kernel's
+    (a decode step, which most calls are): a range whose fastest kernel reads another layout runs
+    the 1-row kernel instead. A weight is then held once, never as the plain weight beside a
+    packed copy of it (or the int8 bytes beside their panels)."""
+    first = choice[0][1]
+    return merge_ranges([(m, p if layout_key(p) == layout_key(first) else first) for m, p in choice])
+
+
+def merge_ranges(choice: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """Neighbouring ranges of [(max_rows, path)] with the same path become one."""
+    merged = [choice[0]]
+    for item in choice[1:]:
+        if item[1] == merged[-1][1]:
+            merged[-1] = (item[0], item[1])
+        else:
+            merged.append(item)
+    return merged
+
+
+def stored_for(model, owner, name: str, weight, choice, done: dict):
+    """The weight the kernels of `choice` run on: a plain parameter whose one kernel packs it
+    (onednn-bf16, native-f32, ...) becomes a StoredWeight in its module (the model's wte for the
+    head), so that the packed copy can replace it; any other weight as it is. done: id(plain) ->
+    its StoredWeight (the tied head and wte are one weight)."""
+    fmt = str(weight.dtype).removeprefix("torch.")
+    if isinstance(weight, StoredWeight) or fmt not in CANDIDATES or not {p for _, p in choice} <= set(CANDIDATES[fmt]) \
+            or len({layout_key(p) for _, p in choice}) != 1 or LAYOUTS[choice[0][1]] in ("plain", "q"):
+        return weight  # (a weight given with its int8 bytes or as float16 values is kept as given)
+    if id(weight) not in done:
+        module = model.wte if name == "head" else owner
+        new = nn.Parameter(StoredWeight(fmt, {"plain": weight.data},
+                                        weight.shape, weight.dtype), requires_grad=False)
+        module._parameters["weight"] = new
+        done[id(weight)] = new
+    return done[id(weight)]
+
+
+def _rows_aware(weight, choice, int8, groups: dict[str, list], head: bool = False) -> RowsAwareKernel:
+    """groups: path -> the PackedOnFirstCall kernels of this model on that path (filled here).
+    A stored weight whose kernels all read one layout gives the packed copy's bytes in place of
+    the layout it was packed from (head: the model's tied head, whose wte rows the embedding
+    reads: it keeps them beside a library's opaque packing)."""
     built = {}
+    replaces = isinstance(weight, StoredWeight) and len({layout_key(p) for _, p in choice}) == 1
     for _, path in choice:
         if path not in built:
             qs = int8.get(weight) if int8 and path in INT8_PATHS else None
-            built[path] = (PackedOnFirstCall(lambda path=path, qs=qs: build_kernel(path, weight, qs),
-                                             groups.setdefault(path, []))
-                           if path in PACKED_PATHS else build_kernel(path, weight, qs))
+            if path not in PACKED_PATHS:
+                built[path] = build_kernel(path, weight, qs)
+            elif (ready := kernel_from_layouts(path, weight)) is not None:
+                built[path] = ready
+            else:
+                keep = head and LAYOUTS[path] == "packed"
+                built[path] = PackedOnFirstCall(
+                    lambda path=path, qs=qs: pack_in_place(path, weight, qs, replaces and not keep),
+                    groups.setdefault(path, []))
     return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
 
 
-def pack_now(model) -> int:
-    """Pack now every attached kernel of model that would pack on its first call: to pay it up
-    front, e.g. before timing a first step that must not include it. Returns how many it packed."""
-    return pack_all([k for layer in attached(model) for _, _, k in layer.kernel.by_rows
-                     if isinstance(k, PackedOnFirstCall)])
+def pack_in_place(path: str, weight, int8, replace: bool):
+    """build_kernel(path, weight, int8), then (replace) the stored weight holds the kernel's packed
+    layout in place of the one it was packed from."""
+    kernel = build_kernel(path, weight, int8)
+    if replace:
+        layouts, decoder = stored_form(path, kernel, weight)
+        weight.replace(tuple(n for n in ("q", "half", "plain", "panels", "packed") if n not in layouts),
+                       layouts, decoder)
+    return kernel
+
+
+def pack_now(model, paths=None) -> int:
+    """Pack now every attached kernel of model that would pack on its first call (or those on
+    `paths`): to pay it up front, e.g. before timing a first step that must not include it, or to
+    keep our C kernel's panels in the weight cache. Returns how many it packed."""
+    return pack_all([k for layer in attached(model) for _, path, k in layer.kernel.by_rows
+                     if isinstance(k, PackedOnFirstCall) and (paths is None or path in paths)])
 
 
 def packing_note(said_paths: set[str]) -> str:
@@ -499,13 +615,7 @@ def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows
 
     choice = [(limit, fastest(m)) for m, limit in zip(rows, limits)]
     choice.append((math.inf, paths[0]))
-    merged = [choice[0]]
-    for item in choice[1:]:  # neighbouring ranges with the same winner become one
-        if item[1] == merged[-1][1]:
-            merged[-1] = (item[0], item[1])
-        else:
-            merged.append(item)
-    return merged, times
+    return merge_ranges(choice), times
 
 
 def copies_for_timing(sample: list[torch.Tensor]) -> list[torch.Tensor]:
