@@ -452,6 +452,23 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
     return said + [note] if said and note else said
 
 
+def planned_path(fmt: str, dtype: torch.dtype, config) -> str | None:
+    """The path whose layout attach_kernels will give the large weights of a model of this config
+    in this format (one_layout of the kept choice), known before its weights are read: the weight
+    cache is keyed by it. None: not known without measuring (the first load of such a model), or
+    no kernel (a float32 model too small for any)."""
+    paths = candidates(fmt, dtype)
+    if not paths:
+        return None
+    shape = (4 * config.n_embd, config.n_embd)
+    if shape[0] * shape[1] < ONEDNN_MIN_WEIGHTS:
+        return None if fmt in ("float32", "float16") else paths[0]
+    if len(paths) == 1 or not measuring():
+        return paths[0]
+    kept = kernel_cache.lookup("kernels", rows_what(fmt, shape, dtype, paths))
+    return None if kept is None else one_layout([(m, p) for m, p in kept["choice"]])[0][1]
+
+
 def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
     """(shape, its weights): the shape whose weights a step reads most of (in GPT-2, the MLP's;
     not the head, the largest single matrix but read once per step)."""
