@@ -373,9 +373,10 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         stored = kernels and device.type == "cpu"  # the fast face holds what its kernels read
         fmt = storage_format(dtype, quantize, path)
         plan = fast_face.planned_path(fmt, dtype or torch.float32, config) if stored else None
-        # float32 from a float32 file computes nothing to keep, unless its kernel's panels
+        # Kept only where the kernels' choice is known before the weights are read (not on the
+        # load that measures it); float32 computes nothing to keep but its kernel's panels.
         key = (weight_cache.key(path, fmt, dtype or torch.float32, plan)
-               if stored and (fmt != "float32" or plan in fast_face.STORABLE_PATHS) else None)
+               if plan is not None and (fmt != "float32" or plan in fast_face.STORABLE_PATHS) else None)
         cached, cache_file = (weight_cache.lookup(key) or (None, None)) if key else (None, None)
         state = {}
         for name in expected:
@@ -390,9 +391,15 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             if name.endswith(CONV1D_SUFFIXES):
                 tensor = tensor.t()  # [in, out] -> [out, in]
             linear = name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"
-            if stored and linear and quantize in ("int8", "fp16"):
-                state[name] = held_weight(fmt, format_layouts(tensor, quantize), expected[name], dtype)
-                del tensor
+            kernel = fast_face.path_for_weight(plan, fmt, dtype or torch.float32, tensor.numel()) if stored else None
+            if stored and linear and (quantize is not None or kernel in fast_face.STORABLE_PATHS):
+                # what the format stores, packed now where the kernel's panels replace it (one
+                # weight at a time: the peak stays near the size of what the model holds)
+                layouts = format_layouts(tensor if quantize else tensor.to(dtype or tensor.dtype), quantize)
+                if kernel in fast_face.STORABLE_PATHS:
+                    layouts = fast_face.packed_layouts(kernel, layouts)
+                state[name] = held_weight(fmt, layouts, expected[name], dtype)
+                del tensor, layouts
                 continue
             if quantize == "int8" and linear:  # the plain face: float32 parameters of the int8 values
                 q, scale = int8_per_channel(tensor)
@@ -435,7 +442,10 @@ QUANTIZE_ROWS = 4096
 
 def format_layouts(weight: torch.Tensor, quantize: str) -> dict[str, torch.Tensor]:
     """What a format stores of one weight [out, in] read from the file: int8 bytes and scales
-    (quantized QUANTIZE_ROWS rows at a time: int8_per_channel is per row), or float16 values."""
+    (quantized QUANTIZE_ROWS rows at a time: int8_per_channel is per row), float16 values, or
+    (quantize None) the weight itself."""
+    if quantize is None:
+        return {"plain": weight.contiguous()}
     if quantize == "fp16":
         return {"half": weight.to(torch.float16)}
     q = torch.empty(weight.shape, dtype=torch.int8)
@@ -456,12 +466,11 @@ def held_weight(fmt: str, layouts: dict, shape, dtype) -> torch.Tensor:
 
 def keep_weights(model, key: dict, cached, cache_file) -> str:
     """After attach_kernels: the load line's part about the weight cache. A load that mapped the
-    cache says so; any other keeps what it computed (the stored weights' plain-tensor layouts,
-    our C kernel's panels packed now for it) in the cache."""
+    cache says so; any other keeps what it computed (the stored weights' plain-tensor layouts:
+    int8 bytes and scales, 16-bit values, our C kernel's panels) in the cache."""
     if cached:
         return (f"weights mapped from the weight cache {weight_cache_name(cache_file)} ({key['format']}, "
                 f"nothing quantized or packed again)")
-    fast_face.pack_now(model, fast_face.STORABLE_PATHS)
     held = {}
     for name, p in model.named_parameters():
         if isinstance(p, StoredWeight):
@@ -492,7 +501,7 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=Tr
     quantize option is decided here (gpt2.speed.device.auto_format; float32 for the plain face) and said
     in one line; a 16-bit dtype without a fast path on this CPU gets its one-line note."""
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
-        dtype, quantize, why = auto_format(device, config if kernels else None)
+        dtype, quantize, why = auto_format(device, config if kernels else None, format_logits(path, config, device))
         if why is not None and device.type == "cpu":
             name = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
                 quantize, str(dtype).removeprefix("torch."))
@@ -502,6 +511,18 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=Tr
     if dtype is not None and quantize != "int8":
         note_once(dtype_note(dtype, device), sys.stderr)
     return dtype, quantize
+
+
+def format_logits(path, config: GPT2Config, device):
+    """(format, tokens [B, T]) -> logits [B, T, vocab] of the model at path loaded in one of
+    gpt2.speed.kernels.AUTO_FORMATS: what dtype="auto" measures a format's fidelity to float32 with
+    (one model at a time, freed before the next)."""
+    def logits_in(fmt: str, tokens: torch.Tensor) -> torch.Tensor:
+        dtype, quantize = fast_face.AUTO_FORMATS[fmt]
+        model = load_safetensors(path, config, device=device, dtype=dtype, quantize=quantize)
+        with torch.inference_mode():
+            return model(tokens.to(device)).float().cpu()
+    return logits_in
 
 
 @contextlib.contextmanager

@@ -189,25 +189,6 @@ def test_speculative_greedy_equals_same_format_target(text_pair_dirs, name):
         assert spec == ar
 
 
-def test_int8_speculative_greedy_equals_plain_greedy_on_the_multi_row_kernel(text_pair_dirs, monkeypatch):
-    """With the one-pass int8 kernel verifying (2+ rows) and _weight_int8pack_mm decoding (1 row),
-    as the measurement picks on a CPU with AMX, greedy speculative output is still the target's own
-    greedy output: the two kernels compute the same numbers (test above)."""
-    if not kernels.works("int8-bf16"):
-        pytest.skip(f"this CPU has no oneDNN bfloat16 path: {kernels.probe('int8-bf16')}")
-    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the choice too
-    target_dir, draft_dir = text_pair_dirs
-    target, draft = load_gpt2(target_dir, quantize="int8"), load_gpt2(draft_dir, quantize="int8")
-    choice = [(1, "int8pack"), (math.inf, "int8-bf16")]
-    for model in (target, draft):
-        int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
-        kernels.attach_kernels(model, int8=int8, choose=lambda *a: choice)
-        assert {tuple(k.kernel.paths()) for k in kernels.attached(model)} == {tuple(choice)}
-    prompt = list(range(100, 120))
-    ar = autoregressive_generate(target, prompt, 40).tokens
-    assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == ar
-
-
 @pytest.mark.parametrize("name", ["bf16", "int8", "fp16"])
 def test_lossless_in_each_format(make_checkpoint, name):
     """Sampled speculative output follows the target *as loaded* (its exact distribution,

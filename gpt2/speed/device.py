@@ -50,7 +50,7 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def auto_format(device: torch.device, config=None) -> tuple[torch.dtype, str | None, str | None]:
+def auto_format(device: torch.device, config=None, logits_in=None) -> tuple[torch.dtype, str | None, str | None]:
     """What dtype="auto" picks for a model with this config on a device: (dtype, quantize, why;
     why is None where no choice was measured: a toy model, or its size not known yet).
     CPU: the format measured fastest here for the model's layer shapes (gpt2.speed.kernels.fastest_format):
@@ -65,7 +65,7 @@ def auto_format(device: torch.device, config=None) -> tuple[torch.dtype, str | N
         return torch.float16, None, "Apple GPUs' 16-bit format"
     if config is None or not kernels.ENABLED:
         return torch.float32, None, None
-    fmt, why = kernels.fastest_format(config)
+    fmt, why = kernels.fastest_format(config, logits_in)
     dtype, quantize = kernels.AUTO_FORMATS[fmt]
     return dtype, quantize, why
 

@@ -14,15 +14,15 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
   - bfloat16: oneDNN with the weights reordered ONCE into its blocked layout
     (torch.ops.mkldnn._reorder_linear_weight), instead of plain [out, in] weights per call. Needs
     AVX-512 (or AVX-NE-CONVERT) on x86: gpt2/speed/kernels.py probes for it.
-  - int8 (weight-only, per output channel, symmetric): torch._weight_int8pack_mm with bfloat16
-    activations (its fp32-activation path is several times slower for a few rows); for several
-    rows, the same product on oneDNN's bfloat16 matmul (Int8AsBF16): _weight_int8pack_mm reads
-    the weights once per 4 rows, so 5 rows cost two passes.
+  - int8 (weight-only, per output channel, symmetric): our C kernel (NativeInt8Linear, below),
+    float32 activations, sums and outputs. The library's int8 products, torch._weight_int8pack_mm
+    with bfloat16 activations (Int8Weight) and the same on oneDNN's bfloat16 matmul (Int8AsBF16),
+    round their outputs to bfloat16; they stay here for the benchmarks to compare.
   - float16 weights in a float32 model (quantize="fp16"): fbgemm's fp16 GEMM
     (torch.ops.quantized.linear_dynamic_fp16), which reads the 16-bit weights and multiplies in
     float32, on any x86 CPU with AVX2.
   - our own C kernel for a few rows (NativeRowsLinear, gpt2/speed/csrc/rows_linear.c, AVX2 with FMA and
-    F16C), on float16 or float32 weights: each weight row is read from memory once for all the
+    F16C), on float16, float32 or int8 weights: each weight row is read from memory once for all the
     rows, and a row's result is the same bits alone or among others.
 
 The parameters of a model stay ordinary tensors holding the same values, so every kernel computes
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from . import native
 
 QUANTIZE_CHOICES = (None, "int8", "fp16")
-# _weight_int8pack_mm is fast with bf16 activations only: an fp32 model's int8 layers round their
-# inputs to bf16 (the tests' tolerances include this).
+# _weight_int8pack_mm is fast with bf16 activations only (Int8Weight, Int8AsBF16 round their inputs
+# and outputs to bf16; the int8 format's own kernel, NativeInt8Linear, does not).
 INT8_ACTIVATION_DTYPE = torch.bfloat16
 
 
@@ -142,14 +142,14 @@ class NativeRowsLinear:
         self.panels, self.out = native.pack_panels(weight.detach(), dtype), weight.shape[0]
 
     @classmethod
-    def from_panels(cls, panels: torch.Tensor, out: int, scale: torch.Tensor | None = None,
-                    dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
+    def from_panels(cls, panels: torch.Tensor, out: int, scale: torch.Tensor | None = None):
         """The kernel on panels packed before (pack_panels of a weight with `out` rows, e.g. mapped
-        from the weight cache), without packing again; int8 panels take their scale [out]."""
+        from the weight cache), without packing again; int8 panels take their scale [out], as
+        NativeInt8Linear keeps it."""
         kernel = cls.__new__(cls)
         kernel.panels, kernel.out = panels, out
         if scale is not None:
-            kernel.scale = scale.to(dtype).float().contiguous()
+            kernel.scale = scale.float().contiguous()
         return kernel
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -161,17 +161,21 @@ class NativeRowsLinear:
 
 class NativeInt8Linear(NativeRowsLinear):
     """Our C kernel on int8 weights ("native-int8"): q copied into panels of 16 output rows (1 byte a
-    weight), computing Int8Weight's numbers (x rounded to bfloat16, float32 sums of q * x, times
-    the bfloat16 scale, rounded to bfloat16, then the bias), with NativeRowsLinear's property: a
-    row gives the same bits alone as among others."""
+    weight). The int8 format's one computation (gpt2/speed/kernels.py): y = (x @ q.T) * scale + bias
+    with x as given (float32), each output's sum of q * x in float32 in one fixed order, times its
+    float32 scale, then the bias; nothing rounded to 16 bits, so an int8 head's logits keep
+    float32's precision. With NativeRowsLinear's property: a row gives the same bits alone as
+    among others."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
         self.panels, self.out = native.pack_panels(q, torch.int8), q.shape[0]
-        self.scale = scale.to(dtype).float().contiguous()
+        self.scale = scale.float().contiguous()
 
 
 class Int8Weight:
-    """Weight-only int8: y = (x @ q.T) * scale + bias, computed by torch._weight_int8pack_mm."""
+    """Weight-only int8 on torch._weight_int8pack_mm: y = (x @ q.T) * scale + bias with x and the
+    scale rounded to bfloat16 and the output rounded to bfloat16. Not a kernel of the int8 format
+    (gpt2/speed/kernels.py says why); benchmarks compare against it."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = INT8_ACTIVATION_DTYPE):
         self.q, self.scale, self.dtype = q.contiguous(), scale.to(dtype), dtype
@@ -184,7 +188,8 @@ class Int8Weight:
 
 
 class Int8AsBF16:
-    """Weight-only int8 on oneDNN's bfloat16 matmul (AMX / AVX512-BF16), for several rows at once:
+    """Weight-only int8 on oneDNN's bfloat16 matmul (AMX / AVX512-BF16), for several rows at once (not
+    a kernel of the int8 format: its outputs are bfloat16, gpt2/speed/kernels.py):
     y = (x @ q.T) * scale + bias with Int8Weight's numbers. The int8 values q are integers in
     [-127, 127], exact in bfloat16, so the bfloat16 copy (pre-packed once; extra memory: 2 bytes a
     weight) holds the same weights; x is rounded to bfloat16 as Int8Weight rounds it, each

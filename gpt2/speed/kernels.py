@@ -110,18 +110,23 @@ KERNELS = {
 # Weight formats -> the paths that can run them, in order of preference when nothing is measured
 # (the first working one is also the default for prompts). A format's kernels all compute the
 # same function of the parameters' values: "fp16" weights are float32 parameters holding
-# float16-rounded values, "int8" ones hold the dequantized values. int8 runs on its own paths only,
-# which compute alike (bfloat16 activations, the same int8 weights and bfloat16 scale, float32
-# sums): a float32 path on the dequantized values would verify (many rows) in other arithmetic
-# than a step (1 row) computes, and greedy speculative decoding would part from plain greedy
-# decoding at more near-ties.
+# float16-rounded values, "int8" ones hold the dequantized values.
+# int8 is ONE computation, float32 throughout: y = (x @ q.T) * scale + bias, each output's sum of
+# q * x in float32 in one fixed order, times its float32 scale (our C kernel, NativeInt8Linear, in
+# its AVX2 and AVX-512 builds, the same bits, and a row the same bits alone as among others). The
+# library's int8 products are not among its kernels: _weight_int8pack_mm ("int8pack") and the
+# oneDNN bfloat16 matmul ("int8-bf16") take bfloat16 activations and return bfloat16 outputs (an
+# int8 head's logits on a bfloat16 grid, where two top tokens often tie exactly), and
+# _weight_int8pack_mm's float32 path adds in another order (other bits, and several times slower
+# for a few rows). Without the C kernel the int8 format has no fast path: auto does not pick it,
+# and --quantize int8 runs F.linear on the dequantized values.
 CANDIDATES = {
     "float32": ("onednn", "mm", "linear", "onednn-packed", "native-f32"),
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
     # (only paths that read 16-bit weights: a float32 path would need a float32 copy beside them)
     "fp16": ("fbgemm-fp16", "native-fp16"),
-    "int8": ("int8pack", "int8-bf16", "native-int8"),
+    "int8": ("native-int8",),
 }
 # The layout each path's kernel reads (gpt2/speed/stored_weights.py): the weight itself ("plain"),
 # the int8 bytes ("q"), or a copy it packs: our C kernel's "panels" (plain tensors, storable in a
@@ -131,14 +136,19 @@ LAYOUTS = {"linear": "plain", "mm": "plain", "onednn": "plain", "onednn-packed":
            "native-f32": "panels", "int8pack": "q", "int8-bf16": "packed", "native-int8": "panels"}
 # The paths whose packed layout can be written to the weight cache and mapped back.
 STORABLE_PATHS = tuple(p for p, layout in LAYOUTS.items() if layout == "panels")
-# The paths built from int8 weights' (q, scale).
-INT8_PATHS = CANDIDATES["int8"]
-INT8_KERNELS = {"int8pack": fast_linear.Int8Weight, "int8-bf16": fast_linear.Int8AsBF16,
-                "native-int8": fast_linear.NativeInt8Linear}
-# Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize).
-# "int8": weight-only int8 in a float32 model (its layers round their inputs to bfloat16).
+# The kernels built from int8 weights' (q, scale): the int8 format's, and the library's int8
+# products (for the benchmarks and the report).
+INT8_KERNELS = {"native-int8": fast_linear.NativeInt8Linear, "int8pack": fast_linear.Int8Weight,
+                "int8-bf16": fast_linear.Int8AsBF16}
+INT8_PATHS = tuple(INT8_KERNELS)
+# Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize). Each one's logits
+# are float32 sums, never rounded to 16 bits: "int8" is weight-only int8 in a float32 model (the
+# head too, on float32 sums). A bfloat16 model is not among them: its head, like every layer,
+# returns bfloat16 logits (8 significant bits: near the top, two tokens' logits tie exactly often
+# enough to part greedy speculative decoding from plain greedy decoding); --dtype bfloat16 still
+# loads one.
 AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
-                "bfloat16": (torch.bfloat16, None), "int8": (torch.float32, "int8")}
+                "int8": (torch.float32, "int8")}
 
 
 def emulated_cpu() -> str | None:
@@ -448,7 +458,8 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             setattr(owner, name, kernel)
             weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
-    note = packing_note({path for layers in attached(model) for _, path in layers.kernel.paths()})
+    note = packing_note({path for layer in attached(model) for _, path, k in layer.kernel.by_rows
+                         if isinstance(k, PackedOnFirstCall) and not k.packed})
     return said + [note] if said and note else said
 
 
@@ -467,6 +478,24 @@ def planned_path(fmt: str, dtype: torch.dtype, config) -> str | None:
         return paths[0]
     kept = kernel_cache.lookup("kernels", rows_what(fmt, shape, dtype, paths))
     return None if kept is None else one_layout([(m, p) for m, p in kept["choice"]])[0][1]
+
+
+def path_for_weight(plan: str | None, fmt: str, dtype: torch.dtype, numel: int) -> str | None:
+    """The path attach_kernels will run a weight of numel elements on, where planned_path gave
+    plan for the model's large weights: below ONEDNN_MIN_WEIGHTS, the format's default (float32
+    and float16 weights: none, they stay plain)."""
+    if numel >= ONEDNN_MIN_WEIGHTS:
+        return plan
+    paths = candidates(fmt, dtype)
+    return None if fmt in ("float32", "float16") or not paths else paths[0]
+
+
+def packed_layouts(path: str, layouts: dict) -> dict:
+    """A weight's layouts ({"q", "scale"}, {"half"} or {"plain"}) as our C kernel of `path`
+    packs them: {"panels"} (and the int8 scale), the source dropped."""
+    source = layouts.get("q", layouts.get("half", layouts.get("plain")))
+    dtype = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8}[path]
+    return {"panels": native.pack_panels(source, dtype)} | ({"scale": layouts["scale"]} if "scale" in layouts else {})
 
 
 def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
@@ -668,24 +697,30 @@ def time_kernels(kernels: dict[str, list], in_features: int, dtype, rows=ROW_COU
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. The weight format dtype="auto" picks on a CPU, measured once per machine and width
+# 4. The weight format dtype="auto" picks on a CPU, measured once per machine and model shape
 
 
-def fastest_format(config) -> tuple[str, str | None]:
-    """(format, why; None when nothing was measured): the format of AUTO_FORMATS that runs this
-    model's linear layers fastest here, measured on weights of its shapes ([4 n_embd, n_embd], as
-    c_fc) at 1 row (a decode step) and 5 rows (verifying 4 draft tokens), once per machine and
-    width, and kept (gpt2/speed/kernel_cache.py). A format must beat the more exact ones by AUTO_MARGIN.
-    A model whose layers are below ONEDNN_MIN_WEIGHTS stays float32 unmeasured, as does every
-    model under GPT2_MEASURE_KERNELS=0."""
+def fastest_format(config, logits_in=None) -> tuple[str, str | None]:
+    """(format, why; None when nothing was measured): the fastest format of AUTO_FORMATS here whose
+    next-token distributions stay within FIDELITY_MAX_KL of float32's on the model's own weights.
+    Speed: weights of the model's c_fc shape [4 n_embd, n_embd] at 1 row (a decode step) and 5
+    rows (verifying 4 draft tokens); a format must beat the more exact ones by AUTO_MARGIN.
+    Fidelity (`format_fidelity`): logits_in(format, tokens [B, T]) -> the model's logits [B, T,
+    vocab] when loaded in that format (gpt2/loading.py passes it), compared with float32's on
+    FIDELITY_SHAPE random tokens; measured only for a format that would win on speed. Without
+    logits_in (a model shape only) the choice is by speed alone and the why says so. Once per
+    machine and shape, kept (gpt2/speed/kernel_cache.py). A model whose layers are below
+    ONEDNN_MIN_WEIGHTS stays float32 unmeasured, as does every model under GPT2_MEASURE_KERNELS=0."""
     if config.n_embd * config.n_embd < ONEDNN_MIN_WEIGHTS or not measuring():
         return "float32", None  # layers this small cost per-call overhead, which no format cuts
     formats = format_paths()
-    what = {"n_embd": config.n_embd, "n_layer": config.n_layer, "formats": formats}
+    what = {"n_embd": config.n_embd, "n_layer": config.n_layer, "formats": formats,
+            "fidelity": fidelity_what(config) if logits_in is not None else None}
     what |= native_tag([p for paths in formats.values() for p in paths])
-    (fmt, why), measured_now = kernel_cache.decide_once(
-        "format", what, lambda: list(_measure_formats(config)),
+    kept, measured_now = kernel_cache.decide_once(
+        "format", what, lambda: list(_measure_formats(config, logits_in)),
         f'which weight format dtype="auto" loads for width {config.n_embd}')
+    fmt, why = kept[:2]
     return fmt, why + ("" if measured_now else f" (measured here before, kept in {kernel_cache.shown_path()})")
 
 
@@ -710,12 +745,12 @@ def format_paths() -> dict[str, list[str]]:
     return out
 
 
-def _measure_formats(config) -> tuple[str, str]:
+def format_times(config) -> tuple[dict[str, float], str]:
+    """({format: seconds of a 1-row plus a 5-row pass over the timing weights, on its fastest
+    path}, what was timed): every format with a fast path here, timed together."""
     shape, weights32 = timing_weights(config)
-    n = len(weights32)
     kernels, dtypes = {}, {}  # "format/path" -> kernels, activation dtype: all timed together
-    paths_of = format_paths()
-    for fmt, paths in paths_of.items():
+    for fmt, paths in format_paths().items():
         dtype = AUTO_FORMATS[fmt][0]
         weights = [w.half().float() if fmt == "fp16" else w.to(dtype) for w in weights32]  # int8: quantized by build_kernel
         for p in paths:
@@ -726,13 +761,100 @@ def _measure_formats(config) -> tuple[str, str]:
         fmt = name.split("/")[0]
         best_of = scores.get(fmt, (math.inf, math.inf))
         scores[fmt] = (min(best_of[0], t[1]), min(best_of[1], t[5]))
-    scores = {fmt: t1 + t5 for fmt, (t1, t5) in scores.items()}
+    return ({fmt: t1 + t5 for fmt, (t1, t5) in scores.items()},
+            f"{len(weights32)} weights of this model's c_fc shape {list(shape)}, a 1-row plus a 5-row pass")
+
+
+def pick_format(scores: dict[str, float], faithful) -> str:
+    """The format to load: from the most exact (AUTO_FORMATS' order), each format replaces the best
+    so far if it is faster by AUTO_MARGIN and faithful(format) (its fidelity within the bound;
+    asked only of such a format). scores: {format: seconds}, formats without a fast path absent."""
     best = "float32"
-    for fmt in AUTO_FORMATS:  # from the most exact: each must beat the best so far by the margin
-        if fmt in scores and scores[fmt] < (1 - AUTO_MARGIN) * scores[best]:
+    for fmt in AUTO_FORMATS:
+        if fmt in scores and scores[fmt] < (1 - AUTO_MARGIN) * scores[best] and faithful(fmt):
             best = fmt
+    return best
+
+
+def _measure_formats(config, logits_in=None) -> tuple[str, str, dict]:
+    """(format, why, {"ms": .., "fidelity": ..}) for fastest_format."""
+    scores, timed = format_times(config)
+    fidelity = FormatFidelity(logits_in, config) if logits_in is not None else None
+    best = pick_format(scores, fidelity.within_bound if fidelity else lambda fmt: True)
     ms = ", ".join(f"{f} {1000 * s:.1f} ms" for f, s in scores.items())
-    missing = [f for f, p in paths_of.items() if not p]
-    why = (f"measured fastest here on {n} weights of this model's c_fc shape {list(shape)}, a "
-           f"1-row plus a 5-row pass: {ms}" + (f"; no fast path here for {', '.join(missing)}" if missing else ""))
-    return best, why
+    missing = [f for f, p in format_paths().items() if not p]
+    why = (f"measured fastest here on {timed}: {ms}" + (f"; no fast path here for {', '.join(missing)}" if missing else ""))
+    if fidelity is None:
+        why += "; fidelity to float32 not measured (no model's weights given: by speed alone)"
+    else:
+        why += "; " + fidelity.describe()
+    return best, why, {"ms": {f: round(1000 * s, 3) for f, s in scores.items()},
+                       "fidelity": fidelity.measured if fidelity else None}
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Fidelity: how far a format's next-token distributions move from float32's
+
+# The bound a format must keep to be picked by "auto": the mean KL divergence KL(p_float32 ||
+# p_format) of next-token distributions, in nats. By Pinsker's inequality a KL of 1e-3 moves a
+# distribution's probabilities by at most sqrt(KL / 2) ~ 0.022 in total, so sampling from it
+# draws from nearly float32's distribution; float16 weights and per-channel int8 weights with
+# float32 sums stay well inside it on GPT-2's shapes (docs/precision.md), while 16-bit activations
+# throughout or 4-bit weights do not.
+FIDELITY_MAX_KL = 1e-3
+# Random token sequences the fidelity is measured on: [sequences, tokens], from a fixed seed, so
+# the measurement is the same on every machine (and in the tests).
+FIDELITY_SHAPE = (4, 32)
+FIDELITY_SEED = 0
+# Kept with a choice: a change of the measurement (or of the bound) makes "auto" decide again.
+FIDELITY_VERSION = 1
+
+
+def fidelity_tokens(config) -> torch.Tensor:
+    """The token ids fidelity is measured on: [FIDELITY_SHAPE] (fewer tokens for a model with fewer
+    positions), uniform over the vocabulary."""
+    shape = (FIDELITY_SHAPE[0], min(FIDELITY_SHAPE[1], config.n_positions))
+    return torch.randint(0, config.vocab_size, shape, generator=torch.Generator().manual_seed(FIDELITY_SEED))
+
+
+def fidelity_what(config) -> dict:
+    """What a fidelity measurement depends on besides the machine (part of the format's cache key)."""
+    return {"version": FIDELITY_VERSION, "max_kl": FIDELITY_MAX_KL, "tokens": list(fidelity_tokens(config).shape),
+            "vocab_size": config.vocab_size}
+
+
+def fidelity(target_logits: torch.Tensor, logits: torch.Tensor) -> dict[str, float]:
+    """target_logits (float32's), logits (a format's): [..., vocab] -> {"kl": mean KL(p_float32 ||
+    p_format) over the positions, in nats; "agreement": the share of positions whose greedy token
+    (argmax) is float32's}. Computed in float64."""
+    p_log = F.log_softmax(target_logits.double(), dim=-1)
+    q_log = F.log_softmax(logits.double(), dim=-1)
+    kl = (p_log.exp() * (p_log - q_log)).sum(-1)
+    agreement = (target_logits.argmax(-1) == logits.argmax(-1)).double()
+    return {"kl": max(kl.mean().item(), 0.0), "agreement": agreement.mean().item()}
+
+
+class FormatFidelity:
+    """Each format's fidelity to float32 on one model, measured on first request: logits_in(format,
+    tokens) runs the model loaded in that format. measured: {format: fidelity()}."""
+
+    def __init__(self, logits_in, config):
+        self.logits_in, self.tokens = logits_in, fidelity_tokens(config)
+        self.target_logits, self.measured = None, {}
+
+    def of(self, fmt: str) -> dict[str, float]:
+        if fmt not in self.measured:
+            if self.target_logits is None:
+                self.target_logits = self.logits_in("float32", self.tokens).float()
+            self.measured[fmt] = fidelity(self.target_logits, self.logits_in(fmt, self.tokens).float())
+        return self.measured[fmt]
+
+    def within_bound(self, fmt: str) -> bool:
+        return fmt == "float32" or self.of(fmt)["kl"] <= FIDELITY_MAX_KL
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{fmt} KL {f['kl']:.2g} nats, greedy agreement {100 * f['agreement']:.1f}%"
+                          + ("" if f["kl"] <= FIDELITY_MAX_KL else " (outside the bound)")
+                          for fmt, f in self.measured.items())
+        return (f"fidelity to float32 on this model's weights ({FIDELITY_SHAPE[0]} x {FIDELITY_SHAPE[1]} random "
+                f"tokens, bound KL <= {FIDELITY_MAX_KL:g}): " + (shown or "no faster format to check"))

@@ -88,7 +88,7 @@ def library(wide_build: bool | None = None) -> ctypes.CDLL:
         if not path.exists():
             build(cc, path, build_flags(wide_build))
         lib = ctypes.CDLL(str(path))
-        # (x, rows, in, panels, out, scale, bias, y, threads) -> 0, or -1: out of memory
+        # (x, rows, in, panels, out, scale, bias, y, threads) -> 0
         for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
@@ -142,18 +142,16 @@ def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Ten
                 scale: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
     float32 or int8) and W has `out` rows; bias [out] float32 contiguous. int8 panels hold q, and
-    W = q * scale [out] (float32 contiguous): then x is rounded to bfloat16, and so is each output
-    (its sum times its scale) before the bias (the library's int8 arithmetic). On PyTorch's number
-    of threads; lib: a build of the kernel (default: this CPU's). (Written for a call's few
-    microseconds: it runs once per linear layer per step.)"""
+    W = q * scale [out] (float32 contiguous): each output is then its float32 sum of q * x times
+    its scale, then the bias (nothing rounded to 16 bits). On PyTorch's number of threads; lib: a
+    build of the kernel (default: this CPU's). (Written for a call's few microseconds: it runs
+    once per linear layer per step.)"""
     x = x if x.is_contiguous() else x.contiguous()
     inputs = panels.shape[1]
     y = torch.empty(*x.shape[:-1], out, dtype=torch.float32)
     lib = lib or _LIBRARY or library()
-    failed = lib.by_dtype[panels.dtype](
+    lib.by_dtype[panels.dtype](
         x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
         None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(),
         y.data_ptr(), torch.get_num_threads())
-    if failed:
-        raise MemoryError(f"the C kernel could not allocate {x.numel() * 4} bytes for x rounded to bfloat16")
     return y

@@ -6,9 +6,10 @@
    W[16p : 16p + 16, :] transposed, [in][16] (gpt2/speed/native.py's pack_panels; the last panel padded
    with zeros).
 
-   int8 weights are per-channel: W = q * scale[out]. They compute what the library's int8 kernels
-   compute (gpt2/speed/fast_linear.py's Int8Weight): x rounded to bfloat16, a float32 sum of q * x, times
-   the channel's scale (a bfloat16 value), the result rounded to bfloat16, then the bias.
+   int8 weights are per-channel: W = q * scale[out]. Their output is the float32 sum of q * x (x as
+   given, in float32), times the channel's float32 scale, then the bias: nothing is rounded to 16
+   bits, so the logits of an int8 head keep float32's precision (gpt2/speed/fast_linear.py's
+   NativeInt8Linear; this is the int8 format's one computation, gpt2/speed/kernels.py).
    gpt2/speed/native.py compiles this file with the machine's C compiler and calls it through ctypes;
    gpt2/speed/fast_linear.py's NativeRowsLinear and NativeInt8Linear are the Python side.
 
@@ -31,7 +32,6 @@
 
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #define PANEL 16
 #define MAX_ROWS 6
@@ -47,13 +47,6 @@
 #define LOAD_F32(p) _mm256_loadu_ps(p)
 /* 8 int8 weights as 8 floats (exact: integers up to 127) */
 #define LOAD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
-
-/* float32 -> the nearest bfloat16 (ties to even), kept as a float32: PyTorch's rounding. */
-static inline float round_to_bfloat16(float v) {
-    union { float f; uint32_t u; } b = {v};
-    b.u = (b.u + 0x7FFF + ((b.u >> 16) & 1)) & 0xFFFF0000u;
-    return b.f;
-}
 
 /* One panel (weights [in][16]) against R input rows (x, `in` apart), R <= MAX_ROWS, into
    y[r * out + n] for the panel's `width` real outputs n. Called with a constant R, so the
@@ -153,11 +146,11 @@ FOUR_PANELS_ONE_ROW(four_panels_one_row_f16, uint16_t, LOAD_F16)
 FOUR_PANELS_ONE_ROW(four_panels_one_row_f32, float, LOAD_F32)
 FOUR_PANELS_ONE_ROW(four_panels_one_row_i8, int8_t, LOAD_I8)
 
-/* Outputs o0 .. o1 - 1 of one row, once their sums are done: int8's scale and rounding (scale
-   NULL: none), then the bias (NULL: none). */
+/* Outputs o0 .. o1 - 1 of one row, once their sums are done: int8's scale (NULL: none), then the
+   bias (NULL: none), each one float32 operation. */
 static inline void finish(float *y, const float *scale, const float *bias, int64_t o0, int64_t o1) {
     if (scale)
-        for (int64_t o = o0; o < o1; o++) y[o] = round_to_bfloat16(y[o] * scale[o]);
+        for (int64_t o = o0; o < o1; o++) y[o] = y[o] * scale[o];
     if (bias)
         for (int64_t o = o0; o < o1; o++) y[o] += bias[o];
 }
@@ -192,18 +185,10 @@ ONE_PANEL(one_panel_i8, panel_rows_i8, int8_t)
 
 /* The entry points. One row (a decode step): whole groups of four panels, then the up to three
    panels left (the last one may be partial). Several rows: panel by panel. scale: int8's [out]
-   (the float and half entries pass NULL); then x is rounded to bfloat16 first, once, into a
-   buffer of our own. Returns 0, or -1 if that buffer could not be allocated. */
+   (the float and half entries pass NULL). Returns 0. */
 #define ROWS_LINEAR(NAME, ONE_PANEL_FN, FOUR_FN, WTYPE)                                           \
 int NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out,                  \
          const float *scale, const float *bias, float *y, int threads) {                         \
-    float *x_rounded = NULL;                                                                     \
-    if (scale) {                                                                                 \
-        x_rounded = malloc(rows * in * sizeof(float));                                           \
-        if (!x_rounded) return -1;                                                               \
-        for (int64_t i = 0; i < rows * in; i++) x_rounded[i] = round_to_bfloat16(x[i]);          \
-        x = x_rounded;                                                                           \
-    }                                                                                            \
     int64_t panels = (out + PANEL - 1) / PANEL;                                                  \
     int64_t fours = rows == 1 ? out / (4 * PANEL) : 0;                                           \
     int64_t units = fours + panels - 4 * fours;                                                  \
@@ -216,7 +201,6 @@ int NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out, 
             ONE_PANEL_FN(x, rows, in, w, out, scale, bias, y, u + 3 * fours);                    \
         }                                                                                        \
     }                                                                                            \
-    free(x_rounded);                                                                             \
     return 0;                                                                                    \
 }
 
