@@ -858,3 +858,41 @@ class FormatFidelity:
                           for fmt, f in self.measured.items())
         return (f"fidelity to float32 on this model's weights ({FIDELITY_SHAPE[0]} x {FIDELITY_SHAPE[1]} random "
                 f"tokens, bound KL <= {FIDELITY_MAX_KL:g}): " + (shown or "no faster format to check"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. What a model holds
+
+
+def held_bytes(model) -> int:
+    """The bytes of every tensor a model holds: its parameters and buffers (a StoredWeight: the
+    layouts it holds) and its attached kernels' own tensors (packed copies, scales), each storage
+    counted once (a kernel reading a parameter's own tensor adds nothing). A library's opaque
+    packed weight counts as its elements' bytes."""
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if isinstance(t, StoredWeight):
+            for layout in t.layouts.values():
+                add(layout)
+            return
+        if isinstance(t, torch.Tensor):
+            key, size = ((id(t), t.numel() * t.element_size()) if t.is_mkldnn
+                         else (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+        elif isinstance(t, torch.ScriptObject):  # fbgemm's packed float16 weight: 2 bytes a weight
+            key, size = id(t), torch.ops.quantized.linear_unpack_fp16(t)[0].numel() * 2
+        else:
+            return
+        if key not in seen:
+            seen.add(key)
+            total += size
+
+    for tensor in [*model.parameters(), *model.buffers()]:
+        add(tensor)
+    for layer in attached(model):
+        for _, _, kernel in layer.kernel.by_rows:
+            kernel = kernel.kernel if isinstance(kernel, PackedOnFirstCall) else kernel
+            for value in (vars(kernel).values() if kernel is not None else ()):
+                add(value)
+    return total
