@@ -78,7 +78,7 @@ def run(target: Path, draft: Path | None, env: dict) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", type=Path, required=True, help="the target's checkpoint folder")
+    parser.add_argument("--target", type=Path, default=None, help="the target's checkpoint folder (required)")
     parser.add_argument("--draft", type=Path, default=None, help="the draft's checkpoint folder (the pair's rows)")
     parser.add_argument("--formats", default="auto,int8,float32-plain",
                         help=f"comma-separated, from {','.join(FORMAT_ARGS)} (default auto,int8,float32-plain)")
@@ -86,6 +86,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         return child(args.child[0], args.child[1] if len(args.child) > 1 else None)
+    if args.target is None:
+        parser.error("--target is required: a checkpoint folder")
     formats = args.formats.split(",")
     if unknown := [f for f in formats if f not in FORMAT_ARGS]:
         sys.exit(f"error: unknown format(s) {', '.join(unknown)}: use {', '.join(FORMAT_ARGS)}")

@@ -157,3 +157,130 @@ def test_what_a_learner_inspects_is_the_plain_weight(wide_dir, fmt):
     assert torch.equal(model.wte(idx), plain.wte(idx))
     held = [t for t in weight.layouts.values() if isinstance(t, torch.Tensor) and t.numel() >= weight.numel()]
     assert held and all(t.element_size() < 4 for t in held)  # no float32 copy of the weight
+
+
+# ---------------------------------------------------------------------------------------------
+# Load once, map afterwards: the weight cache (gpt2/speed/weight_cache.py)
+
+
+def load_quietly(folder, capsys, monkeypatch, **kwargs):
+    """(model, what the load said on stderr), every note said anew."""
+    from gpt2.speed import device
+
+    monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+    capsys.readouterr()
+    model = load_gpt2(folder, **kwargs)
+    return model, capsys.readouterr().err
+
+
+def mapped_from(tensor: torch.Tensor, path) -> bool:
+    """Whether tensor's bytes lie in a memory map of the file at path (/proc/self/maps)."""
+    address = tensor.data_ptr()
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= address < high and len(fields) >= 6 and fields[5] == str(path):
+            return True
+    return False
+
+
+def computed(monkeypatch) -> list:
+    """Record every weight loading computes in its format (quantized, cast) or packs (they still
+    run): the list of what was done."""
+    import gpt2.loading as loading
+
+    calls, compute, pack = [], loading.format_layouts, kernels.packed_layouts
+    monkeypatch.setattr(loading, "format_layouts", lambda *a: calls.append("compute") or compute(*a))
+    monkeypatch.setattr(kernels, "packed_layouts", lambda *a: calls.append("pack") or pack(*a))
+    return calls
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+def test_a_second_load_maps_what_the_first_computed(wide_dir, tmp_path, fmt, monkeypatch, capsys):
+    """The first load in a format computes the format (quantizes, packs) and keeps it in the
+    weight cache; the second computes nothing, its weights are memory maps of that file, its load
+    line says so, and its logits are the first load's bit for bit. Fails where every load
+    quantizes and packs again (no weight cache)."""
+    calls = computed(monkeypatch)
+    first, said = load_quietly(wide_dir, capsys, monkeypatch, **FORMATS[fmt])
+    assert "computed now and kept in" in said and calls
+    files = list((tmp_path / "weights").glob("*.safetensors"))
+    assert len(files) == 1
+    calls.clear()
+    second, said = load_quietly(wide_dir, capsys, monkeypatch, **FORMATS[fmt])
+    assert "mapped from the weight cache" in said and calls == []
+    layouts = second.h[0].mlp.c_fc.weight.layouts
+    assert all(mapped_from(t, files[0].resolve()) for t in layouts.values() if isinstance(t, torch.Tensor))
+    idx = torch.randint(0, WIDE.vocab_size, (1, 7), generator=torch.Generator().manual_seed(8))
+    assert torch.equal(logits(first, idx), logits(second, idx))
+
+
+def test_a_changed_checkpoint_is_not_served_the_old_file(wide_dir, tmp_path, monkeypatch, capsys):
+    """A checkpoint rewritten with other values (same names, shapes and size) is computed anew, and
+    the model is the new checkpoint's. Fails where the cache is keyed by the path or the shapes."""
+    from safetensors.torch import load_file, save_file
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(wide_dir, folder)
+    old, _ = load_quietly(folder, capsys, monkeypatch, quantize="int8")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["h.0.mlp.c_fc.weight"] = -tensors["h.0.mlp.c_fc.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    new, said = load_quietly(folder, capsys, monkeypatch, quantize="int8")
+    assert "mapped from the weight cache" not in said and "computed now" in said
+    idx = torch.randint(0, WIDE.vocab_size, (1, 7), generator=torch.Generator().manual_seed(9))
+    plain_new = logits(load_gpt2(folder, quantize="int8", kernels=False), idx)
+    spread = (plain_new.max() - plain_new.min()).item()
+    assert (logits(new, idx) - plain_new).abs().max().item() <= 1e-5 * spread
+    assert (logits(old, idx) - plain_new).abs().max().item() > 1e-3 * spread
+
+
+def test_a_changed_kernel_or_code_is_not_served_the_old_file(wide_dir, kernel_cache_file, monkeypatch, capsys):
+    """Another kept kernel choice (fbgemm's packing, then our C kernel's panels) or another version
+    of the format's code is a new file: the load computes its format again and runs the kernel now
+    chosen. Fails where the cache is keyed by the checkpoint and format alone."""
+    from gpt2.speed import weight_cache
+
+    shape, paths = (4 * WIDE.n_embd, WIDE.n_embd), kernels.candidates("fp16", torch.float32)
+    if not {"fbgemm-fp16", "native-fp16"} <= set(paths):
+        pytest.skip(f"needs both fp16 kernels here, has {paths}")
+    what = kernels.rows_what("fp16", shape, torch.float32, paths)
+    kernel_cache.store("kernels", what, {"choice": [[None, "fbgemm-fp16"]], "ms": {}})
+    load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
+    _, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
+    assert "mapped from the weight cache" in said
+    kernel_cache.store("kernels", what, {"choice": [[None, "native-fp16"]], "ms": {}})
+    model, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
+    assert "computed now" in said and the_path(model) == "native-fp16"
+    assert "panels" in model.h[0].mlp.c_fc.weight.layouts
+    _, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
+    assert "mapped from the weight cache" in said
+    monkeypatch.setattr(weight_cache, "STORAGE_VERSION", weight_cache.STORAGE_VERSION + 1)
+    _, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
+    assert "computed now" in said
+
+
+def test_the_cache_is_bounded_shown_and_cleared(wide_dir, tmp_path, monkeypatch, capsys):
+    """Past GPT2_WEIGHT_CACHE_GB the file used longest ago is deleted; kernel_report --cache lists
+    what is kept and --clear-cache deletes it. A file cut short is deleted with a note, and
+    computed again. Fails where the cache grows without bound."""
+    from gpt2.speed import kernel_report
+
+    one_file = None
+    for fmt in ("int8", "fp16"):
+        load_quietly(wide_dir, capsys, monkeypatch, **FORMATS[fmt])
+        files = list((tmp_path / "weights").glob("*.safetensors"))
+        one_file = one_file or files[0].stat().st_size
+        monkeypatch.setenv("GPT2_WEIGHT_CACHE_GB", str(1.5 * one_file / 1e9))  # room for the int8 file only
+    assert len(files) == 1 and files[0].stat().st_size != one_file  # the fp16 file replaced the int8 one
+    kernel_report.main(["--cache"])
+    out = capsys.readouterr().out
+    assert "1 file(s)" in out and files[0].name in out and "fp16" in out
+    with open(files[0], "r+b") as f:
+        f.truncate(files[0].stat().st_size // 2)
+    _, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
+    assert "could not be read" in said and "computed now" in said
+    kernel_report.main(["--clear-cache"])
+    assert "deleted 1 file(s)" in capsys.readouterr().out
+    assert list((tmp_path / "weights").glob("*.safetensors")) == []
