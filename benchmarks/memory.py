@@ -54,14 +54,16 @@ def child(target: str, draft: str | None) -> None:
     t0 = time.perf_counter()
     models = [load_gpt2(target, **kwargs)] + ([load_gpt2(draft, **kwargs)] if draft else [])
     load_s = time.perf_counter() - t0
+    load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     prompt = torch.tensor([random_prompt(PROMPT_LENGTH, seed=0)])
     with torch.inference_mode():
         token = [int(m(prompt)[0, -1].argmax()) for m in models][0]
     first_token_s = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # (before anything else runs)
     print(json.dumps({"load_s": load_s, "first_token_s": first_token_s, "token": token,
                       "import_s": t0 - t_start,
                       "held_gb": sum(kernels.held_bytes(m) for m in models) / 1e9,
-                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+                      "peak_rss_gb": peak, "load_peak_rss_gb": load_peak,
                       "format": getattr(models[0], "quantize", None) or str(models[0].wte.weight.dtype).removeprefix("torch.")}))
 
 
