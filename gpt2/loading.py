@@ -31,6 +31,7 @@ the weights.
 """
 
 import contextlib
+import ctypes
 import difflib
 import json
 import re
@@ -414,6 +415,8 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             f"delete it and download it again."
         ) from None
     model.load_state_dict(state, assign=True)
+    del state
+    give_back_freed_memory()
     if kernels:
         said = fast_face.attach_kernels(model)
         if key is not None:
@@ -423,6 +426,16 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                       f"reads): load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", sys.stderr)
     model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
+
+
+def give_back_freed_memory() -> None:
+    """Return to the system the memory this load freed (each tensor's float32 copy read from the
+    file, the quantizing's temporaries): glibc keeps freed blocks of the heap for reuse, so a
+    second model loaded after this one would otherwise sit on top of them. Nothing elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
+        pass
 
 
 def storage_format(dtype, quantize, path) -> str:
