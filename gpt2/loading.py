@@ -414,8 +414,12 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             f"{path} is not a readable safetensors file ({e}). It may be truncated or corrupt: "
             f"delete it and download it again."
         ) from None
-    model.load_state_dict(state, assign=True)
-    del state
+    stored_weights = {name: t for name, t in state.items() if isinstance(t, StoredWeight)}
+    model.load_state_dict({name: t for name, t in state.items() if name not in stored_weights}, strict=False,
+                          assign=True)
+    for name, weight in stored_weights.items():
+        set_stored_parameter(model, name, weight)
+    del state, stored_weights
     give_back_freed_memory()
     if kernels:
         said = fast_face.attach_kernels(model)
@@ -426,6 +430,14 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                       f"reads): load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", sys.stderr)
     model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
+
+
+def set_stored_parameter(model, name: str, weight: StoredWeight) -> None:
+    """Make a StoredWeight the parameter `name` of model as it is (nn.Parameter(...) would detach it,
+    and the first operation on a tensor subclass costs seconds of imports inside torch)."""
+    module_name, _, attribute = name.rpartition(".")
+    weight._is_param = True  # what nn.Parameter marks a tensor subclass with: isinstance(w, nn.Parameter)
+    model.get_submodule(module_name)._parameters[attribute] = weight
 
 
 def give_back_freed_memory() -> None:

@@ -386,7 +386,24 @@ def detach_kernels(model):
         if isinstance(vars(owner).get(name), KernelLinear):
             del vars(owner)[name]
             del weight.kernel_linear
+    if hasattr(model, "wte") and isinstance(vars(model.wte).get("forward"), StoredRows):
+        del vars(model.wte)["forward"]
     return model
+
+
+class StoredRows:
+    """What the token embedding's forward becomes when its weight is a StoredWeight: idx [...] ->
+    its rows [..., n_embd], decoded from the stored layout (F.embedding would dispatch through the
+    tensor subclass, whose first operation in a process costs seconds of imports inside torch)."""
+
+    def __init__(self, weight: StoredWeight):
+        self.weight = weight
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(idx)
+
+    def __repr__(self):
+        return f"StoredRows({self.weight.describe()})"
 
 
 def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
@@ -458,6 +475,8 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             setattr(owner, name, kernel)
             weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
+    if hasattr(model, "wte") and isinstance(model.wte.weight, StoredWeight):
+        model.wte.forward = StoredRows(model.wte.weight)
     note = packing_note({path for layer in attached(model) for _, path, k in layer.kernel.by_rows
                          if isinstance(k, PackedOnFirstCall) and not k.packed})
     return said + [note] if said and note else said
@@ -544,8 +563,8 @@ def stored_for(model, owner, name: str, weight, choice, done: dict):
         return weight  # (a weight given with its int8 bytes or as float16 values is kept as given)
     if id(weight) not in done:
         module = model.wte if name == "head" else owner
-        new = nn.Parameter(StoredWeight(fmt, {"plain": weight.data},
-                                        weight.shape, weight.dtype), requires_grad=False)
+        new = StoredWeight(fmt, {"plain": weight.data}, weight.shape, weight.dtype)
+        new._is_param = True  # a parameter as it is (nn.Parameter(new) would detach it: loading.py)
         module._parameters["weight"] = new
         done[id(weight)] = new
     return done[id(weight)]
