@@ -12,9 +12,11 @@ Per format of the target (and the draft, loaded alike), on --prompts random prom
                     tie float32 would break by its last bits; any rounding difference between a
                     step and a verification then decides it)
   same as float32   greedy tokens until the first one that differs from float32's greedy text
-                    (mean and least over the prompts; all of them if none differs)
-  KL to float32     mean KL(p_float32 || p_format) of the next-token distributions along float32's
-                    greedy text, in nats (gpt2.speed.kernels.fidelity)
+                    (mean and least over the prompts; all of them if none differs): the first
+                    position of the format's text where float32's argmax, on the same prefix, is
+                    another token
+  KL to float32     mean KL(p_float32 || p_format) of the next-token distributions along the
+                    format's greedy text, in nats (gpt2.speed.kernels.fidelity)
   spec != plain     prompts whose greedy speculative output (gamma 4, the draft in the same
                     format) parts from the target's own plain greedy output, per 1,000 tokens
   step ms           the median decode step of the target (a noisy figure on a shared machine)
@@ -50,8 +52,9 @@ PROMPT_TOKENS = 16
 
 def load(folder: Path, fmt: str):
     """The model at folder in a format of FORMATS (int8-bf16out: int8 weights re-attached to the
-    library's bfloat16-output kernels)."""
-    model = load_gpt2(folder, **FORMATS[fmt])
+    library's bfloat16-output kernels). float32 runs plain PyTorch: the reference, in one copy of
+    the weights (a kernel that packs a second float32 copy would double its memory)."""
+    model = load_gpt2(folder, **FORMATS[fmt], kernels=fmt != "float32")
     if fmt == "int8-bf16out":
         int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
         kernels.attach_kernels(model, int8=int8, choose=lambda *a: BF16OUT_CHOICE)
@@ -88,30 +91,36 @@ def first_difference(tokens: list[int], reference: list[int]) -> int:
 
 def measure_pair(target_dir: Path, draft_dir: Path, formats: list[str], prompts: int, n: int,
                  gamma: int = 4) -> list[dict]:
-    """One row per format (float32 first, the reference), as in the module's docstring."""
+    """One row per format, as in the module's docstring. Each format's greedy text is read by float32
+    afterwards in one forward per prompt: float32's greedy text equals it up to the first position
+    where float32's argmax on the same prefix differs, so no float32 decoding is needed."""
     vocab = load_gpt2(target_dir, dtype="float32", kernels=False).config.vocab_size
     prompt_ids = [random_prompt(PROMPT_TOKENS, seed, vocab) for seed in range(prompts)]
-    reference, rows = None, []
-    for fmt in ["float32"] + [f for f in formats if f != "float32"]:
-        target = load(target_dir, fmt)
-        runs = [greedy_run(target, p, n) for p in prompt_ids]
-        if reference is None:  # float32: its text, and its logits along it
-            reference = [(r["tokens"], teacher_forced_logits(target, p, r["tokens"])) for p, r in zip(prompt_ids, runs)]
-        kl = statistics.mean(kernels.fidelity(ref_logits, teacher_forced_logits(target, p, ref_tokens))["kl"]
-                             for p, (ref_tokens, ref_logits) in zip(prompt_ids, reference))
-        same = [first_difference(r["tokens"], ref_tokens) for r, (ref_tokens, _) in zip(runs, reference)]
-        draft = load(draft_dir, fmt)
-        parted = 0
-        for p, r in zip(prompt_ids, runs):
-            spec = speculative_sampling_greedy(target, draft, p, n, gamma=gamma).tokens
-            parted += spec != r["tokens"]
+    rows, texts = [], {}  # texts: format -> [(its greedy tokens, its logits along them)] per prompt
+    for fmt in formats:
+        target, draft = load(target_dir, fmt), load(draft_dir, fmt)
+        runs, parted = [], 0
+        for i, p in enumerate(prompt_ids):  # each prompt's figures said as it ends (a long run can be cut)
+            runs.append(greedy_run(target, p, n))
+            parted += speculative_sampling_greedy(target, draft, p, n, gamma=gamma).tokens != runs[-1]["tokens"]
+            print(f"  {fmt}: prompt {i + 1} of {len(prompt_ids)}: {sum(r['ties'] for r in runs)} exact ties in "
+                  f"{sum(len(r['tokens']) for r in runs)} steps so far; speculative parted from plain greedy on "
+                  f"{parted} of {i + 1} prompts", flush=True)
+        texts[fmt] = [(r["tokens"], teacher_forced_logits(target, p, r["tokens"])) for p, r in zip(prompt_ids, runs)]
         del target, draft
         steps = sum(len(r["tokens"]) for r in runs)
         rows.append({"format": fmt, "steps": steps, "ties_per_1k": 1000 * sum(r["ties"] for r in runs) / steps,
-                     "ties": sum(r["ties"] for r in runs), "same_mean": statistics.mean(same), "same_min": min(same),
-                     "kl": kl, "parted": parted, "parted_per_1k": 1000 * parted / steps, "prompts": prompts,
-                     "step_ms": 1000 * statistics.median(s for r in runs for s in r["step_s"])})
-        print(format_row(rows[-1]), flush=True)
+                     "ties": sum(r["ties"] for r in runs), "parted": parted, "parted_per_1k": 1000 * parted / steps,
+                     "prompts": prompts, "step_ms": 1000 * statistics.median(s for r in runs for s in r["step_s"])})
+    reference = load(target_dir, "float32")
+    for row in rows:
+        same, kls = [], []
+        for p, (tokens, format_logits) in zip(prompt_ids, texts[row["format"]]):
+            float32_logits = teacher_forced_logits(reference, p, tokens)
+            same.append(first_difference(tokens, float32_logits.argmax(-1).tolist()))
+            kls.append(kernels.fidelity(float32_logits, format_logits)["kl"])
+        row |= {"same_mean": statistics.mean(same), "same_min": min(same), "kl": statistics.mean(kls)}
+        print(format_row(row), flush=True)
     return rows
 
 
@@ -131,7 +140,8 @@ def main(argv=None) -> None:
     parser.add_argument("--pair", nargs=2, type=Path, metavar=("TARGET", "DRAFT"),
                         help="checkpoint folders of a target and its draft (offline.random_weights --draft-layers, "
                              "or offline.train_pair)")
-    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS),
+                        help="formats to decode in (float32 reads each one's text as the reference)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=200, help="greedy tokens per prompt")
     parser.add_argument("--threads", type=int, default=None)

@@ -2,7 +2,10 @@
 
     python -m gpt2.speed.kernel_report                      # the capability probe, and the kept choices
     python -m gpt2.speed.kernel_report --model gpt2-large   # + kernels per format and rows, and "auto",
-                                                      #   for that size (measured if not kept yet)
+                                                      #   for that size (measured if not kept yet;
+                                                      #   by speed alone: no weights to check)
+    python -m gpt2.speed.kernel_report --model runs/standins/target   # a checkpoint folder: "auto"
+                                                      #   as loading it decides, speed and fidelity
     python -m gpt2.speed.kernel_report --remeasure          # forget this machine's kept choices and
                                                       #   measure them again
     GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.speed.kernel_report
@@ -17,18 +20,21 @@ them (CI prints it too, so every test log says what it tested).
 import argparse
 import math
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
 from . import kernel_cache, kernels, weight_cache
 from ..config import GPT2Config
+from ..loading import CheckpointError, format_logits, resolve_checkpoint
 
 
-def report(config: GPT2Config | None = None) -> str:
+def report(config: GPT2Config | None = None, logits_in=None) -> str:
     """The probe's findings and this machine's kept choices; with a config, also the kernel
     fastest per format and row count on weights of its c_fc shape (as loading such a model
-    chooses, and keeps), and what dtype="auto" picks."""
+    chooses, and keeps), and what dtype="auto" picks (logits_in: the model's logits per format,
+    gpt2.loading.format_logits, for the fidelity check; None: by speed alone)."""
     lines = [f"CPU: {kernel_cache.cpu_name() or 'unknown'}; flags: {' '.join(kernel_cache.cpu_flags()) or 'none found'}",
              f"torch {torch.__version__}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, "
              f"{torch.get_num_threads()} threads"
@@ -39,7 +45,7 @@ def report(config: GPT2Config | None = None) -> str:
         why = kernels.probe(path)
         lines.append(f"  {'works ' if why is None else 'absent'}  {path:12s} {what}" + (f"  ({why})" if why else ""))
     if config is not None:
-        lines += model_choices(config)
+        lines += model_choices(config, logits_in)
     kept = kernel_cache.entries_here()
     lines.append(f"choices kept for this machine in {kernel_cache.shown_path()}: {len(kept)}")
     for entry in kept:
@@ -48,9 +54,9 @@ def report(config: GPT2Config | None = None) -> str:
     return "\n".join(lines)
 
 
-def model_choices(config) -> list[str]:
+def model_choices(config, logits_in=None) -> list[str]:
     """The kernels loading chooses per format for a model of this config (kept or measured now),
-    with their times, and dtype="auto"'s format."""
+    with their times, and dtype="auto"'s format with its speed and fidelity."""
     shape = (4 * config.n_embd, config.n_embd)
     lines = [f"fastest kernel per format and rows on weights of shape {list(shape)} (ms per pass over "
              f"{kernels.TIMING_BYTES >> 20} MiB of them, fastest of 5 interleaved passes):"]
@@ -64,7 +70,7 @@ def model_choices(config) -> list[str]:
         kept = kernel_cache.lookup("kernels", kernels.rows_what(fmt, shape, dtype, paths))
         for p, by_rows in (kept or {}).get("ms", {}).items():
             lines.append(f"    {p:12s} " + "  ".join(f"M={m}: {t:7.2f}" for m, t in by_rows.items()))
-    fmt, why = kernels.fastest_format(config)
+    fmt, why = kernels.fastest_format(config, logits_in)
     lines.append(f'dtype="auto" picks {fmt}: {why or "not measured (a model this small, or GPT2_MEASURE_KERNELS=0)"}')
     return lines
 
@@ -78,14 +84,22 @@ def timing_sample(shape, fmt: str, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def describe_what(what: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats", "native"))
+    shown = [f"{k} {v}" for k, v in what.items() if k not in ("paths", "rows", "formats", "native", "fidelity")]
+    if "fidelity" in what:
+        shown.append("fidelity checked on its weights" if what["fidelity"] else "by speed alone")
+    return ", ".join(shown)
 
 
 def describe_value(kind: str, value) -> str:
     if kind == "kernels":
         return kernels.describe_choice([(math.inf if m is None else m, p) for m, p in value["choice"]])
-    if kind == "format":
-        return value[0]
+    if kind == "format":  # [format, why, {"ms": .., "fidelity": {format: {"kl", "agreement"}} or None}]
+        details = value[2] if len(value) > 2 else {}
+        ms = ", ".join(f"{f} {t:.1f} ms" for f, t in details.get("ms", {}).items())
+        fidelity = details.get("fidelity")
+        checked = ("fidelity not checked (no weights)" if fidelity is None else "fidelity: " + (", ".join(
+            f"{f} KL {v['kl']:.2g}, agreement {100 * v['agreement']:.1f}%" for f, v in fidelity.items()) or "none needed"))
+        return f"{value[0]} ({ms}; {checked})" if ms else value[0]
     if kind == "gamma costs":  # a CostModel (spec_decoding/costs.py), as JSON
         return (f"draft step {1000 * value['draft_step_s']:.2f} ms, target step "
                 f"{1000 * value['target_score_s'][0]:.2f} ms")
@@ -126,10 +140,22 @@ def cache_lines() -> list[str]:
     return lines + [f"  {weight_cache.describe(e)}" for e in files]
 
 
+def model_of(name: str):
+    """(config, logits_in): a size name's shapes (logits_in None: no weights), or a checkpoint
+    folder's config and its logits per format (gpt2.loading.format_logits)."""
+    if not Path(name).expanduser().exists():
+        return GPT2Config.from_name(name), None
+    config, weights = resolve_checkpoint(name)
+    if config is None:
+        raise ValueError(f"{name} has no config.json beside its weights: pass its folder with config.json")
+    return config, format_logits(weights, config, torch.device("cpu"))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gpt2.speed.kernel_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="also choose kernels for this GPT-2 size's "
-                        "shapes (gpt2, gpt2-medium, gpt2-large, gpt2-xl), as loading it does")
+                        "shapes (gpt2, gpt2-medium, gpt2-large, gpt2-xl), as loading it does; or a "
+                        "checkpoint folder: also the fidelity of the formats on its weights")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--remeasure", action="store_true", help="forget the choices kept for this "
                         "machine and measure them again")
@@ -147,12 +173,12 @@ def main(argv=None) -> None:
         if args.cache or args.clear_cache:
             print("\n".join(cache_lines()))
             return
-        config = GPT2Config.from_name(args.model) if args.model else None
+        config, logits_in = model_of(args.model) if args.model else (None, None)
         if args.remeasure:
             print("\n".join(remeasure(config)))
-        print(report(config))
+        print(report(config, logits_in))
         print("\n".join(cache_lines()))
-    except ValueError as e:
+    except (ValueError, CheckpointError) as e:
         sys.exit(f"error: {e}")
 
 

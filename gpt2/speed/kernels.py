@@ -15,8 +15,11 @@ Three questions, each answered on the machine in use, never from a number writte
      rows)? (`attach_kernels`, `choose_by_rows`) Each candidate runs on the model's own weights,
      a few layers' worth so they come from memory as in a real step, at ROW_COUNTS rows; each row
      count gets its winner. Which one wins depends on the CPU (docs/linear_kernels.md).
-  3. Which weight format is fastest here for this model? (`fastest_format`, behind dtype="auto")
-     The same measurement on weights of the model's shapes, once per format that works.
+  3. Which weight format is fastest here for this model, among those that stay close to
+     float32? (`fastest_format`, behind dtype="auto") The same measurement on weights of the
+     model's shapes, once per format that works; the winner must also keep its next-token
+     distributions within FIDELITY_MAX_KL of float32's on the model's own weights (`fidelity`).
+     Every format auto can pick returns float32 logits (AUTO_FORMATS).
 
 A kernel that packs its weight (oneDNN's blocked bfloat16, fbgemm's float16) packs it on the
 path's first call (`PackedOnFirstCall`), not at load, every layer of the model at once, side by
