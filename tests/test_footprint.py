@@ -285,3 +285,14 @@ def test_the_cache_is_bounded_shown_and_cleared(wide_dir, tmp_path, monkeypatch,
     kernel_report.main(["--clear-cache"])
     assert "deleted 1 file(s)" in capsys.readouterr().out
     assert list((tmp_path / "weights").glob("*.safetensors")) == []
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+def test_the_plain_face_is_unchanged(wide_dir, tmp_path, fmt):
+    """kernels=False keeps plain PyTorch: ordinary float32 parameters holding the format's values,
+    nothing attached, nothing kept in the weight cache. Fails if the stored weights leak into the
+    face a learner steps through."""
+    model = load_gpt2(wide_dir, kernels=False, **FORMATS[fmt])
+    assert not kernels.attached(model)
+    assert all(type(p) is torch.nn.Parameter and p.dtype == torch.float32 for p in model.parameters())
+    assert not (tmp_path / "weights").exists()
