@@ -400,7 +400,10 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                 if kernel in fast_face.STORABLE_PATHS:
                     layouts = fast_face.packed_layouts(kernel, layouts)
                 state[name] = held_weight(fmt, layouts, expected[name], dtype)
+                big = tensor.numel() * tensor.element_size() >= TRIM_BYTES
                 del tensor, layouts
+                if big:  # (its float32 copy and temporaries go back now, not at the end of the load)
+                    give_back_freed_memory()
                 continue
             if quantize == "int8" and linear:  # the plain face: float32 parameters of the int8 values
                 q, scale = int8_per_channel(tensor)
@@ -461,6 +464,9 @@ def storage_format(dtype, quantize, path) -> str:
         return str(f.get_tensor(next(k for k in f.keys() if k.endswith("wpe.weight"))).dtype).removeprefix("torch.")
 
 
+# A weight read from the file at least this large gives its freed copy back to the system at once
+# (give_back_freed_memory), so that the freed blocks of many weights do not add up during the load.
+TRIM_BYTES = 1 << 24
 # Rows of a weight quantized at a time: the float32 temporaries of int8_per_channel stay small.
 QUANTIZE_ROWS = 4096
 
