@@ -57,7 +57,15 @@ def load(folder: Path, fmt: str):
     model = load_gpt2(folder, **FORMATS[fmt], kernels=fmt != "float32")
     if fmt == "int8-bf16out":
         int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
-        kernels.attach_kernels(model, int8=int8, choose=lambda *a: BF16OUT_CHOICE)
+        int8_paths = kernels.CANDIDATES["int8"]
+        kernels.CANDIDATES["int8"] = tuple(path for _, path in BF16OUT_CHOICE)  # every layer, small ones too
+        try:
+            kernels.attach_kernels(model, int8=int8, choose=lambda *a: BF16OUT_CHOICE)
+        finally:
+            kernels.CANDIDATES["int8"] = int8_paths
+        used = {path for layer in kernels.attached(model) for _, path in layer.kernel.paths()}
+        if not used <= {path for _, path in BF16OUT_CHOICE}:
+            raise RuntimeError(f"int8-bf16out runs on {used}, not the library's int8 kernels")
     return model
 
 

@@ -189,8 +189,9 @@ def test_every_kernel_choice_gives_the_plain_paths_logits(wide_dir, fmt, fresh_p
         m.setattr(kernels, "ENABLED", False)
         plain_9, plain_1 = logits(model, idx), logits(model, idx[:, :1])
     spread = (plain_9.max() - plain_9.min()).item()
-    # 16-bit activations (bfloat16, float16, int8's bf16 inputs) round differently per kernel
-    tol = 1e-4 if fmt in ("float32", "fp16") else 0.02
+    # 16-bit activations (bfloat16, float16) round differently per kernel; float32 math (float32,
+    # float16 weights, int8 weights) differs only in the order of its float32 sums
+    tol = 1e-4 if fmt in ("float32", "fp16", "int8") else 0.02
     # the int8 weights: quantizing the dequantized values gives back the same (q, scale)
     int8 = {w: int8_per_channel(w) for w in weights} if fmt == "int8" else None
     choices = [[(math.inf, p)] for p in paths] + ([[(1, paths[-1]), (math.inf, paths[0])]] if len(paths) > 1 else [])
