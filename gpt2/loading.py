@@ -31,7 +31,6 @@ the weights.
 """
 
 import contextlib
-import ctypes
 import difflib
 import json
 import re
@@ -49,7 +48,7 @@ from .speed.device import auto_format, dtype_note, note_once, resolve_device, re
 from .speed.fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
 from .speed import kernels as fast_face
 from .speed import weight_cache
-from .speed.stored_weights import STORABLE, StoredWeight
+from .speed.stored_weights import STORABLE, StoredWeight, give_back_freed_memory
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -441,16 +440,6 @@ def set_stored_parameter(model, name: str, weight: StoredWeight) -> None:
     module_name, _, attribute = name.rpartition(".")
     weight._is_param = True  # what nn.Parameter marks a tensor subclass with: isinstance(w, nn.Parameter)
     model.get_submodule(module_name)._parameters[attribute] = weight
-
-
-def give_back_freed_memory() -> None:
-    """Return to the system the memory this load freed (each tensor's float32 copy read from the
-    file, the quantizing's temporaries): glibc keeps freed blocks of the heap for reuse, so a
-    second model loaded after this one would otherwise sit on top of them. Nothing elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
-        pass
 
 
 def storage_format(dtype, quantize, path) -> str:

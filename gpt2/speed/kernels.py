@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast_linear, kernel_cache, native
-from .stored_weights import StoredWeight
+from .stored_weights import StoredWeight, give_back_freed_memory
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
 # Read at call time by KernelLinear: False runs the plain path on a model with kernels attached
@@ -603,6 +603,7 @@ def pack_in_place(path: str, weight, int8, replace: bool):
         layouts, decoder = stored_form(path, kernel, weight)
         weight.replace(tuple(n for n in ("q", "half", "plain", "panels", "packed") if n not in layouts),
                        layouts, decoder)
+        give_back_freed_memory()  # the layout it replaced, and the packing's temporaries
     return kernel
 
 

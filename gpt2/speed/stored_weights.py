@@ -24,6 +24,8 @@ A kernel that packs its weight replaces the layout it was packed from (`replace`
 the model holds are the bytes its kernel reads.
 """
 
+import ctypes
+
 import torch
 from torch.utils._pytree import tree_map
 
@@ -136,3 +138,14 @@ def layout_nbytes(t) -> int:
 def stored(weight) -> StoredWeight | None:
     """The StoredWeight behind a parameter, or None for a plain tensor."""
     return weight if isinstance(weight, StoredWeight) else None
+
+
+def give_back_freed_memory() -> None:
+    """Return to the system the memory just freed (a weight's float32 copy read from the file, the
+    quantizing's or packing's temporaries): glibc keeps freed blocks for reuse, so the freed copies
+    of many weights would otherwise add up to the process's peak. Nothing where the C library is
+    not glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # macOS, Windows, musl: nothing to do
+        pass
