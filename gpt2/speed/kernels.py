@@ -819,12 +819,13 @@ def _measure_formats(config, logits_in=None) -> tuple[str, str, dict]:
 # 5. Fidelity: how far a format's next-token distributions move from float32's
 
 # The bound a format must keep to be picked by "auto": the mean KL divergence KL(p_float32 ||
-# p_format) of next-token distributions, in nats. By Pinsker's inequality a KL of 1e-3 moves a
-# distribution's probabilities by at most sqrt(KL / 2) ~ 0.022 in total, so sampling from it
-# draws from nearly float32's distribution; float16 weights and per-channel int8 weights with
-# float32 sums stay well inside it on GPT-2's shapes (docs/precision.md), while 16-bit activations
-# throughout or 4-bit weights do not.
-FIDELITY_MAX_KL = 1e-3
+# p_format) of next-token distributions, in nats. By Pinsker's inequality a KL of 1e-2 moves a
+# distribution's probabilities by at most sqrt(KL / 2) ~ 0.07 in total (in practice far less), so
+# sampling draws from nearly float32's distribution and greedy text follows float32's up to its
+# near-ties. Float16 weights and per-channel int8 weights with float32 sums stay inside it on
+# GPT-2's shapes (docs/precision.md); a format with a few levels per weight (the planted one of
+# tests/test_precision.py) is far outside.
+FIDELITY_MAX_KL = 1e-2
 # Random token sequences the fidelity is measured on: [sequences, tokens], from a fixed seed, so
 # the measurement is the same on every machine (and in the tests).
 FIDELITY_SHAPE = (4, 32)
