@@ -47,6 +47,8 @@ from .config import GPT2Config
 from .speed.device import auto_format, dtype_note, log_kernel_choice, note_once, resolve_device, resolve_dtype
 from .speed.fast_linear import QUANTIZE_CHOICES, dequantize_int8, int8_per_channel
 from .speed import kernels as fast_face
+from .speed import weight_cache
+from .speed.stored_weights import STORABLE, StoredWeight, give_back_freed_memory
 from .model import GPT2
 
 OFFICIAL_REPOS = {
@@ -368,8 +370,19 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
         dtype, quantize = resolve_format(dtype, quantize, device, config, path, kernels)
         expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
         check_tensor_names_and_shapes(shapes, expected, path)
-        state, int8 = {}, {}
+        stored = kernels and device.type == "cpu"  # the fast face holds what its kernels read
+        fmt = storage_format(dtype, quantize, path)
+        plan = fast_face.planned_path(fmt, dtype or torch.float32, config) if stored else None
+        # Kept only where the kernels' choice is known before the weights are read (not on the
+        # load that measures it); float32 computes nothing to keep but its kernel's panels.
+        key = (weight_cache.key(path, fmt, dtype or torch.float32, plan)
+               if plan is not None and (fmt != "float32" or plan in fast_face.STORABLE_PATHS) else None)
+        cached, cache_file = (weight_cache.lookup(key) or (None, None)) if key else (None, None)
+        state = {}
         for name in expected:
+            if cached and name in cached:  # mapped from the weight cache, nothing computed
+                state[name] = held_weight(fmt, cached[name], expected[name], dtype)
+                continue
             # The file is memory-mapped, and every page read stays in this process's memory
             # until the file is closed. Reopening it per tensor releases each tensor's pages
             # right after its copy is made, so the peak stays near the size of the weights.
@@ -377,11 +390,24 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
                 tensor = f.get_tensor(prefix + name)
             if name.endswith(CONV1D_SUFFIXES):
                 tensor = tensor.t()  # [in, out] -> [out, in]
-            if quantize == "int8" and (name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"):
+            linear = name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"
+            kernel = fast_face.path_for_weight(plan, fmt, dtype or torch.float32, tensor.numel()) if stored else None
+            if stored and linear and (quantize is not None or kernel in fast_face.STORABLE_PATHS):
+                # what the format stores, packed now where the kernel's panels replace it (one
+                # weight at a time: the peak stays near the size of what the model holds)
+                layouts = format_layouts(tensor if quantize else tensor.to(dtype or tensor.dtype), quantize)
+                if kernel in fast_face.STORABLE_PATHS:
+                    layouts = fast_face.packed_layouts(kernel, layouts)
+                state[name] = held_weight(fmt, layouts, expected[name], dtype)
+                big = tensor.numel() * tensor.element_size() >= TRIM_BYTES
+                del tensor, layouts
+                if big:  # (its float32 copy and temporaries go back now, not at the end of the load)
+                    give_back_freed_memory()
+                continue
+            if quantize == "int8" and linear:  # the plain face: float32 parameters of the int8 values
                 q, scale = int8_per_channel(tensor)
-                int8[name] = (q.to(device), scale.to(device))
                 tensor = dequantize_int8(q, scale, dtype or tensor.dtype)
-            if quantize == "fp16" and (name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"):
+            if quantize == "fp16" and linear:
                 tensor = tensor.to(torch.float16)  # the model's values are the 16-bit ones
             state[name] = tensor.to(device=device, dtype=dtype or tensor.dtype).contiguous()
             del tensor
@@ -390,16 +416,103 @@ def load_safetensors(path, config: GPT2Config | None = None, device=None, dtype=
             f"{path} is not a readable safetensors file ({e}). It may be truncated or corrupt: "
             f"delete it and download it again."
         ) from None
-    model.load_state_dict(state, assign=True)
+    stored_weights = {name: t for name, t in state.items() if isinstance(t, StoredWeight)}
+    model.load_state_dict({name: t for name, t in state.items() if name not in stored_weights}, strict=False,
+                          assign=True)
+    for name, weight in stored_weights.items():
+        set_stored_parameter(model, name, weight)
+    del state, stored_weights
+    give_back_freed_memory()
     if kernels:
-        params = dict(model.named_parameters())
-        said = fast_face.attach_kernels(model, int8={params[name]: qs for name, qs in int8.items()},
-                                        fp16=quantize == "fp16")
+        said = fast_face.attach_kernels(model)
+        if key is not None:
+            said.append(keep_weights(model, key, cached, cache_file))
         if said:  # logged, not printed: the scripts show model.kernel_choice in their own summary
             model.kernel_choice = "; ".join(said)
             log_kernel_choice(model.kernel_choice)
     model.quantize = quantize  # the weights' format, where not the dtype's ("int8", "fp16" or None)
     return model.requires_grad_(False).eval()
+
+
+def set_stored_parameter(model, name: str, weight: StoredWeight) -> None:
+    """Make a StoredWeight the parameter `name` of model as it is (nn.Parameter(...) would detach it,
+    and the first operation on a tensor subclass costs seconds of imports inside torch)."""
+    module_name, _, attribute = name.rpartition(".")
+    weight._is_param = True  # what nn.Parameter marks a tensor subclass with: isinstance(w, nn.Parameter)
+    model.get_submodule(module_name)._parameters[attribute] = weight
+
+
+def storage_format(dtype, quantize, path) -> str:
+    """The weight format a loaded model stores: "int8", "fp16" (float16 weights in a float32
+    model), or the dtype's name ("float32", "bfloat16", "float16"; dtype None: the file's)."""
+    if quantize is not None:
+        return quantize
+    if dtype is not None:
+        return str(dtype).removeprefix("torch.")
+    with safe_open(path, framework="pt", device="cpu") as f:
+        return str(f.get_tensor(next(k for k in f.keys() if k.endswith("wpe.weight"))).dtype).removeprefix("torch.")
+
+
+# A weight read from the file at least this large gives its freed copy back to the system at once
+# (give_back_freed_memory), so that the freed blocks of many weights do not add up during the load.
+TRIM_BYTES = 1 << 24
+# Rows of a weight quantized at a time: the float32 temporaries of int8_per_channel stay small.
+QUANTIZE_ROWS = 4096
+
+
+def format_layouts(weight: torch.Tensor, quantize: str) -> dict[str, torch.Tensor]:
+    """What a format stores of one weight [out, in] read from the file: int8 bytes and scales
+    (quantized QUANTIZE_ROWS rows at a time: int8_per_channel is per row), float16 values, or
+    (quantize None) the weight itself."""
+    if quantize is None:
+        return {"plain": weight.contiguous()}
+    if quantize == "fp16":
+        return {"half": weight.to(torch.float16)}
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32)
+    for start in range(0, weight.shape[0], QUANTIZE_ROWS):
+        q[start:start + QUANTIZE_ROWS], scale[start:start + QUANTIZE_ROWS] = int8_per_channel(
+            weight[start:start + QUANTIZE_ROWS])
+    return {"q": q, "scale": scale}
+
+
+def held_weight(fmt: str, layouts: dict, shape, dtype) -> torch.Tensor:
+    """The parameter for one weight held as `layouts`: the plain tensor itself, or a StoredWeight
+    of shape [out, in] reading as dtype (float32 where the file's dtype is kept)."""
+    if set(layouts) == {"plain"}:
+        return layouts["plain"]
+    return StoredWeight(fmt, layouts, shape, dtype or torch.float32)
+
+
+def keep_weights(model, key: dict, cached, cache_file) -> str:
+    """After attach_kernels: the load line's part about the weight cache. A load that mapped the
+    cache says so; any other keeps what it computed (the stored weights' plain-tensor layouts:
+    int8 bytes and scales, 16-bit values, our C kernel's panels) in the cache."""
+    if cached:
+        return (f"weights mapped from the weight cache {weight_cache_name(cache_file)} ({key['format']}, "
+                f"nothing quantized or packed again)")
+    held = {}
+    for name, p in model.named_parameters():
+        if isinstance(p, StoredWeight):
+            kept = {layout: t for layout, t in p.layouts.items()
+                    if layout in STORABLE and not (layout == "plain" and key["format"] == "float32")}
+        elif key["format"] != "float32" and (name.endswith(CONV1D_SUFFIXES) or name == "wte.weight"):
+            kept = {"plain": p.data}  # (a bfloat16 or float16 model's values, cast from the file)
+        else:
+            continue
+        if kept:
+            held[name] = kept
+    written = weight_cache.store(key, held)
+    if written is None:
+        return f"{key['format']} weights computed now (no weight cache)"
+    return (f"{key['format']} weights computed now and kept in {weight_cache_name(written)} "
+            f"(the next load maps them)")
+
+
+def weight_cache_name(path) -> str:
+    home = str(Path.home())
+    text = str(path)
+    return "~" + text[len(home):] if text.startswith(home + "/") else text
 
 
 def resolve_format(dtype, quantize, device, config: GPT2Config, path, kernels=True

@@ -141,6 +141,17 @@ class NativeRowsLinear:
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.panels, self.out = native.pack_panels(weight.detach(), dtype), weight.shape[0]
 
+    @classmethod
+    def from_panels(cls, panels: torch.Tensor, out: int, scale: torch.Tensor | None = None):
+        """The kernel on panels packed before (pack_panels of a weight with `out` rows, e.g. mapped
+        from the weight cache), without packing again; int8 panels take their scale [out], as
+        NativeInt8Linear keeps it."""
+        kernel = cls.__new__(cls)
+        kernel.panels, kernel.out = panels, out
+        if scale is not None:
+            kernel.scale = scale.float().contiguous()
+        return kernel
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [..., in] -> [..., out] in x's dtype (float32 math)."""
         y = native.rows_linear(x.float(), self.panels, self.out,

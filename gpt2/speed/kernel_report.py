@@ -10,6 +10,8 @@
                                                       #   measure them again
     GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.speed.kernel_report
                                                       # as on a CPU without AVX-512 / bfloat16
+    python -m gpt2.speed.kernel_report --cache              # the weight cache's files only
+    python -m gpt2.speed.kernel_report --clear-cache        # delete them (gpt2/speed/weight_cache.py)
 
 The decisions themselves are gpt2/speed/kernels.py's, kept by gpt2/speed/kernel_cache.py; this only prints
 them (CI prints it too, so every test log says what it tested).
@@ -23,7 +25,7 @@ from types import SimpleNamespace
 
 import torch
 
-from . import kernel_cache, kernels
+from . import kernel_cache, kernels, weight_cache
 from ..config import GPT2Config
 from ..loading import CheckpointError, format_logits, resolve_checkpoint
 
@@ -127,6 +129,18 @@ def remeasure(config: GPT2Config | None) -> list[str]:
     return lines
 
 
+def cache_lines() -> list[str]:
+    """The weight cache: its folder, its files (most recently used first) and its size limit."""
+    where = weight_cache.folder()
+    if where is None:
+        return ["weight cache: off (GPT2_WEIGHT_CACHE=0)"]
+    files = weight_cache.entries()
+    total = sum(e["bytes"] for e in files)
+    lines = [f"weight cache {where}: {len(files)} file(s), {total / 1e9:.2f} GB of "
+             f"{weight_cache.limit_bytes() / 1e9:.1f} GB (GPT2_WEIGHT_CACHE_GB; the files used longest ago go first)"]
+    return lines + [f"  {weight_cache.describe(e)}" for e in files]
+
+
 def model_of(name: str):
     """(config, logits_in): a size name's shapes (logits_in None: no weights), or a checkpoint
     folder's config and its logits per format (gpt2.loading.format_logits)."""
@@ -146,14 +160,25 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--remeasure", action="store_true", help="forget the choices kept for this "
                         "machine and measure them again")
+    parser.add_argument("--cache", action="store_true", help="list the weight cache's files (what "
+                        "loading computed once per checkpoint and format, and maps afterwards)")
+    parser.add_argument("--clear-cache", action="store_true", help="delete the weight cache's files")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        if args.clear_cache:
+            gone = weight_cache.clear()
+            print(f"deleted {len(gone)} file(s), {sum(e['bytes'] for e in gone) / 1e9:.2f} GB, from the weight cache "
+                  f"{weight_cache.folder()}")
+        if args.cache or args.clear_cache:
+            print("\n".join(cache_lines()))
+            return
         config, logits_in = model_of(args.model) if args.model else (None, None)
         if args.remeasure:
             print("\n".join(remeasure(config)))
         print(report(config, logits_in))
+        print("\n".join(cache_lines()))
     except (ValueError, CheckpointError) as e:
         sys.exit(f"error: {e}")
 

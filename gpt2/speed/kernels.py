@@ -53,6 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast_linear, kernel_cache, native
+from .stored_weights import StoredWeight, give_back_freed_memory
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
 # Read at call time by KernelLinear: False runs the plain path on a model with kernels attached
@@ -126,9 +127,18 @@ CANDIDATES = {
     "float32": ("onednn", "mm", "linear", "onednn-packed", "native-f32"),
     "bfloat16": ("onednn-bf16", "mm", "linear"),
     "float16": ("mm", "linear"),
-    "fp16": ("fbgemm-fp16", "native-fp16", "onednn", "mm", "linear"),
+    # (only paths that read 16-bit weights: a float32 path would need a float32 copy beside them)
+    "fp16": ("fbgemm-fp16", "native-fp16"),
     "int8": ("native-int8",),
 }
+# The layout each path's kernel reads (gpt2/speed/stored_weights.py): the weight itself ("plain"),
+# the int8 bytes ("q"), or a copy it packs: our C kernel's "panels" (plain tensors, storable in a
+# file) or a library's opaque "packed" weight (oneDNN's blocked layout, fbgemm's packed float16).
+LAYOUTS = {"linear": "plain", "mm": "plain", "onednn": "plain", "onednn-packed": "packed",
+           "onednn-bf16": "packed", "fbgemm-fp16": "packed", "native-fp16": "panels",
+           "native-f32": "panels", "int8pack": "q", "int8-bf16": "packed", "native-int8": "panels"}
+# The paths whose packed layout can be written to the weight cache and mapped back.
+STORABLE_PATHS = tuple(p for p, layout in LAYOUTS.items() if layout == "panels")
 # The kernels built from int8 weights' (q, scale): the int8 format's, and the library's int8
 # products (for the benchmarks and the report).
 INT8_KERNELS = {"native-int8": fast_linear.NativeInt8Linear, "int8pack": fast_linear.Int8Weight,
@@ -214,8 +224,40 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
     """The kernel of `path` for one weight [out, in]. int8: (q, scale) for INT8_PATHS (default:
     quantized from the weight)."""
     if path in INT8_PATHS:
-        return INT8_KERNELS[path](*(int8 if int8 is not None else fast_linear.int8_per_channel(weight)))
+        if int8 is None:
+            int8 = weight.int8() if isinstance(weight, StoredWeight) else fast_linear.int8_per_channel(weight)
+        return INT8_KERNELS[path](*int8)
     return KERNELS[path](weight)
+
+
+def kernel_from_layouts(path: str, weight) -> object | None:
+    """The kernel of `path` built from a layout the stored weight already holds (our C kernel's
+    panels, mapped from the weight cache): no packing. None if it holds no such layout."""
+    panels = weight.layouts.get("panels") if isinstance(weight, StoredWeight) else None
+    dtype = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8}.get(path)
+    if panels is None or panels.dtype != dtype:
+        return None
+    scale = weight.layouts.get("scale") if path == "native-int8" else None
+    cls = fast_linear.NativeInt8Linear if path == "native-int8" else fast_linear.NativeRowsLinear
+    return cls.from_panels(panels, weight.shape[0], scale)
+
+
+def stored_form(path: str, kernel, weight: StoredWeight) -> tuple[dict, object]:
+    """(layouts, decoder) a kernel of `path` holds for its weight: what replaces the layout it was
+    packed from. decoder: () -> the plain weight, for a library's opaque layout (else None)."""
+    layout = LAYOUTS[path]
+    if layout == "panels":
+        return {"panels": kernel.panels}, None
+    if layout == "q":
+        return {"q": kernel.q}, None
+    packed = kernel.packed
+    if path == "fbgemm-fp16":
+        return {"packed": packed}, lambda: torch.ops.quantized.linear_unpack_fp16(packed)[0]
+    if path == "int8-bf16":
+        scale = weight.layouts["scale"]
+        return {"packed": packed}, lambda: fast_linear.dequantize_int8(packed.to_dense().to(torch.int8), scale,
+                                                                       weight.dtype)
+    return {"packed": packed}, lambda: packed.to_dense()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,10 +389,29 @@ def detach_kernels(model):
         if isinstance(vars(owner).get(name), KernelLinear):
             del vars(owner)[name]
             del weight.kernel_linear
+    if hasattr(model, "wte") and isinstance(vars(model.wte).get("forward"), StoredRows):
+        del vars(model.wte)["forward"]
     return model
 
 
+class StoredRows:
+    """What the token embedding's forward becomes when its weight is a StoredWeight: idx [...] ->
+    its rows [..., n_embd], decoded from the stored layout (F.embedding would dispatch through the
+    tensor subclass, whose first operation in a process costs seconds of imports inside torch)."""
+
+    def __init__(self, weight: StoredWeight):
+        self.weight = weight
+
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(idx)
+
+    def __repr__(self):
+        return f"StoredRows({self.weight.describe()})"
+
+
 def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
+    if isinstance(weight, StoredWeight):
+        return weight.format
     if int8 is not None and weight in int8:
         return "int8"
     if fp16 and weight.dtype == torch.float32:
@@ -387,6 +448,7 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
         if layer[2].device.type == "cpu":
             groups.setdefault(weight_format(layer[2], int8, fp16), []).append(layer)
     said, packing_groups = [], {}
+    plain_to_stored = {}
     for fmt, layers in groups.items():
         dtype = layers[0][2].dtype
         paths = candidates(fmt, dtype)
@@ -402,17 +464,60 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
             if choose is not None:
                 choice, how = choose(fmt, sample, paths, int8), "as given"
             elif measuring():
-                choice, how = rows_choice(fmt, shape, dtype, paths, lambda: sample, int8)
+                measured, how = rows_choice(fmt, shape, dtype, paths, lambda: sample, int8)
+                choice = one_layout(measured)
+                if choice != measured:
+                    how += f"; measured {describe_choice(measured)}, run on the 1-row kernel's layout only"
             else:
                 how = "the format's default: GPT2_MEASURE_KERNELS=0"
         for owner, name, weight, bias in layers:
-            kernel = KernelLinear(weight, bias, _rows_aware(
-                weight, [(math.inf, paths[0])] if id(weight) in small else choice, int8, packing_groups))
+            weight_choice = [(math.inf, paths[0])] if id(weight) in small else choice
+            weight = stored_for(model, owner, name, weight, weight_choice, plain_to_stored)
+            kernel = KernelLinear(weight, bias, _rows_aware(weight, weight_choice, int8, packing_groups,
+                                                            head=name == "head"))
             setattr(owner, name, kernel)
             weight.kernel_linear = kernel  # for linear(): code that reads through this weight
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
-    note = packing_note({path for layers in attached(model) for _, path in layers.kernel.paths()})
+    if hasattr(model, "wte") and isinstance(model.wte.weight, StoredWeight):
+        model.wte.forward = StoredRows(model.wte.weight)
+    note = packing_note({path for layer in attached(model) for _, path, k in layer.kernel.by_rows
+                         if isinstance(k, PackedOnFirstCall) and not k.packed})
     return said + [note] if said and note else said
+
+
+def planned_path(fmt: str, dtype: torch.dtype, config) -> str | None:
+    """The path whose layout attach_kernels will give the large weights of a model of this config
+    in this format (one_layout of the kept choice), known before its weights are read: the weight
+    cache is keyed by it. None: not known without measuring (the first load of such a model), or
+    no kernel (a float32 model too small for any)."""
+    paths = candidates(fmt, dtype)
+    if not paths:
+        return None
+    shape = (4 * config.n_embd, config.n_embd)
+    if shape[0] * shape[1] < ONEDNN_MIN_WEIGHTS:
+        return None if fmt in ("float32", "float16") else paths[0]
+    if len(paths) == 1 or not measuring():
+        return paths[0]
+    kept = kernel_cache.lookup("kernels", rows_what(fmt, shape, dtype, paths))
+    return None if kept is None else one_layout([(m, p) for m, p in kept["choice"]])[0][1]
+
+
+def path_for_weight(plan: str | None, fmt: str, dtype: torch.dtype, numel: int) -> str | None:
+    """The path attach_kernels will run a weight of numel elements on, where planned_path gave
+    plan for the model's large weights: below ONEDNN_MIN_WEIGHTS, the format's default (float32
+    and float16 weights: none, they stay plain)."""
+    if numel >= ONEDNN_MIN_WEIGHTS:
+        return plan
+    paths = candidates(fmt, dtype)
+    return None if fmt in ("float32", "float16") or not paths else paths[0]
+
+
+def packed_layouts(path: str, layouts: dict) -> dict:
+    """A weight's layouts ({"q", "scale"}, {"half"} or {"plain"}) as our C kernel of `path`
+    packs them: {"panels"} (and the int8 scale), the source dropped."""
+    source = layouts.get("q", layouts.get("half", layouts.get("plain")))
+    dtype = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8}[path]
+    return {"panels": native.pack_panels(source, dtype)} | ({"scale": layouts["scale"]} if "scale" in layouts else {})
 
 
 def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
@@ -424,23 +529,90 @@ def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tens
     return max(by_shape.items(), key=lambda kv: len(kv[1]) * kv[1][0].numel())
 
 
-def _rows_aware(weight, choice, int8, groups: dict[str, list]) -> RowsAwareKernel:
-    """groups: path -> the PackedOnFirstCall kernels of this model on that path (filled here)."""
+def layout_key(path: str) -> str:
+    """Paths with equal keys read the same bytes: the plain weight, the int8 bytes, or (a packing
+    path) the copy that path packs."""
+    return LAYOUTS[path] if LAYOUTS[path] in ("plain", "q") else path
+
+
+def one_layout(choice: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """A measured choice with every row count on kernels that read one layout, the 1-row kernel's
+    (a decode step, which most calls are): a range whose fastest kernel reads another layout runs
+    the 1-row kernel instead. A weight is then held once, never as the plain weight beside a
+    packed copy of it (or the int8 bytes beside their panels)."""
+    first = choice[0][1]
+    return merge_ranges([(m, p if layout_key(p) == layout_key(first) else first) for m, p in choice])
+
+
+def merge_ranges(choice: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """Neighbouring ranges of [(max_rows, path)] with the same path become one."""
+    merged = [choice[0]]
+    for item in choice[1:]:
+        if item[1] == merged[-1][1]:
+            merged[-1] = (item[0], item[1])
+        else:
+            merged.append(item)
+    return merged
+
+
+def stored_for(model, owner, name: str, weight, choice, done: dict):
+    """The weight the kernels of `choice` run on: a plain parameter whose one kernel packs it
+    (onednn-bf16, native-f32, ...) becomes a StoredWeight in its module (the model's wte for the
+    head), so that the packed copy can replace it; any other weight as it is. done: id(plain) ->
+    its StoredWeight (the tied head and wte are one weight)."""
+    fmt = str(weight.dtype).removeprefix("torch.")
+    if isinstance(weight, StoredWeight) or fmt not in CANDIDATES or not {p for _, p in choice} <= set(CANDIDATES[fmt]) \
+            or len({layout_key(p) for _, p in choice}) != 1 or LAYOUTS[choice[0][1]] in ("plain", "q"):
+        return weight  # (a weight given with its int8 bytes or as float16 values is kept as given)
+    if id(weight) not in done:
+        module = model.wte if name == "head" else owner
+        new = StoredWeight(fmt, {"plain": weight.data}, weight.shape, weight.dtype)
+        new._is_param = True  # a parameter as it is (nn.Parameter(new) would detach it: loading.py)
+        module._parameters["weight"] = new
+        done[id(weight)] = new
+    return done[id(weight)]
+
+
+def _rows_aware(weight, choice, int8, groups: dict[str, list], head: bool = False) -> RowsAwareKernel:
+    """groups: path -> the PackedOnFirstCall kernels of this model on that path (filled here).
+    A stored weight whose kernels all read one layout gives the packed copy's bytes in place of
+    the layout it was packed from (head: the model's tied head, whose wte rows the embedding
+    reads: it keeps them beside a library's opaque packing)."""
     built = {}
+    replaces = isinstance(weight, StoredWeight) and len({layout_key(p) for _, p in choice}) == 1
     for _, path in choice:
         if path not in built:
             qs = int8.get(weight) if int8 and path in INT8_PATHS else None
-            built[path] = (PackedOnFirstCall(lambda path=path, qs=qs: build_kernel(path, weight, qs),
-                                             groups.setdefault(path, []))
-                           if path in PACKED_PATHS else build_kernel(path, weight, qs))
+            if path not in PACKED_PATHS:
+                built[path] = build_kernel(path, weight, qs)
+            elif (ready := kernel_from_layouts(path, weight)) is not None:
+                built[path] = ready
+            else:
+                keep = head and LAYOUTS[path] == "packed"
+                built[path] = PackedOnFirstCall(
+                    lambda path=path, qs=qs: pack_in_place(path, weight, qs, replaces and not keep),
+                    groups.setdefault(path, []))
     return RowsAwareKernel([(max_rows, path, built[path]) for max_rows, path in choice])
 
 
-def pack_now(model) -> int:
-    """Pack now every attached kernel of model that would pack on its first call: to pay it up
-    front, e.g. before timing a first step that must not include it. Returns how many it packed."""
-    return pack_all([k for layer in attached(model) for _, _, k in layer.kernel.by_rows
-                     if isinstance(k, PackedOnFirstCall)])
+def pack_in_place(path: str, weight, int8, replace: bool):
+    """build_kernel(path, weight, int8), then (replace) the stored weight holds the kernel's packed
+    layout in place of the one it was packed from."""
+    kernel = build_kernel(path, weight, int8)
+    if replace:
+        layouts, decoder = stored_form(path, kernel, weight)
+        weight.replace(tuple(n for n in ("q", "half", "plain", "panels", "packed") if n not in layouts),
+                       layouts, decoder)
+        give_back_freed_memory()  # the layout it replaced, and the packing's temporaries
+    return kernel
+
+
+def pack_now(model, paths=None) -> int:
+    """Pack now every attached kernel of model that would pack on its first call (or those on
+    `paths`): to pay it up front, e.g. before timing a first step that must not include it, or to
+    keep our C kernel's panels in the weight cache. Returns how many it packed."""
+    return pack_all([k for layer in attached(model) for _, path, k in layer.kernel.by_rows
+                     if isinstance(k, PackedOnFirstCall) and (paths is None or path in paths)])
 
 
 def packing_note(said_paths: set[str]) -> str:
@@ -512,13 +684,7 @@ def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows
 
     choice = [(limit, fastest(m)) for m, limit in zip(rows, limits)]
     choice.append((math.inf, paths[0]))
-    merged = [choice[0]]
-    for item in choice[1:]:  # neighbouring ranges with the same winner become one
-        if item[1] == merged[-1][1]:
-            merged[-1] = (item[0], item[1])
-        else:
-            merged.append(item)
-    return merged, times
+    return merge_ranges(choice), times
 
 
 def copies_for_timing(sample: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -716,3 +882,41 @@ class FormatFidelity:
                           for fmt, f in self.measured.items())
         return (f"fidelity to float32 on this model's weights ({FIDELITY_SHAPE[0]} x {FIDELITY_SHAPE[1]} random "
                 f"tokens, bound KL <= {FIDELITY_MAX_KL:g}): " + (shown or "no faster format to check"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. What a model holds
+
+
+def held_bytes(model) -> int:
+    """The bytes of every tensor a model holds: its parameters and buffers (a StoredWeight: the
+    layouts it holds) and its attached kernels' own tensors (packed copies, scales), each storage
+    counted once (a kernel reading a parameter's own tensor adds nothing). A library's opaque
+    packed weight counts as its elements' bytes."""
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        if isinstance(t, StoredWeight):
+            for layout in t.layouts.values():
+                add(layout)
+            return
+        if isinstance(t, torch.Tensor):
+            key, size = ((id(t), t.numel() * t.element_size()) if t.is_mkldnn
+                         else (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+        elif isinstance(t, torch.ScriptObject):  # fbgemm's packed float16 weight: 2 bytes a weight
+            key, size = id(t), torch.ops.quantized.linear_unpack_fp16(t)[0].numel() * 2
+        else:
+            return
+        if key not in seen:
+            seen.add(key)
+            total += size
+
+    for tensor in [*model.parameters(), *model.buffers()]:
+        add(tensor)
+    for layer in attached(model):
+        for _, _, kernel in layer.kernel.by_rows:
+            kernel = kernel.kernel if isinstance(kernel, PackedOnFirstCall) else kernel
+            for value in (vars(kernel).values() if kernel is not None else ()):
+                add(value)
+    return total

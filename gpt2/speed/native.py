@@ -127,6 +127,17 @@ def pack_panels(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return padded.view(panels, PANEL, inputs).transpose(1, 2).contiguous()
 
 
+def unpack_panels(panels: torch.Tensor, out: int) -> torch.Tensor:
+    """pack_panels' inverse: panels [P, in, PANEL] -> the weight [out, in] (a new tensor, the
+    panels' dtype)."""
+    return panels.transpose(1, 2).reshape(-1, panels.shape[1])[:out]
+
+
+def panel_rows(panels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows `index` [n] of the weight packed in panels -> [n, in], read from the panels directly."""
+    return panels[index // PANEL, :, index % PANEL]
+
+
 def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None,
                 scale: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
