@@ -489,8 +489,9 @@ def kernel_choices(target, draft=None) -> dict:
 
 
 def loop_flag(cells: list[dict]) -> str:
-    """The mark for cells some of whose runs looped (spec_decoding/loops.py), "" for none."""
-    looped_runs, runs = sum(c["looped_runs"] for c in cells), sum(c["runs"] for c in cells)
+    """The mark for cells some of whose runs looped (spec_decoding/loops.py), "" for none (also for
+    cells of a results file written before runs were measured for loops)."""
+    looped_runs, runs = sum(c.get("looped_runs", 0) for c in cells), sum(c.get("runs", 0) for c in cells)
     return f"{LOOP_MARK} ({looped_runs}/{runs} runs)" if looped_runs else ""
 
 
