@@ -216,7 +216,7 @@ def test_tree_table_falls_back_to_the_chain_as_deep_as_the_tree():
     other = dict(chain, drafter="model", speedup_median=0.9, tokens_per_target_call=3.75)
     costs = {"verify_cost_by_tree": {"2,2,1,1": 1.8}}
     row = benchmark.tree_summary([tree], [other, chain], costs)[4]
-    assert row.endswith("| 1.80 | 4 | 0.40x | 2.25 | n/a |"), row
+    assert row.endswith("| 1.80 | 4 | 0.40x | 2.25 | n/a | none |"), row  # last: the loops column
     wide = dict(chain, gamma=14, speedup_median=0.3, tokens_per_target_call=2.0)
     row = benchmark.tree_summary([tree], [chain, wide], costs)[4]
-    assert row.endswith("| 1.80 | 14 | 0.30x | 2.00 | n/a |"), row
+    assert row.endswith("| 1.80 | 14 | 0.30x | 2.00 | n/a | none |"), row
