@@ -81,7 +81,7 @@ def expected_bytes(config: GPT2Config, fmt: str, path: str) -> int:
     other = config.n_positions * n + 2 * n + config.n_layer * (4 * n + 3 * n + n + 4 * n + n)
     model_bytes = 2 if fmt == "bfloat16" else 4
     per_weight = {"native-int8": 1, "native-fp16": 2, "native-f32": 4, "fbgemm-fp16": 2, "onednn-bf16": 2,
-                  "onednn": 4}[path]
+                  "onednn": 4}.get(path, model_bytes if kernels.LAYOUTS[path] == "plain" else None)
     total = other * model_bytes
     for out, inputs in linear:
         rows = 16 * math.ceil(out / 16) if path.startswith("native") else out
