@@ -16,7 +16,7 @@ remembers which models it was measured on, and using it with other models is an 
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from gpt2.speed.device import synchronize
 from .decoding import check_drafter
 from .drafters import ModelDrafter
 from .result import ROOT
+from .sampling import logits_to_probs, sample
 from .theory import break_even_alpha, predicted_speedup
 from .tree import TokenTree, score_tree, tree_size
 
@@ -81,6 +82,9 @@ class CostModel(SavedAsJson):
     tokens its cache has not seen, in one forward (a probe of gamma="auto" after `rows` - 1 plain
     rounds: the draft catches up over the tokens it skipped); rows = 1 is draft_step_s. Empty:
     not measured (a model-free drafter, or a CostModel saved before it was timed).
+    sample_s: what a sampled round adds per distribution it makes (a drafted token's q, a scored
+    row's p): softmax over the vocabulary and a draw. The forwards above are timed without it, as a
+    greedy round runs them; `sampled()` adds it. 0: not measured.
     """
     target: str  # describe_model(target)
     draft: str  # describe_model(draft)
@@ -91,11 +95,23 @@ class CostModel(SavedAsJson):
     notes: dict = field(default_factory=dict)
     tree_score_s: dict = field(default_factory=dict)  # "2,2,1" -> the target scoring that tree's root and nodes
     draft_catch_up_s: dict = field(default_factory=dict)  # "64" -> the draft proposing after 64 unseen tokens
+    sample_s: float = 0.0  # one row of logits to probabilities at temperature 1, and one draw from it
 
     def __post_init__(self):
         if not self.target_score_s or min(self.target_score_s) <= 0 or self.draft_step_s < 0:
             raise ValueError("CostModel needs target_score_s (seconds > 0 for k = 1 .. gamma_max + 1 "
                              "tokens) and draft_step_s >= 0")
+
+    def sampled(self) -> "CostModel":
+        """The costs of a sampled round (temperature > 0): each draft step draws from its q, and the
+        target's k scored rows each become a p. For a small pair over GPT-2's 50,257 tokens this
+        is as much as a forward, and a policy deciding from the forwards alone drafts where it
+        loses."""
+        s = self.sample_s
+        return replace(self, draft_step_s=self.draft_step_s + s,
+                       target_score_s=[cost + k * s for k, cost in enumerate(self.target_score_s, start=1)],
+                       draft_catch_up_s={rows: cost + s for rows, cost in self.draft_catch_up_s.items()},
+                       sample_s=0.0)
 
     @property
     def gamma_max(self) -> int:
@@ -174,7 +190,8 @@ class CostModel(SavedAsJson):
         device). So every run on this machine, in this process or another, decides gamma="auto" from
         the same costs, and a seed reproduces a sampled run; `python -m gpt2.speed.kernel_report
         --remeasure` (or another machine) measures them again, and the gammas may then differ."""
-        what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max}
+        what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max,
+                "measures": "forwards, catch-up, sampling"}  # a CostModel kept before sampling was timed is measured again
         kept, _ = kernel_cache.decide_once(
             "gamma costs", what, lambda: asdict(cls.calibrate(target, draft, gamma_max)),
             f"this pair's per-call costs for gamma=\"auto\" (a few seconds)")
@@ -235,6 +252,9 @@ class CostModel(SavedAsJson):
                          if catch_up is not None and context_len + n + 1 <= (n_positions or context_len + n + 1)]
         calls += [(f"catch-up {n}", lambda n=n: catch_up(torch.randint(vocab, (n,), generator=g).tolist()))
                   for n in catch_up_rows]
+        logits_row = torch.randn(target.config.vocab_size, generator=g).to(device)
+        g_sample = torch.Generator(device=device).manual_seed(0)
+        calls += [("sample", lambda: sample(logits_to_probs(logits_row, 1.0), g_sample))]
         times = {name: [] for name, _ in calls}
         start, rounds = time.perf_counter(), 0
         while rounds <= min_rounds or (time.perf_counter() - start < budget_s and rounds <= max_rounds):
@@ -253,7 +273,8 @@ class CostModel(SavedAsJson):
                    context_len=context_len, rounds=rounds - 1,
                    notes={"threads": torch.get_num_threads(), "device": str(device)},
                    tree_score_s={",".join(map(str, b)): median[tuple(b)] for b in trees},
-                   draft_catch_up_s={str(n): median[f"catch-up {n}"] for n in catch_up_rows})
+                   draft_catch_up_s={str(n): median[f"catch-up {n}"] for n in catch_up_rows},
+                   sample_s=median["sample"])
 
 
 def random_tree(branching, vocab_size: int, generator) -> TokenTree:

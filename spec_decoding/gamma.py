@@ -415,14 +415,15 @@ def nonnegative_least_squares_2(xx, xy) -> tuple[float, float] | None:
 
 
 def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | None = None,
-                target=None, draft=None) -> GammaPolicy:
+                target=None, draft=None, sampled: bool = False) -> GammaPolicy:
     """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
     "auto" (AutoGamma, deciding from fixed costs: a seeded run reproduces; its CostModel is
     cost_model, which must be for target and draft, or else the pair's CostModel kept on this
     machine, CostModel.kept_for: measured the first time, with one line on stderr saying so),
     "heuristic" (HeuristicGamma), or a
     GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
-    CostModel's, or 8)."""
+    CostModel's, or 8). sampled: the rounds sample (temperature > 0), so "auto" decides from the
+    costs with the sampling a round does (CostModel.sampled)."""
     if gamma_max is not None:
         check_positive_int("gamma_max", gamma_max)
     if isinstance(gamma, GammaPolicy):
@@ -435,7 +436,7 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
                 cost_model = CostModel.kept_for(target, draft, gamma_max or DEFAULT_GAMMA_MAX)
             elif target is not None:
                 cost_model.check_models(target, draft)
-            return AutoGamma(cost_model, gamma_max)
+            return AutoGamma(cost_model.sampled() if sampled else cost_model, gamma_max)
     if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1:
         return FixedGamma(gamma)
     raise ValueError(f"gamma must be an int >= 1, \"auto\" or \"heuristic\" (or a GammaPolicy); "

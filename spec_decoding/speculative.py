@@ -42,7 +42,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
         return speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma, eos_id, on_tokens,
                                            gamma_max, cost_model, trace, on_round)
     drafter = as_drafter(draft)
-    policy = make_policy(gamma, gamma_max, cost_model, target, drafter)
+    policy = make_policy(gamma, gamma_max, cost_model, target, drafter, sampled=True)
     tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, policy.gamma_max)
     notify, round_trace = round_observers(on_round, trace, tokens, policy.gamma_max, temperature, top_k, top_p)
     out = []

@@ -750,3 +750,42 @@ def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_p
         auto_gamma.main(["--target", str(target_dir)])
     with pytest.raises(SystemExit, match="cannot read the prompts file"):
         auto_gamma.main(["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(tmp_path / "none.txt")])
+
+
+def test_sampled_costs_add_a_distribution_per_drafted_token_and_per_scored_row():
+    """CostModel.sampled: a draft step draws from its q, a catch-up too, and scoring k rows makes k
+    distributions p; greedy costs (sample_s not measured, or 0) are unchanged."""
+    costs = CostModel(target="T", draft="D", draft_step_s=0.01, target_score_s=[0.1, 0.11, 0.12],
+                      draft_catch_up_s={"16": 0.02}, sample_s=0.005)
+    sampled = costs.sampled()
+    assert sampled.draft_step_s == pytest.approx(0.015)
+    assert sampled.target_score_s == pytest.approx([0.105, 0.12, 0.135])
+    assert sampled.draft_catch_up_s == pytest.approx({"16": 0.025})
+    assert cost_model(0.1).sampled() == cost_model(0.1)
+
+
+def test_auto_at_a_temperature_decides_from_the_sampled_costs():
+    """A small pair over a large vocabulary: the forwards say a draft that always agrees pays
+    (c = 0.05), but turning each row of logits into a distribution costs as much as a target
+    step. At temperature > 0 (sampled=True, as speculative_sampling asks) auto stops drafting
+    after its opening probe; on the forwards alone (the greedy costs, and the policy before
+    sample_s) it drafts every round, and loses by the clock. Greedy decoding, whose rounds take
+    argmaxes, still drafts."""
+    step = 0.1
+    costs = CostModel(target="T", draft="D", draft_step_s=0.05 * step,
+                      target_score_s=[step * (1 + 0.1 * k) for k in range(GAMMA_MAX + 1)], sample_s=step)
+    sampled = run(make_policy("auto", cost_model=costs, sampled=True), accept=lambda i: True, rounds=40)
+    greedy = run(make_policy("auto", cost_model=costs), accept=lambda i: True, rounds=40)
+    assert sum(g > 0 for g in sampled) <= 2, sampled
+    assert all(g > 0 for g in greedy[1:]), greedy
+    # by the sampled costs, drafting a fully accepted token is slower than a plain sampled step
+    s = costs.sampled()
+    assert s.draft_step_s + s.target_score_s[1] > 2 * s.target_score_s[0]
+
+
+def test_calibrate_times_the_sampling_of_a_row(pair):
+    """The measured CostModel holds a positive sample_s (the pair's vocabulary, timed like the rest)."""
+    target, draft = pair
+    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=8, budget_s=0.05, min_rounds=1)
+    assert costs.sample_s > 0
+    assert costs.sampled().draft_step_s > costs.draft_step_s
