@@ -181,21 +181,28 @@ def read_entries() -> list[dict]:
     return [e for e in entries if json.loads(e["key"]).get("version") == VERSION]
 
 
+def write_atomically(path: Path, write) -> None:
+    """write(temporary) a file beside path, then rename it over path: a reader finds the old file
+    or the new one whole, never half of one. An OSError goes to the caller, the temporary file
+    removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def write_entries(entries: list[dict]) -> None:
     """Write the file whole: to a temporary file beside it, then renamed over it (atomic)."""
     path = cache_path()
     text = json.dumps({"about": "gpt2-spec: choices measured once per machine (gpt2/speed/kernel_cache.py)",
                        "entries": entries}, indent=1)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     except OSError as e:
         print(f"note: could not save the kernel choice to {path} ({type(e).__name__}: {e.strerror or e}); "
               f"it holds for this process only", file=sys.stderr, flush=True)

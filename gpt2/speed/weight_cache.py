@@ -28,7 +28,6 @@ import mmap
 import os
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -186,17 +185,9 @@ def store(key_: dict, layouts: dict[str, dict[str, torch.Tensor]]) -> Path | Non
     if path is None or not layouts:
         return None
     tensors = {f"{name}:{layout}": t.contiguous() for name, held in layouts.items() for layout, t in held.items()}
+    about = {"key": json.dumps(key_, sort_keys=True), "about": "gpt2-spec weight cache (gpt2/speed/weight_cache.py)"}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
-        os.close(fd)
-        try:
-            write_file(Path(temporary), tensors, {"key": json.dumps(key_, sort_keys=True),
-                                                  "about": "gpt2-spec weight cache (gpt2/speed/weight_cache.py)"})
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        kernel_cache.write_atomically(path, lambda temporary: write_file(temporary, tensors, about))
     except OSError as e:
         print(f"note: could not keep the computed weights in {path.parent} ({type(e).__name__}: "
               f"{e.strerror or e}); the next load computes them again", file=sys.stderr, flush=True)
