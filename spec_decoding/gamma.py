@@ -65,6 +65,7 @@ class GammaPolicy:
     gamma_max: the most it will ever choose (the generators size their per-position stats by it).
     """
     gamma_max: int = 1
+    tokens_left: int | None = None  # set by the generator before each next_gamma(): tokens still to make
 
     def next_gamma(self) -> int:
         """How many tokens to draft in the coming round, 0..gamma_max (the generator may draft
@@ -150,7 +151,9 @@ class AutoGamma(GammaPolicy):
     estimates themselves say drafting pays); each rejected probe in a row that leaves the estimate
     of a_1 below half of g = 1's break-even doubles the wait (up to that bound), so a draft that
     never agrees costs a few probes per generation, not one every probe_every rounds, while one
-    near break-even keeps its probes. Accepted probes can switch speculation back on. Where no
+    near break-even keeps its probes. No probe comes while fewer tokens are left to make (the
+    generator sets tokens_left) than the wait that paid for it. Accepted probes can switch
+    speculation back on. Where no
     acceptance could pay (could_pay), it never probes, unless a clock may show the costs wrong.
     Once it has chosen a plain step, later plain rounds cost it a comparison until a probe is due.
 
@@ -331,10 +334,18 @@ class AutoGamma(GammaPolicy):
         wait = self.probe_every if self.clock is not None or self.could_pay() else None
         # The first probe is due at once: before any evidence a probe tells the most, and the
         # draft has only the prompt to read (it catches up over more rows the longer it waits).
-        if wait is not None and (opening or self.plain_rounds >= wait) or opening and self.could_pay():
+        if opening and (wait is not None or self.could_pay()):
             self._probe_round = True
             return 1
-        self._plain_until = math.inf if wait is None else wait
+        # A later probe comes after `wait` plain rounds whose probe_budget share pays for it, and
+        # only while at least as many tokens are left to make: what it finds needs rounds to pay back.
+        if wait is not None and self.tokens_left is not None and self.tokens_left < max(wait, 1):
+            wait = None
+        if wait is not None and self.plain_rounds >= wait:
+            self._probe_round = True
+            return 1
+        self._plain_until = wait if wait is not None else \
+            math.inf if self.tokens_left is None else self.plain_rounds + self.tokens_left
         self.plain_rounds += 1
         return 0
 

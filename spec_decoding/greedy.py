@@ -39,6 +39,7 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
     start = time.perf_counter()
     stop = None
     while not stop:
+        policy.tokens_left = max_gen - len(out)
         g = round_gamma(policy.next_gamma(), len(out), max_gen, len(tokens), target, drafter)
 
         # 1. The drafter proposes up to g tokens (temperature 0: greedy; q is not needed).

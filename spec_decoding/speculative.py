@@ -49,6 +49,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
     start = time.perf_counter()
     stop = None
     while not stop:
+        policy.tokens_left = max_gen - len(out)
         g = round_gamma(policy.next_gamma(), len(out), max_gen, len(tokens), target, drafter)
 
         # 1. The drafter proposes up to g tokens with the q each was drawn from (a draft model

@@ -6,6 +6,7 @@ bad input is a clear error."""
 import json
 import random
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -69,6 +70,7 @@ def never_agreeing_generation(policy, costs, max_gen=32):
     (plain decoding's time over this one's, the gammas chosen)."""
     made, spent, chosen = 0, 0.0, []
     while made < max_gen:
+        policy.tokens_left = max_gen - made  # as the generators do
         g = policy.next_gamma()
         policy.update(g, 0)
         made, spent = made + 1, spent + costs.round_seconds(g)
@@ -78,8 +80,8 @@ def never_agreeing_generation(policy, costs, max_gen=32):
 
 # (c, verify slope, max_gen, k): the cost shapes of a draft that cannot pay when it never agrees
 CANNOT_PAY = [(0.4, 0.05, 48, 3), (0.4, 0.05, 200, 5),  # gpt2-large-like: a 12-block draft of a 36-block target
-              (0.45, 0.1, 48, 1), (0.45, 0.1, 200, 4),  # a draft too dear for the prior's 0.5
-              (0.05, 0.1, 48, 6), (0.05, 0.1, 200, 9)]  # a cheap draft: it takes more rejections to tell
+              (0.45, 0.1, 48, 1), (0.45, 0.1, 200, 3),  # a draft too dear for the prior's 0.5
+              (0.05, 0.1, 48, 6), (0.05, 0.1, 200, 8)]  # a cheap draft: it takes more rejections to tell
 
 
 @pytest.mark.parametrize("c, verify_slope, max_gen, k", CANNOT_PAY)
@@ -94,7 +96,8 @@ def test_with_a_draft_that_never_agrees_auto_drafts_in_at_most_k_rounds(c, verif
       0.15 = 0.42 does not), 4 at 0.15;
     - the probes: the next after the fewest plain rounds whose 2% pays for one (23, 28 and 8
       rounds here), each later wait twice the one before (the estimate is far below break-even),
-      at most max_catch_up - 1 = 63: 1, 0 and 2 more probes in 48 tokens, 3, 3 and 5 in 200.
+      at most max_catch_up - 1 = 63, and none once fewer tokens are left than the wait: 1, 0 and 2
+      more probes in 48 tokens, 3, 2 and 4 in 200 (without that last rule 3, 3 and 5).
     And the whole generation costs, in the CostModel's seconds, at most 3% more than plain
     decoding over 48 tokens and 1.5% over 200. Main's policy (an opening of 2-4 rounds whatever
     the prior, a probe every probe_every rounds) failed five of the six: 3 rounds where k = 1 at
@@ -134,12 +137,44 @@ def test_a_probe_feeds_the_draft_at_most_max_catch_up_rows(pair, max_catch_up):
     counter = RowCounter(GPT2(target.config.with_(n_layer=1)).eval())
     costs = cost_model(0.45, 0.1, target=describe_model(target), draft=describe_model(counter))
     policy = AutoGamma(costs, max_catch_up=max_catch_up)
-    result = speculative_sampling_greedy(target, counter, PROMPT, 56, policy)
-    assert result.tokens == autoregressive_generate(target, PROMPT, 56).tokens
+    result = speculative_sampling_greedy(target, counter, PROMPT, 72, policy)
+    assert result.tokens == autoregressive_generate(target, PROMPT, 72).tokens
     gammas = result.stats.gamma_by_round
     assert gammas.count(0) > 40 and gammas[0] == 1  # plain steps after a probe at once
     assert max(counter._rows) <= max_catch_up, counter._rows
     assert (max(counter._rows) > 8) == (max_catch_up == 32), (counter._rows, gammas)  # probes after long waits
+
+
+def test_no_probe_comes_too_late_to_pay_back(pair):
+    """A probe is due after probe_every plain rounds, but not once fewer tokens are left to make
+    than that wait: whatever it found would have too few rounds to pay for it. The generators tell
+    the policy how many are left (tokens_left) before every round."""
+    costs = cost_model(0.45, 0.1)
+    wait = AutoGamma(costs).probe_every
+    for left, probes in ((wait, True), (wait - 1, False)):
+        policy = AutoGamma(costs)
+        policy.next_gamma(), policy.update(1, 0)  # the opening probe, rejected
+        policy.rejected_probes = 0  # the wait as computed, not doubled
+        chosen = []
+        for i in range(wait + 1):
+            policy.tokens_left = left + wait - i  # `left` tokens left when the probe is due
+            chosen.append(policy.next_gamma())
+            policy.update(chosen[-1], 0)
+        assert (chosen[-1] == 1) == probes and chosen[:-1] == [0] * wait, (left, chosen)
+
+    class Recorder(AutoGamma):
+        def next_gamma(self):
+            self.seen.append(self.tokens_left)
+            return super().next_gamma()
+
+    from spec_decoding import speculative_sampling, speculative_sampling_greedy
+    target, draft = pair
+    for generate in (speculative_sampling_greedy, partial(speculative_sampling, temperature=1.0)):
+        policy = Recorder(cost_model(0.45, 0.1, target=describe_model(target), draft=describe_model(draft)))
+        policy.seen = []
+        made = [0]
+        generate(target, draft, PROMPT, 20, policy, on_round=lambda report: made.append(report.n_out))
+        assert policy.seen == [20 - m for m in made[:-1]] and made[-1] == 20
 
 
 def test_probes_pay_for_the_drafts_catch_up():
@@ -611,6 +646,7 @@ def test_auto_without_a_cost_model_calibrates_once_per_machine(pair, monkeypatch
 
 
 def test_generators_reject_bad_gamma_and_cost_models(pair):
+    from spec_decoding import speculative_sampling, speculative_sampling_greedy
     from spec_decoding import speculative_sampling, speculative_sampling_greedy
     target, draft = pair
     for generate in (speculative_sampling_greedy, speculative_sampling):
