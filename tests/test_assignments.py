@@ -539,3 +539,33 @@ def test_the_leak_checks_cheap_bound_never_falls_below_the_similarity():
     assert len(scores) > 20 and all(bound >= score for score, bound in scores), scores
     # and it is what makes the check cheap: most pairs have some common run, few most of one
     assert sum(bound < LEAK_THRESHOLD for _, bound in scores) > len(scores) / 2
+
+
+def test_the_trees_bytecode_covers_the_unchanged_files_only_and_follows_their_source(tmp_path, monkeypatch):
+    """Sandbox.place_tree writes compiled bytecode for the copy's own files (a check's child then
+    need not compile every module it imports), never for the student's, and checked against each
+    source's hash: a source changed after it was compiled (same size, same second) is compiled
+    afresh, never run from the stale bytecode."""
+    from importlib.util import cache_from_source
+
+    from assignments import sandbox
+
+    monkeypatch.setattr(sandbox, "_TREES", [1])  # as a batch's second tree
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("X = 1\n")
+    (tree / "pkg" / "student.py").write_text("Y = 2\n")
+    sandbox.write_bytecode(tree, skip={"pkg/student.py"})
+    ours, theirs = (Path(cache_from_source(str(tree / "pkg" / f))) for f in ("__init__.py", "student.py"))
+    assert ours.exists() and not theirs.exists()
+    assert int.from_bytes(ours.read_bytes()[4:8], "little") == 0b11  # PEP 552: hash-based, checked
+
+    def imported(code):
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        done = subprocess.run([sys.executable, "-v", "-c", code], cwd=tree, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip(), str(ours) in done.stderr  # -v names the bytecode it ran
+
+    assert imported("import pkg; print(pkg.X)") == ("1", True)
+    (tree / "pkg" / "__init__.py").write_text("X = 7\n")
+    assert imported("import pkg; print(pkg.X)") == ("7", False)
