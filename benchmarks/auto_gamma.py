@@ -21,7 +21,9 @@ the best fixed gamma and gamma="auto" on the same prompt, back to back, the orde
 repeat to repeat (so a busy moment slows each alike); a ratio is plain seconds / its seconds (below
 1: slower than the target alone). Greedy runs must give the target's own tokens (checked); at a
 temperature above 0 all three sample, seeded alike (then they differ; the comparison is of speed).
-The table gives each ratio's median and quartiles over the repeats.
+The table gives each ratio's median and quartiles over the repeats. A generation shorter than half
+a second (small models, few tokens) is timed over as many calls as make it one, the same for each
+method (the same seed: the same tokens each call).
 
 --breakdown instead times gamma="auto" round by round against plain decoding's steps on the same
 prompt (model forwards timed by hooks, the draft's rows counted), and says where the time goes:
@@ -30,6 +32,7 @@ over the tokens it skipped: one forward of many rows), the plain rounds beside p
 """
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -66,6 +69,16 @@ def generate(method, target, draft, prompt, max_gen: int, temperature: float, se
                                 generator=generator, cost_model=costs if method == "auto" else None)
 
 
+MIN_TIMED_S = 0.5  # seconds a method's timing in a repeat spans at least (more calls when shorter)
+
+
+def calls_of(calls: int, *args):
+    """`calls` generations of the same arguments (seeded alike: the same tokens); the last's result."""
+    for _ in range(calls):
+        result = generate(*args)
+    return result
+
+
 def best_fixed_gamma(target, draft, costs: CostModel, prompt, max_gen: int, temperature: float) -> int:
     """The fixed gamma the CostModel predicts fastest, from the acceptance by position of one
     (untimed) pilot run at gamma_max: argmax E(g) / round_seconds(g), E as in theory.py."""
@@ -77,7 +90,7 @@ def best_fixed_gamma(target, draft, costs: CostModel, prompt, max_gen: int, temp
 
 def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int,
             temperature: float = 0.0, prompts: list[list[int]] | None = None,
-            fixed_gamma: int | None = None) -> dict:
+            fixed_gamma: int | None = None, min_timed_s: float = None) -> dict:
     """`repeats` interleaved runs of plain decoding, FixedGamma(fixed_gamma) (None: best_fixed_gamma)
     and gamma="auto" on one pair, greedy (the same tokens, checked) or sampled at `temperature`
     (a repeat's runs seeded alike). prompts: taken in turn (default: random token ids of
@@ -90,12 +103,20 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
         fixed_gamma = best_fixed_gamma(target, draft, costs, prompt_of(0), max_gen, temperature)
     methods = ["plain", fixed_gamma, "auto"]
     device = target.wte.weight.device
+    # A generation shorter than MIN_TIMED_S is timed over several calls (the same seed: the same
+    # tokens each time), as many for each method, so the clock's own noise stays small beside it.
+    _, plain_s = timed(device, generate, "plain", target, draft, prompt_of(0), max_gen, temperature, 0, costs)
+    min_timed_s = MIN_TIMED_S if min_timed_s is None else min_timed_s
+    calls = max(1, math.ceil(min_timed_s / max(plain_s, 1e-6)))
+    if calls > 1:
+        print(f"  each timing below: the mean of {calls} calls (plain decoding takes {plain_s * 1e3:.0f} ms)", flush=True)
     ratios = {"fixed": [], "auto": []}
     auto_gammas, plain_rounds, rounds, drafted, accepted = [], 0, 0, 0, 0
     for r in range(repeats):
         prompt, runs = prompt_of(r), {}
         for method in methods[r % 3:] + methods[:r % 3]:  # the order rotates
-            runs[method] = timed(device, generate, method, target, draft, prompt, max_gen, temperature, r, costs)
+            runs[method] = timed(device, calls_of, calls, method, target, draft, prompt, max_gen, temperature, r, costs)
+            runs[method] = runs[method][0], runs[method][1] / calls
         (plain, plain_s) = runs["plain"]
         for method in methods[1:]:
             result, seconds = runs[method]
@@ -111,7 +132,7 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
         print(f"  repeat {r + 1}: plain {plain_s:.2f} s, gamma {fixed_gamma} {ratios['fixed'][-1]:.2f}x, "
               f"auto {ratios['auto'][-1]:.2f}x, auto's gammas {' '.join(map(str, auto.gamma_by_round))}",
               flush=True)
-    result = {"fixed_gamma": fixed_gamma, "auto_gammas": auto_gammas,
+    result = {"fixed_gamma": fixed_gamma, "auto_gammas": auto_gammas, "calls_per_timing": calls,
               "plain_round_share": plain_rounds / rounds, "acceptance": accepted / drafted if drafted else None,
               "break_even_alpha": costs.break_even_alpha(), "c": costs.c, "verify_cost_2": costs.verify_cost(1)}
     for name, values in ratios.items():
@@ -276,6 +297,8 @@ def main(argv=None) -> None:
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0],
                         help="0: greedy (default); above 0, all sample, seeded alike")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--min-timed-s", type=float, default=MIN_TIMED_S,
+                        help=f"time a shorter generation over several calls, to span this (default {MIN_TIMED_S})")
     parser.add_argument("--max-gens", type=int, nargs="+", default=[48, 200])
     parser.add_argument("--prompt-len", type=int, default=24, help="random prompts' length")
     parser.add_argument("--fixed-gamma", type=int, help="the fixed gamma to compare (default: the best, by a pilot run)")
@@ -320,7 +343,7 @@ def main(argv=None) -> None:
             for max_gen in args.max_gens:
                 print(f"  temperature {temperature:g}, {max_gen} tokens", flush=True)
                 r = compare(target, pair_draft, costs, args.repeats, max_gen, args.prompt_len, temperature,
-                            prompts, args.fixed_gamma)
+                            prompts, args.fixed_gamma, args.min_timed_s)
                 results["pairs"][f"{name}, T={temperature:g}, {max_gen} tokens"] = r
                 f, a = r["fixed"], r["auto"]
                 rows.append([name, f"{temperature:g}", max_gen,

@@ -752,13 +752,16 @@ def test_the_auto_gamma_benchmark_compares_interleaved_runs_of_the_same_tokens(p
     to plain decoding, and their quartiles."""
     from benchmarks.auto_gamma import compare
     target, draft = pair
-    result = compare(target, draft, pair_costs(target, draft, 0.1), repeats=3, max_gen=8, prompt_len=4)
+    result = compare(target, draft, pair_costs(target, draft, 0.1), repeats=3, max_gen=8, prompt_len=4, min_timed_s=0)
     for name in ("fixed", "auto"):
         r = result[name]
         assert len(r["ratios"]) == 3 and r["min"] <= r["q1"] <= r["median"] <= r["q3"] <= max(r["ratios"])
-    assert 1 <= result["fixed_gamma"] <= 8 and len(result["auto_gammas"]) == 3
-    never = compare(target, draft, pair_costs(target, draft, 1.0), repeats=1, max_gen=8, prompt_len=4, fixed_gamma=2)
+    assert 1 <= result["fixed_gamma"] <= 8 and len(result["auto_gammas"]) == 3 and result["calls_per_timing"] == 1
+    # a generation this short (milliseconds) is timed over several calls when asked to span 0.2 s
+    never = compare(target, draft, pair_costs(target, draft, 1.0), repeats=1, max_gen=8, prompt_len=4, fixed_gamma=2,
+                    min_timed_s=0.2)
     assert never["plain_round_share"] == 1 and never["fixed_gamma"] == 2 and never["auto_gammas"] == [[0] * 8]
+    assert never["calls_per_timing"] > 1
 
 
 def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_pair_dirs, tmp_path, capsys):
@@ -770,7 +773,7 @@ def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_p
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def main():\n\nimport os\n")
     common = ["--target", str(target_dir), "--draft", str(draft_dir), "--prompts", str(prompts), "--repeats", "2",
-              "--threads", "1", "--calibrate-s", "0.2", "--calibrate-rounds", "2"]
+              "--threads", "1", "--calibrate-s", "0.2", "--calibrate-rounds", "2", "--min-timed-s", "0"]
     auto_gamma.main(common + ["--temperatures", "0", "1", "--max-gens", "6", "9", "--out", str(tmp_path / "out")])
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert sorted(results["pairs"]) == ["given, T=0, 6 tokens", "given, T=0, 9 tokens",
