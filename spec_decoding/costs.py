@@ -87,6 +87,10 @@ class CostModel(SavedAsJson):
     sample_s: what a sampled round adds per distribution it makes (a drafted token's q, a scored
     row's p): softmax over the vocabulary and a draw. The forwards above are timed without it, as a
     greedy round runs them; `sampled()` adds it. 0: not measured.
+    sampled_round_extra_s: what a sampled drafting round costs beyond its forwards and sample_s per
+    distribution: the verdict (the rejection test, on a rejection the residual and its draw) and
+    the round's bookkeeping, from one round of g = 1 timed as the generator runs it (a draft
+    model only; 0 otherwise). `sampled()` adds it to every round that drafts.
     """
     target: str  # describe_model(target)
     draft: str  # describe_model(draft)
@@ -98,6 +102,7 @@ class CostModel(SavedAsJson):
     tree_score_s: dict = field(default_factory=dict)  # "2,2,1" -> the target scoring that tree's root and nodes
     draft_catch_up_s: dict = field(default_factory=dict)  # "64" -> the draft proposing after 64 unseen tokens
     sample_s: float = 0.0  # one row of logits to probabilities at temperature 1, and one draw from it
+    sampled_round_extra_s: float = 0.0  # a sampled drafting round's own work beyond forwards and draws
 
     def __post_init__(self):
         if not self.target_score_s or min(self.target_score_s) <= 0 or self.draft_step_s < 0:
@@ -106,14 +111,15 @@ class CostModel(SavedAsJson):
 
     def sampled(self) -> "CostModel":
         """The costs of a sampled round (temperature > 0): each draft step draws from its q, and the
-        target's k scored rows each become a p. For a small pair over GPT-2's 50,257 tokens this
-        is as much as a forward, and a policy deciding from the forwards alone drafts where it
-        loses."""
-        s = self.sample_s
+        target's k scored rows each become a p, and a round that drafts adds its verdict and
+        bookkeeping (sampled_round_extra_s). For a small pair over GPT-2's 50,257 tokens this is
+        as much as a forward, and a policy deciding from the forwards alone drafts where it loses."""
+        s, extra = self.sample_s, self.sampled_round_extra_s
         return replace(self, draft_step_s=self.draft_step_s + s,
-                       target_score_s=[cost + k * s for k, cost in enumerate(self.target_score_s, start=1)],
+                       target_score_s=[cost + k * s + (extra if k > 1 else 0.0)
+                                       for k, cost in enumerate(self.target_score_s, start=1)],
                        draft_catch_up_s={rows: cost + s for rows, cost in self.draft_catch_up_s.items()},
-                       sample_s=0.0)
+                       sample_s=0.0, sampled_round_extra_s=0.0)
 
     @property
     def gamma_max(self) -> int:
@@ -193,7 +199,7 @@ class CostModel(SavedAsJson):
         the same costs, and a seed reproduces a sampled run; `python -m gpt2.speed.kernel_report
         --remeasure` (or another machine) measures them again, and the gammas may then differ."""
         what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max,
-                "measures": "forwards, catch-up, sampling"}  # a CostModel kept before sampling was timed is measured again
+                "measures": "forwards, catch-up, sampling, sampled round"}  # a CostModel kept before sampling was timed is measured again
         kept, _ = kernel_cache.decide_once(
             "gamma costs", what, lambda: asdict(cls.calibrate(target, draft, gamma_max)),
             f"this pair's per-call costs for gamma=\"auto\" (a few seconds)")
@@ -245,8 +251,15 @@ class CostModel(SavedAsJson):
             score_tree(target, target_cache, random_tree(branching, vocab, g), context)
             target_cache.truncate(context_len)
 
-        calls = [("draft", lambda: draft_step(int(torch.randint(vocab, (), generator=g))))]
-        calls += [(k, lambda k=k: target_score(k)) for k in range(1, gamma_max + 2)]
+        # Each call is timed after what precedes it in decoding: a small pair's weights fit in the
+        # CPU's caches, and a forward right after the other model's runs slower than after its
+        # own. So a plain step follows a plain step (untimed), a verification a draft step.
+        def draft_once():
+            draft_step(int(torch.randint(vocab, (), generator=g)))
+
+        calls = [("plain before", lambda: target_score(1)), (1, lambda: target_score(1))]
+        for k in range(2, gamma_max + 2):
+            calls += [("draft", draft_once), (k, lambda k=k: target_score(k))]
         calls += [(tuple(b), lambda b=b: tree_score(b)) for b in trees]
         catch_up = _draft_catch_up(draft, context, device)
         n_positions = draft.config.n_positions if isinstance(draft, GPT2) else draft.n_positions
@@ -258,6 +271,8 @@ class CostModel(SavedAsJson):
         g_sample = torch.Generator(device=device).manual_seed(0)
         calls += [("sample", lambda: [sample(logits_to_probs(logits_row, 1.0), g_sample)
                                       for _ in range(SAMPLE_DRAWS)])]
+        if isinstance(draft, GPT2):
+            calls += [("sampled round", _sampled_round(target, target_cache, draft, context, g_sample))]
         times = {name: [] for name, _ in calls}
         start, rounds = time.perf_counter(), 0
         while rounds <= min_rounds or (time.perf_counter() - start < budget_s and rounds <= max_rounds):
@@ -270,6 +285,10 @@ class CostModel(SavedAsJson):
                     times[name].append(time.perf_counter() - t0)
             rounds += 1
         median = {name: statistics.median(t) for name, t in times.items()}
+        sample_s = median["sample"] / SAMPLE_DRAWS
+        # what a sampled round of g = 1 took beyond its forwards and its three distributions
+        round_extra = median["sampled round"] - (median["draft"] + median[2] + 3 * sample_s) \
+            if "sampled round" in median else 0.0
         return cls(target=describe_model(target), draft=describe_model(draft),
                    draft_step_s=median["draft"],
                    target_score_s=[median[k] for k in range(1, gamma_max + 2)],
@@ -277,7 +296,7 @@ class CostModel(SavedAsJson):
                    notes={"threads": torch.get_num_threads(), "device": str(device)},
                    tree_score_s={",".join(map(str, b)): median[tuple(b)] for b in trees},
                    draft_catch_up_s={str(n): median[f"catch-up {n}"] for n in catch_up_rows},
-                   sample_s=median["sample"] / SAMPLE_DRAWS)
+                   sample_s=sample_s, sampled_round_extra_s=max(0.0, round_extra))
 
 
 def random_tree(branching, vocab_size: int, generator) -> TokenTree:
@@ -287,6 +306,26 @@ def random_tree(branching, vocab_size: int, generator) -> TokenTree:
         parents = [tree.add(int(torch.randint(vocab_size, (), generator=generator)), parent)
                    for parent in parents for _ in range(b)]
     return tree
+
+
+def _sampled_round(target: GPT2, target_cache, draft: GPT2, context: list[int], generator):
+    """A function that runs one sampled round of g = 1 as speculative_sampling runs it (the draft
+    proposes a token with its q, the target scores it, the rows become p, the verdict), then rolls
+    both caches back to `context`. The target's cache holds `context` already."""
+    from .decoding import target_forward
+    from .rejection import modified_rejection_sampling
+
+    drafter = ModelDrafter(draft)
+    drafter.start(context, 4)
+
+    def one_round():
+        tokens = context + [int(torch.randint(draft.config.vocab_size, (), generator=generator))]
+        draft_tokens, draft_probs = drafter.propose(tokens, 1, 1.0, None, None, generator)
+        target_probs = logits_to_probs(target_forward(target, target_cache, tokens, draft_tokens), 1.0)
+        modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
+        target_cache.truncate(len(context))
+        drafter.roll_back(len(context))
+    return one_round
 
 
 def _draft_stepper(draft, context: list[int], device, target_features=None):

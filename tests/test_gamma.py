@@ -4,6 +4,7 @@ acceptance it sees, switches back on after a probe; the heuristic follows transf
 bad input is a clear error."""
 
 import json
+from dataclasses import replace
 import random
 import time
 from functools import partial
@@ -801,6 +802,11 @@ def test_sampled_costs_add_a_distribution_per_drafted_token_and_per_scored_row()
     assert sampled.target_score_s == pytest.approx([0.105, 0.12, 0.135])
     assert sampled.draft_catch_up_s == pytest.approx({"16": 0.025})
     assert cost_model(0.1).sampled() == cost_model(0.1)
+    # a drafting round's own work (the verdict, the bookkeeping): every round that drafts, not a plain step
+    with_round = replace(costs, sampled_round_extra_s=0.002).sampled()
+    assert with_round.target_score_s == pytest.approx([0.105, 0.122, 0.137])
+    assert with_round.round_seconds(0) == sampled.round_seconds(0)
+    assert with_round.round_seconds(2) - sampled.round_seconds(2) == pytest.approx(0.002)
 
 
 def test_auto_at_a_temperature_decides_from_the_sampled_costs():
@@ -828,3 +834,4 @@ def test_calibrate_times_the_sampling_of_a_row(pair):
     costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=8, budget_s=0.05, min_rounds=1)
     assert costs.sample_s > 0
     assert costs.sampled().draft_step_s > costs.draft_step_s
+    assert costs.sampled_round_extra_s >= 0 and costs.sampled().sampled_round_extra_s == 0
