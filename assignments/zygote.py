@@ -142,3 +142,6 @@ def reaped():
 
 if __name__ == "__main__":
     serve(socket.socket(fileno=int(sys.argv[1])), json.loads(sys.argv[2]))
+    # Done: nothing of the zygote's needs tearing down (the grader kills what is left of the
+    # sandbox), and an interpreter with torch loaded takes a noticeable while to exit.
+    os._exit(0)
