@@ -175,23 +175,29 @@ def test_evaluate_scores_a_saved_pair_on_other_text(trained_pair_dirs, tmp_path,
 # on other CPU kernels and thread counts: the weights differ in their last bits, the losses by far
 # less than this (docs/trained_pair.md has the measured differences).
 SAME_SEED_TOLERANCE = 1e-3
+STEPS_ON_OTHER_KERNELS = 20  # each model's, for the run on other CPU kernels
 
 
 def test_same_seed_same_steps_and_losses_on_other_cpu_kernels(trained_pair_dirs, tmp_path):
-    """The fixture's run again, in a fresh interpreter with torch's plainest CPU kernels
-    (ATEN_CPU_CAPABILITY=default: no SIMD): a run that rounds differently, as another machine would.
-    Same step counts; losses within SAME_SEED_TOLERANCE. (Other thread counts: docs/trained_pair.md.)"""
+    """The fixture's settings, 20 steps each, here and in a fresh interpreter with torch's plainest
+    CPU kernels (ATEN_CPU_CAPABILITY=default: no SIMD): a run that rounds differently, as another
+    machine would. Same step counts; losses within SAME_SEED_TOLERANCE. (Other thread counts:
+    docs/trained_pair.md.)"""
     import os
     import subprocess
     import sys
 
     from conftest import ROOT
-    ours = json.loads((trained_pair_dirs[0].parent / tp.MARKER).read_text())
+    settings = dict(json.loads((trained_pair_dirs[0].parent / tp.MARKER).read_text())["settings"],
+                    target_steps=STEPS_ON_OTHER_KERNELS, draft_steps=STEPS_ON_OTHER_KERNELS)
+    tp.train_pair(tmp_path / "ours", stdlib_texts(), tp.TrainSettings(**settings), TINY_TARGET, TINY_DRAFT,
+                  log=lambda *a: None)
+    ours = json.loads((tmp_path / "ours" / tp.MARKER).read_text())
     code = f"""
 import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
 from conftest import TINY_TARGET, TINY_DRAFT, stdlib_texts
 from offline.train_pair import TrainSettings, train_pair
-info = train_pair({str(tmp_path / 'pair')!r}, stdlib_texts(), TrainSettings(**{ours['settings']!r}),
+info = train_pair({str(tmp_path / 'pair')!r}, stdlib_texts(), TrainSettings(**{settings!r}),
                   TINY_TARGET, TINY_DRAFT, log=lambda *a: None)
 import torch; print(torch.backends.cpu.get_cpu_capability())
 """
@@ -202,7 +208,7 @@ import torch; print(torch.backends.cpu.get_cpu_capability())
     theirs = json.loads((tmp_path / "pair" / tp.MARKER).read_text())
     assert theirs["machine"]["cpu_capability"] == "DEFAULT"
     for name in ("target", "draft"):
-        assert theirs[name]["steps"] == ours[name]["steps"] == 60
+        assert theirs[name]["steps"] == ours[name]["steps"] == STEPS_ON_OTHER_KERNELS
         assert theirs[name]["held_out_loss"] == pytest.approx(ours[name]["held_out_loss"], abs=SAME_SEED_TOLERANCE)
         assert theirs[name]["final_train_loss"] == pytest.approx(ours[name]["final_train_loss"], abs=SAME_SEED_TOLERANCE)
 
