@@ -75,7 +75,9 @@ def notebook_env(monkeypatch, notebook_pair, python3_kernel, tmp_path):
 
 def execute(name: str) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL,
+    # shutdown_kernel="immediate": the kernel is killed once the last cell ran (a graceful shutdown
+    # waits about a second for an interpreter with torch loaded to tear itself down)
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL, shutdown_kernel="immediate",
                                      resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
     start = time.perf_counter()
     client.execute()  # raises CellExecutionError (with the traceback) if any cell fails
