@@ -115,8 +115,8 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
     for r in range(repeats):
         prompt, runs = prompt_of(r), {}
         for method in methods[r % 3:] + methods[:r % 3]:  # the order rotates
-            runs[method] = timed(device, calls_of, calls, method, target, draft, prompt, max_gen, temperature, r, costs)
-            runs[method] = runs[method][0], runs[method][1] / calls
+            result, seconds = timed(device, calls_of, calls, method, target, draft, prompt, max_gen, temperature, r, costs)
+            runs[method] = result, seconds / calls
         (plain, plain_s) = runs["plain"]
         for method in methods[1:]:
             result, seconds = runs[method]

@@ -251,9 +251,8 @@ class CostModel(SavedAsJson):
             score_tree(target, target_cache, random_tree(branching, vocab, g), context)
             target_cache.truncate(context_len)
 
-        # Each call is timed after what precedes it in decoding: a small pair's weights fit in the
-        # CPU's caches, and a forward right after the other model's runs slower than after its
-        # own. So a plain step follows a plain step (untimed), a verification a draft step.
+        # Each call is timed after what precedes it in decoding: a plain step after a plain step
+        # (untimed), a verification after a draft step.
         def draft_once():
             draft_step(int(torch.randint(vocab, (), generator=g)))
 

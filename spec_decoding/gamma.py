@@ -153,8 +153,8 @@ class AutoGamma(GammaPolicy):
     never agrees costs a few probes per generation, not one every probe_every rounds, while one
     near break-even keeps its probes. No probe comes while fewer tokens are left to make (the
     generator sets tokens_left) than the wait that paid for it. Accepted probes can switch
-    speculation back on. Where no
-    acceptance could pay (could_pay), it never probes, unless a clock may show the costs wrong.
+    speculation back on. Where no acceptance could pay (could_pay), it never probes, unless a
+    clock may show the costs wrong.
     Once it has chosen a plain step, later plain rounds cost it a comparison until a probe is due.
 
     Costs (see the module docstring): clock=None (the default) decides from the CostModel's
@@ -339,7 +339,7 @@ class AutoGamma(GammaPolicy):
             return 1
         # A later probe comes after `wait` plain rounds whose probe_budget share pays for it, and
         # only while at least as many tokens are left to make: what it finds needs rounds to pay back.
-        if wait is not None and self.tokens_left is not None and self.tokens_left < max(wait, 1):
+        if wait is not None and self.tokens_left is not None and self.tokens_left < wait:
             wait = None
         if wait is not None and self.plain_rounds >= wait:
             self._probe_round = True
