@@ -23,7 +23,9 @@ repeat to repeat (so a busy moment slows each alike); a ratio is plain seconds /
 temperature above 0 all three sample, seeded alike (then they differ; the comparison is of speed).
 The table gives each ratio's median and quartiles over the repeats. A generation shorter than half
 a second (small models, few tokens) is timed over as many calls as make it one, the same for each
-method (the same seed: the same tokens each call).
+method (the same seed: the same tokens each call), the methods taking turns call by call. At a
+temperature above 0 the costs it reports and picks the best fixed gamma from are a sampled
+round's (CostModel.sampled), as auto's are.
 
 --breakdown instead times gamma="auto" round by round against plain decoding's steps on the same
 prompt (model forwards timed by hooks, the draft's rows counted), and says where the time goes:
@@ -72,20 +74,15 @@ def generate(method, target, draft, prompt, max_gen: int, temperature: float, se
 MIN_TIMED_S = 0.5  # seconds a method's timing in a repeat spans at least (more calls when shorter)
 
 
-def calls_of(calls: int, *args):
-    """`calls` generations of the same arguments (seeded alike: the same tokens); the last's result."""
-    for _ in range(calls):
-        result = generate(*args)
-    return result
-
-
 def best_fixed_gamma(target, draft, costs: CostModel, prompt, max_gen: int, temperature: float) -> int:
     """The fixed gamma the CostModel predicts fastest, from the acceptance by position of one
-    (untimed) pilot run at gamma_max: argmax E(g) / round_seconds(g), E as in theory.py."""
+    (untimed) pilot run at gamma_max: argmax E(g) / round_seconds(g), E as in theory.py, with a
+    sampled round's costs at a temperature above 0 (CostModel.sampled)."""
     stats = generate(costs.gamma_max, target, draft, prompt, max_gen, temperature, 0, costs).stats
     alphas = [a if a is not None else 0.0 for a in stats.acceptance_by_position]
+    round_costs = costs.sampled() if temperature else costs
     return max(range(1, costs.gamma_max + 1),
-               key=lambda g: expected_tokens_by_position(alphas[:g]) / costs.round_seconds(g))
+               key=lambda g: expected_tokens_by_position(alphas[:g]) / round_costs.round_seconds(g))
 
 
 def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int,
@@ -113,10 +110,14 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
     ratios = {"fixed": [], "auto": []}
     auto_gammas, plain_rounds, rounds, drafted, accepted = [], 0, 0, 0, 0
     for r in range(repeats):
-        prompt, runs = prompt_of(r), {}
-        for method in methods[r % 3:] + methods[:r % 3]:  # the order rotates
-            result, seconds = timed(device, calls_of, calls, method, target, draft, prompt, max_gen, temperature, r, costs)
-            runs[method] = result, seconds / calls
+        prompt, order = prompt_of(r), methods[r % 3:] + methods[:r % 3]  # the order rotates
+        # The calls of the three methods take turns (plain, g, auto, plain, g, auto, ...): a drift
+        # of the machine's speed then slows each alike.
+        runs = {method: (None, 0.0) for method in order}
+        for _ in range(calls):
+            for method in order:
+                result, seconds = timed(device, generate, method, target, draft, prompt, max_gen, temperature, r, costs)
+                runs[method] = result, runs[method][1] + seconds / calls
         (plain, plain_s) = runs["plain"]
         for method in methods[1:]:
             result, seconds = runs[method]
@@ -132,9 +133,11 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
         print(f"  repeat {r + 1}: plain {plain_s:.2f} s, gamma {fixed_gamma} {ratios['fixed'][-1]:.2f}x, "
               f"auto {ratios['auto'][-1]:.2f}x, auto's gammas {' '.join(map(str, auto.gamma_by_round))}",
               flush=True)
+    decided_from = costs.sampled() if temperature else costs  # the costs auto decides from (make_policy)
     result = {"fixed_gamma": fixed_gamma, "auto_gammas": auto_gammas, "calls_per_timing": calls,
               "plain_round_share": plain_rounds / rounds, "acceptance": accepted / drafted if drafted else None,
-              "break_even_alpha": costs.break_even_alpha(), "c": costs.c, "verify_cost_2": costs.verify_cost(1)}
+              "break_even_alpha": decided_from.break_even_alpha(), "c": decided_from.c,
+              "verify_cost_2": decided_from.verify_cost(1)}
     for name, values in ratios.items():
         q1, q2, q3 = quartiles(values)
         result[name] = {"ratios": values, "q1": q1, "median": q2, "q3": q3, "min": min(values)}

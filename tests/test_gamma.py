@@ -765,6 +765,27 @@ def test_the_auto_gamma_benchmark_compares_interleaved_runs_of_the_same_tokens(p
     assert never["calls_per_timing"] > 1
 
 
+def test_the_auto_gamma_benchmark_takes_turns_call_by_call_and_prices_sampled_rounds(pair, monkeypatch):
+    """Timed over several calls, the three methods take turns call by call (a drift of the machine
+    slows each alike), the order rotating between repeats; at a temperature above 0 the break-even
+    it reports is that of the sampled rounds' costs, which auto decides from."""
+    from dataclasses import replace
+
+    from benchmarks import auto_gamma
+    target, draft = pair
+    calls, generate, timed = [], auto_gamma.generate, auto_gamma.timed
+    monkeypatch.setattr(auto_gamma, "generate", lambda method, *args: calls.append(method) or generate(method, *args))
+    # every call "takes" 0.1 s: a timing spanning 0.3 s is 3 calls of each method
+    monkeypatch.setattr(auto_gamma, "timed", lambda *args: (timed(*args)[0], 0.1))
+    costs = replace(pair_costs(target, draft, 0.1), sample_s=0.5)  # sampling as dear as a target step
+    result = auto_gamma.compare(target, draft, costs, repeats=2, max_gen=4, prompt_len=4, temperature=1.0,
+                                fixed_gamma=2, min_timed_s=0.3)
+    assert result["calls_per_timing"] == 3
+    # one plain call sizes the timings; then each repeat, the order rotated
+    assert calls == ["plain"] + ["plain", 2, "auto"] * 3 + [2, "auto", "plain"] * 3
+    assert result["break_even_alpha"] == costs.sampled().break_even_alpha() != costs.break_even_alpha()
+
+
 def test_the_auto_gamma_benchmark_runs_a_given_pair_greedy_and_sampled(trained_pair_dirs, tmp_path, capsys):
     """--target/--draft (a trained pair: real acceptance) with text prompts, greedy and at
     temperature 1, at two max_gens: a row per temperature and max_gen; --breakdown times auto's
