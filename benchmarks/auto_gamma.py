@@ -74,20 +74,19 @@ def generate(method, target, draft, prompt, max_gen: int, temperature: float, se
 MIN_TIMED_S = 0.5  # seconds a method's timing in a repeat spans at least (more calls when shorter)
 
 
-def best_fixed_gamma(target, draft, costs: CostModel, prompt, max_gen: int, temperature: float) -> int:
+def best_fixed_gamma(target, draft, round_costs: CostModel, prompt, max_gen: int, temperature: float) -> int:
     """The fixed gamma the CostModel predicts fastest, from the acceptance by position of one
-    (untimed) pilot run at gamma_max: argmax E(g) / round_seconds(g), E as in theory.py, with a
-    sampled round's costs at a temperature above 0 (CostModel.sampled)."""
-    stats = generate(costs.gamma_max, target, draft, prompt, max_gen, temperature, 0, costs).stats
+    (untimed) pilot run at gamma_max: argmax E(g) / round_seconds(g), E as in theory.py.
+    round_costs: the costs of a round as it runs at `temperature` (CostModel.sampled above 0)."""
+    stats = generate(round_costs.gamma_max, target, draft, prompt, max_gen, temperature, 0, None).stats
     alphas = [a if a is not None else 0.0 for a in stats.acceptance_by_position]
-    round_costs = costs.sampled() if temperature else costs
-    return max(range(1, costs.gamma_max + 1),
+    return max(range(1, round_costs.gamma_max + 1),
                key=lambda g: expected_tokens_by_position(alphas[:g]) / round_costs.round_seconds(g))
 
 
 def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_len: int,
             temperature: float = 0.0, prompts: list[list[int]] | None = None,
-            fixed_gamma: int | None = None, min_timed_s: float = None) -> dict:
+            fixed_gamma: int | None = None, min_timed_s: float | None = None) -> dict:
     """`repeats` interleaved runs of plain decoding, FixedGamma(fixed_gamma) (None: best_fixed_gamma)
     and gamma="auto" on one pair, greedy (the same tokens, checked) or sampled at `temperature`
     (a repeat's runs seeded alike). prompts: taken in turn (default: random token ids of
@@ -96,8 +95,9 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
         return (prompts[r % len(prompts)] if prompts
                 else random_prompt(prompt_len, seed=r, vocab_size=target.config.vocab_size))
 
+    decided_from = costs.sampled() if temperature else costs  # the costs auto decides from (make_policy)
     if fixed_gamma is None:
-        fixed_gamma = best_fixed_gamma(target, draft, costs, prompt_of(0), max_gen, temperature)
+        fixed_gamma = best_fixed_gamma(target, draft, decided_from, prompt_of(0), max_gen, temperature)
     methods = ["plain", fixed_gamma, "auto"]
     device = target.wte.weight.device
     # A generation shorter than MIN_TIMED_S is timed over several calls (the same seed: the same
@@ -133,7 +133,6 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
         print(f"  repeat {r + 1}: plain {plain_s:.2f} s, gamma {fixed_gamma} {ratios['fixed'][-1]:.2f}x, "
               f"auto {ratios['auto'][-1]:.2f}x, auto's gammas {' '.join(map(str, auto.gamma_by_round))}",
               flush=True)
-    decided_from = costs.sampled() if temperature else costs  # the costs auto decides from (make_policy)
     result = {"fixed_gamma": fixed_gamma, "auto_gammas": auto_gammas, "calls_per_timing": calls,
               "plain_round_share": plain_rounds / rounds, "acceptance": accepted / drafted if drafted else None,
               "break_even_alpha": decided_from.break_even_alpha(), "c": decided_from.c,

@@ -4,9 +4,9 @@ acceptance it sees, switches back on after a probe; the heuristic follows transf
 bad input is a clear error."""
 
 import json
-from dataclasses import replace
 import random
 import time
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -769,8 +769,6 @@ def test_the_auto_gamma_benchmark_takes_turns_call_by_call_and_prices_sampled_ro
     """Timed over several calls, the three methods take turns call by call (a drift of the machine
     slows each alike), the order rotating between repeats; at a temperature above 0 the break-even
     it reports is that of the sampled rounds' costs, which auto decides from."""
-    from dataclasses import replace
-
     from benchmarks import auto_gamma
     target, draft = pair
     calls, generate, timed = [], auto_gamma.generate, auto_gamma.timed
