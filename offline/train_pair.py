@@ -609,9 +609,11 @@ def pace_note(name: str, config: GPT2Config, batch_size: int, steps_done: int, s
              f"{machine['torch_threads']} threads)")
     slower = seconds / steps_done / ref_per_step
     if slower >= SLOW_FACTOR:
+        threads = torch.get_num_threads()
+        quiet = "a slower CPU, or other programs on it" + (
+            f"; with {threads} threads, try --threads 1" if threads > 1 else "")  # advice it can take
         line += (f".\nnote: {slower:.1f}x slower than the reference run: "
-                 + (busy_note("--threads 1") or f"a slower CPU, or other programs on it; with "
-                    f"{torch.get_num_threads()} threads, try --threads 1").removeprefix("note: "))
+                 + (busy_note("--threads 1") or quiet).removeprefix("note: "))
     return line
 
 

@@ -57,6 +57,22 @@ def test_main_job_threads_option_sets_torchs_threads(tmp_path, monkeypatch, caps
         torch.set_num_threads(threads)
 
 
+def test_train_pair_on_a_quiet_slow_machine_advises_fewer_threads_only_when_it_has_more(monkeypatch):
+    """Slower than the reference run with the machine quiet: two threads get the advice to try one;
+    a run already on one thread is not told to try --threads 1."""
+    import json
+    ref = json.loads(tp.REFERENCE_RUN.read_text())
+    per_step = ref["target"]["seconds"] / ref["target"]["steps"]
+    batch = tp.TrainSettings().batch_size
+    notes = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        notes[threads] = tp.pace_note("target", tp.TARGET_CONFIG, batch, 20, 3 * 20 * per_step, tp.TARGET_STEPS)
+    assert "\nnote: 3.0x slower than the reference run: a slower CPU, or other programs on it" in notes[1]
+    assert "--threads" not in notes[1]
+    assert notes[2].endswith("a slower CPU, or other programs on it; with 2 threads, try --threads 1")
+
+
 def test_train_pair_projects_its_finish_beside_the_reference_run(busy):
     """The default target's first 20 steps: at the reference run's pace, a projection and the
     reference's time; three times slower, a note with the load and the thread advice. A model of
