@@ -145,7 +145,8 @@ def parse_args(argv=None):
     p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
     p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
                    help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as one "
-                   "CUDA graph (gpt2/speed/cuda_graph.py; a GPU); auto (the faster here: compiled on a CPU, graph "
+                   "CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused, that graph with five Triton kernels a block "
+                   "(gpt2/speed/fused_step.py; a GPU); auto (the faster here: compiled on a CPU, graph "
                    "on a GPU, only where it measures faster); or off (default)")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")

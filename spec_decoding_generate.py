@@ -143,7 +143,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
                         help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as "
-                             "one CUDA graph (gpt2/speed/cuda_graph.py; a GPU); auto (compiled on a CPU, graph on a "
+                             "one CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused, that graph with five Triton kernels a block "
+                             "(gpt2/speed/fused_step.py; a GPU); auto (compiled on a CPU, graph on a "
                              "GPU, only where it measures faster here); or off (default)")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")

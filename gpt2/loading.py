@@ -93,7 +93,7 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     "auto" is then float32); True attaches gpt2/speed/kernels.py's (unless GPT2_FAST_LINEAR=0).
     compile: True gives the model the compiled decode path (gpt2.speed.compiled; on a CUDA GPU its block
     recorded as CUDA graphs, gpt2.speed.cuda_graph), "graph" the CUDA-graph path with the eager block (a
-    CUDA GPU), "auto" the faster of eager and compiled on a CPU, of eager and CUDA graphs on a GPU,
+    CUDA GPU), "fused" that path with five Triton kernels a block (gpt2.speed.fused_step), "auto" the faster of eager and compiled on a CPU, of eager and CUDA graphs on a GPU,
     measured here (one line says which and why), False (default) keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
     if compile not in COMPILE_CHOICES:
@@ -109,8 +109,8 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     if compile == "auto":  # a GPU's choice is between eager and CUDA graphs, a CPU's eager and compiled
         _, why = (choose_graphed if device.type == "cuda" else choose_compiled)(model)
         note_once(f"note: compile auto for {Path(weights_path).parent.name}: {why}", sys.stderr)
-    elif compile == "graph":
-        graph_decode(model)
+    elif compile in ("graph", "fused"):
+        graph_decode(model, fused=compile == "fused")
     elif compile and device.type == "cuda":  # on a GPU, the compiled block recorded as CUDA graphs
         graph_decode(model, compiled=True)
     elif compile:

@@ -22,6 +22,10 @@ os.environ["GPT2_MEASURE_KERNELS"] = "0"
 _KERNEL_CACHE = tempfile.mkdtemp(prefix="gpt2-kernel-cache-")
 atexit.register(shutil.rmtree, _KERNEL_CACHE, ignore_errors=True)
 os.environ["GPT2_KERNEL_CACHE"] = str(Path(_KERNEL_CACHE) / "kernels.json")
+# Without a CUDA GPU, Triton's interpreter runs the fused step's GPU kernels on CPU tensors
+# (tests/test_fused_step.py). Triton reads this when it is imported, which importing gpt2 does.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from gpt2 import GPT2Config, load_gpt2  # noqa: E402
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint  # noqa: E402

@@ -179,12 +179,13 @@ class CompiledDecode:
         logits = head(model, model.ln_f(x))
         return (logits, features) if return_features else logits
 
-# "graph": a CUDA GPU's whole step recorded as a CUDA graph (gpt2/speed/cuda_graph.py)
-COMPILE_CHOICES = (False, True, "graph", "auto")
+# "graph": a CUDA GPU's whole step recorded as a CUDA graph (gpt2/speed/cuda_graph.py); "fused":
+# the same with five Triton kernels a block (gpt2/speed/fused_step.py)
+COMPILE_CHOICES = (False, True, "graph", "fused", "auto")
 # Where the compiled path runs: inductor writes C++/OpenMP loops for a CPU, Triton kernels for a
 # CUDA GPU (Apple's MPS stays eager).
 DEVICES = ("cpu", "cuda")
-COMPILE_FLAGS = {"off": False, "on": True, "graph": "graph", "auto": "auto"}  # the scripts' --compile
+COMPILE_FLAGS = {"off": False, "on": True, "graph": "graph", "fused": "fused", "auto": "auto"}  # the scripts' --compile
 # compile="auto" takes the compiled path only where it is faster than eager by this fraction: a
 # closer result is timing noise, and eager is what the learner reads.
 AUTO_MARGIN = 0.05

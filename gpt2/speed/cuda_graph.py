@@ -1,7 +1,9 @@
 """Decode steps replayed as CUDA graphs (a CUDA GPU only): the whole forward of a step, or of a
 verification of a few rows, recorded once and then replayed with one call. Opt-in
 (`graph_decode(model)`, `load_gpt2(..., compile="graph")`, `--compile graph`), and chosen by
-`compile="auto"` on a GPU only where it was measured faster there.
+`compile="auto"` on a GPU only where it was measured faster there. What is recorded per block is
+the eager block, torch.compile's fused block (`compiled=True`, `--compile on`) or five Triton
+kernels (`fused=True`, `--compile fused`, gpt2/speed/fused_step.py).
 
 Why: on a GPU a decode step of GPT-2 is launch-bound. It is some 600 kernels (four matrix
 products and a dozen small operations per block), each shorter than the time Python and the
@@ -50,6 +52,7 @@ import torch
 from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, faster_than_eager, fixed_size_inputs,
                        head, model_key, time_decode)
 from .device import note_once, synchronize
+from .fused_step import fused_block_step, fused_head, why_not_fused
 
 
 def record_cuda_graph(forward):
@@ -75,20 +78,25 @@ class PooledList(list):
 class GraphedDecode:
     """Stands in for model.forward (same arguments, same results up to rounding) and for
     model.new_kv_cache (same arguments; the cache's buffers come from the pool). record_seconds:
-    graph key -> seconds its first call took (warm-up, recording, replay)."""
+    graph key -> seconds its first call took (warm-up, recording, replay). path: what each
+    block records ("eager", "compiled" or "fused")."""
 
-    def __init__(self, model, record=record_cuda_graph, compiled: bool = False):
+    def __init__(self, model, record=record_cuda_graph, compiled: bool = False, fused: bool = False):
         self.model = model
         self.eager_forward = model.forward
         self.eager_new_kv_cache = model.new_kv_cache
         self.record = record  # tests on a CPU give a stand-in that calls forward again
         # compiled: record the block torch.compile made of block_step (its fused kernels: fewer
-        # launches to replay) instead of the eager block's
-        self.compiled = compiled
-        self.block = torch.compile(block_step) if compiled else block_step
+        # launches to replay) instead of the eager block's; fused: five Triton kernels a block
+        self.compiled, self.fused = compiled and not fused, fused
+        self.block = fused_block_step if fused else torch.compile(block_step) if compiled else block_step
         self.free = {}  # buffer shape -> [(keys, values)] not held by any cache
         self.graphs = {}  # (id(keys), row bucket, exit layer) -> (inputs, replay, outputs)
         self.record_seconds: dict[tuple, float] = {}
+
+    @property
+    def path(self) -> str:
+        return "fused" if self.fused else "compiled" if self.compiled else "eager"
 
     def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
                      n_layer: int | None = None):
@@ -138,10 +146,15 @@ class GraphedDecode:
                 t0 = time.perf_counter()
                 try:
                     self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, exit_layer)
-                except torch._dynamo.exc.TorchDynamoException as e:  # compiling failed (in the warm-up)
-                    print(f"note: compiling the recorded block failed here ({type(e).__name__}); recording "
-                          f"the eager block instead", file=sys.stderr)
-                    self.compiled, self.block = False, block_step
+                except Exception as e:  # compiling failed (in the warm-up): no compiler, a failed build
+                    if not (self.fused or isinstance(e, torch._dynamo.exc.TorchDynamoException)):
+                        raise
+                    print(f"note: compiling the recorded block failed here ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0][:200]}); recording the eager block instead",
+                          file=sys.stderr)
+                    self.compiled = self.fused = False
+                    self.block = block_step
+                    self.graphs.clear()  # graphs of the fused block recorded before: the path is one
                     self.graphs[key] = self.record_graph(keys, values, idx, positions, slots, mask, exit_layer)
                 synchronize(idx.device)
                 self.record_seconds[key] = seconds = time.perf_counter() - t0
@@ -171,7 +184,7 @@ class GraphedDecode:
                     torch._dynamo.maybe_mark_dynamic(tensor, dim)
             for layer, block in enumerate(model.h[:exit_layer]):
                 x = self.block(block, x, keys[layer], values[layer], s_slots, s_mask)
-            return head(model, model.ln_f(x)), x
+            return (fused_head(model, x) if self.fused else head(model, model.ln_f(x))), x
 
         replay, outputs = self.record(forward)
         return inputs, replay, outputs
@@ -202,19 +215,25 @@ def padded_inputs(idx, positions, slots, mask, rows: int):
     return idx, positions, torch.cat([slots, extra]), torch.cat([mask, causal])
 
 
-def graph_decode(model, record=record_cuda_graph, compiled: bool = False):
+def graph_decode(model, record=record_cuda_graph, compiled: bool = False, fused: bool = False):
     """Give `model` (a GPT2 on a CUDA GPU, inference) the graphed decode path; returns the model.
-    compiled=True records torch.compile's fused block instead of the eager one. Switching the
-    path off (ungraph) and on again keeps the pool and the graphs recorded. record: how a forward
-    is recorded (tests on a CPU pass a stand-in)."""
+    compiled=True records torch.compile's fused block instead of the eager one, fused=True the
+    Triton kernels of gpt2/speed/fused_step.py (where the model cannot take them, a note says why
+    and the compiled block is recorded). Switching the path off (ungraph) and on again keeps the
+    pool and the graphs recorded. record: how a forward is recorded (tests on a CPU pass a stand-in)."""
     device = model.wte.weight.device.type
     if device != "cuda" and record is record_cuda_graph:
         note_once(f"note: CUDA graphs are for CUDA GPUs; a model on {device} stays eager", sys.stderr)
         return model
-    kept = model.__dict__.setdefault("_graphed_paths", {})  # compiled -> its GraphedDecode
-    if not (is_graphed(model) and model.forward is kept.get(compiled)):
+    if fused and (why := why_not_fused(model)):
+        note_once(f"note: the fused decode step is not for this model ({why}); recording the compiled "
+                  f"block instead", sys.stderr)
+        fused, compiled = False, True
+    path = "fused" if fused else "compiled" if compiled else "eager"
+    kept = model.__dict__.setdefault("_graphed_paths", {})  # path -> its GraphedDecode
+    if not (is_graphed(model) and model.forward is kept.get(path)):
         ungraph(eager(model))
-        graphed = kept.get(compiled) or kept.setdefault(compiled, GraphedDecode(model, record, compiled))
+        graphed = kept.get(path) or kept.setdefault(path, GraphedDecode(model, record, compiled, fused))
         model.forward, model.new_kv_cache = graphed, graphed.new_kv_cache
     return model
 

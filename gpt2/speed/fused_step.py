@@ -1,0 +1,311 @@
+"""A decode step of five Triton kernels per block (a CUDA GPU), recorded as CUDA graphs.
+Opt-in: `graph_decode(model, fused=True)`, `load_gpt2(..., compile="fused")`, `--compile fused`.
+
+Why: a graphed step of the plain block (gpt2/speed/cuda_graph.py) replays some 15 kernels per
+block, most of them a few microseconds of launch and ramp-up for a few kilobytes of work: the
+LayerNorms, the bias adds, the GELU, the residual adds, the cache writes. At batch 1 a step only
+has to read its weights once; everything else is overhead. Here each block is five kernels:
+
+  1. ln_1, then c_attn and its bias; q goes out, k and v go straight into their cache slots
+  2. attention of the new rows over the cache, up to its last written slot (flash-style:
+     the softmax is accumulated chunk by chunk, so the scores never go to memory)
+  3. attn.c_proj, its bias and the residual add
+  4. ln_2, then c_fc, its bias and the GELU
+  5. mlp.c_proj, its bias and the residual add
+
+and ln_f with the head is one more. A LayerNorm is computed inside the matrix product that reads
+it: every program of the product normalises the rows it multiplies (a few KB, read from L2), so the
+normalised rows never go to memory either. The products themselves: for one row (a step) each
+program reads BLOCK_N rows of the weight and reduces them against x (a matrix-vector product);
+for 2 to 16 rows (verifications, trees) a tensor-core product of the rows padded to 16.
+
+Numerics: float32 models multiply at IEEE precision (not TF32) and match eager's logits to
+rounding; 16-bit models round what eager rounds to 16 bits (the normalised rows, the attention
+weights before they multiply v) and keep the rest in float32. The model's code is unchanged
+(gpt2/model.py); `fused_block_step` has block_step's arguments (gpt2/speed/compiled.py).
+
+Block sizes: on a GPU each kernel's (BLOCK_N, BLOCK_K, warps) is tuned per shape the first time
+it comes, outside any recording, timing a few candidates (GPT2_FUSED_TUNE=0: the first of each).
+On a CPU, Triton's interpreter runs the same kernels on CPU tensors, slowly: that is how the tests
+check them without a GPU (tests/test_fused_step.py).
+"""
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only PyTorch comes without Triton; the fused path then says so
+    import types
+    triton = None
+    tl = types.SimpleNamespace(constexpr=None)  # so that the kernels' signatures below still read
+
+# (BLOCK_N, BLOCK_K, num_warps) tried for one row (a matrix-vector product): the first is the
+# default, the rest are timed against it on a GPU.
+ROW_CONFIGS = ((8, 256, 4), (4, 512, 4), (16, 256, 4), (8, 512, 8), (16, 512, 8), (32, 128, 4))
+# ... and for 2 to 16 rows (BLOCK_M = 16, a tensor-core product; BLOCK_N and BLOCK_K >= 16).
+TILE_CONFIGS = ((16, 128, 4), (32, 128, 4), (32, 64, 4), (64, 64, 4))
+BLOCK_M = 16  # rows of one tile; also the most rows the attention kernel takes per head
+BLOCK_L = 64  # cache slots per step of the attention kernel's loop
+
+
+def why_not_fused(model) -> str | None:
+    """Why this model cannot take the fused path (None: it can)."""
+    if triton is None:
+        return "Triton is not installed (it comes with PyTorch's CUDA builds)"
+    c, w = model.config, model.wte.weight
+    head_dim = c.n_embd // c.n_head
+    if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"its weights are {w.dtype}, not float32, bfloat16 or float16"
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return f"its head size {head_dim} is not a power of 2 of at least 16"
+    for name, p in model.named_parameters():
+        if type(p.data) is not torch.Tensor or not p.is_contiguous():
+            return f"{name} is held in a kernel's own layout, not as a plain tensor"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernels, as plain functions: `_kernels` makes Triton kernels of them (compiled for the GPU,
+# or interpreted for CPU tensors).
+
+def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys_ptr, values_ptr, slots_ptr,
+                   M, N, K, T, eps, stride_b, stride_h, stride_s,
+                   C: tl.constexpr, HEAD_DIM: tl.constexpr, LN: tl.constexpr, BIAS: tl.constexpr,
+                   GELU: tl.constexpr, RES: tl.constexpr, KV: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    """out [M, N] = (LN(x) if LN else x) [M, K] @ w [N, K].T (+ bias) (GELU) (+ res [M, N]).
+
+    KV (c_attn): the N = 3C columns are q, k, v; q goes to out [M, C], and k, v of row m (batch
+    m // T, new token m % T) into keys/values [B, n_head, slots, HEAD_DIM] at slot slots[m % T].
+    Each program makes BLOCK_N outputs of ROWS rows: ROWS = 1, a matrix-vector product on the
+    vector units; ROWS = 16, a tensor-core product (rows past M masked)."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    rk = tl.arange(0, BLOCK_K)
+    rm = pid_m * ROWS + tl.arange(0, ROWS)
+    m_mask = rm < M
+    if LN:
+        # The row statistics in two passes (mean, then the mean square about it), as LayerNorm
+        # computes them: one pass of sums of squares loses digits on rows with a large mean.
+        total = tl.zeros([ROWS], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            mask = m_mask[:, None] & (k0 + rk < K)[None, :]
+            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+            total += tl.sum(x, axis=1)
+        mean = total / K
+        total = tl.zeros([ROWS], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            mask = m_mask[:, None] & (k0 + rk < K)[None, :]
+            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+            centred = tl.where(mask, x - mean[:, None], 0.0)
+            total += tl.sum(centred * centred, axis=1)
+        rstd = 1.0 / tl.sqrt(total / K + eps)
+    if ROWS == 1:
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
+    else:
+        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = k0 + rk < K
+        x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if LN:
+            g = tl.load(lnw_ptr + k0 + rk, mask=k_mask, other=0.0).to(tl.float32)
+            beta = tl.load(lnb_ptr + k0 + rk, mask=k_mask, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * g[None, :] + beta[None, :]
+            x = tl.where(k_mask[None, :], x, 0.0)
+        x = x.to(w_ptr.dtype.element_ty)  # the normalised rows in the model's dtype, as eager's LayerNorm gives them
+        w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if ROWS == 1:
+            acc2 += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
+        else:
+            acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+    if ROWS == 1:
+        acc = tl.sum(acc2, axis=1)[None, :]
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GELU:  # tanh GELU: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+        acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
+    mask = m_mask[:, None] & n_mask[None, :]
+    if RES:
+        acc += tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=mask, other=0.0).to(tl.float32)
+    acc = acc.to(out_ptr.dtype.element_ty)
+    if KV:
+        part = rn // C  # 0: q, 1: k, 2: v
+        within = rn % C
+        tl.store(out_ptr + rm[:, None] * C + within[None, :], acc, mask=mask & (part == 0)[None, :])
+        slot = tl.load(slots_ptr + rm % T, mask=m_mask, other=0)
+        offset = ((rm // T) * stride_b + slot * stride_s)[:, None] + \
+            ((within // HEAD_DIM) * stride_h + within % HEAD_DIM)[None, :]
+        tl.store(keys_ptr + offset, acc, mask=mask & (part == 1)[None, :])
+        tl.store(values_ptr + offset, acc, mask=mask & (part == 2)[None, :])
+    else:
+        tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc, mask=mask)
+
+
+def _attention_kernel(q_ptr, keys_ptr, values_ptr, mask_ptr, slots_ptr, out_ptr, T, L, scale,
+                      stride_b, stride_h, stride_s,
+                      C: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_L: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """out [B*T, C] = softmax(q k^T * scale, masked) v for one head (program 0) of one batch row
+    (program 1): q [B*T, C]; keys, values [B, n_head, L, HEAD_DIM]; mask [T, L] (nonzero: may
+    attend). Reads slots up to the last new token's (slots[T - 1]): nothing later is written."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    rt = tl.arange(0, BLOCK_T)
+    t_mask = rt < T
+    rd = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + (b * T + rt)[:, None] * C + h * HEAD_DIM + rd[None, :], mask=t_mask[:, None], other=0.0)
+    base = b * stride_b + h * stride_h
+    kv_len = tl.load(slots_ptr + T - 1) + 1
+    m_i = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_T], tl.float32)
+    acc = tl.zeros([BLOCK_T, HEAD_DIM], tl.float32)
+    for l0 in range(0, kv_len, BLOCK_L):
+        rl = l0 + tl.arange(0, BLOCK_L)
+        l_mask = rl < kv_len
+        k = tl.load(keys_ptr + base + rl[:, None] * stride_s + rd[None, :], mask=l_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale  # [BLOCK_T, BLOCK_L], float32
+        allowed = tl.load(mask_ptr + rt[:, None] * L + rl[None, :], mask=t_mask[:, None] & l_mask[None, :], other=0)
+        s = tl.where(allowed != 0, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that may attend to nothing yet: no NaN
+        p = tl.exp(s - m_use[:, None])
+        alpha = tl.exp(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(values_ptr + base + rl[:, None] * stride_s + rd[None, :], mask=l_mask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + (b * T + rt)[:, None] * C + h * HEAD_DIM + rd[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=t_mask[:, None])
+
+
+@functools.cache
+def _kernels():
+    """(linear, attention) as Triton kernels: compiled for a CUDA GPU or, where TRITON_INTERPRET=1
+    was set before Triton was imported, run by Triton's interpreter on CPU tensors."""
+    return triton.jit(_linear_kernel), triton.jit(_attention_kernel)
+
+
+def _kernels_for(x):
+    if triton is None:
+        raise RuntimeError("the fused decode step needs Triton (it comes with PyTorch's CUDA builds)")
+    if x.device.type != "cuda" and not triton.knobs.runtime.interpret:
+        raise RuntimeError(f"the fused kernels run on a CUDA GPU (these tensors are on {x.device.type}); on a "
+                           f"CPU only under Triton's interpreter (TRITON_INTERPRET=1 before Triton is imported)")
+    return _kernels()
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing block sizes: per (kernel flags, rows, N, K, dtype), timed on the GPU once.
+
+_chosen: dict[tuple, tuple] = {}
+
+
+def _choose(key, candidates, launch):
+    """The candidate that runs launch(candidate) fastest (the first without a GPU to time on, while
+    a graph is being recorded, or with GPT2_FUSED_TUNE=0); kept per key for the process."""
+    if key in _chosen:
+        return _chosen[key]
+    if (not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing()
+            or os.environ.get("GPT2_FUSED_TUNE", "1") == "0"):
+        return candidates[0]
+    times = []
+    for config in candidates:
+        launch(config)  # compiles it
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            launch(config)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    _chosen[key] = best = candidates[times.index(min(times))]
+    return best
+
+
+def chosen_configs() -> dict[tuple, tuple]:
+    """What was chosen so far: (flags, one row, N, K, dtype) -> (BLOCK_N, BLOCK_K, num_warps)."""
+    return dict(_chosen)
+
+
+# ---------------------------------------------------------------------------------------------
+# The step, in the terms of gpt2/model.py
+
+def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=None):
+    """x [M, K] -> [M, N]: (ln(x) if ln else x) @ weight.T + bias, then GELU, then + residual
+    [M, N]; one kernel. kv = (keys, values, slots [T], T) for c_attn: k and v go into the cache
+    at the slots and only q [M, C] comes back."""
+    M, K = x.shape
+    N = weight.shape[0]
+    linear, _ = _kernels_for(x)
+    interpret = x.device.type != "cuda"
+    C = N // 3 if kv else N
+    out = x.new_empty(M, C)
+    keys, values, slots, T = kv if kv else (out, out, out, 1)
+    strides = keys.stride()[:3] if kv else (0, 0, 0)
+    flags = (ln is not None, bias is not None, gelu, residual is not None, kv is not None)
+    one_row = M == 1
+    dummy = out  # pointers the flags leave unread
+
+    def launch(config):
+        block_n, block_k, warps = config
+        grid = (triton.cdiv(N, block_n), M if one_row else triton.cdiv(M, BLOCK_M))
+        linear[grid](x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy,
+                     out, ln.weight if ln is not None else dummy, ln.bias if ln is not None else dummy,
+                     keys, values, slots, M, N, K, T, ln.eps if ln is not None else 0.0, *strides,
+                     C=C if kv else 1, HEAD_DIM=keys.shape[3] if kv else 1,
+                     LN=flags[0], BIAS=flags[1], GELU=gelu, RES=flags[3], KV=flags[4],
+                     ROWS=1 if one_row else BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+                     DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps)
+
+    candidates = ROW_CONFIGS if one_row else TILE_CONFIGS
+    if interpret:  # the interpreter's time goes by programs: the largest tile
+        launch(max(candidates, key=lambda c: c[0] * c[1]))
+    else:
+        launch(_choose((flags, one_row, N, K, x.dtype), candidates, launch))
+    return out
+
+
+def fused_attention(q, keys, values, attn_mask, slots, B: int, T: int):
+    """q [B*T, C] of T new tokens per batch row -> [B*T, C]: attention over the cache buffers
+    keys, values [B, n_head, L, head_dim] (already holding the new tokens' k, v at `slots` [T]),
+    masked by attn_mask [T, L] (True: may attend)."""
+    n_head, head_dim = keys.shape[1], keys.shape[3]
+    if T > BLOCK_M:
+        raise ValueError(f"the fused attention takes at most {BLOCK_M} new rows, got {T}")
+    _, attention = _kernels_for(q)
+    out = torch.empty_like(q)
+    attention[(n_head, B)](q, keys, values, attn_mask, slots, out, T, attn_mask.shape[1], head_dim ** -0.5,
+                           *keys.stride()[:3], C=q.shape[1], HEAD_DIM=head_dim, BLOCK_T=BLOCK_M, BLOCK_L=BLOCK_L,
+                           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
+    return out
+
+
+def fused_block_step(block, x, keys, values, slots, attn_mask):
+    """One Block.forward in five kernels, over a fixed-size cache (block_step's arguments and result).
+
+    x [B, T, C]; keys, values [B, n_head, L, head_dim], this block's cache buffers, written at
+    `slots` [T]; attn_mask [T, L] bool (True = may attend). Returns [B, T, C]."""
+    B, T, C = x.shape
+    attn, mlp = block.attn, block.mlp
+    rows = x.reshape(B * T, C).contiguous()
+    q = fused_linear(rows, attn.c_attn.weight, attn.c_attn.bias, ln=block.ln_1, kv=(keys, values, slots, T))
+    y = fused_attention(q, keys, values, attn_mask, slots, B, T)
+    rows = fused_linear(y, attn.c_proj.weight, attn.c_proj.bias, residual=rows)
+    h = fused_linear(rows, mlp.c_fc.weight, mlp.c_fc.bias, ln=block.ln_2, gelu=True)
+    rows = fused_linear(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=rows)
+    return rows.view(B, T, C)
+
+
+def fused_head(model, x):
+    """ln_f and the tied head in one kernel: x [B, T, C] -> logits [B, T, vocab_size]."""
+    B, T, C = x.shape
+    logits = fused_linear(x.reshape(B * T, C).contiguous(), model.wte.weight, ln=model.ln_f)
+    return logits.view(B, T, -1)
