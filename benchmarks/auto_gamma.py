@@ -39,11 +39,13 @@ import statistics
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from gpt2 import load_gpt2
+from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.machine_load import busy_note, load_average
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
 from spec_decoding.theory import expected_tokens_by_position
@@ -269,20 +271,22 @@ def load_pairs(args) -> tuple[object, list[tuple[str, object]], str]:
     if args.target or args.draft:
         if not (args.target and args.draft):
             sys.exit("error: give both --target DIR and --draft DIR (a pair, e.g. runs/trained_pair/target and .../draft)")
-        target, draft = load_gpt2(args.target, dtype="float32"), load_gpt2(args.draft, dtype="float32")
+        target, draft = (load_gpt2(folder, device=args.device, dtype="float32", compile=COMPILE_FLAGS[args.compile])
+                         for folder in (args.target, args.draft))
         return target, [("given", draft)], f"the pair {args.target} / {args.draft}"
     target_dir, draft_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
                                          embedding_std=0.3)
-    target = load_gpt2(target_dir, dtype=args.dtype)
+    load = partial(load_gpt2, device=args.device, dtype=args.dtype, compile=COMPILE_FLAGS[args.compile])
+    target = load(target_dir)
     pairs = []
     if "pays" in args.pairs:
-        pairs.append(("pays", load_gpt2(draft_dir, dtype=args.dtype)))
+        pairs.append(("pays", load(draft_dir)))
     if "disagrees" in args.pairs:
         # Another seed's weights with small embeddings: this model does not copy its input as the
         # pair's large-embedding models do, so it never picks their next token.
         _, stranger_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
                                        embedding_std=0.02, seed=1)
-        pairs.append(("disagrees", load_gpt2(stranger_dir, dtype=args.dtype)))
+        pairs.append(("disagrees", load(stranger_dir)))
     return target, pairs, f"{args.size}-shaped stand-ins ({args.dtype})"
 
 
@@ -309,6 +313,9 @@ def main(argv=None) -> None:
                         help="seconds to measure each pair's CostModel (default 10; more is steadier on a busy machine)")
     parser.add_argument("--calibrate-rounds", type=int, default=7, help="at least this many rounds of it (default 7)")
     parser.add_argument("--threads", type=int, help="PyTorch threads (default: its own choice)")
+    parser.add_argument("--device", default="cpu", help="where the models run: cpu (default), cuda")
+    parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
+                        help="the models' decode path, as the scripts' --compile (e.g. fused on a GPU)")
     parser.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS), help="where the stand-ins are kept")
     parser.add_argument("--out", default="runs/auto-gamma", help="output folder (results.json, results.md)")
     args = parser.parse_args(argv)
@@ -356,7 +363,9 @@ def main(argv=None) -> None:
                              f"{r['auto_over_fixed_median']:.2f}", f"{r['plain_round_share']:.0%}"])
     results["load_average_start_end"] = [load_start, load_average()]
     m = results["machine"]
-    header = (f"{args.repeats} repeats, {models}, {m['torch_threads']} threads, {m['cpu']} ({m['cores']} cores), "
+    where = (f"{torch.cuda.get_device_name()} (--compile {args.compile}), host " if args.device == "cuda"
+             else "" if args.compile == "off" else f"--compile {args.compile}, ")
+    header = (f"{args.repeats} repeats, {models}, {where}{m['torch_threads']} threads, {m['cpu']} ({m['cores']} cores), "
               f"torch {m['torch']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
               f"{load_start:.1f} at the start, {load_average():.1f} at the end")
     if not args.breakdown:
