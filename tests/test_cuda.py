@@ -8,9 +8,13 @@ CI has none, a machine with a CUDA GPU runs them: docs/performance.md, "On a GPU
 - The compiled decode path (Triton kernels on a GPU) gives eager's logits and greedy tokens.
 - CUDA graphs of the step and the verifications (gpt2/speed/cuda_graph.py) give eager's logits and
   greedy tokens, and a second generation replays the graphs recorded in the first.
+- The fused step (gpt2/speed/fused_step.py: Triton kernels, recorded as CUDA graphs) gives eager's
+  float32 logits over steps and verifications, greedy speculative tokens equal to plain greedy with
+  a fused target and draft, and a second generation recording no new graph and compiling nothing.
 - bfloat16, the format `auto` picks on a GPU, stays within bfloat16's rounding of float32.
 """
 
+import os
 from functools import partial
 
 import pytest
@@ -20,6 +24,7 @@ from conftest import TINY, TINY_VOCAB
 from gpt2 import load_gpt2
 from gpt2.speed.compiled import compile_decode, eager, is_compiled
 from gpt2.speed.cuda_graph import graph_decode, is_graphed, ungraph
+from gpt2.speed.fused_step import chosen_configs
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
 
@@ -141,3 +146,29 @@ def test_compile_auto_on_gpu_chooses_between_eager_and_cuda_graphs(pair_dirs, ke
     use, why = kept
     assert is_graphed(model) == use and "ms a step" in why
     assert not is_compiled(model)
+
+
+@torch.inference_mode()
+def test_fused_step_on_gpu_equals_eager(pair_dirs):
+    target = load_gpt2(pair_dirs[0], device="cuda", dtype="float32")
+    chunks = CHUNKS + CHUNKS + [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]  # replayed; the 16-row bucket
+    expected = logits_of(target, PROMPT, chunks)
+    fused = load_gpt2(pair_dirs[0], device="cuda", dtype="float32", compile="fused")
+    assert is_graphed(fused) and fused.forward.path == "fused"
+    for e, c in zip(expected, logits_of(fused, PROMPT, chunks)):
+        torch.testing.assert_close(c, e, atol=2e-5, rtol=1e-5)
+    draft = load_gpt2(pair_dirs[1], device="cuda", dtype="float32", compile="fused")
+    plain = autoregressive_generate(target, PROMPT, 40).tokens
+    for gamma in (3, 5, 8):
+        result = speculative_sampling_greedy(fused, draft, PROMPT, 40, gamma=gamma)
+        assert result.tokens == plain, f"gamma={gamma}"
+    graphs = len(fused.forward.graphs) + len(draft.forward.graphs)
+    assert speculative_sampling_greedy(fused, draft, PROMPT, 40, gamma=5).tokens == plain
+    # replayed, none recorded (the kernels are launched, and compiled, only while recording)
+    assert len(fused.forward.graphs) + len(draft.forward.graphs) == graphs
+    # bfloat16, what auto picks here: within its rounding of its own eager logits
+    half = load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16")
+    eager_half = logits_of(half, PROMPT, chunks)
+    for e, c in zip(eager_half, logits_of(graph_decode(half, fused=True), PROMPT, chunks)):
+        torch.testing.assert_close(c, e, atol=0.02 * e.abs().max().item(), rtol=0.02)
+    assert chosen_configs() or os.environ.get("GPT2_FUSED_TUNE") == "0"  # block sizes timed on this GPU

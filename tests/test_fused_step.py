@@ -30,6 +30,7 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or triton.knobs.r
 # off by O(1) (test_a_wrong_mask_or_slot_is_far_above_the_tolerance).
 TOLERANCE = dict(atol=2e-5, rtol=1e-5)
 BUFFER = 24  # cache slots
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels on a GPU, else interpreted
 
 
 def tiny_model(config=TINY, seed=0):
@@ -37,7 +38,7 @@ def tiny_model(config=TINY, seed=0):
     model = GPT2(config).eval()
     for p in model.parameters():  # random LayerNorm weights and biases too: the kernels read them
         torch.nn.init.normal_(p, std=0.3)
-    return model
+    return model.to(DEVICE)
 
 
 def block_inputs(B, T, start, seed, config=TINY, mask="causal"):
@@ -51,8 +52,9 @@ def block_inputs(B, T, start, seed, config=TINY, mask="causal"):
         attn_mask[:, :start] = True
         attn_mask[:, start:] &= torch.ones(T, T, dtype=torch.bool).tril()
         attn_mask[:, start:] |= torch.eye(T, dtype=torch.bool)
-    slots, _, full_mask = fixed_size_inputs(start, T, BUFFER, None, attn_mask, "cpu")
-    return x, keys, values, slots, full_mask
+        attn_mask = attn_mask.to(DEVICE)
+    slots, _, full_mask = fixed_size_inputs(start, T, BUFFER, None, attn_mask, DEVICE)
+    return x.to(DEVICE), keys.to(DEVICE), values.to(DEVICE), slots, full_mask
 
 
 @pytest.mark.parametrize("B, T, start, mask", [(1, 1, 5, "causal"), (1, 5, 3, "causal"), (2, 3, 7, "causal"),
@@ -89,9 +91,9 @@ def test_a_wrong_mask_or_slot_is_far_above_the_tolerance():
 @torch.inference_mode()
 def test_the_graphed_fused_path_gives_eager_logits_and_exact_greedy_speculation(make_checkpoint):
     folder = make_checkpoint(TINY, seed=3, std=0.3, embedding_std=1.0)
-    model = load_gpt2(folder, dtype="float32")
-    prompt = torch.tensor([[5, 17, 3, 99, 42]])
-    chunks = [torch.tensor([c]) for c in ([7], [1, 2, 3, 4, 5], [9], [11, 12], [8], [1, 2, 3, 4, 5])]
+    model = load_gpt2(folder, device=DEVICE, dtype="float32")
+    prompt = torch.tensor([[5, 17, 3, 99, 42]], device=DEVICE)
+    chunks = [torch.tensor([c], device=DEVICE) for c in ([7], [1, 2, 3, 4, 5], [9], [11, 12], [8], [1, 2, 3, 4, 5])]
 
     def logits_of():
         cache = model.new_kv_cache(max_len=30)
@@ -104,8 +106,8 @@ def test_the_graphed_fused_path_gives_eager_logits_and_exact_greedy_speculation(
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, **TOLERANCE)
     assert len(model.forward.graphs) == 3  # buckets of 1, 2 and 8 rows: one graph each, replayed
-    draft = load_gpt2(folder, dtype="float32")  # eager: the target's calls are the ones under test
-    plain = autoregressive_generate(load_gpt2(folder, dtype="float32"), [5, 17, 3], 10).tokens
+    draft = load_gpt2(folder, device=DEVICE, dtype="float32")  # eager: the target's calls are the ones under test
+    plain = autoregressive_generate(load_gpt2(folder, device=DEVICE, dtype="float32"), [5, 17, 3], 10).tokens
     result = speculative_sampling_greedy(model, draft, [5, 17, 3], 10, gamma=4)
     assert result.tokens == plain
 

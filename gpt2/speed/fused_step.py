@@ -49,7 +49,8 @@ ROW_CONFIGS = ((8, 256, 4), (4, 512, 4), (16, 256, 4), (8, 512, 8), (16, 512, 8)
 # ... and for 2 to 16 rows (BLOCK_M = 16, a tensor-core product; BLOCK_N and BLOCK_K >= 16).
 TILE_CONFIGS = ((16, 128, 4), (32, 128, 4), (32, 64, 4), (64, 64, 4))
 BLOCK_M = 16  # rows of one tile; also the most rows the attention kernel takes per head
-BLOCK_L = 64  # cache slots per step of the attention kernel's loop
+# Cache slots per step of the attention kernel's loop (float32 tiles take twice the shared memory)
+BLOCK_L = {torch.float32: 64, torch.bfloat16: 128, torch.float16: 128}
 
 
 def why_not_fused(model) -> str | None:
@@ -76,7 +77,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
                    M, N, K, T, eps, stride_b, stride_h, stride_s,
                    C: tl.constexpr, HEAD_DIM: tl.constexpr, LN: tl.constexpr, BIAS: tl.constexpr,
                    GELU: tl.constexpr, RES: tl.constexpr, KV: tl.constexpr,
-                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_POW2: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     """out [M, N] = (LN(x) if LN else x) [M, K] @ w [N, K].T (+ bias) (GELU) (+ res [M, N]).
 
@@ -94,19 +95,27 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
     if LN:
         # The row statistics in two passes (mean, then the mean square about it), as LayerNorm
         # computes them: one pass of sums of squares loses digits on rows with a large mean.
-        total = tl.zeros([ROWS], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            mask = m_mask[:, None] & (k0 + rk < K)[None, :]
-            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=mask, other=0.0).to(tl.float32)
-            total += tl.sum(x, axis=1)
-        mean = total / K
-        total = tl.zeros([ROWS], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            mask = m_mask[:, None] & (k0 + rk < K)[None, :]
-            x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=mask, other=0.0).to(tl.float32)
-            centred = tl.where(mask, x - mean[:, None], 0.0)
-            total += tl.sum(centred * centred, axis=1)
-        rstd = 1.0 / tl.sqrt(total / K + eps)
+        if ROWS == 1:  # the whole row at once, in registers: one load's latency, not a loop's
+            rk_all = tl.arange(0, K_POW2)
+            row = tl.load(x_ptr + rm[:, None] * K + rk_all[None, :], mask=(rk_all < K)[None, :], other=0.0)
+            row = row.to(tl.float32)
+            mean = tl.sum(row, axis=1) / K
+            centred = tl.where((rk_all < K)[None, :], row - mean[:, None], 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / K + eps)
+        else:
+            total = tl.zeros([ROWS], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                mask = m_mask[:, None] & (k0 + rk < K)[None, :]
+                x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+                total += tl.sum(x, axis=1)
+            mean = total / K
+            total = tl.zeros([ROWS], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                mask = m_mask[:, None] & (k0 + rk < K)[None, :]
+                x = tl.load(x_ptr + rm[:, None] * K + k0 + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+                centred = tl.where(mask, x - mean[:, None], 0.0)
+                total += tl.sum(centred * centred, axis=1)
+            rstd = 1.0 / tl.sqrt(total / K + eps)
     if ROWS == 1:
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
     else:
@@ -162,7 +171,7 @@ def _attention_kernel(q_ptr, keys_ptr, values_ptr, mask_ptr, slots_ptr, out_ptr,
     rd = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (b * T + rt)[:, None] * C + h * HEAD_DIM + rd[None, :], mask=t_mask[:, None], other=0.0)
     base = b * stride_b + h * stride_h
-    kv_len = tl.load(slots_ptr + T - 1) + 1
+    kv_len = (tl.load(slots_ptr + T - 1) + 1).to(tl.int32)
     m_i = tl.full([BLOCK_T], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_T], tl.float32)
     acc = tl.zeros([BLOCK_T, HEAD_DIM], tl.float32)
@@ -263,6 +272,7 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
                      C=C if kv else 1, HEAD_DIM=keys.shape[3] if kv else 1,
                      LN=flags[0], BIAS=flags[1], GELU=gelu, RES=flags[3], KV=flags[4],
                      ROWS=1 if one_row else BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+                     K_POW2=triton.next_power_of_2(K) if ln is not None and one_row else 16,
                      DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps)
 
     candidates = ROW_CONFIGS if one_row else TILE_CONFIGS
@@ -283,7 +293,7 @@ def fused_attention(q, keys, values, attn_mask, slots, B: int, T: int):
     _, attention = _kernels_for(q)
     out = torch.empty_like(q)
     attention[(n_head, B)](q, keys, values, attn_mask, slots, out, T, attn_mask.shape[1], head_dim ** -0.5,
-                           *keys.stride()[:3], C=q.shape[1], HEAD_DIM=head_dim, BLOCK_T=BLOCK_M, BLOCK_L=BLOCK_L,
+                           *keys.stride()[:3], C=q.shape[1], HEAD_DIM=head_dim, BLOCK_T=BLOCK_M, BLOCK_L=BLOCK_L[q.dtype],
                            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
     return out
 
