@@ -138,6 +138,7 @@ def test_the_algorithms_do_not_import_the_trace(module):
 # The benchmarks that compare against transformers' own GPT-2 (each imports it inside the function
 # that runs the comparison, and says what to install when it is missing), and the probe they ask.
 TRANSFORMERS_COMPARISONS = {"benchmarks.hf_assisted", "benchmarks.model_speed", "benchmarks.speculative_speed",
+                            "benchmarks.compiled_speed",
                             "benchmarks.common"}
 
 
