@@ -114,6 +114,65 @@ def measure_format(folder, fmt: str, context: int, rounds: int, paths: list[str]
     return result
 
 
+def graph_microseconds(call, launches: int = 20, replays: int = 10) -> float:
+    """Microseconds of one call() on a CUDA GPU, as it runs in a recorded step: `launches` calls
+    recorded as one CUDA graph, replayed (Python launches one at a time would time the launching)."""
+    call()  # compiles, tunes
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (launches * replays)
+
+
+@torch.inference_mode()
+def fused_kernel_times(model, context: int, rows=(1, 5), timer=graph_microseconds) -> list[dict]:
+    """Each fused kernel of block 0 (and ln_f with the head) alone: microseconds for `rows` new
+    rows on a cache holding `context` positions, and the bytes it must read (weights; the cache
+    for attention) per microsecond. Their sum over the blocks against the measured step shows
+    what the step spends between kernels."""
+    from gpt2.speed.compiled import fixed_size_inputs
+    from gpt2.speed.fused_step import fused_attention, fused_head, fused_linear
+
+    c, block = model.config, model.h[0]
+    w = model.wte.weight
+    head_dim = c.n_embd // c.n_head
+    keys, values = (torch.zeros(1, c.n_head, c.n_positions, head_dim, device=w.device, dtype=w.dtype)
+                    for _ in range(2))
+    found = []
+    for T in rows:
+        x = torch.randn(T, c.n_embd, device=w.device, dtype=w.dtype)
+        h = torch.randn(T, 4 * c.n_embd, device=w.device, dtype=w.dtype)
+        slots, _, mask = fixed_size_inputs(context, T, c.n_positions, None, None, w.device)
+        attn, mlp = block.attn, block.mlp
+        calls = {
+            "ln_1 + c_attn (k, v to the cache)": (lambda: fused_linear(
+                x, attn.c_attn.weight, attn.c_attn.bias, ln=block.ln_1, kv=(keys, values, slots, T)), attn.c_attn.weight),
+            "attention": (lambda: fused_attention(x, keys, values, mask, slots, 1, T), None),
+            "attn.c_proj + residual": (lambda: fused_linear(x, attn.c_proj.weight, attn.c_proj.bias, residual=x),
+                                       attn.c_proj.weight),
+            "ln_2 + c_fc + GELU": (lambda: fused_linear(x, mlp.c_fc.weight, mlp.c_fc.bias, ln=block.ln_2, gelu=True),
+                                   mlp.c_fc.weight),
+            "mlp.c_proj + residual": (lambda: fused_linear(h, mlp.c_proj.weight, mlp.c_proj.bias, residual=x),
+                                      mlp.c_proj.weight),
+            "ln_f + head": (lambda: fused_head(model, x.view(1, T, -1)), w),
+        }
+        for name, (call, weight) in calls.items():
+            us = timer(call)
+            nbytes = (weight.numel() * weight.element_size() if weight is not None
+                      else 2 * (context + T) * c.n_embd * w.element_size())
+            found.append({"rows": T, "kernel": name, "us": us, "gb_per_s": nbytes / us / 1e3,
+                          "per_step": 1 if name == "ln_f + head" else c.n_layer})
+    return found
+
+
 @torch.inference_mode()
 def generate_side_by_side(folder, fmt: str, paths: list[str], device, tokens: int, prompt_len: int,
                           repeats: int) -> dict:
@@ -186,6 +245,8 @@ def main(argv=None):
                    "report c, its step over the target's")
     p.add_argument("--transformers", action="store_true",
                    help="a GPU: also generate with transformers (eager; static cache + torch.compile) beside ours")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="a GPU: each fused kernel alone (recorded, replayed) beside its bytes, per row count")
     p.add_argument("--tokens", type=int, default=128, help="--transformers: greedy tokens generated (default 128)")
     p.add_argument("--generate-repeats", type=int, default=3, help="--transformers: timed rounds (default 3)")
     p.add_argument("--threads", type=int, default=2)
@@ -202,6 +263,8 @@ def main(argv=None):
                 f"{', '.join(sorted(GPU_FORMATS))} (the others are CPU kernels' formats)")
     if GRAPH_PATHS & set(args.paths) and device.type != "cuda":
         p.error("--paths graph, compiled-graph, fused: CUDA graphs need a CUDA GPU (--device cuda)")
+    if args.kernel_times and device.type != "cuda":
+        p.error("--kernel-times: the fused kernels are timed on a GPU (--device cuda)")
     if args.transformers and device.type != "cuda":
         p.error("--transformers: the side-by-side generation is for a GPU (--device cuda)")
     if args.transformers and (message := transformers_missing("--transformers")):
@@ -214,6 +277,11 @@ def main(argv=None):
         draft_folder = standin_checkpoint(args.draft_model, args.checkpoints)
         drafts = {fmt: measure_format(draft_folder, fmt, args.context, args.rounds, args.paths, device)
                   for fmt in args.formats}
+    kernel_times = None
+    if args.kernel_times:
+        model = load_gpt2(folder, device=device, **FORMATS[args.formats[0]])
+        kernel_times = fused_kernel_times(model, args.context, rows=(1, VERIFY_ROWS))
+        del model
     generated = (generate_side_by_side(folder, args.formats[0], args.paths, device, args.tokens, 32,
                                        args.generate_repeats) if args.transformers else None)
     bandwidth = measure_read_bandwidth(device=device)
@@ -248,6 +316,17 @@ def main(argv=None):
         md += (f"\n{args.draft_model}-shaped draft beside the {args.target_model}-shaped target, same rounds:\n\n"
                + markdown_table(["format", "path", "draft step ms", "target step ms", "c = draft / target",
                                  "bytes draft / target"], rows) + "\n")
+    if kernel_times:
+        r = results[args.formats[0]]
+        rows = [[k["rows"], k["kernel"], f"{k['us']:.1f}", f"{k['gb_per_s']:,.0f}", k["per_step"],
+                 f"{k['us'] * k['per_step'] / 1e3:.3f}"] for k in kernel_times]
+        for T, measured in ((1, r.get("fused_step_median")), (VERIFY_ROWS, r.get("fused_verify_median"))):
+            total = sum(k["us"] * k["per_step"] for k in kernel_times if k["rows"] == T) / 1e3
+            rows.append([T, "**all, one after another**", "", "", "", f"{total:.3f}" + (
+                f" (the recorded step: {measured * 1e3:.3f})" if measured else "")])
+        md += (f"\nThe fused kernels alone ({args.formats[0]}, block 0 and the head, each recorded 20 times in a "
+               f"CUDA graph and replayed; read bandwidth {gbs:,.0f} GB/s):\n\n"
+               + markdown_table(["rows", "kernel", "us", "GB/s read", "a step runs it", "ms a step"], rows) + "\n")
     if generated:
         floor = results[args.formats[0]]["weight_bytes"] / BYTES_PER_GB / gbs
         rows = []
@@ -263,7 +342,7 @@ def main(argv=None):
     print("\n" + md)
     write_results(args.out, {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
                              "read_bandwidth": bandwidth, "formats": results, "draft_formats": drafts,
-                             "generate": generated,
+                             "generate": generated, "fused_kernel_times": kernel_times,
                              "fused_configs": {str(k): v for k, v in chosen_configs().items()}}, md)
 
 

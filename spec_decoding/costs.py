@@ -318,7 +318,8 @@ def _sampled_round(target: GPT2, target_cache, draft: GPT2, context: list[int], 
     drafter.start(context, 4)
 
     def one_round():
-        tokens = context + [int(torch.randint(draft.config.vocab_size, (), generator=generator))]
+        tokens = context + [int(torch.randint(draft.config.vocab_size, (), generator=generator,
+                                              device=generator.device))]  # a GPU's generator draws there
         draft_tokens, draft_probs = drafter.propose(tokens, 1, 1.0, None, None, generator)
         target_probs = logits_to_probs(target_forward(target, target_cache, tokens, draft_tokens), 1.0)
         modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)

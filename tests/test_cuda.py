@@ -172,3 +172,13 @@ def test_fused_step_on_gpu_equals_eager(pair_dirs):
     for e, c in zip(eager_half, logits_of(graph_decode(half, fused=True), PROMPT, chunks)):
         torch.testing.assert_close(c, e, atol=0.02 * e.abs().max().item(), rtol=0.02)
     assert chosen_configs() or os.environ.get("GPT2_FUSED_TUNE") == "0"  # block sizes timed on this GPU
+
+
+def test_the_cost_model_calibrates_on_gpu_with_the_fused_step(pair_dirs):
+    """--gamma auto measures its costs on the models as they run: on a GPU its sampled round draws
+    with a generator of the GPU (a draw from it must be made there)."""
+    from spec_decoding import CostModel
+    target, draft = (load_gpt2(folder, device="cuda", dtype="float32", compile="fused") for folder in pair_dirs[:2])
+    costs = CostModel.calibrate(target, draft, gamma_max=2, budget_s=0.2, min_rounds=1)
+    assert costs.draft_step_s > 0 and costs.sample_s > 0 and costs.sampled_round_extra_s >= 0
+    assert 0 <= costs.sampled().break_even_alpha() <= 1

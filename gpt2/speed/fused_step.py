@@ -43,12 +43,19 @@ except ImportError:  # a CPU-only PyTorch comes without Triton; the fused path t
     triton = None
     tl = types.SimpleNamespace(constexpr=None)  # so that the kernels' signatures below still read
 
-# (BLOCK_N, BLOCK_K, num_warps) tried for one row (a matrix-vector product): the first is the
-# default, the rest are timed against it on a GPU.
-ROW_CONFIGS = ((8, 256, 4), (4, 512, 4), (16, 256, 4), (8, 512, 8), (16, 512, 8), (32, 128, 4))
-# ... and for 2 to 16 rows (BLOCK_M = 16, a tensor-core product; BLOCK_N and BLOCK_K >= 16).
-TILE_CONFIGS = ((16, 128, 4), (32, 128, 4), (32, 64, 4), (64, 64, 4))
-BLOCK_M = 16  # rows of one tile; also the most rows the attention kernel takes per head
+# (BLOCK_N, BLOCK_K, num_warps) tried per row count (1, 2, 4, 8: the vector units; 16: tensor
+# cores, BLOCK_N and BLOCK_K >= 16). The first is the default; on a GPU the rest are timed against
+# it. Small BLOCK_N makes many programs: at batch 1 the products are small, and a GPU reads its
+# memory fast only with many reads in flight.
+CONFIGS = {
+    1: ((8, 256, 4), (2, 1024, 4), (1, 2048, 8), (2, 2048, 8), (4, 1024, 8), (4, 512, 4), (8, 512, 8),
+        (16, 256, 4), (32, 128, 4)),
+    2: ((4, 512, 4), (2, 1024, 4), (1, 2048, 8), (4, 1024, 8), (8, 256, 4)),
+    4: ((2, 512, 4), (1, 1024, 4), (2, 1024, 8), (4, 512, 8), (8, 256, 8)),
+    8: ((2, 256, 4), (1, 1024, 8), (1, 512, 4), (2, 512, 8), (4, 256, 8)),
+    16: ((16, 128, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8), (32, 128, 4), (64, 64, 4)),
+}
+BLOCK_M = 16  # the most rows of one program; also the most rows the attention kernel takes per head
 # Cache slots per step of the attention kernel's loop (float32 tiles take twice the shared memory)
 BLOCK_L = {torch.float32: 64, torch.bfloat16: 128, torch.float16: 128}
 
@@ -83,8 +90,9 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
 
     KV (c_attn): the N = 3C columns are q, k, v; q goes to out [M, C], and k, v of row m (batch
     m // T, new token m % T) into keys/values [B, n_head, slots, HEAD_DIM] at slot slots[m % T].
-    Each program makes BLOCK_N outputs of ROWS rows: ROWS = 1, a matrix-vector product on the
-    vector units; ROWS = 16, a tensor-core product (rows past M masked)."""
+    Each program makes BLOCK_N outputs of ROWS rows (rows past M masked): ROWS = 1 to 8 on the
+    vector units (each weight read once, multiplied into every row), ROWS = 16 a tensor-core
+    product."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -95,9 +103,10 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
     if LN:
         # The row statistics in two passes (mean, then the mean square about it), as LayerNorm
         # computes them: one pass of sums of squares loses digits on rows with a large mean.
-        if ROWS == 1:  # the whole row at once, in registers: one load's latency, not a loop's
+        if ROWS <= 8:  # the whole rows at once, in registers: one load's latency, not a loop's
             rk_all = tl.arange(0, K_POW2)
-            row = tl.load(x_ptr + rm[:, None] * K + rk_all[None, :], mask=(rk_all < K)[None, :], other=0.0)
+            row = tl.load(x_ptr + rm[:, None] * K + rk_all[None, :], mask=m_mask[:, None] & (rk_all < K)[None, :],
+                          other=0.0)
             row = row.to(tl.float32)
             mean = tl.sum(row, axis=1) / K
             centred = tl.where((rk_all < K)[None, :], row - mean[:, None], 0.0)
@@ -132,6 +141,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
         w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if ROWS == 1:
             acc2 += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
+        elif ROWS <= 8:  # [ROWS, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], summed over K
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
         else:
             acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
     if ROWS == 1:
@@ -212,7 +223,7 @@ def _kernels_for(x):
 
 
 # ---------------------------------------------------------------------------------------------
-# Choosing block sizes: per (kernel flags, rows, N, K, dtype), timed on the GPU once.
+# Choosing block sizes: per (kernel flags, rows of a program, N, K, dtype), timed on the GPU once.
 
 _chosen: dict[tuple, tuple] = {}
 
@@ -227,7 +238,11 @@ def _choose(key, candidates, launch):
         return candidates[0]
     times = []
     for config in candidates:
-        launch(config)  # compiles it
+        try:
+            launch(config)  # compiles it
+        except triton.runtime.errors.OutOfResources:  # more shared memory than this GPU has
+            times.append(float("inf"))
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(10):
@@ -240,7 +255,7 @@ def _choose(key, candidates, launch):
 
 
 def chosen_configs() -> dict[tuple, tuple]:
-    """What was chosen so far: (flags, one row, N, K, dtype) -> (BLOCK_N, BLOCK_K, num_warps)."""
+    """What was chosen so far: (flags, rows, N, K, dtype) -> (BLOCK_N, BLOCK_K, num_warps)."""
     return dict(_chosen)
 
 
@@ -260,26 +275,26 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
     keys, values, slots, T = kv if kv else (out, out, out, 1)
     strides = keys.stride()[:3] if kv else (0, 0, 0)
     flags = (ln is not None, bias is not None, gelu, residual is not None, kv is not None)
-    one_row = M == 1
+    rows = triton.next_power_of_2(M) if M <= 8 else BLOCK_M  # the rows of one program
     dummy = out  # pointers the flags leave unread
 
     def launch(config):
         block_n, block_k, warps = config
-        grid = (triton.cdiv(N, block_n), M if one_row else triton.cdiv(M, BLOCK_M))
+        grid = (triton.cdiv(N, block_n), triton.cdiv(M, rows))
         linear[grid](x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy,
                      out, ln.weight if ln is not None else dummy, ln.bias if ln is not None else dummy,
                      keys, values, slots, M, N, K, T, ln.eps if ln is not None else 0.0, *strides,
                      C=C if kv else 1, HEAD_DIM=keys.shape[3] if kv else 1,
                      LN=flags[0], BIAS=flags[1], GELU=gelu, RES=flags[3], KV=flags[4],
-                     ROWS=1 if one_row else BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-                     K_POW2=triton.next_power_of_2(K) if ln is not None and one_row else 16,
+                     ROWS=rows, BLOCK_N=block_n, BLOCK_K=block_k,
+                     K_POW2=triton.next_power_of_2(K) if ln is not None and rows <= 8 else 16,
                      DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps)
 
-    candidates = ROW_CONFIGS if one_row else TILE_CONFIGS
-    if interpret:  # the interpreter's time goes by programs: the largest tile
-        launch(max(candidates, key=lambda c: c[0] * c[1]))
+    candidates = CONFIGS[rows]
+    if interpret:  # the interpreter's time goes by programs and tile sizes: a tile of the product's size
+        launch((min(32, max(16, triton.next_power_of_2(N))), min(256, max(16, triton.next_power_of_2(K))), 4))
     else:
-        launch(_choose((flags, one_row, N, K, x.dtype), candidates, launch))
+        launch(_choose((flags, rows, N, K, x.dtype), candidates, launch))
     return out
 
 
