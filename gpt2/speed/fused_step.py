@@ -43,19 +43,25 @@ except ImportError:  # a CPU-only PyTorch comes without Triton; the fused path t
     triton = None
     tl = types.SimpleNamespace(constexpr=None)  # so that the kernels' signatures below still read
 
-# (BLOCK_N, BLOCK_K, num_warps) tried per row count (1, 2, 4, 8: the vector units; 16: tensor
-# cores, BLOCK_N and BLOCK_K >= 16). The first is the default; on a GPU the rest are timed against
-# it. Small BLOCK_N makes many programs: at batch 1 the products are small, and a GPU reads its
-# memory fast only with many reads in flight.
-CONFIGS = {
+# (BLOCK_N, BLOCK_K, num_warps) tried per rows of a program: 1, 2, 4, 8 on the vector units;
+# BLOCK_M = 16 on tensor cores (BLOCK_N and BLOCK_K >= 16), also tried for 2 to 8 rows. The first
+# is the default; on a GPU the rest are timed against it. Small BLOCK_N makes many programs: at
+# batch 1 the products are small, and a GPU reads its memory fast only with many reads in flight.
+VECTOR_CONFIGS = {
     1: ((8, 256, 4), (2, 1024, 4), (1, 2048, 8), (2, 2048, 8), (4, 1024, 8), (4, 512, 4), (8, 512, 8),
         (16, 256, 4), (32, 128, 4)),
     2: ((4, 512, 4), (2, 1024, 4), (1, 2048, 8), (4, 1024, 8), (8, 256, 4)),
     4: ((2, 512, 4), (1, 1024, 4), (2, 1024, 8), (4, 512, 8), (8, 256, 8)),
     8: ((2, 256, 4), (1, 1024, 8), (1, 512, 4), (2, 512, 8), (4, 256, 8)),
-    16: ((16, 128, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8), (32, 128, 4), (64, 64, 4)),
 }
+DOT_CONFIGS = ((16, 128, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8), (32, 128, 4), (64, 64, 4))
 BLOCK_M = 16  # the most rows of one program; also the most rows the attention kernel takes per head
+
+
+def candidates(M: int) -> list[tuple[int, int, int, int]]:
+    """(rows of a program, BLOCK_N, BLOCK_K, num_warps) tried for a product of M rows."""
+    vector = [(triton.next_power_of_2(M), *c) for c in VECTOR_CONFIGS.get(triton.next_power_of_2(M), ())]
+    return vector + ([(BLOCK_M, *c) for c in DOT_CONFIGS] if M > 1 else [])
 # Cache slots per step of the attention kernel's loop (float32 tiles take twice the shared memory)
 BLOCK_L = {torch.float32: 64, torch.bfloat16: 128, torch.float16: 128}
 
@@ -236,26 +242,35 @@ def _choose(key, candidates, launch):
     if (not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing()
             or os.environ.get("GPT2_FUSED_TUNE", "1") == "0"):
         return candidates[0]
-    times = []
-    for config in candidates:
-        try:
-            launch(config)  # compiles it
-        except triton.runtime.errors.OutOfResources:  # more shared memory than this GPU has
-            times.append(float("inf"))
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            launch(config)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = [_graph_seconds(lambda: launch(config)) for config in candidates]
     _chosen[key] = best = candidates[times.index(min(times))]
     return best
 
 
+def _graph_seconds(call, launches: int = 10, replays: int = 3) -> float:
+    """Seconds of `launches` calls recorded as one CUDA graph, replayed: the kernel's time as it
+    runs in a recorded step (Python's launches, one at a time, would time the launching);
+    infinite for a candidate that does not fit this GPU."""
+    try:
+        call()  # compiles it
+    except triton.runtime.errors.OutOfResources:  # more shared memory than this GPU has
+        return float("inf")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
 def chosen_configs() -> dict[tuple, tuple]:
-    """What was chosen so far: (flags, rows, N, K, dtype) -> (BLOCK_N, BLOCK_K, num_warps)."""
+    """What was chosen so far: (flags, M, N, K, dtype) -> (rows of a program, BLOCK_N, BLOCK_K, num_warps)."""
     return dict(_chosen)
 
 
@@ -275,11 +290,10 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
     keys, values, slots, T = kv if kv else (out, out, out, 1)
     strides = keys.stride()[:3] if kv else (0, 0, 0)
     flags = (ln is not None, bias is not None, gelu, residual is not None, kv is not None)
-    rows = triton.next_power_of_2(M) if M <= 8 else BLOCK_M  # the rows of one program
     dummy = out  # pointers the flags leave unread
 
     def launch(config):
-        block_n, block_k, warps = config
+        rows, block_n, block_k, warps = config
         grid = (triton.cdiv(N, block_n), triton.cdiv(M, rows))
         linear[grid](x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy,
                      out, ln.weight if ln is not None else dummy, ln.bias if ln is not None else dummy,
@@ -290,11 +304,11 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
                      K_POW2=triton.next_power_of_2(K) if ln is not None and rows <= 8 else 16,
                      DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps)
 
-    candidates = CONFIGS[rows]
     if interpret:  # the interpreter's time goes by programs and tile sizes: a tile of the product's size
-        launch((min(32, max(16, triton.next_power_of_2(N))), min(256, max(16, triton.next_power_of_2(K))), 4))
+        launch((triton.next_power_of_2(M) if M <= 8 else BLOCK_M, min(32, max(16, triton.next_power_of_2(N))),
+                min(256, max(16, triton.next_power_of_2(K))), 4))
     else:
-        launch(_choose((flags, rows, N, K, x.dtype), candidates, launch))
+        launch(_choose((flags, triton.next_power_of_2(M), N, K, x.dtype), candidates(M), launch))
     return out
 
 
