@@ -181,4 +181,5 @@ def test_the_cost_model_calibrates_on_gpu_with_the_fused_step(pair_dirs):
     target, draft = (load_gpt2(folder, device="cuda", dtype="float32", compile="fused") for folder in pair_dirs[:2])
     costs = CostModel.calibrate(target, draft, gamma_max=2, budget_s=0.2, min_rounds=1)
     assert costs.draft_step_s > 0 and costs.sample_s > 0 and costs.sampled_round_extra_s >= 0
-    assert 0 <= costs.sampled().break_even_alpha() <= 1
+    alpha = costs.sampled().break_even_alpha()  # None: drafting never pays (c near 1 on tiny models)
+    assert alpha is None or 0 <= alpha <= 1

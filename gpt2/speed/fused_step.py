@@ -131,8 +131,8 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
                 centred = tl.where(mask, x - mean[:, None], 0.0)
                 total += tl.sum(centred * centred, axis=1)
             rstd = 1.0 / tl.sqrt(total / K + eps)
-    if ROWS == 1:
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced once, after the loop
+    if ROWS <= 8:  # products summed elementwise, reduced over K once, after the loop
+        acc3 = tl.zeros([ROWS, BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -145,14 +145,12 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, res_ptr, out_ptr, lnw_ptr, lnb_ptr, keys
             x = tl.where(k_mask[None, :], x, 0.0)
         x = x.to(w_ptr.dtype.element_ty)  # the normalised rows in the model's dtype, as eager's LayerNorm gives them
         w = tl.load(w_ptr + rn[:, None] * K + k0 + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if ROWS == 1:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
-        elif ROWS <= 8:  # [ROWS, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], summed over K
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        if ROWS <= 8:  # [ROWS, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K]
+            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
         else:
             acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
-    if ROWS == 1:
-        acc = tl.sum(acc2, axis=1)[None, :]
+    if ROWS <= 8:
+        acc = tl.sum(acc3, axis=2)
     if BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if GELU:  # tanh GELU: 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
