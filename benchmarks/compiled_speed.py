@@ -272,16 +272,18 @@ def main(argv=None):
     folder = standin_checkpoint(args.target_model, args.checkpoints)
     results = {fmt: measure_format(folder, fmt, args.context, args.rounds, args.paths, device)
                for fmt in args.formats}
-    drafts = {}
-    if args.draft_model:
-        draft_folder = standin_checkpoint(args.draft_model, args.checkpoints)
-        drafts = {fmt: measure_format(draft_folder, fmt, args.context, args.rounds, args.paths, device)
-                  for fmt in args.formats}
     kernel_times = None
     if args.kernel_times:
         model = load_gpt2(folder, device=device, **FORMATS[args.formats[0]])
         kernel_times = fused_kernel_times(model, args.context, rows=(1, VERIFY_ROWS))
         del model
+        for k in kernel_times:  # now: a later stage may run out of time
+            print(f"  fused kernel, {k['rows']} row(s): {k['kernel']} {k['us']:.1f} us, {k['gb_per_s']:,.0f} GB/s", flush=True)
+    drafts = {}
+    if args.draft_model:
+        draft_folder = standin_checkpoint(args.draft_model, args.checkpoints)
+        drafts = {fmt: measure_format(draft_folder, fmt, args.context, args.rounds, args.paths, device)
+                  for fmt in args.formats}
     generated = (generate_side_by_side(folder, args.formats[0], args.paths, device, args.tokens, 32,
                                        args.generate_repeats) if args.transformers else None)
     bandwidth = measure_read_bandwidth(device=device)
