@@ -3,6 +3,7 @@ layout of the Hugging Face hub files (random weights: the hub is unreachable off
 
 import atexit
 import fcntl
+import hashlib
 import os
 import pickle
 import shutil
@@ -81,17 +82,18 @@ def draft(pair_dirs):
 
 
 @pytest.fixture(scope="session")
-def make_checkpoint(tmp_path_factory):
+def make_checkpoint(shared):
     """make_checkpoint(config, seed=0, std=0.02, layout="hub") -> folder with config.json and
-    model.safetensors of random weights."""
+    model.safetensors of random weights (each made once a run: `shared`)."""
     made = {}
 
     def make(config: GPT2Config, seed: int = 0, std: float = 0.02, layout: str = "hub",
              embedding_std: float | None = None) -> Path:
         key = (config, seed, std, layout, embedding_std)
         if key not in made:
-            folder = tmp_path_factory.mktemp(f"ckpt-{layout}-s{seed}")
-            made[key] = save_random_checkpoint(folder, config, seed, std, layout, embedding_std)
+            name = f"ckpt-{layout}-s{seed}-{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}"
+            made[key] = shared(name, lambda folder: save_random_checkpoint(folder, config, seed, std, layout,
+                                                                           embedding_std))
         return made[key]
 
     return make
