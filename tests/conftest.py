@@ -2,7 +2,10 @@
 layout of the Hugging Face hub files (random weights: the hub is unreachable offline)."""
 
 import atexit
+import fcntl
+import hashlib
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -83,28 +86,55 @@ def draft(pair_dirs):
 
 
 @pytest.fixture(scope="session")
-def make_checkpoint(tmp_path_factory):
+def make_checkpoint(shared):
     """make_checkpoint(config, seed=0, std=0.02, layout="hub") -> folder with config.json and
-    model.safetensors of random weights."""
+    model.safetensors of random weights (each made once a run: `shared`)."""
     made = {}
 
     def make(config: GPT2Config, seed: int = 0, std: float = 0.02, layout: str = "hub",
              embedding_std: float | None = None) -> Path:
         key = (config, seed, std, layout, embedding_std)
         if key not in made:
-            folder = tmp_path_factory.mktemp(f"ckpt-{layout}-s{seed}")
-            made[key] = save_random_checkpoint(folder, config, seed, std, layout, embedding_std)
+            name = f"ckpt-{layout}-s{seed}-{hashlib.sha1(repr(key).encode()).hexdigest()[:16]}"
+            made[key] = shared(name, lambda folder: save_random_checkpoint(folder, config, seed, std, layout,
+                                                                           embedding_std))
         return made[key]
 
     return make
 
 
 @pytest.fixture(scope="session")
-def text_pair_dirs(tmp_path_factory):
+def shared(tmp_path_factory):
+    """shared(name, build) -> build(folder)'s result (picklable), built once for the whole run. Each
+    xdist worker has its own session, so a session fixture is built once per worker; through this the
+    first worker to ask builds it, in a folder of this run that every worker sees, and the others wait
+    for it and take the same result (a checkpoint's folder, a command's output)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, build):
+        kept = root / f"{name}.pickle"
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not kept.exists():
+                folder = root / name
+                shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+                folder.mkdir()
+                result = build(folder)
+                partial = kept.with_suffix(".partial")
+                partial.write_bytes(pickle.dumps(result))
+                partial.rename(kept)  # a result is never read half written
+            return pickle.loads(kept.read_bytes())
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def text_pair_dirs(shared):
     """(target_dir, draft_dir): an agreeing pair with GPT-2's real vocabulary, small widths."""
-    root = tmp_path_factory.mktemp("text-pair")
-    return save_agreeing_pair(root / "target", root / "draft", TINY_TEXT, draft_n_layer=2,
-                              damping=0.05, seed=3, embedding_std=1.0)
+    return shared("text-pair", lambda root: save_agreeing_pair(
+        root / "target", root / "draft", TINY_TEXT, draft_n_layer=2, damping=0.05, seed=3, embedding_std=1.0))
 
 
 @pytest.fixture(scope="session")
@@ -160,14 +190,18 @@ def stdlib_texts() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def trained_pair_dirs(tmp_path_factory):
-    """(target_dir, draft_dir) of a pair trained for a few seconds by offline.train_pair."""
+def trained_pair_dirs(shared):
+    """(target_dir, draft_dir) of a pair trained for a few seconds by offline.train_pair (once a run:
+    `shared`)."""
     from offline.train_pair import TrainSettings, train_pair
 
-    out = tmp_path_factory.mktemp("trained") / "pair"
-    train_pair(out, stdlib_texts(), TrainSettings(target_steps=60, draft_steps=60, batch_size=8, seed=0),
-               TINY_TARGET, TINY_DRAFT, log=lambda *args: None)
-    return out / "target", out / "draft"
+    def build(folder):
+        out = folder / "pair"
+        train_pair(out, stdlib_texts(), TrainSettings(target_steps=60, draft_steps=60, batch_size=8, seed=0),
+                   TINY_TARGET, TINY_DRAFT, log=lambda *args: None)
+        return out / "target", out / "draft"
+
+    return shared("trained-pair", build)
 
 
 @pytest.fixture(scope="module")  # each module its own copy, as when each made it

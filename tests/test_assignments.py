@@ -52,8 +52,9 @@ class Kit:
     def stripped(self, file: str) -> str:
         return (self.pristine / file).read_text()
 
-    def grade(self, texts: dict[str, str], only=None, timeout=None, refs=None):
-        """Grade a submission given as {file: text} (on the hidden references, or `refs`)."""
+    def grade(self, texts: dict[str, str], only=None, timeout=None, refs=None, report=None, on_result=None):
+        """Grade a submission given as {file: text} (on the hidden references, or `refs`); report
+        and on_result as grade_tree's."""
         self.count += 1
         submission = self.folder / f"submission{self.count}"
         for rel, text in texts.items():
@@ -61,7 +62,7 @@ class Kit:
             (submission / rel).write_text(text)
         files, notes = student_files(submission, sorted({resolve(f).file for f in self.assignment.functions}))
         return grade_tree(self.assignment, self.pristine, files, self.data, refs or self.refs, only, timeout, notes,
-                          zygote=self.zygote)
+                          zygote=self.zygote, report=report, on_result=on_result)
 
     def reference(self) -> dict[str, str]:
         return {resolve(f).file: (ROOT / resolve(f).file).read_text() for f in self.assignment.functions}

@@ -29,13 +29,18 @@ def run_benchmark(*args, timeout=120):
 
 
 @pytest.fixture(scope="module")
-def benchmark_run(text_pair_dirs, tmp_path_factory):
+def benchmark_run(text_pair_dirs, shared):
+    """The grid run, once for the whole test run (`shared`): its tests may be spread over the workers."""
     target_dir, draft_dir = text_pair_dirs
-    out = tmp_path_factory.mktemp("bench") / "out"
     pair = ("--draft", draft_dir, "--target", target_dir)
-    proc = run_benchmark(*pair, "--gammas", *GAMMAS, "--max-gens", *MAX_GENS,
-                         "--temperatures", *TEMPERATURES, "--repeats", 1, "--threads", 1, "--out", out,
-                         "--device", "cpu")  # the CPU's formats (a GPU machine's auto is cuda)
+
+    def build(folder):
+        out = folder / "out"
+        return out, run_benchmark(*pair, "--gammas", *GAMMAS, "--max-gens", *MAX_GENS,
+                                  "--temperatures", *TEMPERATURES, "--repeats", 1, "--threads", 1, "--out", out,
+                                  "--device", "cpu")  # the CPU's formats (a GPU machine's auto is cuda)
+
+    out, proc = shared("benchmark-grid-run", build)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc, pair
 
@@ -272,13 +277,17 @@ def test_mismatched_pair_is_named_before_anything_runs(text_pair_dirs, make_chec
 # ---------------------------------------------------------------- --drafters: a grid axis
 
 @pytest.fixture(scope="module")
-def drafters_run(text_pair_dirs, tmp_path_factory):
+def drafters_run(text_pair_dirs, shared):
     target_dir, _ = text_pair_dirs
-    out = tmp_path_factory.mktemp("bench-drafters") / "out"
-    # no model drafter: --draft is never loaded, so a missing folder is fine
-    proc = run_benchmark("--target", target_dir, "--draft", "/nonexistent/draft",
-                         "--drafters", "ngram:2", "layerskip:2", "--gammas", 1, 3, "--max-gens", 12,
-                         "--threads", 1, "--out", out)
+
+    def build(folder):
+        out = folder / "out"
+        # no model drafter: --draft is never loaded, so a missing folder is fine
+        return out, run_benchmark("--target", target_dir, "--draft", "/nonexistent/draft",
+                                  "--drafters", "ngram:2", "layerskip:2", "--gammas", 1, 3, "--max-gens", 12,
+                                  "--threads", 1, "--out", out)
+
+    out, proc = shared("benchmark-drafters-run", build)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 

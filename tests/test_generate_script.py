@@ -82,11 +82,12 @@ class Run:
         return self._result
 
 
-@pytest.fixture(scope="module")
-def runs(text_pair_dirs, tmp_path_factory):
+def start_and_finish_runs(text_pair_dirs, folder) -> dict:
+    """{name: (returncode, stdout, stderr)} of the runs the tests read, started together."""
     target, draft = text_pair_dirs
     pair = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", MAX_GEN]
-    empty_hf_home = tmp_path_factory.mktemp("empty-hf-home")
+    empty_hf_home = folder / "empty-hf-home"
+    empty_hf_home.mkdir()
     offline_env = script_env(HF_HOME=str(empty_hf_home), HF_HUB_CACHE=str(empty_hf_home / "hub"))
     started = {
         "json": Run([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
@@ -96,16 +97,25 @@ def runs(text_pair_dirs, tmp_path_factory):
         "offline": Run(["--target", "gpt2-large", "--draft", draft], env=offline_env),
         "gamma0": Run([*pair, "--gamma", 0]),  # argparse's error, through the real exit path
     }
-    yield started
-    for run in started.values():
-        if run.proc.poll() is None:
-            run.proc.kill()
-            run.proc.wait()
+    try:
+        return {name: run.result() for name, run in started.items()}
+    finally:
+        for run in started.values():
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def runs(text_pair_dirs, shared):
+    """The runs' results, once for the whole test run (`shared`): the tests reading them may be
+    spread over the xdist workers."""
+    return shared("generate-script-runs", lambda folder: start_and_finish_runs(text_pair_dirs, folder))
 
 
 @pytest.fixture(scope="module")
 def json_report(runs):
-    code, out, err = runs["json"].result()
+    code, out, err = runs["json"]
     assert code == 0, err
     return json.loads(out)  # stdout is exactly one JSON object
 
@@ -132,7 +142,7 @@ def test_json_compare_baseline(json_report):
 
 
 def test_piped_output_is_plain_text_with_stats(runs, json_report):
-    code, out, err = runs["plain"].result()
+    code, out, err = runs["plain"]
     assert code == 0, err
     assert "\x1b[" not in out
     # The streamed text, round by round, is exactly the decode of all the tokens.
@@ -164,7 +174,7 @@ def test_the_summary_says_when_the_output_looped(json_report, capsys):
 
 
 def test_terminal_output_is_coloured_with_legend(runs):
-    code, out, err = runs["terminal"].result()
+    code, out, err = runs["terminal"]
     assert code == 0, err
     assert ANSI.search(out)
     assert "draft token accepted" in out and "bonus token" in out
@@ -178,7 +188,7 @@ def test_terminal_output_is_coloured_with_legend(runs):
     ("gamma0", ["--gamma"]),
 ])
 def test_errors_exit_2_without_traceback(runs, name, words):
-    code, out, err = runs[name].result()
+    code, out, err = runs[name]
     assert code == 2
     assert "error:" in err and "Traceback" not in err
     for word in words:
@@ -453,7 +463,7 @@ def test_a_cost_model_for_other_models_is_a_clear_error(text_pair_dirs, tmp_path
 
 
 def test_stats_show_acceptance_rate_and_alpha_as_in_the_json(runs, json_report):
-    code, out, err = runs["plain"].result()
+    code, out, err = runs["plain"]
     stats = json_report["stats"]
     lines = {line.split(":")[0]: line for line in out.splitlines() if ":" in line}
     judged = stats["tokens_accepted"] + stats["rejections"]
@@ -517,7 +527,7 @@ def test_other_drafters_give_the_targets_greedy_output(text_pair_dirs, text_pair
 
 
 def test_the_stats_name_the_model_drafter(runs):
-    code, out, err = runs["plain"].result()
+    code, out, err = runs["plain"]
     assert re.search(r"drafter: +model .*draft", out)
 
 

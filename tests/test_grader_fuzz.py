@@ -51,14 +51,18 @@ class Genuine(dict):
 
 
 @pytest.fixture(scope="module")
-def genuine(tmp_path_factory):
+def genuine(shared):
     """{check: (inputs, reference, the instructor's values, what the server counted)} at one hidden
-    seed, computed in this process with the instructor's code."""
+    seed, computed with the instructor's code (in one worker's process: `shared`)."""
+    return Genuine(shared("grader-fuzz-genuine", instructors_values))
+
+
+def instructors_values(folder) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    data = make_data(tmp_path_factory.mktemp("data"))
-    out = Genuine()
+    data = make_data(folder / "data")
+    out = {}
     for assignment in ASSIGNMENTS.values():
         for check in assignment.checks:
             inputs = check.make_inputs(HIDDEN_SEED)
