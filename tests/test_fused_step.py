@@ -145,3 +145,43 @@ def test_a_16_bit_fused_block_stays_within_its_rounding(T):
     got = fused_step.fused_block_step(half.h[0], x.half(), keys.half(), values.half(), slots, full_mask)
     # float16 keeps 11 bits: a few parts in a thousand per product, summed
     torch.testing.assert_close(got.float(), expected, atol=0.01 * expected.abs().max().item(), rtol=0.01)
+
+
+def test_block_sizes_are_timed_once_and_kept_for_the_next_process(kernel_cache_file, monkeypatch, capsys,
+                                                                   notes_not_yet_shown):
+    """On a GPU each product's block sizes are timed once per shape and kept with the kernel
+    choices: a later process reads them instead of timing again. Here a stand-in GPU whose
+    timings favour one candidate (the timing itself, in a CUDA graph, runs on a GPU only)."""
+    import gpt2.speed.kernel_cache
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "Stand-in GPU")
+    monkeypatch.delenv("GPT2_FUSED_TUNE", raising=False)
+    monkeypatch.setattr(fused_step, "_chosen", {})
+    candidates = fused_step.candidates(5)
+    fastest = candidates[3]
+    launched = []
+
+    def seconds(call):  # the stand-in GPU's clock: the fastest candidate takes 1, the others 2
+        call()
+        return 1.0 if launched[-1] == fastest else 2.0
+
+    monkeypatch.setattr(fused_step, "_graph_seconds", seconds)
+    key = ((True, True, False, False, True), 8, 96, 32, torch.float32)
+    assert fused_step._choose(key, candidates, launched.append) == fastest
+    assert launched == candidates  # each timed once
+    assert "timing the fused kernels' block sizes" in capsys.readouterr().err
+    assert fused_step._choose(key, candidates, launched.append) == fastest and len(launched) == len(candidates)
+    # a new process: nothing in memory, the file read back, nothing timed
+    monkeypatch.setattr(fused_step, "_chosen", {})
+    monkeypatch.setattr(gpt2.speed.kernel_cache, "_KEPT", {})
+    assert fused_step._choose(key, candidates, launched.append) == fastest and len(launched) == len(candidates)
+    # another shape is timed; with GPT2_FUSED_TUNE=0 the first candidate, untimed
+    assert fused_step._choose(key[:2] + (128, 32, torch.float32), candidates, launched.append) == fastest
+    assert len(launched) == 2 * len(candidates)
+    monkeypatch.setenv("GPT2_FUSED_TUNE", "0")
+    assert fused_step._choose(key[:2] + (256, 32, torch.float32), candidates, launched.append) == candidates[0]
+    assert len(launched) == 2 * len(candidates)
+    # and the report names them
+    from gpt2.speed.kernel_report import describe_value
+    assert describe_value("fused_block_sizes", list(fastest)).startswith(f"{fastest[0]} rows a program, BLOCK_N")

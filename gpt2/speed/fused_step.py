@@ -32,8 +32,12 @@ check them without a GPU (tests/test_fused_step.py).
 
 import functools
 import os
+import sys
 
 import torch
+
+from . import kernel_cache
+from .device import note_once
 
 try:
     import triton
@@ -227,21 +231,34 @@ def _kernels_for(x):
 
 
 # ---------------------------------------------------------------------------------------------
-# Choosing block sizes: per (kernel flags, rows of a program, N, K, dtype), timed on the GPU once.
+# Choosing block sizes: per (kernel flags, rows, N, K, dtype), timed on the GPU once per machine
+# and kept with the kernel choices (gpt2/speed/kernel_cache.py; `python -m gpt2.speed.kernel_report
+# --remeasure` forgets them).
 
 _chosen: dict[tuple, tuple] = {}
 
 
 def _choose(key, candidates, launch):
-    """The candidate that runs launch(candidate) fastest (the first without a GPU to time on, while
-    a graph is being recorded, or with GPT2_FUSED_TUNE=0); kept per key for the process."""
+    """The candidate that runs launch(candidate) fastest: kept from an earlier process on this
+    machine and GPU, else timed now (the first candidate without a GPU to time on, while a graph is
+    being recorded, or with GPT2_FUSED_TUNE=0); kept per key."""
     if key in _chosen:
         return _chosen[key]
     if (not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing()
             or os.environ.get("GPT2_FUSED_TUNE", "1") == "0"):
         return candidates[0]
+    flags, rows, N, K, dtype = key
+    what = {"flags (ln, bias, gelu, residual, kv)": list(flags), "rows up to": rows, "N": N, "K": K, "dtype": str(dtype).removeprefix("torch."),
+            "device": torch.cuda.get_device_name(), "triton": triton.__version__}
+    kept = kernel_cache.lookup("fused_block_sizes", what)
+    if kept is not None and tuple(kept) in candidates:
+        _chosen[key] = best = tuple(kept)
+        return best
+    note_once(f"note: timing the fused kernels' block sizes on this GPU, once per shape (kept in "
+              f"{kernel_cache.shown_path()})", sys.stderr)
     times = [_graph_seconds(lambda: launch(config)) for config in candidates]
     _chosen[key] = best = candidates[times.index(min(times))]
+    kernel_cache.store("fused_block_sizes", what, list(best))
     return best
 
 

@@ -101,6 +101,9 @@ def describe_value(kind: str, value) -> str:
         checked = ("fidelity not checked (no weights)" if fidelity is None else "fidelity: " + (", ".join(
             f"{f} KL {v['kl']:.2g}, agreement {100 * v['agreement']:.1f}%" for f, v in fidelity.items()) or "none needed"))
         return f"{value[0]} ({ms}; {checked})" if ms else value[0]
+    if kind == "fused_block_sizes":  # gpt2/speed/fused_step.py: one product's tuned launch
+        rows, block_n, block_k, warps = value
+        return f"{rows} rows a program, BLOCK_N {block_n}, BLOCK_K {block_k}, {warps} warps"
     if kind == "gamma costs":  # a CostModel (spec_decoding/costs.py), as JSON
         return (f"draft step {1000 * value['draft_step_s']:.2f} ms, target step "
                 f"{1000 * value['target_score_s'][0]:.2f} ms")
