@@ -24,8 +24,9 @@ rounding; 16-bit models round what eager rounds to 16 bits (the normalised rows,
 weights before they multiply v) and keep the rest in float32. The model's code is unchanged
 (gpt2/model.py); `fused_block_step` has block_step's arguments (gpt2/speed/compiled.py).
 
-Block sizes: on a GPU each kernel's (BLOCK_N, BLOCK_K, warps) is tuned per shape the first time
-it comes, outside any recording, timing a few candidates (GPT2_FUSED_TUNE=0: the first of each).
+Block sizes: on a GPU each product's (rows a program, BLOCK_N, BLOCK_K, warps) is tuned per shape
+the first time it comes, outside any recording, timing the candidates inside a CUDA graph, and kept
+per machine and GPU with the kernel choices (GPT2_FUSED_TUNE=0: the first of each, untimed).
 On a CPU, Triton's interpreter runs the same kernels on CPU tensors, slowly: that is how the tests
 check them without a GPU (tests/test_fused_step.py).
 """
