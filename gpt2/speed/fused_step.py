@@ -17,7 +17,8 @@ and ln_f with the head is one more. A LayerNorm is computed inside the matrix pr
 it: every program of the product normalises the rows it multiplies (a few KB, read from L2), so the
 normalised rows never go to memory either. The products themselves: for one row (a step) each
 program reads BLOCK_N rows of the weight and reduces them against x (a matrix-vector product);
-for 2 to 16 rows (verifications, trees) a tensor-core product of the rows padded to 16.
+2 to 8 rows (verifications, trees) run so too, each weight read once for every row, or as a
+tensor-core product of the rows padded to 16, whichever the GPU runs faster; 9 to 16 rows the latter.
 
 Numerics: float32 models multiply at IEEE precision (not TF32) and match eager's logits to
 rounding; 16-bit models round what eager rounds to 16 bits (the normalised rows, the attention
@@ -67,6 +68,8 @@ def candidates(M: int) -> list[tuple[int, int, int, int]]:
     """(rows of a program, BLOCK_N, BLOCK_K, num_warps) tried for a product of M rows."""
     vector = [(triton.next_power_of_2(M), *c) for c in VECTOR_CONFIGS.get(triton.next_power_of_2(M), ())]
     return vector + ([(BLOCK_M, *c) for c in DOT_CONFIGS] if M > 1 else [])
+
+
 # Cache slots per step of the attention kernel's loop (float32 tiles take twice the shared memory)
 BLOCK_L = {torch.float32: 64, torch.bfloat16: 128, torch.float16: 128}
 
