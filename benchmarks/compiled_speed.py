@@ -36,7 +36,7 @@ from gpt2 import OFFICIAL_CONFIGS, load_gpt2
 from gpt2.speed.compiled import CompiledDecode, eager
 from gpt2.speed.cuda_graph import graph_decode, ungraph
 from gpt2.speed.device import resolve_device
-from gpt2.speed.fused_step import chosen_configs
+from gpt2.speed.fused_step import chosen_configs, graph_seconds
 
 from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
                      measure_read_bandwidth, median, random_prompt, standin_checkpoint, timed, transformers_missing,
@@ -114,22 +114,9 @@ def measure_format(folder, fmt: str, context: int, rounds: int, paths: list[str]
     return result
 
 
-def graph_microseconds(call, launches: int = 20, replays: int = 10) -> float:
-    """Microseconds of one call() on a CUDA GPU, as it runs in a recorded step: `launches` calls
-    recorded as one CUDA graph, replayed (Python launches one at a time would time the launching)."""
-    call()  # compiles, tunes
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (launches * replays)
+def graph_microseconds(call) -> float:
+    """Microseconds of one call() as it runs in a recorded step (20 calls in one CUDA graph, replayed)."""
+    return graph_seconds(call, launches=20, replays=10) * 1e6
 
 
 @torch.inference_mode()

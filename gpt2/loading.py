@@ -93,8 +93,9 @@ def load_gpt2(name_or_path, device=None, dtype="auto", quantize=None, kernels=Tr
     "auto" is then float32); True attaches gpt2/speed/kernels.py's (unless GPT2_FAST_LINEAR=0).
     compile: True gives the model the compiled decode path (gpt2.speed.compiled; on a CUDA GPU its block
     recorded as CUDA graphs, gpt2.speed.cuda_graph), "graph" the CUDA-graph path with the eager block (a
-    CUDA GPU), "fused" that path with five Triton kernels a block (gpt2.speed.fused_step), "auto" the faster of eager and compiled on a CPU, of eager and CUDA graphs on a GPU,
-    measured here (one line says which and why), False (default) keeps it eager."""
+    CUDA GPU), "fused" that path with five Triton kernels a block (gpt2.speed.fused_step), "auto" the
+    faster of eager and compiled on a CPU, of eager and CUDA graphs on a GPU, measured here (one line
+    says which and why), False (default) keeps it eager."""
     device = resolve_device("cpu" if device is None else device)
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {COMPILE_CHOICES}, got {compile!r}")

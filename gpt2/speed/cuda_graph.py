@@ -96,7 +96,7 @@ class GraphedDecode:
 
     @property
     def path(self) -> str:
-        return "fused" if self.fused else "compiled" if self.compiled else "eager"
+        return path_name(self.compiled, self.fused)
 
     def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
                      n_layer: int | None = None):
@@ -215,6 +215,11 @@ def padded_inputs(idx, positions, slots, mask, rows: int):
     return idx, positions, torch.cat([slots, extra]), torch.cat([mask, causal])
 
 
+def path_name(compiled: bool, fused: bool) -> str:
+    """What each block records: "fused", "compiled" or "eager"."""
+    return "fused" if fused else "compiled" if compiled else "eager"
+
+
 def graph_decode(model, record=record_cuda_graph, compiled: bool = False, fused: bool = False):
     """Give `model` (a GPT2 on a CUDA GPU, inference) the graphed decode path; returns the model.
     compiled=True records torch.compile's fused block instead of the eager one, fused=True the
@@ -229,7 +234,7 @@ def graph_decode(model, record=record_cuda_graph, compiled: bool = False, fused:
         note_once(f"note: the fused decode step is not for this model ({why}); recording the compiled "
                   f"block instead", sys.stderr)
         fused, compiled = False, True
-    path = "fused" if fused else "compiled" if compiled else "eager"
+    path = path_name(compiled, fused)
     kept = model.__dict__.setdefault("_graphed_paths", {})  # path -> its GraphedDecode
     if not (is_graphed(model) and model.forward is kept.get(path)):
         ungraph(eager(model))

@@ -252,8 +252,9 @@ def _choose(key, candidates, launch):
             or os.environ.get("GPT2_FUSED_TUNE", "1") == "0"):
         return candidates[0]
     flags, rows, N, K, dtype = key
-    what = {"flags (ln, bias, gelu, residual, kv)": list(flags), "rows up to": rows, "N": N, "K": K, "dtype": str(dtype).removeprefix("torch."),
-            "device": torch.cuda.get_device_name(), "triton": triton.__version__}
+    what = {"flags (ln, bias, gelu, residual, kv)": list(flags), "rows up to": rows, "N": N, "K": K,
+            "dtype": str(dtype).removeprefix("torch."), "device": torch.cuda.get_device_name(),
+            "triton": triton.__version__}
     kept = kernel_cache.lookup("fused_block_sizes", what)
     if kept is not None and tuple(kept) in candidates:
         _chosen[key] = best = tuple(kept)
@@ -266,14 +267,18 @@ def _choose(key, candidates, launch):
     return best
 
 
-def _graph_seconds(call, launches: int = 10, replays: int = 3) -> float:
-    """Seconds of `launches` calls recorded as one CUDA graph, replayed: the kernel's time as it
-    runs in a recorded step (Python's launches, one at a time, would time the launching);
-    infinite for a candidate that does not fit this GPU."""
+def _graph_seconds(call) -> float:
+    """graph_seconds(call) for the tuner: infinite for a candidate that does not fit this GPU."""
     try:
-        call()  # compiles it
-    except triton.runtime.errors.OutOfResources:  # more shared memory than this GPU has
+        return graph_seconds(call)
+    except triton.runtime.errors.OutOfResources:  # more shared memory than this GPU has (its first call, compiling)
         return float("inf")
+
+
+def graph_seconds(call, launches: int = 10, replays: int = 3) -> float:
+    """Seconds of one call() on a CUDA GPU as it runs in a recorded step: `launches` calls recorded
+    as one CUDA graph, replayed (Python's launches, one at a time, would time the launching)."""
+    call()  # compiles, tunes: outside the recording
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(launches):
@@ -285,7 +290,7 @@ def _graph_seconds(call, launches: int = 10, replays: int = 3) -> float:
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1e3
+    return start.elapsed_time(end) / 1e3 / (launches * replays)
 
 
 def chosen_configs() -> dict[tuple, tuple]:
@@ -295,6 +300,12 @@ def chosen_configs() -> dict[tuple, tuple]:
 
 # ---------------------------------------------------------------------------------------------
 # The step, in the terms of gpt2/model.py
+
+def _dot_precision(dtype) -> str:
+    """tl.dot's input precision: IEEE for float32 (TF32 would round eager's float32 away); 16-bit
+    inputs multiply exactly either way."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
 
 def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=None):
     """x [M, K] -> [M, N]: (ln(x) if ln else x) @ weight.T + bias, then GELU, then + residual
@@ -321,7 +332,7 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
                      LN=flags[0], BIAS=flags[1], GELU=gelu, RES=flags[3], KV=flags[4],
                      ROWS=rows, BLOCK_N=block_n, BLOCK_K=block_k,
                      K_POW2=triton.next_power_of_2(K) if ln is not None and rows <= 8 else 16,
-                     DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps)
+                     DOT_PRECISION=_dot_precision(x.dtype), num_warps=warps)
 
     if interpret:  # the interpreter's time goes by programs and tile sizes: a tile of the product's size
         launch((triton.next_power_of_2(M) if M <= 8 else BLOCK_M, min(32, max(16, triton.next_power_of_2(N))),
@@ -342,7 +353,7 @@ def fused_attention(q, keys, values, attn_mask, slots, B: int, T: int):
     out = torch.empty_like(q)
     attention[(n_head, B)](q, keys, values, attn_mask, slots, out, T, attn_mask.shape[1], head_dim ** -0.5,
                            *keys.stride()[:3], C=q.shape[1], HEAD_DIM=head_dim, BLOCK_T=BLOCK_M, BLOCK_L=BLOCK_L[q.dtype],
-                           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
+                           DOT_PRECISION=_dot_precision(q.dtype), num_warps=4)
     return out
 
 
