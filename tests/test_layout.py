@@ -26,11 +26,23 @@ def project_modules(root: Path = ROOT, packages=PACKAGES, scripts=SCRIPTS) -> di
     return modules
 
 
-def imports_of(name: str, file: Path, modules: dict) -> set[str]:
-    """The project modules that `name` imports anywhere in its file."""
+def nodes_of(file: Path, at_import: bool = False):
+    """Every node of the file's syntax tree; at_import: only those run when it is imported (a
+    function's body, imports included, waits for its first call)."""
+    todo = [ast.parse(file.read_text(), filename=str(file))]
+    while todo:
+        node = todo.pop()
+        if at_import and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(name: str, file: Path, modules: dict, at_import: bool = False) -> set[str]:
+    """The project modules that `name` imports anywhere in its file (at_import: when imported)."""
     package = name if file.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(file.read_text(), filename=str(file))):
+    for node in nodes_of(file, at_import):
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -126,6 +138,55 @@ def test_the_model_folder_holds_the_model():
     for name in MODEL_MODULES:
         speed = {m for m in imports_of(name, modules[name], modules) if m.startswith("gpt2.speed")}
         assert not speed, f"{name} imports {speed}: the model must not need the speed machinery"
+
+
+def libraries_imported_on_import(file: Path) -> set[str]:
+    """The top-level names of what `file` imports when it is imported, other than relative imports."""
+    found = set()
+    for node in nodes_of(file, at_import=True):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+# Imported only by the code that needs them: each costs every process that imports the project
+# (every check a grader forks, every script run) a noticeable part of a second.
+HEAVY = {"triton", "matplotlib", "transformers"}
+
+
+def heavy_imports_on_import(start: list[str], modules: dict) -> dict[str, set[str]]:
+    """Module -> the heavy libraries it imports when imported, over every project module that
+    importing `start` imports (followed through module-level imports only)."""
+    todo, seen, heavy = list(start), set(), {}
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            heavy[name] = libraries_imported_on_import(modules[name]) & HEAVY
+            todo += imports_of(name, modules[name], modules, at_import=True)
+    return heavy
+
+
+def test_importing_the_project_does_not_import_heavy_libraries():
+    """What `import gpt2, spec_decoding` and the grader's forked checks load when imported: none
+    of it imports Triton, matplotlib or transformers (only the functions that use them do)."""
+    found = heavy_imports_on_import(["gpt2", "spec_decoding", "assignments.registry", "assignments.runner"],
+                                    project_modules())
+    assert "gpt2.speed.fused_step" in found  # the walk reaches the speed machinery loading attaches
+    assert {name: libs for name, libs in found.items() if libs} == {}
+
+
+def test_the_heavy_import_walk_finds_an_import_in_a_try_two_modules_down(tmp_path):
+    """The shape fused_step once had (`try: import triton` at module level), reached through the
+    package; an import inside a function is not counted."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from .a import f\n")
+    (tmp_path / "pkg" / "a.py").write_text("from . import b\n\ndef f():\n    import matplotlib\n")
+    (tmp_path / "pkg" / "b.py").write_text("try:\n    import triton\nexcept ImportError:\n    triton = None\n")
+    found = heavy_imports_on_import(["pkg"], project_modules(tmp_path, ["pkg"], []))
+    assert found == {"pkg": set(), "pkg.a": set(), "pkg.b": {"triton"}}
 
 
 @pytest.mark.parametrize("module", ["spec_decoding.greedy", "spec_decoding.speculative", "spec_decoding.tree"])
