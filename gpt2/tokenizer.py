@@ -56,9 +56,10 @@ def mergeable_ranks() -> dict[bytes, int]:
     the pair of lowest rank first, which is why the id must equal the merge rank. encoder.json
     spells the same table directly: we check the two agree."""
     byte_of = _byte_of_char()
+    as_latin1 = str.maketrans({c: chr(b) for c, b in byte_of.items()})  # each character -> chr(its byte)
 
     def to_bytes(text: str) -> bytes:
-        return bytes(byte_of[c] for c in text)
+        return text.translate(as_latin1).encode("latin-1")
 
     ranks = {bytes([b]): i for i, b in enumerate(byte_of.values())}
     merges = _read("vocab.bpe").decode("utf-8").split("\n")[1:-1]  # line 0 is "#version: 0.2"

@@ -51,6 +51,7 @@ EAGLE_CE_WEIGHT = 0.1
 EAGLE_NOISE = 0.05  # input-feature noise, relative to the features' RMS
 CONTEXT = 128  # tokens per training window (or the target's n_positions - 2 if smaller)
 TOP_B = 4  # head accuracies are measured for top-1 .. top-4
+EVAL_WINDOWS = 32  # held-out windows the loss before and after is measured on (--eval-windows)
 # A fixed number of steps by default, as offline.train_pair: the same drafter on every machine,
 # however busy (a time budget would give a loaded machine a less trained one). --minutes caps it.
 DEFAULT_STEPS = {"medusa": MEDUSA_STEPS, "eagle": EAGLE_STEPS}
@@ -234,7 +235,7 @@ def held_out_windows(held: torch.Tensor, context: int, max_windows: int) -> list
 
 @torch.no_grad()
 def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: int,
-                  max_windows: int = 32, unroll: int = 1) -> float:
+                  max_windows: int = EVAL_WINDOWS, unroll: int = 1) -> float:
     """The training loss on fixed held-out windows, without input noise: comparable before and
     after training (the training loss jumps from batch to batch)."""
     losses = []
@@ -249,7 +250,7 @@ def held_out_loss(kind: str, module, target: GPT2, held: torch.Tensor, context: 
 
 @torch.no_grad()
 def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, context: int,
-                    max_windows: int = 64) -> list[list[float]]:
+                    max_windows: int = 2 * EVAL_WINDOWS) -> list[list[float]]:
     """Held-out accuracy of each Medusa head: [k][b - 1] = how often the true token k + 1 places
     ahead is among the head's top-b (b = 1 .. TOP_B)."""
     hits = torch.zeros(heads.num_heads, TOP_B)
@@ -322,9 +323,11 @@ def write_readme(folder: Path, info: dict) -> None:
 def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
                   settings: TrainSettings | None = None, num_heads: int = 4, draft_vocab: int | None = None,
                   overwrite: bool = False, command: str = "", log=print, shared_readout: bool = False,
-                  unroll: int = 1):
+                  unroll: int = 1, eval_windows: int = EVAL_WINDOWS):
     """Train a `kind` drafter for the target in target_dir and save it to `out`. Returns (the
-    trained module: MedusaHeads or EagleNet, the info written to its README and config.json)."""
+    trained module: MedusaHeads or EagleNet, the info written to its README and config.json).
+    eval_windows: held-out windows the loss before and after is measured on (Medusa's head
+    accuracies on twice as many)."""
     if kind not in KINDS:
         raise TrainDrafterError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if draft_vocab is not None and kind != "eagle":
@@ -333,6 +336,8 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
         raise TrainDrafterError(f"--unroll must be a whole number >= 1 (drafting steps trained on), got {unroll!r}")
     if unroll > 1 and kind != "eagle":
         raise TrainDrafterError("--unroll is for --kind eagle only (Medusa's heads do not read their own guesses)")
+    if isinstance(eval_windows, bool) or not isinstance(eval_windows, int) or eval_windows < 1:
+        raise TrainDrafterError(f"--eval-windows must be a whole number >= 1, got {eval_windows!r}")
     if shared_readout and kind != "medusa":
         raise TrainDrafterError("--shared-readout is for --kind medusa only (EAGLE always reads out "
                                 "through the target's head)")
@@ -356,14 +361,14 @@ def train_drafter(target_dir, kind: str, out, texts: list[str] | None = None,
     corpus = "the Python standard library's sources" if not texts else ", ".join(map(str, texts))
     log(f"{len(train_ids):,} training tokens ({corpus}), {len(held):,} held out")
     module = make_drafter(kind, target, num_heads, shared_readout)
-    loss_before = held_out_loss(kind, module, target, held, context, unroll=unroll)
+    loss_before = held_out_loss(kind, module, target, held, context, eval_windows, unroll)
     info = train(kind, target, module, train_ids, settings, context, generator, log, unroll)
     info["held_out_loss"] = {"before": loss_before,
-                             "after": held_out_loss(kind, module, target, held, context, unroll=unroll)}
+                             "after": held_out_loss(kind, module, target, held, context, eval_windows, unroll)}
     log(f"held-out loss {loss_before:.3f} -> {info['held_out_loss']['after']:.3f}")
     extra, config = {}, {}
     if kind == "medusa":
-        info["head_accuracies"] = head_accuracies(module, target, held, context)
+        info["head_accuracies"] = head_accuracies(module, target, held, context, 2 * eval_windows)
         config = {"num_heads": num_heads, "shared_readout": shared_readout,
                   "head_accuracies": info["head_accuracies"]}
         log("head accuracies (top-1): " + ", ".join(f"{a[0]:.1%}" for a in info["head_accuracies"]))
@@ -418,17 +423,21 @@ def main(argv=None) -> int:
                         help="--kind eagle: draft over the corpus's N most frequent tokens only")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--eval-windows", type=int, default=EVAL_WINDOWS, metavar="N",
+                        help=f"held-out windows of {CONTEXT} tokens the loss before and after training is measured "
+                             f"on (Medusa's head accuracies on 2N; default {EVAL_WINDOWS})")
     parser.add_argument("--overwrite", action="store_true", help="replace a drafter already in --out")
     args = parser.parse_args(argv)
     if (args.minutes is not None and args.minutes <= 0) or (args.steps is not None and args.steps < 1) \
-            or args.heads < 1 or args.batch_size < 1:
-        parser.error("--minutes must be > 0, --steps, --heads and --batch-size >= 1")
+            or args.heads < 1 or args.batch_size < 1 or args.eval_windows < 1:
+        parser.error("--minutes must be > 0, --steps, --heads, --batch-size and --eval-windows >= 1")
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                              learning_rate=args.learning_rate, warmup_steps=20)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     return run_command(lambda: train_drafter(args.target, args.kind, args.out, args.text, settings, args.heads,
                                              args.draft_vocab, args.overwrite, command,
-                                             shared_readout=args.shared_readout, unroll=args.unroll), args.out)
+                                             shared_readout=args.shared_readout, unroll=args.unroll,
+                                             eval_windows=args.eval_windows), args.out)
 
 
 if __name__ == "__main__":
