@@ -118,15 +118,25 @@ WORDS = {"verification row off by one": "differs from the target's own greedy ou
          "bonus token past max_gen": "past max_gen"}
 
 
+SAMPLED = {"resample from p", "every draft accepted"}  # the plants the samples' chi-square catches
+
+
 @pytest.mark.parametrize("bug", sorted(WORDS))
 def test_every_plant_is_caught_by_bug_fixed(kit, bug):
     """Each plant applies to today's code once (else plant() refuses) and fails bug_fixed with the
-    words of the zoo check that catches it; plants.json offers exactly these."""
+    words of the zoo check that catches it; plants.json offers exactly these. The plants caught
+    elsewhere than in the samples are graded on 100 samples instead of the hidden inputs' 1,200
+    (the samples then pass, as the message's words show: they are not what catches these)."""
     _, grade = kit
     assert set(json.loads((ROOT / PLANTS).read_text())["plants"]) == set(WORDS)
     for file, old, new in json.loads((ROOT / PLANTS).read_text())["plants"][bug]:
         assert (ROOT / file).read_text().count(old) == 1, (bug, old)
-    result = by_check(grade(planted_files(bug), only=["bug_fixed"]))["bug_fixed"]
+    refs = grade.refs
+    if bug not in SAMPLED:
+        entry = refs["bug_fixed"]
+        refs = {**refs, "bug_fixed": {**entry, "inputs": {**entry["inputs"], "samples": 100}}}
+    result = by_check(grade(planted_files(bug), only=["bug_fixed"], refs=refs))["bug_fixed"]
+    assert ("differs from the target's distribution" in result.message) == (bug in SAMPLED), result.message
     assert not result.passed and WORDS[bug] in result.message, (bug, result.message)
 
 
