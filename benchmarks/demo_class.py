@@ -50,7 +50,7 @@ for _ in range(HOGS):
     pid = os.fork()
     if pid == 0:
         block = b"x" * (HOG_MB << 20)
-        time.sleep(3)
+        time.sleep(1)  # holding its memory while the others fill theirs
         os._exit(0)
     children.append(pid)
 block = b"x" * (HOG_MB << 20)

@@ -25,7 +25,7 @@ from assignments.sandbox import namespaces_work
 from benchmarks.demo_class import NAME, write_class
 
 ASSIGNMENT = ASSIGNMENTS[NAME]
-TIMEOUT = 12  # seconds per check, and for all of a submission's checks together
+TIMEOUT = 8  # seconds per check, and for all of a submission's checks together (an honest one takes about 1)
 MEMORY_MB = 256  # the memory hog asks for 6 x 100 MB
 # the class, in the CSV's order: kind -> how many
 CLASS = {"honest": 1, "symlink-checkout": 1, "hang": 1, "crash": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
