@@ -12,7 +12,6 @@ from functools import partial
 import pytest
 import torch
 from conftest import TINY_VOCAB
-from scipy import stats
 
 from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
                            modified_rejection_sampling, residual_distribution, speculative_sampling)
@@ -94,6 +93,8 @@ def test_one_round_against_random_p_and_q():
             second.append(out[1])
     for observed, probs in ((first, p[0]), (second, p[1])):
         assert chi_square_p_value(torch.bincount(torch.tensor(observed), minlength=6), probs) > 1e-3
+    from scipy import stats  # here, not at the top: importing it costs each test worker seconds
+
     expected_accept = torch.minimum(p[0], q[0]).sum().item()
     assert stats.binomtest(accepted_first, n_rounds, expected_accept).pvalue > 1e-3
     # and the test can fail: the first token is not distributed as q[0]
