@@ -429,8 +429,8 @@ def main(argv=None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace a drafter already in --out")
     args = parser.parse_args(argv)
     if (args.minutes is not None and args.minutes <= 0) or (args.steps is not None and args.steps < 1) \
-            or args.heads < 1 or args.batch_size < 1 or args.eval_windows < 1:
-        parser.error("--minutes must be > 0, --steps, --heads, --batch-size and --eval-windows >= 1")
+            or args.heads < 1 or args.batch_size < 1:
+        parser.error("--minutes must be > 0, --steps, --heads and --batch-size >= 1")
     settings = TrainSettings(minutes=args.minutes, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                              learning_rate=args.learning_rate, warmup_steps=20)
     command = " ".join(sys.argv[1:] if argv is None else argv)

@@ -26,7 +26,7 @@ _KERNEL_CACHE = tempfile.mkdtemp(prefix="gpt2-kernel-cache-")
 atexit.register(shutil.rmtree, _KERNEL_CACHE, ignore_errors=True)
 os.environ["GPT2_KERNEL_CACHE"] = str(Path(_KERNEL_CACHE) / "kernels.json")
 # Without a CUDA GPU, Triton's interpreter runs the fused step's GPU kernels on CPU tensors
-# (tests/test_fused_step.py). Triton reads this when it is imported, which importing gpt2 does.
+# (tests/test_fused_step.py). Triton reads this when it is imported (first use of the fused step).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -54,15 +54,6 @@ def _triton():
     return triton
 
 
-def _pow2(n: int) -> int:
-    """The smallest power of 2 >= n (triton.next_power_of_2)."""
-    return 1 << max(0, n - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # (BLOCK_N, BLOCK_K, num_warps) tried per rows of a program: 1, 2, 4, 8 on the vector units;
 # BLOCK_M = 16 on tensor cores (BLOCK_N and BLOCK_K >= 16), also tried for 2 to 8 rows. The first
 # is the default; on a GPU the rest are timed against it. Small BLOCK_N makes many programs: at
@@ -80,7 +71,8 @@ BLOCK_M = 16  # the most rows of one program; also the most rows the attention k
 
 def candidates(M: int) -> list[tuple[int, int, int, int]]:
     """(rows of a program, BLOCK_N, BLOCK_K, num_warps) tried for a product of M rows."""
-    vector = [(_pow2(M), *c) for c in VECTOR_CONFIGS.get(_pow2(M), ())]
+    rows = _triton().next_power_of_2(M)
+    vector = [(rows, *c) for c in VECTOR_CONFIGS.get(rows, ())]
     return vector + ([(BLOCK_M, *c) for c in DOT_CONFIGS] if M > 1 else [])
 
 
@@ -207,6 +199,7 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
     M, K = x.shape
     N = weight.shape[0]
     linear, _ = _kernels_for(x)
+    triton = _triton()
     interpret = x.device.type != "cuda"
     C = N // 3 if kv else N
     out = x.new_empty(M, C)
@@ -217,20 +210,21 @@ def fused_linear(x, weight, bias=None, ln=None, gelu=False, residual=None, kv=No
 
     def launch(config):
         rows, block_n, block_k, warps = config
-        grid = (_cdiv(N, block_n), _cdiv(M, rows))
+        grid = (triton.cdiv(N, block_n), triton.cdiv(M, rows))
         linear[grid](x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy,
                      out, ln.weight if ln is not None else dummy, ln.bias if ln is not None else dummy,
                      keys, values, slots, M, N, K, T, ln.eps if ln is not None else 0.0, *strides,
                      C=C if kv else 1, HEAD_DIM=keys.shape[3] if kv else 1,
                      LN=flags[0], BIAS=flags[1], GELU=gelu, RES=flags[3], KV=flags[4],
                      ROWS=rows, BLOCK_N=block_n, BLOCK_K=block_k,
-                     K_POW2=_pow2(K) if ln is not None and rows <= 8 else 16,
+                     K_POW2=triton.next_power_of_2(K) if ln is not None and rows <= 8 else 16,
                      DOT_PRECISION=_dot_precision(x.dtype), num_warps=warps)
 
     if interpret:  # the interpreter's time goes by programs and tile sizes: a tile of the product's size
-        launch((_pow2(M) if M <= 8 else BLOCK_M, min(32, max(16, _pow2(N))), min(256, max(16, _pow2(K))), 4))
+        launch((triton.next_power_of_2(M) if M <= 8 else BLOCK_M, min(32, max(16, triton.next_power_of_2(N))),
+                min(256, max(16, triton.next_power_of_2(K))), 4))
     else:
-        launch(_choose((flags, _pow2(M), N, K, x.dtype), candidates(M), launch))
+        launch(_choose((flags, triton.next_power_of_2(M), N, K, x.dtype), candidates(M), launch))
     return out
 
 
