@@ -135,7 +135,12 @@ for bug in BUGS.values():
         models = speed_pair if bug.check == "speed" else (target, draft)
         correct[key] = run_check(bug.check, *models, bug.settings, SAMPLES)
         print(f"{bug.check:9} {bug.settings}: {correct[key]}")
-assert all(result.passed for result in correct.values())
+for (check, settings), result in correct.items():
+    assert result.passed, result.message
+    if check == "lossless":  # no further from the exact distribution than sampling noise
+        assert result.total_variation < 1.2 * result.reference_tv, result.message
+    if check == "speed":  # not near the threshold of 4 standard deviations
+        assert min(result.acceptance_z, result.tokens_z) > -2, result
 
 # %% [markdown]
 # ## Each bug: the mistake, why it is tempting, the patch, the check
@@ -164,6 +169,12 @@ def show(name):
     print(f"  correct code: {good}")
     print(f"  with the bug: {result}")
     assert not result.passed, f"{name} was not caught"
+    assert bug.says in result.message, result.message  # the words its entry promises
+    # with power to spare: far past the thresholds (p < 1e-3, 4 standard deviations)
+    if bug.check == "lossless":
+        assert result.p_value < 1e-6 and result.total_variation > 1.2 * result.reference_tv, result.message
+    if bug.check == "speed":
+        assert result.message.startswith("lossless, but slower: ") and min(result.acceptance_z, result.tokens_z) < -6
     caught[name] = result
 
 
