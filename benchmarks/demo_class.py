@@ -24,6 +24,7 @@ FUNCTION = "def expected_tokens_per_round(alpha: float, gamma: int) -> float:"
 
 # Python put at the top of expected_tokens_per_round (runs on each call, in the check's process)
 HANG = "while True:\n    pass\n"
+WAIT = "import threading\nthreading.Event().wait()\n"  # hangs without spinning: a wait nothing ends
 CRASH = "import os\nos._exit(3)\n"
 SEGFAULT = "import ctypes\nctypes.string_at(0)\n"
 WRONG = "if alpha >= 1.0:\n    return float(gamma)\nreturn (1 - alpha ** gamma) / (1 - alpha)  # off by one\n"
@@ -101,7 +102,8 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
     out.mkdir()
     if kind != "partial":
         (out / "costs.py").write_text(costs)
-    attacks = {"honest": None, "honest-loop": None, "wrong": WRONG, "partial": None, "hang": HANG, "crash": CRASH,
+    attacks = {"honest": None, "honest-loop": None, "wrong": WRONG, "partial": None, "hang": HANG,
+               "hang-waiting": WAIT, "crash": CRASH,
                "segfault": SEGFAULT, "deep-json": DEEP_JSON, "ansi": ANSI, "keyring": KEYRING,
                "memory-hog": MEMORY_HOG}
     if kind == "symlink-checkout":
@@ -126,8 +128,8 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
 
 
 # the class: kind -> how many students
-KINDS = {"honest": 5, "honest-loop": 1, "wrong": 2, "partial": 1, "hang": 2, "crash": 1, "segfault": 1,
-         "symlink-checkout": 1, "symlink-environ": 1, "fifo": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
+KINDS = {"honest": 5, "honest-loop": 1, "wrong": 2, "partial": 1, "hang": 1, "hang-waiting": 1, "crash": 1,
+         "segfault": 1, "symlink-checkout": 1, "symlink-environ": 1, "fifo": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
          "keyring": 1}
 
 
