@@ -459,14 +459,16 @@ def test_the_variants_are_what_they_say():
 NO_INPUTS = {"bug_named"}  # what it judges, BUG.txt, takes no inputs
 
 
-def test_every_seed_gives_valid_inputs_to_every_check(tmp_path):
+@pytest.mark.parametrize("name", list(ASSIGNMENTS))  # one test each: the workers share them
+def test_every_seed_gives_valid_inputs_to_every_check(tmp_path, name):
     """Seeds 0..MAX_SEED through every check's input builder (no student code). Most builders take
     the seed only into random generators' seeds (valid for any seed: their references are computed
     at a few); the others wrap it into a small set of inputs: for each distinct one the reference
-    is computed, and (but for the served greedy checks) the instructor's code is judged on it. The seeds that crashed before (greedy_speculative >= 24, ngram_drafter >= 100,
-    gamma_cost_model's probabilities above 1) are among them."""
+    is computed, and (but for the served greedy checks) the instructor's code is judged on it. The
+    seeds that crashed before (greedy_speculative >= 24, ngram_drafter >= 100, gamma_cost_model's
+    probabilities above 1) are among them."""
     data = make_data(tmp_path / "data")
-    for assignment in ASSIGNMENTS.values():
+    for assignment in [ASSIGNMENTS[name]]:
         for check in assignment.checks:
             distinct = {}
             # repr, not json.dumps: a builder makes its dict in one order, and repr is several times faster
