@@ -78,6 +78,13 @@ def _definitions(tree: ast.Module) -> dict[str, ast.AST]:
     return found
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str, filename: str) -> ast.Module:
+    """A source's syntax tree, never changed by its callers (cached: make resolves a dozen names in
+    the same few files, every time it makes a copy)."""
+    return ast.parse(text, filename=filename)
+
+
 def resolve(name: str, root: Path = ROOT) -> Target:
     """The function a dotted name points to, or an AssignmentError saying why not."""
     parts = name.split(".")
@@ -92,14 +99,14 @@ def resolve(name: str, root: Path = ROOT) -> Target:
         if file.is_file():
             break
         file = root / module_path / "__init__.py"  # a function defined in a package's __init__.py
-        if i < len(parts) and file.is_file() and parts[i] in _definitions(ast.parse(file.read_text())):
+        if i < len(parts) and file.is_file() and parts[i] in _definitions(_parsed(file.read_text(), str(file))):
             break
     else:
         raise AssignmentError(f"{name}: no module {parts[0]!r} in the project ({root}); names start with "
                               f"the module's path, e.g. spec_decoding.rejection.residual_distribution")
     rel = file.relative_to(root).as_posix()
     qualname = ".".join(parts[i:])
-    definitions = _definitions(ast.parse(file.read_text(), filename=rel))
+    definitions = _definitions(_parsed(file.read_text(), rel))
     functions = [q for q, n in definitions.items() if not isinstance(n, ast.ClassDef)]
     if not qualname:
         raise AssignmentError(f"{name} is a module, not a function: name a function in it, e.g. "
