@@ -42,7 +42,8 @@
 # the pair's own distributions predict, and says "lossless, but slower".
 #
 # The checks live in `spec_decoding/checks.py`: the tests use them, and so can you on your own
-# drafter (`tests/test_bug_zoo.py` is this notebook as tests).
+# drafter. The asserts below are tests: the suite runs this notebook (`tests/test_notebooks.py`),
+# and `tests/test_bug_zoo.py` tests the rest of the zoo.
 
 # %%
 from notebook_setup import ROOT  # noqa: F401  (puts the project on the path)
