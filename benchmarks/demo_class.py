@@ -129,8 +129,8 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
 
 # the class: kind -> how many students
 KINDS = {"honest": 5, "honest-loop": 1, "wrong": 2, "partial": 1, "hang": 1, "hang-waiting": 1, "crash": 1,
-         "segfault": 1, "symlink-checkout": 1, "symlink-environ": 1, "fifo": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
-         "keyring": 1}
+         "segfault": 1, "symlink-checkout": 1, "symlink-environ": 1, "fifo": 1, "deep-json": 1, "memory-hog": 1,
+         "ansi": 1, "keyring": 1}
 
 
 def write_class(folder: Path, root: Path, kinds: dict = KINDS, hog_mb: int = 100, hogs: int = 12) -> list[str]:

@@ -12,8 +12,9 @@ exact and only throw acceptance away (check_speed: "lossless, but slower: ...").
 Each bug is a context manager: inside `with bug.planted():` the ordinary generators
 (speculative_sampling, speculative_sampling_greedy) run with the mistake, by monkeypatching one
 step (unittest.mock.patch) or swapping in a small subclass. Nothing in the library is edited and
-everything is restored on exit. notebooks/06_bug_zoo shows each one beside its check;
-tests/test_bug_zoo.py proves each is caught and the correct code is not.
+everything is restored on exit. notebooks/06_bug_zoo shows each one beside its check and asserts
+that each is caught and the correct code is not (the suite runs it; tests/test_bug_zoo.py tests the
+rest of the zoo).
 
     from spec_decoding.bug_zoo import BUGS
     with BUGS["resample from p"].planted():

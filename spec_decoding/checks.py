@@ -181,7 +181,7 @@ def check_lossless(generate_fn, target, prompt: list[int], n_tokens: int = 3,
 
     Power: with a 16-token vocabulary, 3 tokens and a few thousand samples it tells the draft's
     own samples, or resampling from p instead of norm(max(0, p - q)), from the target's at
-    p < 1e-6 (tests/test_bug_zoo.py shows which bugs it catches with how many samples)."""
+    p < 1e-6 (notebooks/06_bug_zoo shows which bugs it catches with how many samples)."""
     settings = dict(temperature=1.0) if settings is None else dict(settings)
     exact = exact_distribution(target, prompt, n_tokens, settings)
     g = seeded_generator(target, seed)

@@ -5,10 +5,11 @@ half-precision "bug" that is not one: a greedy mismatch in half precision sits o
 
 Each bug against its check, and the correct code against the same checks, are notebook 06's own
 asserts (tests/test_notebooks.py runs it; test_notebook_06_plants_every_bug_and_asserts_each_is_caught
-says which). Samples: 1,000 per lossless check. Power: every sampling bug is rejected at p < 1e-6 (the
-threshold is 1e-3), with total variation clearly above a perfect sampler's at that size. The speed
-checks run 8 seeded generations of up to 48 tokens on a pair that agrees ~70% of the time: each
-speed bug lands well past 4 standard deviations below the prediction, the correct code within 2.
+holds it to them). Samples: 1,000 per lossless check. Power: every sampling bug is rejected at
+p < 1e-6 (the threshold is 1e-3), with total variation clearly above a perfect sampler's at that
+size. The speed checks run 8 seeded generations of up to 48 tokens on a pair that agrees ~70% of
+the time: each speed bug lands well past 4 standard deviations below the prediction, the correct
+code within 2.
 """
 
 import math

@@ -468,31 +468,31 @@ def test_every_seed_gives_valid_inputs_to_every_check(tmp_path, name):
     seeds that crashed before (greedy_speculative >= 24, ngram_drafter >= 100, gamma_cost_model's
     probabilities above 1) are among them."""
     data = make_data(tmp_path / "data")
-    for assignment in [ASSIGNMENTS[name]]:
-        for check in assignment.checks:
-            distinct = {}
-            # repr, not json.dumps: a builder makes its dict in one order, and repr is several times faster
-            visible = repr(check.make_inputs(VISIBLE_SEED))
-            for seed in range(MAX_SEED + 1):
-                inputs = repr(check.make_inputs(seed))
-                # hidden inputs are never the visible ones (a lookup table of those earns nothing),
-                # but where a check has no inputs (find_the_bug's name: it is per copy)
-                assert seed == VISIBLE_SEED or inputs != visible or check.name in NO_INPUTS, (check.name, seed)
-                distinct.setdefault(inputs, seed)
-            if len(distinct) > 60:  # the seed only seeds random generators: their reference at a few seeds
-                for seed in (0, 1, 4999, MAX_SEED):
-                    inputs = check.make_inputs(seed)
-                    reference = json.loads(json.dumps((check.reference or check.probe)(inputs, data)))
-                    if check.serve is None and not {"rounds", "samples"} & set(inputs):  # judged where cheap
-                        refs = {check.name: {"inputs": inputs, "reference": reference}}
-                        assert not failing_checks(assignment, data, refs), (check.name, seed)
-                continue
-            for seed in sorted(distinct.values()):  # the seed is wrapped: every distinct input
+    assignment = ASSIGNMENTS[name]
+    for check in assignment.checks:
+        distinct = {}
+        # repr, not json.dumps: a builder makes its dict in one order, and repr is several times faster
+        visible = repr(check.make_inputs(VISIBLE_SEED))
+        for seed in range(MAX_SEED + 1):
+            inputs = repr(check.make_inputs(seed))
+            # hidden inputs are never the visible ones (a lookup table of those earns nothing),
+            # but where a check has no inputs (find_the_bug's name: it is per copy)
+            assert seed == VISIBLE_SEED or inputs != visible or check.name in NO_INPUTS, (check.name, seed)
+            distinct.setdefault(inputs, seed)
+        if len(distinct) > 60:  # the seed only seeds random generators: their reference at a few seeds
+            for seed in (0, 1, 4999, MAX_SEED):
                 inputs = check.make_inputs(seed)
                 reference = json.loads(json.dumps((check.reference or check.probe)(inputs, data)))
-                if check.serve is None:  # and judged (a served check's generations cost more: its reference ran)
+                if check.serve is None and not {"rounds", "samples"} & set(inputs):  # judged where cheap
                     refs = {check.name: {"inputs": inputs, "reference": reference}}
                     assert not failing_checks(assignment, data, refs), (check.name, seed)
+            continue
+        for seed in sorted(distinct.values()):  # the seed is wrapped: every distinct input
+            inputs = check.make_inputs(seed)
+            reference = json.loads(json.dumps((check.reference or check.probe)(inputs, data)))
+            if check.serve is None:  # and judged (a served check's generations cost more: its reference ran)
+                refs = {check.name: {"inputs": inputs, "reference": reference}}
+                assert not failing_checks(assignment, data, refs), (check.name, seed)
 
 
 def test_seeds_outside_the_tested_range_are_refused(tmp_path):

@@ -3,7 +3,7 @@
 With a 16-token vocabulary the exact distribution of the first three generated tokens (4,096
 outcomes) can be enumerated from the target's own probabilities. Thousands of speculative samples
 are compared with it by a chi-square test. The same test must reject the draft's samples, and
-the classic bug of resampling from p instead of norm(max(0, p - q)) (tests/test_bug_zoo.py, with
+the classic bug of resampling from p instead of norm(max(0, p - q)) (notebook 06, with
 the other bugs of the zoo): so it has the power to fail.
 """
 
@@ -22,7 +22,7 @@ V = TINY_VOCAB.vocab_size
 PROMPT = [1, 2, 3]
 N_TOKENS = 3
 # Samples: the 1,000 at which the bug zoo's check catches every sampling bug it plants on this pair
-# and prompt at p < 1e-6 (tests/test_bug_zoo.py); below that some go unseen (at 500: the greedy
+# and prompt at p < 1e-6 (notebook 06's asserts); below that some go unseen (at 500: the greedy
 # draft, resampling from p).
 SETTINGS = {  # name: (sampling settings, gamma, samples)
     "temperature 1": (dict(temperature=1.0), 2, 1000),
