@@ -147,6 +147,16 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
     return run
 
 
+def same_run(check: Check, inputs) -> tuple | None:
+    """What makes two checks' child runs the same: the probe, its inputs (as JSON) and the
+    timeout. Checks that judge one run in different ways (rejection_sampling's first token, second
+    token and acceptance rate) then share one child: the student's code runs once and every judge
+    reads the same values. None for a check with a server (what it counts is judged per check)."""
+    if check.serve is not None:
+        return None
+    return check.probe, json.dumps(inputs, sort_keys=True), check.timeout
+
+
 def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
     """The verdict, decided here from the values the child sent back, once they are read against
     the check's form (assignments/forms.py): a judge never sees values of another form."""
@@ -224,15 +234,21 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
             checks = [c for c in assignment.checks if c.name in refs and not (only and c.name not in only)]
             budget = submission_seconds(checks, timeout) if budget is None else budget
             first = time.perf_counter()
+            runs: dict[tuple, ChildRun] = {}  # same_run(check, inputs) -> the child's run
             for check in checks:
                 left = budget - (time.perf_counter() - first)
                 if left <= 0:
                     report.results.append(not_run(check, budget))
                     continue
                 entry = refs[check.name]
-                server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
-                run = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left), zygote,
-                                server)
+                key = same_run(check, entry["inputs"])
+                run = runs.get(key) if key is not None else None
+                if run is None:
+                    server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
+                    run = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left), zygote,
+                                    server)
+                    if key is not None:
+                        runs[key] = run
                 report.results.append(judge(check, entry["inputs"], entry["reference"], run))
                 report.seconds = time.perf_counter() - start
                 if on_result is not None:

@@ -23,7 +23,7 @@ import pytest
 
 from assignments import __main__ as cli
 from assignments.registry import ASSIGNMENTS
-from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, make_data, references,
+from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, make_data, references, same_run,
                                student_files)
 from assignments.export import autograde, gradescope_results, gradescope_source
 from assignments.make import AssignmentError, _definitions, copy_ignore, make, reference_functions, resolve
@@ -126,10 +126,34 @@ def stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_pa
     assert [r.check for r in report.results] == [c.name for c in kit.assignment.checks]
     assert report.points == 0 and not report.passed
     assert all("not implemented yet" in r.message for r in report.results), report.results
-    solved = kit.grade(kit.reference())
+    with counted_children() as children:
+        solved = kit.grade(kit.reference())
     assert solved.passed, [(r.check, r.message) for r in solved.results if not r.passed]
     assert solved.points == kit.assignment.points == solved.max_points
     assert {c.visible for c in kit.assignment.checks} == {True, False}  # visible and hidden checks
+    # Checks that judge the same run (probe and inputs) share one child: rejection_sampling's first
+    # token, second token and acceptance rate are three readings of one set of rounds.
+    runs = {same_run(c, kit.refs[c.name]["inputs"]) or c.name for c in kit.assignment.checks}
+    assert children == [len(runs)], children
+    if kit.assignment.name == "rejection_sampling":
+        assert len(runs) == len(kit.assignment.checks) - 2
+
+
+@contextlib.contextmanager
+def counted_children():
+    """[how many check children the grader ran] while in the block."""
+    from assignments import grade as grading
+
+    counted, run_child = [0], grading.run_child
+
+    def counting(*args, **kwargs):
+        counted[0] += 1
+        return run_child(*args, **kwargs)
+    grading.run_child = counting
+    try:
+        yield counted
+    finally:
+        grading.run_child = run_child
 
 
 def forged_atexit(indent: str) -> str:
