@@ -124,14 +124,16 @@ def pick_references(hidden: dict) -> tuple[dict, int | None]:
 EXPORTED_SEEDS = 8  # hidden inputs an exported autograder draws from, unless --seed names one
 
 
-def export_gradescope(name: str, out: Path, seed: int | list[int] = 1, root: Path = ROOT) -> Path:
+def export_gradescope(name: str, out: Path, seed: int | list[int] = 1, root: Path = ROOT,
+                      check_reference: bool = True) -> Path:
+    """The zip to upload to Gradescope (gradescope_source's folder; check_reference as there)."""
     out = Path(out)
     if out.suffix != ".zip":
         raise AssignmentError(f"{out}: give a .zip file name (Gradescope takes the autograder as a zip)")
     if out.exists():
         raise AssignmentError(f"{out} exists: give a new file name (nothing is overwritten)")
     with tempfile.TemporaryDirectory(prefix="gradescope-") as tmp:
-        source = gradescope_source(name, Path(tmp) / "source", seed, root)
+        source = gradescope_source(name, Path(tmp) / "source", seed, root, check_reference)
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
             for path in sorted(source.rglob("*")):
                 if path.is_file():

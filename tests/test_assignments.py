@@ -25,7 +25,7 @@ from assignments import __main__ as cli
 from assignments.registry import ASSIGNMENTS
 from assignments.grade import (HIDDEN_SEED, Zygote, check_locally, grade, grade_tree, make_data, references, same_run,
                                student_files)
-from assignments.export import autograde, gradescope_results, gradescope_source
+from assignments.export import autograde, export_gradescope, gradescope_results, gradescope_source
 from assignments.make import AssignmentError, _definitions, copy_ignore, make, reference_functions, resolve
 from test_grader_verdicts import grade_variants
 
@@ -478,19 +478,20 @@ def gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path):
     """The autograder laid out in a folder like /autograder (source, submission, results); the
     submission is just the edited files, flat; run_autograder writes results.json. One
     assignment goes through the real zip and shell script, the others through the function the
-    script calls (same code, one Python start-up less)."""
+    script calls (same code, one Python start-up less). None checks the reference solution again:
+    it was graded on these inputs above (the export's own check: test_assignment_exports.py)."""
     assignment, name = kit.assignment, kit.assignment.name
     tmp_path.mkdir(parents=True, exist_ok=True)
     autograder = tmp_path / "autograder"
     source = autograder / "source"
     if name == "greedy_speculative":
         archive = tmp_path / f"{name}.zip"
-        assert cli.main(["export", "gradescope", name, "--out", str(archive), "--seed", str(HIDDEN_SEED)]) == 0
+        export_gradescope(name, archive, HIDDEN_SEED, check_reference=False)
         with zipfile.ZipFile(archive) as z:
             z.extractall(source)
         for script in ("setup.sh", "run_autograder"):
             os.chmod(source / script, 0o755)
-    else:  # the reference solution was graded on these inputs above: not again
+    else:
         gradescope_source(name, source, HIDDEN_SEED, check_reference=False)
     assert {"setup.sh", "run_autograder", "hidden.json", "copy", "data"} <= {p.name for p in source.iterdir()}
     (autograder / "submission").mkdir()
