@@ -15,6 +15,7 @@ A check has three halves, so that the student's code never decides its own verdi
   raises Failed with a message in plain words when they disagree.
 """
 
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -47,6 +48,17 @@ class Check:
     # (inputs, reference, student id) -> the reference for that student's own copy (find_the_bug:
     # the bug planted in it); references.for_student applies it
     personal: Callable | None = None
+
+
+def same_run(check: Check, inputs) -> tuple | None:
+    """What makes two checks' runs the same: the probe, its inputs (as JSON) and the timeout.
+    Checks that judge one run in different ways (rejection_sampling's first token, second token
+    and acceptance rate) then share one run: the grader runs the student's code once, in one
+    child, and every judge reads the same values. None for a check with a server (what it counts
+    is judged per check)."""
+    if check.serve is not None:
+        return None
+    return check.probe, json.dumps(inputs, sort_keys=True), check.timeout
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .definition import Assignment, AssignmentError, Check, ChildRun, Failed
+from .definition import Assignment, AssignmentError, Check, ChildRun, Failed, same_run  # noqa: F401
 from .forms import parse, read
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import oom_kills, silent_end
@@ -145,16 +145,6 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
     if end.out_of_memory and run.error is not None:  # the sandbox's memory limit ended (part of) it
         run.error = end.out_of_memory
     return run
-
-
-def same_run(check: Check, inputs) -> tuple | None:
-    """What makes two checks' child runs the same: the probe, its inputs (as JSON) and the
-    timeout. Checks that judge one run in different ways (rejection_sampling's first token, second
-    token and acceptance rate) then share one child: the student's code runs once and every judge
-    reads the same values. None for a check with a server (what it counts is judged per check)."""
-    if check.serve is not None:
-        return None
-    return check.probe, json.dumps(inputs, sort_keys=True), check.timeout
 
 
 def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:

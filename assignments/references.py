@@ -89,11 +89,11 @@ def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, 
     """{check: its message} for every check in refs that the instructor's own code fails, run in
     this process (trusted code: no child needed). At a seed where a statistical check fails the
     reference, it fails every student who draws random numbers as the reference does."""
-    from .definition import Failed
+    from .definition import Failed, same_run
     from .forms import read
     from .serving import serve_here
 
-    failures = {}
+    failures, runs = {}, {}  # what each run's probe returned: checks judging one run share it, as in grading
     for check in assignment.checks:
         if check.name not in refs:
             continue
@@ -101,7 +101,10 @@ def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, 
         server = check.serve(inputs, reference, data) if check.serve else None
         serve_here(server)
         try:
-            got = read(check.form(inputs, reference), json.loads(json.dumps(check.probe(inputs, data))))
+            key = same_run(check, inputs) or check.name
+            if key not in runs:
+                runs[key] = json.loads(json.dumps(check.probe(inputs, data)))
+            got = read(check.form(inputs, reference), runs[key])
             check.judge(inputs, reference, got, *([server.record()] if server else []))
         except Failed as failure:
             failures[check.name] = str(failure)

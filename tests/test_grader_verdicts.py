@@ -533,6 +533,25 @@ def test_a_seed_the_reference_fails_is_refused_with_the_reason(tmp_path, monkeyp
         refuse_a_failing_seed(assignment, tmp_path, refs, 3)
 
 
+def test_the_reference_check_runs_each_shared_run_once(tmp_path, monkeypatch):
+    """failing_checks (what grade and the exports verify first) runs the instructor's step once
+    per distinct run, as the grader runs one child for it: rejection_sampling's five round checks
+    are three runs (random q, q = p, a point mass), read five ways; and every check is judged."""
+    import assignments.rejection_sampling as rs
+
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    data = make_data(tmp_path / "data")
+    refs = references(assignment, data, 3)
+    steps, function = [], rs.function
+    monkeypatch.setattr(rs, "function", lambda name: steps.append(name) or function(name))
+    judged, judge = [], rs.follows
+    monkeypatch.setattr(rs, "follows", lambda *args: judged.append(args) or judge(*args))
+    assert failing_checks(assignment, data, refs) == {}
+    assert steps.count(rs.REJECTION) == 3
+    # first token twice (random q, a point mass), second token, acceptance, bonus; the samples end to end
+    assert len(judged) == 6
+
+
 # ------------------------------------------------------------------------------------------------
 # What the checks say, and what the copy holds
 # ------------------------------------------------------------------------------------------------
