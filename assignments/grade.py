@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .definition import Assignment, AssignmentError, Check, ChildRun, Failed, same_run  # noqa: F401
+from .definition import Assignment, AssignmentError, Check, ChildRun, Failed, same_run
 from .forms import parse, read
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import oom_kills, silent_end
