@@ -224,22 +224,19 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
             checks = [c for c in assignment.checks if c.name in refs and not (only and c.name not in only)]
             budget = submission_seconds(checks, timeout) if budget is None else budget
             first = time.perf_counter()
-            runs: dict[tuple, ChildRun] = {}  # same_run(check, inputs) -> the child's run
+            runs: dict = {}  # same_run(check, inputs), or a served check's name -> the child's run
             for check in checks:
                 left = budget - (time.perf_counter() - first)
                 if left <= 0:
                     report.results.append(not_run(check, budget))
                     continue
                 entry = refs[check.name]
-                key = same_run(check, entry["inputs"])
-                run = runs.get(key) if key is not None else None
-                if run is None:
+                key = same_run(check, entry["inputs"]) or check.name
+                if key not in runs:
                     server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
-                    run = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left), zygote,
-                                    server)
-                    if key is not None:
-                        runs[key] = run
-                report.results.append(judge(check, entry["inputs"], entry["reference"], run))
+                    runs[key] = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left),
+                                          zygote, server)
+                report.results.append(judge(check, entry["inputs"], entry["reference"], runs[key]))
                 report.seconds = time.perf_counter() - start
                 if on_result is not None:
                     on_result(report)
