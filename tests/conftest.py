@@ -156,6 +156,15 @@ def kernel_cache_file(tmp_path, monkeypatch):
     return path
 
 
+def hf_gpt2(folder):
+    """transformers' GPT2LMHeadModel from a checkpoint folder, in eval mode: the reference the tests
+    compare with. Imported here, when a test asks: importing transformers takes seconds, and every
+    test worker imports every test module."""
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(folder).eval()
+
+
 @pytest.fixture
 def generator():
     return torch.Generator().manual_seed(1234)

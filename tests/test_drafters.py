@@ -7,9 +7,8 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, hf_gpt2
 from test_lossless import SETTINGS
-from transformers import GPT2LMHeadModel
 
 import spec_decoding.greedy
 import spec_decoding.speculative
@@ -157,7 +156,7 @@ def test_exit_layer_logits_equal_transformers_hidden_state_through_the_head(tmp_
     transformers computes them (hidden_states[k] is the residual stream after k blocks)."""
     folder = save_random_checkpoint(tmp_path, TARGET_CFG, seed=4, std=0.2, embedding_std=0.3)
     ours = load_gpt2(folder)
-    hf = GPT2LMHeadModel.from_pretrained(folder).eval()
+    hf = hf_gpt2(folder)
     idx = torch.tensor([PROMPT])
     with torch.inference_mode():
         hidden = hf(idx, output_hidden_states=True).hidden_states[exit_layer]

@@ -196,11 +196,16 @@ def test_lossless_in_each_format(make_checkpoint, name):
     target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3), **FORMATS[name])
     draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3), **FORMATS[name])
     # Fewer samples than test_lossless (these kernels have a higher per-call cost at these tiny
-    # sizes): enough to catch a gross deviation, such as samples from the draft; the format's
-    # small shift of p itself is defined away (lossless is relative to the target as loaded).
+    # sizes): enough to catch a gross deviation, such as samples from the draft (checked below);
+    # the format's small shift of p itself is defined away (lossless is relative to the target as
+    # loaded).
     generate = lambda prompt, n, **kw: speculative_sampling(target, draft, prompt, n, 2, **kw)
-    result = check_lossless(generate, target, [1, 2, 3], 3, dict(temperature=1.0), samples=1000, seed=7)
+    result = check_lossless(generate, target, [1, 2, 3], 3, dict(temperature=1.0), samples=400, seed=7)
     assert result.passed, result
+    # the same check, as many samples, fails the draft's own samples
+    draft_alone = lambda prompt, n, **kw: autoregressive_generate(draft, prompt, n, **kw)
+    result = check_lossless(draft_alone, target, [1, 2, 3], 3, dict(temperature=1.0), samples=400, seed=7)
+    assert not result.passed and result.p_value < 1e-6, result
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -6,8 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import AGREEING_TARGET, TINY
-from transformers import GPT2LMHeadModel
+from conftest import AGREEING_TARGET, TINY, hf_gpt2
 
 import spec_decoding.greedy
 from gpt2 import GPT2, load_gpt2
@@ -37,7 +36,7 @@ def baseline(target):
 
 
 def test_baseline_greedy_equals_transformers_generate(pair_dirs, baseline):
-    hf = GPT2LMHeadModel.from_pretrained(pair_dirs[0]).eval()
+    hf = hf_gpt2(pair_dirs[0])
     out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=40, min_new_tokens=40, do_sample=False,
                       pad_token_id=0, eos_token_id=None)
     assert out[0, len(PROMPT):].tolist() == baseline

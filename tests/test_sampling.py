@@ -2,13 +2,14 @@
 
 import pytest
 import torch
-from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
 
 from spec_decoding.sampling import logits_to_probs, next_token, sample
 
 
 def reference_probs(logits, temperature, top_k, top_p):
+    # imported here: transformers takes seconds to import, and every test worker imports this module
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
     scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
     if top_k is not None:
         scores = TopKLogitsWarper(top_k)(None, scores)
