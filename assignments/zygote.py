@@ -33,6 +33,11 @@ def serve(sock: socket.socket, config: dict) -> None:
     import torch
 
     import assignments.registry  # noqa: F401  (the check definitions: the grader's files, not the student's)
+    # What the project imports from outside itself (besides torch), loaded once here: each check's
+    # child imports the student's copy of the project afresh, and then only the project's own modules.
+    import getpass  # noqa: F401
+    import statistics  # noqa: F401
+    import safetensors.torch  # noqa: F401
 
     from .runner import run
 

@@ -1,6 +1,10 @@
-"""benchmark.py end to end, as a subprocess, on a tiny agreeing pair with GPT-2's vocabulary."""
+"""benchmark.py on a tiny agreeing pair with GPT-2's vocabulary: the grid run end to end, as a
+subprocess (as a user runs it); the other runs through main() in the test's process (the same code,
+one Python and torch start-up less)."""
 
+import contextlib
 import csv
+import io
 import json
 import os
 import statistics
@@ -20,6 +24,16 @@ REQUIRED_CELL_FIELDS = {
 }
 PLOTS = ("benchmark_heatmap.png", "benchmark_speedup_vs_gamma.png", "benchmark_acceptance.png")
 GAMMAS, MAX_GENS, TEMPERATURES = (1, 2), (8, 16), (0.0, 1.0)
+
+
+def run_in_process(*args) -> tuple[str, str]:
+    """(stdout, stderr) of benchmark.main(args) run in this process."""
+    import benchmark
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        benchmark.main([str(a) for a in args])
+    return out.getvalue(), err.getvalue()
 
 
 def run_benchmark(*args, timeout=120):
@@ -281,17 +295,15 @@ def drafters_run(text_pair_dirs, shared):
     def build(folder):
         out = folder / "out"
         # no model drafter: --draft is never loaded, so a missing folder is fine
-        return out, run_benchmark("--target", target_dir, "--draft", "/nonexistent/draft",
-                                  "--drafters", "ngram:2", "layerskip:2", "--gammas", 1, 3, "--max-gens", 12,
-                                  "--threads", 1, "--out", out)
+        return out, run_in_process("--target", target_dir, "--draft", "/nonexistent/draft",
+                                   "--drafters", "ngram:2", "layerskip:2", "--gammas", 1, 3, "--max-gens", 12,
+                                   "--threads", 1, "--out", out)[0]
 
-    out, proc = shared("benchmark-drafters-run", build)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc
+    return shared("benchmark-drafters-run", build)
 
 
 def test_drafters_are_a_grid_axis(drafters_run):
-    out, proc = drafters_run
+    out, stdout = drafters_run
     results = json.loads((out / "results.json").read_text())
     cells = results["cells"]
     assert [(c["drafter"], c["gamma"]) for c in cells] == [
@@ -312,10 +324,10 @@ def test_drafters_are_a_grid_axis(drafters_run):
         expected_calls = 0 if cell["drafter"] == "ngram:2" else sum(r["tokens_drafted"] for r in cell["run_records"])
         assert cell["draft_calls"] == expected_calls
     assert set(results["by_drafter"]) == {"ngram:2", "layerskip:2"}
-    assert "Drafters side by side" in proc.stdout
-    assert "### Drafter ngram:2 (prompt lookup, n-grams of up to 2 tokens)" in proc.stdout
-    assert "### Drafter layerskip:2 (the target's first 2 blocks)" in proc.stdout
-    assert "Loading target" in proc.stdout and "draft" not in proc.stdout.split("\n", 1)[0]
+    assert "Drafters side by side" in stdout
+    assert "### Drafter ngram:2 (prompt lookup, n-grams of up to 2 tokens)" in stdout
+    assert "### Drafter layerskip:2 (the target's first 2 blocks)" in stdout
+    assert "Loading target" in stdout and "draft" not in stdout.split("\n", 1)[0]
     for name in PLOTS:
         with Image.open(out / name) as image:
             assert image.size[1] > 800  # one row of panels per drafter
@@ -355,10 +367,9 @@ def test_gamma_policies_beside_fixed_gammas(text_pair_dirs, tmp_path):
     the g of every round recorded, and the CostModel they used in results.json."""
     target_dir, draft_dir = text_pair_dirs
     out = tmp_path / "out"
-    proc = run_benchmark("--draft", draft_dir, "--target", target_dir, "--gammas", "heuristic", 2, "auto",
-                         "--gamma-max", 3, "--max-gens", 12, "--prompts", ROOT / "prompts" / "short.txt",
-                         "--threads", 1, "--out", out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout, _ = run_in_process("--draft", draft_dir, "--target", target_dir, "--gammas", "heuristic", 2, "auto",
+                               "--gamma-max", 3, "--max-gens", 12, "--prompts", ROOT / "prompts" / "short.txt",
+                               "--threads", 1, "--out", out)
     results = json.loads((out / "results.json").read_text())
     assert [c["gamma"] for c in results["cells"]] == [2, "auto", "heuristic"]
     assert len(results["costs"]["cost_models"]["model"]["target_score_s"]) == 4  # k = 1 .. gamma_max + 1
@@ -376,8 +387,8 @@ def test_gamma_policies_beside_fixed_gammas(text_pair_dirs, tmp_path):
         rounds = [g for r in cell["run_records"] for g in r["gamma_by_round"]]
         expected = 3 * 12 * t[0] / sum(g * costs["draft_step_s"] + t[g] for g in rounds)
         assert cell["cost_model_speedup"] == pytest.approx(expected)
-    assert "| auto |" in proc.stdout and "| heuristic |" in proc.stdout
-    assert "Speculation pays" in proc.stdout
+    assert "| auto |" in stdout and "| heuristic |" in stdout
+    assert "Speculation pays" in stdout
 
 
 def test_machine_info_needs_no_transformers(monkeypatch):
