@@ -50,14 +50,14 @@ class Check:
     personal: Callable | None = None
 
 
-def same_run(check: Check, inputs) -> tuple | None:
+def same_run(check: Check, inputs) -> tuple | str:
     """What makes two checks' runs the same: the probe, its inputs (as JSON) and the timeout.
     Checks that judge one run in different ways (rejection_sampling's first token, second token
     and acceptance rate) then share one run: the grader runs the student's code once, in one
-    child, and every judge reads the same values. None for a check with a server (what it counts
-    is judged per check)."""
+    child, and every judge reads the same values. A check with a server has a run of its own (what
+    the server counts is judged per check): its name."""
     if check.serve is not None:
-        return None
+        return check.name
     return check.probe, json.dumps(inputs, sort_keys=True), check.timeout
 
 

@@ -224,14 +224,14 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
             checks = [c for c in assignment.checks if c.name in refs and not (only and c.name not in only)]
             budget = submission_seconds(checks, timeout) if budget is None else budget
             first = time.perf_counter()
-            runs: dict = {}  # same_run(check, inputs), or a served check's name -> the child's run
+            runs: dict = {}  # same_run(check, inputs) -> the child's run
             for check in checks:
                 left = budget - (time.perf_counter() - first)
                 if left <= 0:
                     report.results.append(not_run(check, budget))
                     continue
                 entry = refs[check.name]
-                key = same_run(check, entry["inputs"]) or check.name
+                key = same_run(check, entry["inputs"])
                 if key not in runs:
                     server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
                     runs[key] = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left),

@@ -101,7 +101,7 @@ def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, 
         server = check.serve(inputs, reference, data) if check.serve else None
         serve_here(server)
         try:
-            key = same_run(check, inputs) or check.name
+            key = same_run(check, inputs)
             if key not in runs:
                 runs[key] = json.loads(json.dumps(check.probe(inputs, data)))
             got = read(check.form(inputs, reference), runs[key])

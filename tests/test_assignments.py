@@ -133,7 +133,7 @@ def stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_pa
     assert {c.visible for c in kit.assignment.checks} == {True, False}  # visible and hidden checks
     # Checks that judge the same run (probe and inputs) share one child: rejection_sampling's first
     # token, second token and acceptance rate are three readings of one set of rounds.
-    runs = {same_run(c, kit.refs[c.name]["inputs"]) or c.name for c in kit.assignment.checks}
+    runs = {same_run(c, kit.refs[c.name]["inputs"]) for c in kit.assignment.checks}
     assert children == [len(runs)], children
     if kit.assignment.name == "rejection_sampling":
         assert len(runs) == len(kit.assignment.checks) - 2
