@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,6 +244,14 @@ def similarity(reference: list[str], other: list[str], matcher: difflib.Sequence
     return sum(b.size for b in matcher.get_matching_blocks() if b.size >= MIN_RUN) / max(len(reference), 1)
 
 
+def _shared_run_bound(reference_counts: Counter, other_runs: frozenset, length: int) -> float:
+    """A looser bound than _at_most, cheaper still: each position whose run `other` shares covers
+    at most MIN_RUN tokens. reference_counts: how often each run occurs in the reference. One set
+    intersection (in C) a pair, where _at_most loops over the reference's tokens in Python."""
+    shared = reference_counts.keys() & other_runs
+    return sum(reference_counts[run] for run in shared) * MIN_RUN / max(length, 1)
+
+
 def _at_most(reference_runs: list[int], other_runs: frozenset, length: int) -> float:
     """An upper bound of similarity(), cheap: the share of the reference's tokens inside some run
     of MIN_RUN that `other` holds too. Every common block similarity() counts is made of such
@@ -266,7 +275,7 @@ class Leak:
 def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str, str]]) -> list[Leak]:
     """Every function (or notebook code) in the copy whose syntax holds most of a stripped
     function's reference body. references: name -> tokens of the instructor's body."""
-    references = {name: (tokens, _runs(tokens)) for name, tokens in references.items()
+    references = {name: (tokens, _runs(tokens), Counter(_runs(tokens))) for name, tokens in references.items()
                   if len(tokens) >= LEAK_MIN_TOKENS}
     leaks = []
     for file in sorted(copy.rglob("*.py")):
@@ -281,8 +290,10 @@ def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str
             if (rel, qualname) in skip:
                 continue
             matcher = None
-            for name, (reference, reference_runs) in references.items():
-                if _at_most(reference_runs, runs, len(reference)) < LEAK_THRESHOLD:
+            for name, (reference, reference_runs, reference_counts) in references.items():
+                # two bounds of similarity(), the cheaper first: most pairs stop at one of them
+                if (_shared_run_bound(reference_counts, runs, len(reference)) < LEAK_THRESHOLD
+                        or _at_most(reference_runs, runs, len(reference)) < LEAK_THRESHOLD):
                     continue
                 if matcher is None:
                     matcher = difflib.SequenceMatcher(None, autojunk=False)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import spec_decoding_generate as script
+import warm_python
 from gpt2 import EOT_ID, decode, encode
 from spec_decoding import autoregressive_generate
 
@@ -54,9 +55,9 @@ class Run:
             os.close(slave)
             self.reader = threading.Thread(target=self._read_pty, args=(master,), daemon=True)
             self.reader.start()
-        else:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, env=env)
+        else:  # started by tests/warm_python.py: a process that has torch imported already
+            self.proc = warm_python.WarmPopen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, env=env)
             self.reader = None
         self._result = None
 
