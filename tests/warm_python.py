@@ -77,24 +77,31 @@ def serve(fd: int) -> None:
 
 def _waiter(request: dict, fds: list[int], base_path: list[str]) -> None:
     reply = socket.socket(fileno=fds[3])
+    started_read, started_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         reply.close()
-        _run(request, fds[:3], base_path)  # never returns
-    for fd in fds[:3]:
+        os.close(started_read)
+        _run(request, fds[:3], base_path, started_write)  # never returns
+    for fd in (*fds[:3], started_write):
         os.close(fd)
+    os.read(started_read, 1)  # its session is set (a caller may signal its process group at once)
     reply.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
     reply.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
     os._exit(0)
 
 
-def _run(request: dict, stdio: list[int], base_path: list[str]) -> None:
+def _run(request: dict, stdio: list[int], base_path: list[str], started: int) -> None:
     import runpy
     import types
 
     code = 1
     try:
+        if request["new_session"]:
+            os.setsid()
+        os.write(started, b".")
+        os.close(started)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
             os.close(fd)
@@ -177,7 +184,7 @@ def _server(env: dict) -> socket.socket:
             server_env.pop("PYTHONPATH", None)
             process = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()), os.path.dirname(__file__)],
                                        pass_fds=(theirs.fileno(),), env=server_env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL)
+                                       stdout=subprocess.DEVNULL, start_new_session=True)
             theirs.close()
             _servers[key] = (process, ours)
         return _servers[key][1]
@@ -206,10 +213,11 @@ def _parse(args: list[str]) -> tuple[str, str, list[str]]:
 
 
 class WarmPopen:
-    """subprocess.Popen's subset the tests use: stdin, stdout and stderr each None (inherited),
-    DEVNULL, PIPE or a file descriptor; poll, wait, kill, communicate, returncode, pid."""
+    """subprocess.Popen's subset the tests (and jupyter_client, for a notebook's kernel) use:
+    stdin, stdout and stderr each None (inherited), DEVNULL, PIPE or a file descriptor; cwd, env,
+    start_new_session; poll, wait, kill, terminate, send_signal, communicate, returncode, pid."""
 
-    def __init__(self, args, stdin=None, stdout=None, stderr=None, cwd=None, env=None):
+    def __init__(self, args, stdin=None, stdout=None, stderr=None, cwd=None, env=None, start_new_session=False):
         kind, what, rest = _parse([str(a) for a in args])
         env = dict(os.environ if env is None else env)
         ours, child = {}, []
@@ -228,7 +236,8 @@ class WarmPopen:
         self.args, self.returncode = args, None
         self._reply, theirs = socket.socketpair()
         self._buffer = b""
-        request = {"kind": kind, "what": what, "args": rest, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env}
+        request = {"kind": kind, "what": what, "args": rest, "cwd": os.path.abspath(cwd or os.getcwd()), "env": env,
+                   "new_session": bool(start_new_session)}
         try:
             socket.send_fds(_server(env), [json.dumps(request).encode()], [*child, theirs.fileno()])
         finally:
@@ -266,12 +275,18 @@ class WarmPopen:
             self._reply.close()
         return self.returncode
 
-    def kill(self):
+    def send_signal(self, signum):
         if self.returncode is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, signum)
             except ProcessLookupError:
                 pass
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self):
+        self.send_signal(signal.SIGTERM)
 
     def communicate(self, input=None, timeout=None):
         """(stdout, stderr) bytes (None where not a pipe), read until both close; then waits."""
