@@ -79,7 +79,10 @@ def notebook_env(monkeypatch, notebook_pair, python3_kernel, tmp_path):
 
 def warm_kernel(cmd, **kwargs):
     """jupyter_client's Popen for the kernel (`python -m ipykernel_launcher -f ...`): started by
-    tests/warm_python.py, from a process that has torch imported already."""
+    tests/warm_python.py, from a process that has torch imported already, when the kernel runs
+    this interpreter (a "python3" kernel spec installed for another one starts as it would)."""
+    if cmd[0] != sys.executable:
+        return subprocess.Popen(cmd, **kwargs)
     return warm_python.WarmPopen(cmd, **kwargs)
 
 

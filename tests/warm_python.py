@@ -64,9 +64,12 @@ def serve(fd: int) -> None:
                 os.waitpid(pid, 0)
             return
         pid = os.fork()
-        if pid == 0:
-            control.close()
-            _waiter(json.loads(message), fds, base_path)  # never returns
+        if pid == 0:  # whatever happens in the waiter, it never goes back to this loop
+            try:
+                control.close()
+                _waiter(json.loads(message), fds, base_path)
+            finally:
+                os._exit(0)
         waiters.add(pid)
         for fd_ in fds:
             os.close(fd_)
@@ -80,16 +83,18 @@ def _waiter(request: dict, fds: list[int], base_path: list[str]) -> None:
     started_read, started_write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        reply.close()
-        os.close(started_read)
-        _run(request, fds[:3], base_path, started_write)  # never returns
+        try:
+            reply.close()
+            os.close(started_read)
+            _run(request, fds[:3], base_path, started_write)
+        finally:
+            os._exit(1)
     for fd in (*fds[:3], started_write):
         os.close(fd)
     os.read(started_read, 1)  # its session is set (a caller may signal its process group at once)
     reply.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
     reply.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-    os._exit(0)
 
 
 def _run(request: dict, stdio: list[int], base_path: list[str], started: int) -> None:
