@@ -275,8 +275,11 @@ class Leak:
 def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str, str]]) -> list[Leak]:
     """Every function (or notebook code) in the copy whose syntax holds most of a stripped
     function's reference body. references: name -> tokens of the instructor's body."""
-    references = {name: (tokens, _runs(tokens), Counter(_runs(tokens))) for name, tokens in references.items()
-                  if len(tokens) >= LEAK_MIN_TOKENS}
+    compared = {}  # name -> (tokens, their runs in order, how often each run occurs)
+    for name, tokens in references.items():
+        if len(tokens) >= LEAK_MIN_TOKENS:
+            runs = _runs(tokens)
+            compared[name] = (tokens, runs, Counter(runs))
     leaks = []
     for file in sorted(copy.rglob("*.py")):
         rel = file.relative_to(copy).as_posix()
@@ -290,7 +293,7 @@ def find_leaks(references: dict[str, list[str]], copy: Path, skip: set[tuple[str
             if (rel, qualname) in skip:
                 continue
             matcher = None
-            for name, (reference, reference_runs, reference_counts) in references.items():
+            for name, (reference, reference_runs, reference_counts) in compared.items():
                 # two bounds of similarity(), the cheaper first: most pairs stop at one of them
                 if (_shared_run_bound(reference_counts, runs, len(reference)) < LEAK_THRESHOLD
                         or _at_most(reference_runs, runs, len(reference)) < LEAK_THRESHOLD):

@@ -3,7 +3,7 @@ from a process that has imported torch already (a fork server), so that each run
 import a fresh interpreter pays (the largest part of a short script's CPU).
 
     run([sys.executable, "benchmark.py", "--gammas", "1"], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=120)      # as subprocess.run; WarmPopen as subprocess.Popen (pipes only)
+        text=True, timeout=120)      # as subprocess.run; WarmPopen as subprocess.Popen (a subset)
 
 What the run sees is what a fresh `python` would: its arguments (sys.argv), working folder,
 environment (os.environ), sys.path (the script's folder or the working folder, then PYTHONPATH,
@@ -140,8 +140,7 @@ def _run(request: dict, stdio: list[int], base_path: list[str], started: int) ->
         sys.excepthook(type(e), e.with_traceback(traceback), traceback)
     try:
         threading._shutdown()  # as an interpreter's exit: wait for the threads it started
-        import atexit as at_exit
-        at_exit._run_exitfuncs()
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -263,21 +262,23 @@ class WarmPopen:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
+    def _returncode_within(self, timeout) -> bool:
+        """Whether the run's exit status came within timeout seconds (then kept in returncode)."""
+        message = self._message(timeout)
+        if message is None:
+            return False
+        self.returncode = message["returncode"]
+        self._reply.close()
+        return True
+
     def poll(self):
         if self.returncode is None:
-            message = self._message(0)
-            if message is not None:
-                self.returncode = message["returncode"]
-                self._reply.close()
+            self._returncode_within(0)
         return self.returncode
 
     def wait(self, timeout=None):
-        if self.returncode is None:
-            message = self._message(timeout)
-            if message is None:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = message["returncode"]
-            self._reply.close()
+        if self.returncode is None and not self._returncode_within(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def send_signal(self, signum):
