@@ -74,6 +74,7 @@ import torch
 from tqdm import tqdm
 
 from gpt2 import GPT2Config, CheckpointError, load_gpt2
+from gpt2.speed import load_accelerated, speed_line
 from gpt2.speed.compiled import COMPILE_FLAGS
 from benchmarks.common import gamma_order, read_prompts, timed
 from gpt2.speed.device import dtype_note, note_once, resolve_device, resolve_dtype
@@ -149,6 +150,9 @@ def parse_args(argv=None):
                    "(gpt2/speed/fused_step.py; a GPU); auto (the faster here: compiled on a CPU, graph "
                    "on a GPU, only where it measures faster); or off (default)")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
+    p.add_argument("--plain", action="store_true",
+                   help="time the models as gpt2/model.py is written (float32, nn.Linear); without it the "
+                        "models take gpt2.speed's step (said in the load line)")
     p.add_argument("--out", type=Path, default=Path("runs/benchmark"), help="output folder (default runs/benchmark)")
     p.add_argument("--force", action="store_true", help="overwrite results already in --out")
     p.add_argument("--make-standins", type=Path, metavar="DIR",
@@ -178,6 +182,9 @@ def parse_args(argv=None):
     args.temperatures = sorted(set(args.temperatures))
     if not args.prompts.is_file():
         p.error(f"--prompts {args.prompts}: no such file")
+    if args.plain and (args.quantize or args.draft_quantize or args.compile != "off"):
+        p.error("--plain times gpt2/model.py as written (float32, nn.Linear); --quantize, --draft-quantize "
+                "and --compile are speed options: leave them out, or drop --plain")
     existing = ", ".join(f for f in RESULT_FILES if (args.out / f).exists())
     if existing and not args.force:
         p.error(f"{args.out} already holds results ({existing}); not overwriting them. "
@@ -219,9 +226,14 @@ def is_standin(name_or_path: str) -> bool:
     return (Path(name_or_path).parent / STANDIN_MARKER).is_file()
 
 
-def load_model(role: str, name_or_path: str, device, dtype, quantize=None, compile="off"):
+def load_model(role: str, name_or_path: str, device, dtype, quantize=None, compile="off", plain: bool = False):
+    """The model as gpt2/model.py reads it (load_gpt2, --plain), or with gpt2.speed's step taken
+    (load_accelerated: the format and kernels that run it fastest here; the default)."""
     try:
-        return load_gpt2(name_or_path, device=device, dtype=dtype, quantize=quantize, compile=COMPILE_FLAGS[compile])
+        if plain:
+            return load_gpt2(name_or_path, device=device, dtype="float32" if dtype == "auto" else dtype)
+        return load_accelerated(name_or_path, device=device, dtype=dtype, quantize=quantize,
+                                compile=COMPILE_FLAGS[compile])
     except CheckpointError as e:
         sys.exit(f"error: could not load the {role} model {name_or_path!r}:\n{e}\n\n"
                  f"Offline? Pass local folders holding config.json + model.safetensors with "
@@ -483,9 +495,10 @@ def environment(args, device, dtype, standins: bool, kernels: dict | None = None
 
 
 def kernel_choices(target, draft=None) -> dict:
-    """role -> what runs the model's linear layers: gpt2/speed/kernels.py's choice, which loading
-    logs (logger gpt2.speed) rather than prints; here it is part of the run's summary."""
-    return {role: getattr(model, "kernel_choice", None) or "plain PyTorch (gpt2/model.py)"
+    """role -> what runs the model: gpt2/model.py as written (--plain), or gpt2.speed's format and
+    kernels (which loading logs to the logger gpt2.speed rather than prints); here it is part of
+    the run's summary."""
+    return {role: speed_line(model)
             for role, model in (("target", target), ("draft", draft)) if model is not None}
 
 
@@ -700,12 +713,13 @@ def main(argv=None) -> None:
     print(f"Loading target {args.target}" + (f" and draft {args.draft}" if uses_draft else "")
           + f" on {device} ({args.dtype}) ...", flush=True)
     # dtype "auto" is decided per model, measured on its shapes here (gpt2.speed.device.auto_format).
-    draft = load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize, args.compile) if uses_draft else None
-    target = load_model("target", str(args.target), device, args.dtype, args.quantize, args.compile)
-    dtype = target.wte.weight.dtype
+    draft = (load_model("draft", str(args.draft), device, args.dtype, args.draft_quantize, args.compile, args.plain)
+             if uses_draft else None)
+    target = load_model("target", str(args.target), device, args.dtype, args.quantize, args.compile, args.plain)
+    dtype = target.wpe.weight.dtype
     models = [target] + ([draft] if draft is not None else [])
     kernels = kernel_choices(target, draft)
-    print("; ".join(f"{role} kernels: {choice}" for role, choice in kernels.items()), flush=True)
+    print("; ".join(f"{role}: {choice}" for role, choice in kernels.items()), flush=True)
     drafters = make_drafters(args.drafters, target, draft)
     try:
         for drafter in drafters.values():

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from gpt2 import EOT_ID, CheckpointError, encode, get_tokenizer, load_gpt2
+from gpt2.speed import load_accelerated, speed_line
 from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
@@ -146,6 +147,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "one CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused, that graph with five Triton kernels a block "
                              "(gpt2/speed/fused_step.py; a GPU); auto (compiled on a CPU, graph on a "
                              "GPU, only where it measures faster here); or off (default)")
+    parser.add_argument("--plain", action="store_true",
+                        help="run the models as gpt2/model.py is written (float32, nn.Linear, no kernels "
+                             "chosen here); without it the scripts take gpt2.speed's step, said in the load lines")
     parser.add_argument("--compare-baseline", action="store_true",
                         help="also run the target alone and report the speedup")
     parser.add_argument("--json", action="store_true",
@@ -170,6 +174,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--html {html_path}: the folder {html_path.parent} does not exist")
     if not args.prompt:
         parser.error("--prompt is empty: give some text to continue")
+    if args.plain and (args.quantize or args.draft_quantize or args.compile != "off"):
+        parser.error("--plain runs gpt2/model.py as written (float32, nn.Linear); --quantize, "
+                     "--draft-quantize and --compile are speed options: leave them out, or drop --plain")
     if args.cost_model and args.gamma != "auto":
         parser.error("--cost-model is for --gamma auto")
     if args.temperature == 0 and (args.top_k or args.top_p):
@@ -237,24 +244,32 @@ def check_before_loading(prompt_ids: list[int], args) -> None:
 # Models
 
 
-def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None, compile="off"):
-    """dtype: a --dtype choice; "auto" is decided per model, measured on its shapes here (gpt2.speed.device.auto_format)."""
+def load_model(role: str, name: str, device: torch.device, dtype: str, quantize=None, compile="off",
+               plain: bool = False):
+    """The model as gpt2/model.py reads it (load_gpt2), then, unless plain, the speed step
+    (gpt2.speed.load_accelerated: the same load, read into the format and kernels that run it
+    fastest here). dtype: a --dtype choice; "auto" is decided per model, measured on its shapes
+    here (gpt2.speed.device.auto_format)."""
     print(f"Loading {role} {name} ({device}{', ' + quantize if quantize else ''}) ...",
           file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
-        model = load_gpt2(name, device=device, dtype=dtype, quantize=quantize, compile=COMPILE_FLAGS[compile])
+        if plain:
+            model = load_gpt2(name, device=device, dtype="float32" if dtype == "auto" else dtype)
+        else:
+            model = load_accelerated(name, device=device, dtype=dtype, quantize=quantize,
+                                     compile=COMPILE_FLAGS[compile])
     except CheckpointError as e:  # say which of the two models failed
         raise CheckpointError(f"--{role} {name}: {e}") from None
     print(f"  {model.num_parameters() / 1e6:.0f}M parameters, "
-          f"{str(model.wte.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s; "
-          f"kernels: {kernels_line(model)}", file=sys.stderr, flush=True)
+          f"{str(model.wpe.weight.dtype).removeprefix('torch.')}, {time.perf_counter() - start:.1f} s; "
+          f"{kernels_line(model)}", file=sys.stderr, flush=True)
     return model
 
 
 def kernels_line(model) -> str:
-    """What runs the model's linear layers (gpt2/speed/kernels.py's choice, which loading logs)."""
-    return getattr(model, "kernel_choice", None) or "plain PyTorch (gpt2/model.py)"
+    """What runs the model: gpt2/model.py as written, or the speed step's format and kernels."""
+    return speed_line(model) + ("" if "plain" in speed_line(model)[:5] else "; --plain runs gpt2/model.py as written")
 
 
 def make_drafter(args, target, device: torch.device, dtype: str):
@@ -264,7 +279,7 @@ def make_drafter(args, target, device: torch.device, dtype: str):
         number = max(1, target.config.n_layer // 4)  # the default: a quarter of the target's blocks
     spec = cli.drafter_spec(args.drafter if number is None else f"{args.drafter}:{number}")
     if cli.needs_draft_model(spec):
-        draft = load_model("draft", args.draft, device, dtype, args.draft_quantize, args.compile)
+        draft = load_model("draft", args.draft, device, dtype, args.draft_quantize, args.compile, args.plain)
         return cli.make_drafter(spec, target, draft), f"{spec} {args.draft}"
     try:
         drafter = cli.make_drafter(spec, target)
@@ -277,7 +292,7 @@ def make_drafter(args, target, device: torch.device, dtype: str):
 def warm_up(model) -> None:
     """One small forward pass, so the timings measure decoding and not one-time setup (the first
     forward allocates memory and, on a GPU, loads its kernels)."""
-    model(torch.tensor([[EOT_ID]], device=model.wte.weight.device))
+    model(torch.tensor([[EOT_ID]], device=model.wpe.weight.device))
 
 
 def run_baseline(args, what: str, generate):
@@ -468,8 +483,8 @@ def generate_batch(args, device: torch.device) -> None:
     """--prompts-file: every prompt decoded together (spec_decoding.batched), stats per prompt
     and summed."""
     prompt_ids = [encode_prompt(p) for p in args.prompts]
-    target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile)
-    draft = load_model("draft", args.draft, device, args.dtype, args.draft_quantize, args.compile)
+    target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile, args.plain)
+    draft = load_model("draft", args.draft, device, args.dtype, args.draft_quantize, args.compile, args.plain)
     check_drafter(target, ModelDrafter(draft))
     warm_up(target)
     warm_up(draft)
@@ -489,7 +504,7 @@ def generate_batch(args, device: torch.device) -> None:
         report = {"draft": args.draft, "target": args.target, "rows": rows,
                   "settings": {"gamma": args.gamma, "max_gen": args.max_gen, "temperature": args.temperature,
                                "top_k": args.top_k, "top_p": args.top_p, "seed": seed, "device": str(device),
-                               "dtype": str(target.wte.weight.dtype).removeprefix("torch.")},
+                               "dtype": str(target.wpe.weight.dtype).removeprefix("torch.")},
                   "summed": {"tokens_generated": result.tokens_generated, "seconds": result.seconds,
                              "tokens_per_second": result.tokens_per_second, "alpha": result.alpha,
                              "target_forwards": result.target_forwards, "draft_forwards": result.draft_forwards}}
@@ -535,7 +550,7 @@ def generate(args) -> None:
     prompt_ids = encode_prompt(args.prompt)
     check_before_loading(prompt_ids, args)
     # The target first: it is the big download, and the likelier one to fail.
-    target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile)
+    target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile, args.plain)
     drafter, drafter_line = make_drafter(args, target, device, args.dtype)
     check_drafter(target, drafter)  # before anything runs: a wrong pair fails with the reason
     warm_up(target)
@@ -572,7 +587,7 @@ def generate(args) -> None:
         target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
 
     if args.json:
-        print(to_json(args, device, target.wte.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))
+        print(to_json(args, device, target.wpe.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))
     else:
         print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, drafter_line, args.tree,
                     result.tokens)

@@ -66,7 +66,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def generate(method, target, draft, prompt, max_gen: int, temperature: float, seed: int, costs):
     """One generation by `method`: "plain", an int (a fixed gamma) or "auto"."""
-    generator = torch.Generator(device=target.wte.weight.device).manual_seed(seed)
+    generator = torch.Generator(device=target.wpe.weight.device).manual_seed(seed)
     if method == "plain":
         return autoregressive_generate(target, prompt, max_gen, temperature, generator=generator)
     return speculative_sampling(target, draft, prompt, max_gen, method, temperature=temperature,
@@ -101,7 +101,7 @@ def compare(target, draft, costs: CostModel, repeats: int, max_gen: int, prompt_
     if fixed_gamma is None:
         fixed_gamma = best_fixed_gamma(target, draft, decided_from, prompt_of(0), max_gen, temperature)
     methods = ["plain", fixed_gamma, "auto"]
-    device = target.wte.weight.device
+    device = target.wpe.weight.device
     # A generation shorter than MIN_TIMED_S is timed over several calls (the same seed: the same
     # tokens each time), as many for each method, so the clock's own noise stays small beside it.
     _, plain_s = timed(device, generate, "plain", target, draft, prompt_of(0), max_gen, temperature, 0, costs)

@@ -54,7 +54,7 @@ def run_batch_grid(target, draft, prompts, batch_sizes, gammas, max_gen: int, te
     generates max_gen tokens per row (no eos). costs: a BatchCostModel covering
     max(batch_sizes) * (max(gammas) + 1) rows (None: measured first). Returns {"cells": [...],
     "by_batch": [...], "cost_model": {...}, "crossover": {...}}."""
-    device = target.wte.weight.device
+    device = target.wpe.weight.device
     batch_sizes, gammas = sorted(set(batch_sizes)), sorted(set(gammas))
     if context_len is None:
         context_len = int(statistics.mean(len(p) for p in prompts)) + max_gen // 2

@@ -365,7 +365,7 @@ def main(argv=None) -> int:
         models = {}  # "ours <format>[ compile=on|auto]" -> (target, draft, format)
         for fmt in args.formats:
             auto = models.get("ours auto")
-            if fmt == "bf16" and auto and auto[0].wte.weight.dtype == torch.bfloat16 \
+            if fmt == "bf16" and auto and auto[0].wpe.weight.dtype == torch.bfloat16 \
                     and getattr(auto[0], "quantize", None) is None:
                 print("  bf16: what auto picked, not run twice", flush=True)
                 continue
@@ -412,8 +412,8 @@ def summarize(runs: dict, step_bytes: dict, gb_per_s: float, models: dict) -> di
             m["tokens_per_target_call"] = median([r["tokens_per_target_call"] for r in rounds])
             m["spec_equals_plain"] = all(r["spec_equals_plain"] for r in rounds)
             target = models[name][0]
-            m["dtype"] = str(target.wte.weight.dtype).removeprefix("torch.") + (
-                f", {target.quantize} weights" if getattr(target, "quantize", None) else "")
+            m["dtype"] = str(target.wpe.weight.dtype).removeprefix("torch.") + (
+                f", {target.format} weights" if getattr(target, "format", None) in ("int8", "fp16") else "")
         else:
             spec = rounds[-1]["spec"]
             m["acceptance"] = spec["n_accept"] / spec["n_drafted"] if spec.get("n_drafted") else None

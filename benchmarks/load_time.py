@@ -67,7 +67,7 @@ def child(folder: str) -> None:
     quantize = getattr(model, "quantize", None)
     print(json.dumps({"load_s": load_s, "prompt_s": seconds[0], "first_step_s": seconds[1],
                       "step_s": median(seconds[2:]), "generate_s": generate_s, "tokens": tokens,
-                      "format": quantize or str(model.wte.weight.dtype).removeprefix("torch."),
+                      "format": quantize or str(model.wpe.weight.dtype).removeprefix("torch."),
                       "kernels": len(kernels.attached(model)), "packed_at_load": packed_at_load,
                       "threads": torch.get_num_threads()}))
 

@@ -66,7 +66,7 @@ def child(target: str, draft: str | None) -> None:
                       "import_s": t0 - t_start,
                       "held_gb": sum(kernels.held_bytes(m) for m in models) / 1e9,
                       "peak_rss_gb": peak, "load_peak_rss_gb": load_peak,
-                      "format": getattr(models[0], "quantize", None) or str(models[0].wte.weight.dtype).removeprefix("torch.")}))
+                      "format": getattr(models[0], "quantize", None) or str(models[0].wpe.weight.dtype).removeprefix("torch.")}))
 
 
 def run(target: Path, draft: Path | None, env: dict) -> dict:

@@ -103,7 +103,7 @@ def linears_alone_seconds(model) -> float:
     """Every linear layer of one decoding step (4 per block, then the head), in order, one row
     each, on the kernels loading attached: the step's matrix work without anything between."""
     layers = [lin for b in model.h for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
-    dtype = model.wte.weight.dtype
+    dtype = model.wpe.weight.dtype
     x = {n: torch.randn(1, 1, n, dtype=dtype) for n in {lin.in_features for lin in layers}}
 
     def run():

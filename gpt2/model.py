@@ -2,9 +2,10 @@
 output head tied to the token embedding. Parameter names match the official checkpoints
 (wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), so loading is a rename-free copy.
 
-This file is plain PyTorch: every linear layer is an nn.Linear, the head an F.linear. Loading a
-model attaches faster CPU kernels to those layers (gpt2/speed/kernels.py, named in the line load prints);
-load_gpt2(..., kernels=False) keeps this plain face.
+This file is plain PyTorch: every linear layer is an nn.Linear, the head an F.linear on the token
+embedding's weight. load_gpt2 returns this model as written. Speed is a separate, explicit step
+(gpt2.speed.accelerate), which returns a model of its own classes (FastGPT2, FastLinear) that says
+in its repr what runs where.
 """
 
 import torch
@@ -72,8 +73,11 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         # The output head is wte.weight itself (weight tying): logits = x @ wte.weight.T
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None,
-                **more) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None, *,
+        positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
+        exit_layer: int | None = None, return_features: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """idx [B, T] token ids -> logits [B, T, vocab_size].
 
         With a cache, idx continues the sequence at position cache.length: its keys and values are
@@ -81,38 +85,8 @@ class GPT2(nn.Module):
         the last n positions only (logits [B, n, vocab_size]): generation needs only those, and on
         a long prompt the head is a large share of the work.
 
-        (Token trees, early exit and feature drafters pass more keywords: see forward_with.)
-        """
-        if more:
-            return self.forward_with(idx, cache, num_last_logits, **more)
-        start = cache.length if cache is not None else 0
-        self._check_input(idx, start, cache)
-        T = idx.shape[1]
-        positions = torch.arange(start, start + T, device=idx.device)
-        # Query i (at position start + i) may attend to keys 0 .. start + i. One token needs no mask.
-        mask = None if T == 1 else torch.arange(start + T, device=idx.device)[None, :] <= positions[:, None]
-        x = self.wte(idx) + self.wpe(positions)
-        for layer, block in enumerate(self.h):
-            x = block(x, mask, cache, layer)
-        if cache is not None:
-            cache.advance(T)
-        if num_last_logits is not None:
-            x = x[:, -num_last_logits:]
-        return self.head(self.ln_f(x))
-
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        """The output head: x [B, T, n_embd] -> logits [B, T, vocab_size] = x @ wte.weight.T, the
-        token embedding's own weight (weight tying)."""
-        return F.linear(x, self.wte.weight)
-
-    def forward_with(
-        self, idx: torch.Tensor, cache: KVCache | None = None, num_last_logits: int | None = None, *,
-        positions: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None,
-        exit_layer: int | None = None, return_features: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """forward with the options the algorithms beyond plain decoding need (model(idx, cache,
-        ..., positions=...) passes them here); without any, it computes exactly forward.
-
+        The keywords are for the algorithms beyond plain decoding; without them this is the plain
+        causal forward.
         Token trees (spec_decoding/tree.py) score several continuations at once, so two new
         tokens can sit at the same position and must not see each other. For them:
         positions [T]: the position of each new token (default: start, start + 1, ...).
@@ -126,8 +100,10 @@ class GPT2(nn.Module):
         return_features=True returns (logits, features): features [B, T, n_embd] is the residual
         stream after the last block run, before ln_f, for every new position (num_last_logits
         does not cut it). Feature drafters (spec_decoding/medusa.py, eagle.py) read it; ln_f and
-        the head applied to it give the logits, so a drafter predicting it can be read out
-        through the target's own ln_f and head. It is computed anyway: asking costs nothing.
+        the head applied to it give the logits. It is computed anyway: asking costs nothing.
+
+        Only shapes and types are checked here; token ids are checked where they enter (the
+        generators), since reading a tensor's values would wait for a GPU at every step.
         """
         start = cache.length if cache is not None else 0
         self._check_input(idx, start, cache, positions, attn_mask)
@@ -136,6 +112,7 @@ class GPT2(nn.Module):
         if positions is None:
             positions = slots
         if attn_mask is None and T > 1:
+            # Query i (at position start + i) may attend to keys 0 .. start + i. One token needs no mask.
             attn_mask = torch.arange(start + T, device=idx.device)[None, :] <= slots[:, None]
         x = self.wte(idx) + self.wpe(positions)
         # (a slice of the ModuleList builds a new ModuleList: only for an early exit)
@@ -150,6 +127,11 @@ class GPT2(nn.Module):
         logits = self.head(self.ln_f(x))
         return (logits, features) if return_features else logits
 
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The output head: x [B, T, n_embd] -> logits [B, T, vocab_size] = x @ wte.weight.T, the
+        token embedding's own weight (weight tying)."""
+        return F.linear(x, self.wte.weight)
+
     def new_kv_cache(self, batch_size: int = 1, max_len: int | None = None, extra_slots: int = 0,
                      n_layer: int | None = None) -> KVCache:
         """An empty cache with room for max_len positions (default: n_positions), plus
@@ -162,7 +144,7 @@ class GPT2(nn.Module):
             raise ValueError(f"max_len must be between 1 and n_positions={c.n_positions}, got {max_len}")
         if extra_slots < 0:
             raise ValueError(f"extra_slots must be >= 0, got {extra_slots}")
-        w = self.wte.weight
+        w = self.wpe.weight  # (the model's device and dtype: wpe is a plain tensor in every format)
         # On a CPU, PyTorch's attention over a cache is 3-13x slower in bfloat16/float16 than in
         # float32 for one new token (docs/precision.md): there the keys and values
         # of a half-precision model are kept, and attended to, in float32.
@@ -173,6 +155,7 @@ class GPT2(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def _check_input(self, idx, start, cache, positions=None, attn_mask=None):
+        """Shapes and types only (nothing that reads a tensor's values), each with what to do."""
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
             got = f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise ValueError(f"idx must be a LongTensor of token ids with shape [B, T]; got {got}")
@@ -190,10 +173,6 @@ class GPT2(nn.Module):
             if positions.shape != (T,) or positions.dtype != torch.long:
                 raise ValueError(f"positions must be a LongTensor of shape [T] = [{T}]; got "
                                  f"{tuple(positions.shape)} {positions.dtype}")
-            lo, hi = positions.aminmax()
-            if lo < 0 or hi >= n_pos:
-                raise ValueError(f"Position {int(hi) if hi >= n_pos else int(lo)} is outside the "
-                                 f"context window [0, {n_pos}) of this model")
         if attn_mask is not None and (attn_mask.shape != (T, start + T) or attn_mask.dtype != torch.bool):
             raise ValueError(f"attn_mask must be a bool tensor of shape [T, cached + T] = "
                              f"[{T}, {start + T}]; got {tuple(attn_mask.shape)} {attn_mask.dtype}")
@@ -206,9 +185,3 @@ class GPT2(nn.Module):
                 )
             if B != cache.batch_size:
                 raise ValueError(f"idx has batch size {B} but the KV cache was made for {cache.batch_size}")
-        lo, hi = idx.aminmax()
-        if lo < 0 or hi >= self.config.vocab_size:
-            bad = int(lo) if lo < 0 else int(hi)
-            raise ValueError(
-                f"Token id {bad} is outside the vocabulary [0, {self.config.vocab_size}) of this model"
-            )

@@ -113,7 +113,7 @@ def medusa_loss(heads: MedusaHeads, target: GPT2, features, window) -> tuple[tor
     T = features.shape[1]
     total, per_head = 0.0, []
     for k, head in enumerate(heads.heads, start=1):
-        logits = head(x[:, :T - k], target.wte.weight)  # positions 0 .. T - k - 1
+        logits = head(x[:, :T - k], target.head)  # positions 0 .. T - k - 1
         ce = F.cross_entropy(logits.flatten(0, 1).float(), window[:, k + 1:T + 1].flatten())
         total = total + MEDUSA_DECAY ** k * ce
         per_head.append(ce.item())
@@ -261,7 +261,7 @@ def head_accuracies(heads: MedusaHeads, target: GPT2, held: torch.Tensor, contex
         for k, head in enumerate(heads.heads, start=1):
             if T - k <= 0:
                 continue
-            top = head(x[0, :T - k], target.wte.weight).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
+            top = head(x[0, :T - k], target.head).topk(TOP_B, dim=-1).indices  # [T - k, TOP_B]
             truth = window[0, k + 1:T + 1, None]
             hits[k - 1] += (top == truth).cumsum(-1).clamp(max=1).sum(0).float()
             counts[k - 1] += T - k

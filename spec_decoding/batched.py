@@ -43,9 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt2 import GPT2, KVCache
-from gpt2.speed.device import synchronize
-from gpt2.speed.kernels import linear
-from .costs import BatchCostModel, describe_model
+from .costs import BatchCostModel, describe_model, synchronize
 from .decoding import (check_drafter, check_positive_int, check_sampling_args, prompt_to_list,
                        record_round, round_gamma, round_output, take_tokens)
 from .drafters import model_facts
@@ -123,7 +121,7 @@ def forward_rows(model: GPT2, cache: BatchedKVCache, new_tokens: list[list[int]]
     right-aligned: logits[b, -n:] belong to row b's last n real tokens (n <= len(new_tokens[b])).
 
     The blocks are the model's own; only the positions and the mask are per row."""
-    device = model.wte.weight.device
+    device = model.wpe.weight.device
     T = max(len(t) for t in new_tokens)
     n_new = torch.tensor([len(t) for t in new_tokens], device=device)
     idx = torch.tensor([t + [0] * (T - len(t)) for t in new_tokens], device=device)  # right-padded
@@ -142,7 +140,7 @@ def forward_rows(model: GPT2, cache: BatchedKVCache, new_tokens: list[list[int]]
     # Only the last num_last_logits real positions of each row go through the head.
     last = (n_new[:, None] - num_last_logits + torch.arange(num_last_logits, device=device)).clamp(min=0)
     x = x.gather(1, last[:, :, None].expand(-1, -1, x.shape[-1]))  # [B, num_last_logits, C]
-    return linear(model.ln_f(x), model.wte.weight, None)
+    return model.head(model.ln_f(x))
 
 
 class BatchedModelDrafter:
@@ -254,7 +252,7 @@ def check_prompts(prompts, model: GPT2, max_batch_size: int = MAX_BATCH_SIZE) ->
     if len(prompts) > max_batch_size:
         raise ValueError(f"{len(prompts)} prompts is more than the largest batch, {max_batch_size}: "
                          f"split them into batches of at most {max_batch_size}")
-    device = model.wte.weight.device
+    device = model.wpe.weight.device
     checked = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, torch.Tensor) and prompt.device != device:
@@ -433,7 +431,7 @@ def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len:
     weights, as many rows of arithmetic)."""
     check_positive_int("max_rows", max_rows)
     rows = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
-    device = target.wte.weight.device
+    device = target.wpe.weight.device
     context_len = max(1, min(context_len, target.config.n_positions - 2, draft.config.n_positions - 2))
     g = torch.Generator().manual_seed(0)
     vocab = min(target.config.vocab_size, draft.config.vocab_size)

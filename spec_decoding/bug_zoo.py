@@ -189,7 +189,7 @@ def cache_reset_not_rolled_back():
 
     def target_forward(target, target_cache, tokens, draft_tokens, drafter=None):
         start = snapshot.get(id(target_cache), target_cache.length)
-        new = torch.tensor([(tokens + draft_tokens)[start:]], device=target.wte.weight.device)
+        new = torch.tensor([(tokens + draft_tokens)[start:]], device=target.wpe.weight.device)
         logits, features = target(new, target_cache, num_last_logits=len(draft_tokens) + 1,
                                   return_features=True)
         if drafter is not None:

@@ -48,7 +48,7 @@ MAX_OUTCOMES = 1_000_000  # V ** n_tokens above this is too many cells to enumer
 
 def seeded_generator(target, seed: int) -> torch.Generator:
     """A generator on the target's device (a GPU's sampling draws from a GPU generator), seeded."""
-    return torch.Generator(device=target.wte.weight.device).manual_seed(seed)
+    return torch.Generator(device=target.wpe.weight.device).manual_seed(seed)
 
 
 def _tokens_of(result) -> list[int]:
@@ -74,7 +74,7 @@ def exact_distribution(target, prompt: list[int], n_tokens: int, settings: dict)
             f"outcomes (at most {MAX_OUTCOMES:,}): use a tiny vocabulary (e.g. 16) or fewer tokens")
     if len(prompt) + n_tokens - 1 > target.config.n_positions:
         raise ValueError(f"prompt + {n_tokens - 1} tokens do not fit the context window")
-    device = target.wte.weight.device
+    device = target.wpe.weight.device
     prefixes = torch.tensor(list(itertools.product(range(V), repeat=n_tokens - 1)),
                             dtype=torch.long, device=device).reshape(V ** (n_tokens - 1), n_tokens - 1)
     idx = torch.cat([torch.tensor(prompt, device=device).expand(len(prefixes), -1), prefixes], 1)
@@ -237,7 +237,7 @@ def cache_difference(model, cache, sequence: list[int]) -> float:
     if cache.length == 0:
         return 0.0
     fresh = model.new_kv_cache(max_len=cache.length)
-    model(torch.tensor([sequence[:cache.length]], device=model.wte.weight.device), fresh)
+    model(torch.tensor([sequence[:cache.length]], device=model.wpe.weight.device), fresh)
     n = cache.length
     return max((got[:, :, :n].float() - want[:, :, :n].float()).abs().max().item()
                for layer in range(len(cache.keys))  # an early-exit (layer-skip) cache has fewer
@@ -460,11 +460,11 @@ def acceptance_by_position(target, draft, prompt: list[int], tokens: list[int], 
     from q is accepted there (Leviathan et al. 2023, section 3), p and q from fresh forwards of the
     target and the draft over prompt + tokens (no cache a run could have spoiled). Greedy
     (temperature 0): 1 where the two argmaxes agree, else 0."""
-    device = target.wte.weight.device
+    device = target.wpe.weight.device
     idx = torch.tensor([list(prompt) + list(tokens)[:-1]], device=device)
     n = len(tokens)
     target_logits = target(idx, num_last_logits=n)[0].double()  # [n, V]
-    draft_logits = draft(idx.to(draft.wte.weight.device), num_last_logits=n)[0].double().to(device)
+    draft_logits = draft(idx.to(draft.wpe.weight.device), num_last_logits=n)[0].double().to(device)
     if settings.get("temperature", 0) == 0:
         return (target_logits.argmax(-1) == draft_logits.argmax(-1)).double().tolist()
     p, q = logits_to_probs(target_logits, **settings), logits_to_probs(draft_logits, **settings)

@@ -22,14 +22,20 @@ from pathlib import Path
 import torch
 
 from gpt2 import GPT2
-from gpt2.speed import kernel_cache
-from gpt2.speed.device import synchronize
 from .decoding import check_drafter
 from .drafters import ModelDrafter
 from .result import ROOT
 from .sampling import logits_to_probs, sample
 from .theory import break_even_alpha, predicted_speedup
 from .tree import TokenTree, score_tree, tree_size
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so that a timer measures the work and not just its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 # Row counts at which calibrate times a draft model's catch-up (CostModel.draft_catch_up_s).
@@ -43,9 +49,10 @@ def describe_model(model) -> str:
     random-weight stand-in costs what the real model costs). A drafter wrapping a GPT-2
     (ModelDrafter) is described as that GPT-2; another drafter by its class and settings."""
     if isinstance(model, GPT2):
-        c, w = model.config, model.wte.weight
-        # int8 / float16 weights (load_gpt2's quantize) cost what their bytes cost, not the dtype's
-        weights = f", {model.quantize} weights" if getattr(model, "quantize", None) else ""
+        c, w = model.config, model.wpe.weight
+        # int8 / float16 weights (an accelerated model's format) cost what their bytes cost, not the dtype's
+        fmt = getattr(model, "format", None)
+        weights = f", {fmt} weights" if fmt in ("int8", "fp16") else ""
         return (f"GPT2(n_layer={c.n_layer}, n_head={c.n_head}, n_embd={c.n_embd}, "
                 f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}{weights}, {w.device.type})")
     if type(model).__name__ == "ModelDrafter" and isinstance(getattr(model, "model", None), GPT2):
@@ -200,6 +207,7 @@ class CostModel(SavedAsJson):
         --remeasure` (or another machine) measures them again, and the gammas may then differ."""
         what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max,
                 "measures": "forwards, catch-up, sampling, sampled round"}  # a CostModel kept before sampling was timed is measured again
+        from gpt2.speed import kernel_cache  # (the machine's cache of measurements: only when measuring)
         kept, _ = kernel_cache.decide_once(
             "gamma costs", what, lambda: asdict(cls.calibrate(target, draft, gamma_max)),
             f"this pair's per-call costs for gamma=\"auto\" (a few seconds)")
@@ -222,7 +230,7 @@ class CostModel(SavedAsJson):
         """
         if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
             raise ValueError(f"gamma_max must be an int >= 1, got {gamma_max!r}")
-        device = target.wte.weight.device
+        device = target.wpe.weight.device
         context_len = max(1, min(context_len, target.config.n_positions - gamma_max - 2))
         g = torch.Generator().manual_seed(0)
         vocab = target.config.vocab_size

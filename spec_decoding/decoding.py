@@ -62,7 +62,7 @@ def check_drafter(target: GPT2, drafter) -> None:
             f"({target.config.vocab_size}): speculative decoding needs both models to share one "
             f"tokenizer. Pick a draft from the same family."
         )
-    device = target.wte.weight.device
+    device = target.wpe.weight.device
     if drafter.device is not None and drafter.device != device:
         raise ValueError(
             f"target is on {device} but the draft is on {drafter.device}; load both on the same device"
@@ -98,7 +98,7 @@ def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: i
 
     This one rule covers the prompt (the first call feeds all of it), a single decoding step, and
     the target's verification of the draft tokens."""
-    new = torch.tensor([tokens[cache.length:]], device=model.wte.weight.device)
+    new = torch.tensor([tokens[cache.length:]], device=model.wpe.weight.device)
     return model(new, cache, num_last_logits=num_last_logits)[0]
 
 
@@ -109,7 +109,7 @@ def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: 
     The drafter (if given) is handed the target's features of every position fed
     (Drafter.observe_target_features): feature drafters draft from them."""
     start = target_cache.length
-    new = torch.tensor([tokens[start:] + draft_tokens], device=target.wte.weight.device)
+    new = torch.tensor([tokens[start:] + draft_tokens], device=target.wpe.weight.device)
     logits, features = target(new, target_cache, num_last_logits=len(draft_tokens) + 1, return_features=True)
     if drafter is not None:
         drafter.observe_target_features(start, features[0])

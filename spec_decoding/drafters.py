@@ -19,7 +19,7 @@ from .sampling import logits_to_probs, sample
 
 def model_facts(model: GPT2) -> tuple[int, int, torch.device]:
     """(vocab_size, n_positions, device) of a drafter that drafts with this GPT-2 model."""
-    return model.config.vocab_size, model.config.n_positions, model.wte.weight.device
+    return model.config.vocab_size, model.config.n_positions, model.wpe.weight.device
 
 
 class Drafter:
@@ -107,7 +107,7 @@ class FeatureDrafter(Drafter):
     def start(self, prompt: list[int], max_gen: int) -> None:
         c = self.target.config
         max_len = min(c.n_positions, len(prompt) + max_gen)
-        self.features = torch.zeros(max_len, c.n_embd, device=self.device, dtype=self.target.wte.weight.dtype)
+        self.features = torch.zeros(max_len, c.n_embd, device=self.device, dtype=self.target.wpe.weight.dtype)
         self.n_features = 0
         self.forward_calls = 0
 

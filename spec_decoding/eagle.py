@@ -32,9 +32,9 @@ it and the output is exactly the target's distribution.
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gpt2 import GPT2, KVCache
-from gpt2.speed.kernels import linear
 from gpt2.model import Block
 from .drafters import FeatureDrafter
 from .sampling import logits_to_probs, sample
@@ -60,7 +60,7 @@ class EagleNet(nn.Module):
             nn.init.zeros_(self.w_in.weight)
             nn.init.zeros_(self.w_in.bias)
             self.w_in.weight[:, c.n_embd:] = torch.eye(c.n_embd)
-        self.to(device=target.wte.weight.device, dtype=target.wte.weight.dtype)
+        self.to(device=target.wpe.weight.device, dtype=target.wpe.weight.dtype)
 
     def forward(self, token_embeddings: torch.Tensor, features: torch.Tensor,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -108,13 +108,13 @@ class EagleDrafter(FeatureDrafter):
             if len(draft_vocab.unique()) != len(draft_vocab):
                 raise ValueError("draft_vocab lists a token twice: each token id once")
             # The reduced head: those rows of wte, copied once so each step multiplies only them.
-            self.draft_head = target.wte.weight[draft_vocab].detach().clone()
+            self.draft_head = target.wte(draft_vocab).detach().clone()
         self.draft_vocab = draft_vocab
         self.cache = None
 
     def start(self, prompt, max_gen):
         super().start(prompt, max_gen)
-        c, w = self.target.config, self.target.wte.weight
+        c, w = self.target.config, self.target.wpe.weight
         max_len = min(c.n_positions, len(prompt) + max_gen)
         self.cache = KVCache(1, 1, c.n_head, max_len, c.head_dim, w.device, w.dtype)
 
@@ -128,9 +128,9 @@ class EagleDrafter(FeatureDrafter):
         """The target's ln_f and head on a drafted feature: logits [V] (-inf outside draft_vocab)."""
         x = self.target.ln_f(feature)
         if self.draft_vocab is None:
-            return linear(x, self.target.wte.weight, None).float()
+            return self.target.head(x).float()
         logits = torch.full((self.vocab_size,), float("-inf"), device=self.device)
-        return logits.index_copy_(0, self.draft_vocab, linear(x, self.draft_head, None).float())
+        return logits.index_copy_(0, self.draft_vocab, F.linear(x, self.draft_head).float())
 
     @torch.inference_mode()
     def propose(self, tokens, num_tokens, temperature=0.0, top_k=None, top_p=None, generator=None):

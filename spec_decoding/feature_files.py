@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT2
-from gpt2.speed.kernels import attach_kernels
 from .drafters import Drafter
 from .eagle import EagleDrafter, EagleNet
 from .medusa import MedusaDrafter, MedusaHeads
@@ -28,7 +27,7 @@ def target_fingerprint(target: GPT2) -> str:
     ln_f), rounded to bfloat16 so the same checkpoint loaded in float32 or bfloat16 matches."""
     c = target.config
     h = hashlib.sha256(f"{c.n_layer} {c.n_head} {c.n_embd} {c.vocab_size}".encode())
-    for tensor in (target.wte.weight[:64], target.ln_f.weight, target.ln_f.bias):
+    for tensor in (target.wte(torch.arange(64, device=target.wpe.weight.device)), target.ln_f.weight, target.ln_f.bias):
         h.update(tensor.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -86,20 +85,23 @@ def load_feature_drafter(folder, target: GPT2, kind: str | None = None) -> Draft
             f"{target_fingerprint(target)}. A feature drafter reads its own target's features: train "
             f"one for this target with python -m offline.train_drafter --target DIR.")
     state = load_file(str(Path(folder).expanduser() / "model.safetensors"))
-    w = target.wte.weight
+    w = target.wpe.weight  # (the device and dtype to put the drafter on)
     if config["kind"] == "medusa":
         heads = MedusaHeads(target, config["num_heads"], config.get("shared_readout", False))
         heads.load_state_dict(state)
-        return MedusaDrafter(target, with_kernels(heads.to(w.device, w.dtype).eval()))
+        return MedusaDrafter(target, with_kernels(heads.to(w.device, w.dtype).eval(), target))
     draft_vocab = state.pop("draft_vocab", None)
     net = EagleNet(target)
     net.load_state_dict(state)
-    return EagleDrafter(target, with_kernels(net.to(w.device, w.dtype).eval()), draft_vocab)
+    return EagleDrafter(target, with_kernels(net.to(w.device, w.dtype).eval(), target), draft_vocab)
 
 
-def with_kernels(module: torch.nn.Module) -> torch.nn.Module:
-    """The drafter's linear weights get their CPU kernels, chosen as the target's were at load
-    (gpt2.speed.kernels.attach_kernels): in a 16-bit format the plain path is far slower than the
-    packed kernels the target runs on."""
-    attach_kernels(module)
+def with_kernels(module: torch.nn.Module, target: GPT2) -> torch.nn.Module:
+    """The drafter's linear layers on the target's footing: an accelerated target (a gpt2.speed
+    FastGPT2) gets a drafter on this machine's kernels too (gpt2.speed.kernels.attach_kernels: in a
+    16-bit format the plain path is far slower than the packed kernels the target runs on); a
+    plain target, a plain drafter."""
+    if hasattr(target, "lm_head"):  # a FastGPT2 (gpt2.speed is imported only for one)
+        from gpt2.speed.kernels import attach_kernels
+        attach_kernels(module)
     return module

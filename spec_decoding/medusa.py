@@ -51,7 +51,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2 import GPT2
-from gpt2.speed.kernels import linear
 from .drafters import FeatureDrafter
 from .result import ROOT
 from .sampling import logits_to_probs, sample
@@ -100,11 +99,11 @@ class MedusaHead(nn.Module):
         nn.init.zeros_(self.w1.weight)  # starts as the identity: the block adds nothing yet
         nn.init.zeros_(self.w1.bias)
 
-    def forward(self, x: torch.Tensor, target_wte: torch.Tensor) -> torch.Tensor:
-        """target_wte [V, n_embd]: the target's embedding, the readout of a head without its own."""
-        readout = self.out.weight if self.out is not None else target_wte
-        # The output layer is as large as the target's head: through the same kernels in inference.
-        return linear(x + F.silu(self.w1(x)), readout, None)
+    def forward(self, x: torch.Tensor, target_head) -> torch.Tensor:
+        """x [..., n_embd] -> logits [..., V]. target_head: the target's output head (x -> x @ wte.T),
+        the readout of a head without its own."""
+        h = x + F.silu(self.w1(x))
+        return self.out(h) if self.out is not None else target_head(h)
 
 
 class MedusaHeads(nn.Module):
@@ -126,7 +125,7 @@ class MedusaHeads(nn.Module):
             for head in self.heads:
                 if head.out is not None:
                     head.out.weight.copy_(target.wte.weight)  # a copy: untied from the target
-        self.to(device=target.wte.weight.device, dtype=target.wte.weight.dtype)
+        self.to(device=target.wpe.weight.device, dtype=target.wpe.weight.dtype)
 
     @property
     def shared_readout(self) -> bool:
@@ -137,7 +136,7 @@ class MedusaHeads(nn.Module):
         with shared_readout, its wte). num_heads: run only the first n heads. Returns logits
         [n, ..., V]."""
         x = target.ln_f(features)
-        return torch.stack([head(x, target.wte.weight) for head in self.heads[:num_heads]])
+        return torch.stack([head(x, target.head) for head in self.heads[:num_heads]])
 
 
 class MedusaDrafter(FeatureDrafter):

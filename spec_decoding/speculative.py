@@ -56,7 +56,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
         #    samples them, one forward each). None means point masses: a deterministic proposal.
         draft_tokens, draft_probs = drafter.propose(tokens, g, temperature, top_k, top_p, generator)
         if draft_probs is None:
-            draft_probs = point_masses(draft_tokens, target.config.vocab_size, target.wte.weight.device)
+            draft_probs = point_masses(draft_tokens, target.config.vocab_size, target.wpe.weight.device)
 
         # 2. The target gives p after every prefix in one forward: [len(draft_tokens) + 1, V].
         target_logits = target_forward(target, target_cache, tokens, draft_tokens, drafter)

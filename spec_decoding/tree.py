@@ -140,7 +140,7 @@ def score_tree(model: GPT2, cache, tree: TokenTree, sequence: list[int], first: 
     model's features [T, n_embd] of every token fed (GPT2.forward): the pending sequence tokens,
     then the tree slots.
     """
-    device = model.wte.weight.device
+    device = model.wpe.weight.device
     root_slot = len(sequence) - 1
     pending = sequence[cache.length:root_slot] if first == 0 else []
     if first and cache.length != root_slot + first:

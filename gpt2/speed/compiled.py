@@ -23,9 +23,9 @@ layers). It is the block of gpt2/model.py (Block.forward) written for a fixed-si
     (a prompt) take the eager path, whose large products dominate anyway.
 
 The embedding, ln_f and the output head run eagerly, as in GPT2.forward. gpt2/model.py itself is
-unchanged: `compile_decode` replaces `model.forward` on that one model object by a CompiledDecode,
-which sends every call it cannot serve (no cache, training, a batched cache, long inputs) to the
-eager forward.
+unchanged: `compile_decode` sets an accelerated model's `decode_path` (gpt2/speed/fast_model.py's
+FastGPT2.forward sends calls there) to a CompiledDecode, which sends every call it cannot serve (no
+cache, training, a batched cache, long inputs) to the eager forward.
 """
 
 import getpass
@@ -34,12 +34,12 @@ import re
 import sys
 import tempfile
 import time
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from . import kernel_cache, kernels
+from . import kernel_cache
+from .fast_model import LAYERS, FastLinear
 from .device import synchronize
 from ..kv_cache import KVCache
 
@@ -65,21 +65,28 @@ MAX_ROWS = 16
 # The keywords of GPT2.forward the compiled path serves (anything else goes to the eager forward).
 OPTIONS = {"positions", "attn_mask", "exit_layer", "return_features"}
 
-@torch.library.custom_op("gpt2::chosen_linear", mutates_args=())
-def chosen_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """x [..., in] @ weight.T + bias on the kernel gpt2.speed.kernels chose for this weight: an opaque
-    call to the compiler, which would otherwise trace into the kernel objects."""
+@torch.library.custom_op("gpt2::fast_linear", mutates_args=())
+def fast_linear_op(x: torch.Tensor, handle: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x [..., in] -> [..., out_features] through the FastLinear named by handle (its kernel, chosen
+    by gpt2.speed.kernels): an opaque call to the compiler, which would otherwise trace into the
+    kernel objects."""
     # contiguous: the compiler assumes the layout of the fake below (some kernels, e.g. a
     # transposed product, give a transposed view; a copy of a few rows)
-    return kernels.linear(x, weight, bias).contiguous()
+    return LAYERS[int(handle)](x).contiguous()
 
-@chosen_linear.register_fake
-def _(x, weight, bias):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+@fast_linear_op.register_fake
+def _(x, handle, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+def linear(layer, x: torch.Tensor) -> torch.Tensor:
+    """layer(x): an nn.Linear as it is (the compiler traces it), a FastLinear through fast_linear_op."""
+    if isinstance(layer, FastLinear):
+        return fast_linear_op(x, layer.handle, layer.out_features)
+    return layer(x)
 
 def head(model, x):
-    """The output head as the model computes it (x @ wte.weight.T on its chosen kernel)."""
-    return model.head(x) if hasattr(model, "head") else kernels.linear(x, model.wte.weight, None)
+    """The output head as the model computes it."""
+    return model.head(x)
 
 def block_step(block, x, keys, values, slots, attn_mask):
     """One Block.forward over a fixed-size cache (what torch.compile compiles).
@@ -89,14 +96,14 @@ def block_step(block, x, keys, values, slots, attn_mask):
     B, T, C = x.shape
     attn, mlp = block.attn, block.mlp
     head_dim = C // attn.n_head
-    q, k, v = chosen_linear(block.ln_1(x), attn.c_attn.weight, attn.c_attn.bias).split(C, dim=2)
+    q, k, v = linear(attn.c_attn, block.ln_1(x)).split(C, dim=2)
     q, k, v = (t.view(B, T, attn.n_head, head_dim).transpose(1, 2) for t in (q, k, v))
     keys.index_copy_(2, slots, k.to(keys.dtype))
     values.index_copy_(2, slots, v.to(values.dtype))
     y = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=attn_mask).to(x.dtype)
-    x = x + chosen_linear(y.transpose(1, 2).reshape(B, T, C), attn.c_proj.weight, attn.c_proj.bias)
-    h = F.gelu(chosen_linear(block.ln_2(x), mlp.c_fc.weight, mlp.c_fc.bias), approximate="tanh")
-    return x + chosen_linear(h, mlp.c_proj.weight, mlp.c_proj.bias)
+    x = x + linear(attn.c_proj, y.transpose(1, 2).reshape(B, T, C))
+    h = F.gelu(linear(mlp.c_fc, block.ln_2(x)), approximate="tanh")
+    return x + linear(mlp.c_proj, h)
 
 def fixed_size_inputs(start: int, T: int, buffer_len: int, positions, attn_mask, device):
     """What block_step needs besides x, for T new tokens on a cache holding `start` positions in
@@ -122,7 +129,7 @@ class CompiledDecode:
 
     def __init__(self, model):
         self.model = model
-        self.eager_forward = model.forward
+        self.eager_forward = model.eager_forward
         self.block = torch.compile(block_step)
         self.compile_seconds: dict[str, float] = {}
         self.failed: str | None = None  # why compiling failed here (then every call runs eagerly)
@@ -130,8 +137,8 @@ class CompiledDecode:
     def serves(self, idx, cache) -> bool:
         model = self.model
         return (type(cache) is KVCache and isinstance(idx, torch.Tensor) and idx.dim() == 2
-                and 1 <= idx.shape[1] <= MAX_ROWS and model.wte.weight.device.type in DEVICES
-                and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
+                and 1 <= idx.shape[1] <= MAX_ROWS and model.wpe.weight.device.type in DEVICES
+                and not (torch.is_grad_enabled() and model.wpe.weight.requires_grad)
                 and not model.training and self.failed is None)
 
     def __call__(self, idx, cache=None, num_last_logits=None, **more):
@@ -197,24 +204,24 @@ def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 def compile_decode(model):
-    """Give `model` (a GPT2 on a CPU or a CUDA GPU, inference) the compiled decode path; returns
-    the model. Idempotent."""
-    device = model.wte.weight.device.type
+    """Give `model` (a FastGPT2 on a CPU or a CUDA GPU, inference) the compiled decode path (its
+    decode_path); returns the model. Idempotent."""
+    device = model.wpe.weight.device.type
     if device not in DEVICES:
         print(f"note: the compiled decode path is for CPUs and CUDA GPUs; this model on {device} "
               f"stays eager", file=sys.stderr)
         return model
     if not is_compiled(model):
-        model.forward = CompiledDecode(model)
+        model.decode_path = CompiledDecode(model)
     return model
 
 def is_compiled(model) -> bool:
-    return isinstance(model.__dict__.get("forward"), CompiledDecode)
+    return isinstance(getattr(model, "decode_path", None), CompiledDecode)
 
 def eager(model):
     """Take the compiled path off `model` again; returns the model."""
     if is_compiled(model):
-        del model.forward
+        model.decode_path = None
     return model
 
 def choose_compiled(model) -> tuple[bool, str]:
@@ -222,21 +229,26 @@ def choose_compiled(model) -> tuple[bool, str]:
     the model itself once per machine for its shape and format, and kept with the kernel choices
     (gpt2/speed/kernel_cache.py; `python -m gpt2.speed.kernel_report --remeasure` forgets it). The model is
     left with the path chosen."""
-    c, w = model.config, model.wte.weight
+    c, w = model.config, model.wpe.weight
     if w.device.type not in DEVICES:
         return False, f"the compiled decode path is for CPUs and CUDA GPUs (this model is on {w.device.type})"
-    what = model_key(model) | {"quantize": getattr(model, "quantize", None)}
+    what = model_key(model) | {"quantize": model_quantize(model)}
     if w.device.type == "cuda":  # a GPU's choice is its own (the CPU's entries keep their keys)
         what["device"] = torch.cuda.get_device_name(w.device)
     return decide_path(model, "compiled", what, _measure, compile_decode, eager,
                        f"whether the compiled decode path is faster for this {c.n_layer}-block width-{c.n_embd} model")
 
 
+def model_quantize(model) -> str | None:
+    """The weights' format where it is not the dtype's ("int8", "fp16"), else None."""
+    return getattr(model, "format", None) if getattr(model, "format", None) in ("int8", "fp16") else None
+
+
 def model_key(model) -> dict:
     """What a measured choice of decode path is kept under: the model's shape and dtype."""
     c = model.config
     return {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
-            "dtype": str(model.wte.weight.dtype).removeprefix("torch.")}
+            "dtype": str(model.wpe.weight.dtype).removeprefix("torch.")}
 
 
 def decide_path(model, kind: str, what: dict, measure, take, leave, about: str) -> tuple[bool, str]:
@@ -252,7 +264,7 @@ def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     """Time a 1-row step and a 5-row verification, eager and compiled, in turns; the fastest of
     `rounds` each (noise only ever adds time)."""
     compiled = CompiledDecode(model)
-    model.forward = compiled
+    model.decode_path = compiled
     time_decode(model)  # compiles both shapes
     if compiled.failed:
         eager(model)
@@ -262,7 +274,7 @@ def _measure(model, rounds: int = 5) -> tuple[bool, str]:
         for name in times:
             eager(model)
             if name == "compiled":
-                model.forward = compiled
+                model.decode_path = compiled
             times[name].append(time_decode(model))
     use, verdict, ms = faster_than_eager(times, "compiled")
     compile_s = sum(compiled.compile_seconds.values())
@@ -283,7 +295,7 @@ def time_decode(model, context: int = AUTO_CONTEXT) -> tuple[float, float]:
     """Seconds of one 1-row step and one 5-row verification on a cache holding `context`
     positions (random tokens: the time does not depend on them)."""
     g = torch.Generator().manual_seed(0)
-    device = model.wte.weight.device
+    device = model.wpe.weight.device
     ids = torch.randint(0, model.config.vocab_size, (1, context + 5), generator=g).to(device)
     cache = model.new_kv_cache(max_len=context + 5)
     model(ids[:, :context], cache)

@@ -83,8 +83,8 @@ class GraphedDecode:
 
     def __init__(self, model, record=record_cuda_graph, compiled: bool = False, fused: bool = False):
         self.model = model
-        self.eager_forward = model.forward
-        self.eager_new_kv_cache = model.new_kv_cache
+        self.eager_forward = model.eager_forward
+        self.eager_new_kv_cache = model.eager_new_kv_cache
         self.record = record  # tests on a CPU give a stand-in that calls forward again
         # compiled: record the block torch.compile made of block_step (its fused kernels: fewer
         # launches to replay) instead of the eager block's; fused: five Triton kernels a block
@@ -122,7 +122,7 @@ class GraphedDecode:
         model = self.model
         return (isinstance(getattr(cache, "full_buffers", None), tuple) and isinstance(cache.keys, PooledList)
                 and cache.length > 0 and isinstance(idx, torch.Tensor) and idx.dim() == 2
-                and 1 <= idx.shape[1] <= MAX_ROWS and not (torch.is_grad_enabled() and model.wte.weight.requires_grad)
+                and 1 <= idx.shape[1] <= MAX_ROWS and not (torch.is_grad_enabled() and model.wpe.weight.requires_grad)
                 and not model.training and not set(more) - OPTIONS)
 
     def __call__(self, idx, cache=None, num_last_logits=None, **more):
@@ -226,7 +226,7 @@ def graph_decode(model, record=record_cuda_graph, compiled: bool = False, fused:
     Triton kernels of gpt2/speed/fused_step.py (where the model cannot take them, a note says why
     and the compiled block is recorded). Switching the path off (ungraph) and on again keeps the
     pool and the graphs recorded. record: how a forward is recorded (tests on a CPU pass a stand-in)."""
-    device = model.wte.weight.device.type
+    device = model.wpe.weight.device.type
     if device != "cuda" and record is record_cuda_graph:
         note_once(f"note: CUDA graphs are for CUDA GPUs; a model on {device} stays eager", sys.stderr)
         return model
@@ -236,22 +236,21 @@ def graph_decode(model, record=record_cuda_graph, compiled: bool = False, fused:
         fused, compiled = False, True
     path = path_name(compiled, fused)
     kept = model.__dict__.setdefault("_graphed_paths", {})  # path -> its GraphedDecode
-    if not (is_graphed(model) and model.forward is kept.get(path)):
+    if not (is_graphed(model) and model.decode_path is kept.get(path)):
         ungraph(eager(model))
-        graphed = kept.get(path) or kept.setdefault(path, GraphedDecode(model, record, compiled, fused))
-        model.forward, model.new_kv_cache = graphed, graphed.new_kv_cache
+        model.decode_path = kept.get(path) or kept.setdefault(path, GraphedDecode(model, record, compiled, fused))
     return model
 
 
 def is_graphed(model) -> bool:
-    return isinstance(model.__dict__.get("forward"), GraphedDecode)
+    return isinstance(getattr(model, "decode_path", None), GraphedDecode)
 
 
 def ungraph(model):
     """Take the graphed path off `model` (caches made meanwhile keep working, eagerly; graph_decode
     puts it back with its graphs); returns the model."""
     if is_graphed(model):
-        del model.forward, model.new_kv_cache
+        model.decode_path = None
     return model
 
 
@@ -259,7 +258,7 @@ def choose_graphed(model) -> tuple[bool, str]:
     """compile="auto" on a CUDA GPU: (whether the graphed path is faster for this model here, why),
     measured once per GPU, shape and format and kept with the kernel choices (gpt2/speed/kernel_cache.py).
     The model is left with the path chosen."""
-    c, w = model.config, model.wte.weight
+    c, w = model.config, model.wpe.weight
     if w.device.type != "cuda":
         return False, f"CUDA graphs are for CUDA GPUs (this model is on {w.device.type})"
     what = model_key(model) | {"device": torch.cuda.get_device_name(w.device)}

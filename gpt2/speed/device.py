@@ -12,43 +12,12 @@ import sys
 import torch
 
 from . import kernels
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
-                 "half": "float16"}
-
+from ..loading import DTYPE_ALIASES, DTYPES, resolve_device  # noqa: F401 (the scripts' names for them)
+from ..loading import resolve_dtype as plain_dtype
 
 def cpu_has_bf16_instructions() -> bool:
     """Whether this CPU computes in bfloat16 natively (gpt2.speed.kernels; False under GPT2_CPU=avx2)."""
     return kernels.cpu_has_bf16_instructions()
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    """"auto" -> cuda, then mps, then cpu. A named device must exist on this machine; otherwise a
-    ValueError says what is missing and what to pass instead."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {str(name)!r}: CUDA is not available here (no NVIDIA GPU, or a "
-                             f"CPU-only PyTorch build). Use cpu or auto.")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(name)!r}: this machine has {torch.cuda.device_count()} "
-                             f"CUDA device(s), numbered from 0")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError(f"device {str(name)!r}: Apple's MPS is not available here. Use cpu or auto.")
-    elif device.type != "cpu":
-        raise ValueError(f"device {str(name)!r}: only cpu, cuda and mps are supported")
-    return device
 
 
 def auto_format(device: torch.device, config=None, logits_in=None) -> tuple[torch.dtype, str | None, str | None]:
@@ -77,20 +46,11 @@ def auto_dtype(device: torch.device, config=None) -> torch.dtype:
 
 
 def resolve_dtype(dtype, device: torch.device, config=None) -> torch.dtype | None:
-    """"auto" -> auto_dtype(device, config); a name ("float32", "bfloat16", "float16", or fp32/bf16/fp16)
-    or one of those torch dtypes -> the torch dtype; None -> None (keep the checkpoint's dtype).
-    Anything else is a ValueError that lists what works."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.").lower()
-        if name == "auto":
-            return auto_dtype(device, config)
-        dtype = DTYPES.get(DTYPE_ALIASES.get(name, name), dtype)
-    if dtype in DTYPES.values():
-        return dtype
-    raise ValueError(f"dtype {dtype!r} is not supported: use auto (the default), float32, "
-                     f"bfloat16 or float16. The model runs in floating point only (no int8 etc.).")
+    """"auto" -> auto_dtype(device, config); anything else as gpt2.loading.resolve_dtype (a name or
+    torch dtype -> the torch dtype, None -> None, else a ValueError that lists what works)."""
+    if isinstance(dtype, str) and dtype.removeprefix("torch.").lower() == "auto":
+        return auto_dtype(device, config)
+    return plain_dtype(dtype)
 
 
 def faster_here() -> str:
@@ -124,8 +84,8 @@ LOG = logging.getLogger("gpt2.speed")
 def log_kernel_choice(choice: str) -> None:
     """Log (INFO, logger "gpt2.speed") the kernels loading attached: choice is one line per format
     joined by "; ", e.g. "float32: 1-16 rows: native-f32, 17+ rows: onednn (measured here)"."""
-    LOG.info("kernels: gpt2/speed/kernels.py, %s. Plain PyTorch (gpt2/model.py as it reads): "
-             "load_gpt2(..., kernels=False) or GPT2_FAST_LINEAR=0", choice)
+    LOG.info("kernels: gpt2/speed/kernels.py, %s. Plain PyTorch (gpt2/model.py as written): "
+             "load_gpt2(path) without speed options, or model.to_plain()", choice)
 
 
 def note_once(note: str | None, file=None) -> None:

@@ -1,7 +1,7 @@
-"""The fast face of the model: which kernel runs each of GPT-2's linear layers on this CPU, and the
-layer that runs it. gpt2/model.py is plain PyTorch (nn.Linear, F.linear); loading attaches this
-file's KernelLinear to each linear layer and the head (`attach_kernels`), which runs the same
-function of the same parameters on the kernel chosen for this machine. `python -m
+"""Which kernel runs each of GPT-2's linear layers on this CPU. gpt2/model.py is plain PyTorch
+(nn.Linear, F.linear); gpt2.speed.accelerate replaces each linear layer and the head by a FastLinear
+(gpt2/speed/fast_model.py, `attach_kernels` here), which runs the same function of the same
+weights on the kernel chosen for this machine. `python -m
 gpt2.speed.kernel_report` prints what was chosen and why.
 
 Three questions, each answered on the machine in use, never from a number written into the code:
@@ -32,8 +32,8 @@ every later run reads the choice, so a machine runs the same kernels, and rounds
 time. `python -m gpt2.speed.kernel_report --remeasure` measures again.
 
 Switches (environment variables):
-  GPT2_FAST_LINEAR=0     attach nothing: every layer runs plain PyTorch (F.linear), as
-                         load_gpt2(..., kernels=False) does for one model.
+  GPT2_FAST_LINEAR=0     every FastLinear runs F.linear on its values (a decoded copy where its
+                         weight is held in another layout): the plain computation, for comparison.
   GPT2_MEASURE_KERNELS=0 time nothing: each format's default kernel (its first candidate), and
                          float32 for dtype="auto" (the tests set it: no result depends on timing).
   GPT2_CPU=avx2          act as a CPU without AVX-512 and bfloat16 instructions (an AMD Zen 2/3 or a
@@ -53,12 +53,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast_linear, kernel_cache, native
+from .fast_model import ENABLED, FastEmbedding, FastGPT2, FastLinear  # noqa: F401 (ENABLED: read there)
 from .stored_weights import StoredWeight, give_back_freed_memory
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
-# Read at call time by KernelLinear: False runs the plain path on a model with kernels attached
-# (the benchmarks compare the two faces of one model this way).
-ENABLED = os.environ.get("GPT2_FAST_LINEAR", "1") != "0"
 EMULATIONS = {"avx2": "a CPU without AVX-512 or bfloat16 instructions (GPT2_CPU=avx2)"}
 # oneDNN sets up each call; below this many weights plain F.linear is quicker, and a layer this
 # small is per-call overhead, not reading weights, so no format or kernel choice pays. Every
@@ -227,7 +225,7 @@ def build_kernel(path: str, weight: torch.Tensor, int8=None):
         if int8 is None:
             int8 = weight.int8() if isinstance(weight, StoredWeight) else fast_linear.int8_per_channel(weight)
         return INT8_KERNELS[path](*int8)
-    return KERNELS[path](weight)
+    return KERNELS[path](weight.decode() if isinstance(weight, StoredWeight) else weight)
 
 
 def kernel_from_layouts(path: str, weight) -> object | None:
@@ -261,7 +259,7 @@ def stored_form(path: str, kernel, weight: StoredWeight) -> tuple[dict, object]:
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. The fast face: a KernelLinear on each linear layer and the head
+# 2. A FastLinear on each linear layer and the head
 
 
 class PackedOnFirstCall:
@@ -329,84 +327,36 @@ class RowsAwareKernel:
     def paths(self) -> list[tuple[float, str]]:
         return [(max_rows, path) for max_rows, path, _ in self.by_rows]
 
-    def __repr__(self):
-        return f"RowsAwareKernel({describe_choice(self.paths())})"
-
-
-class KernelLinear:
-    """What a linear layer's forward (or GPT2.head) becomes when kernels are attached:
-    x [..., in] -> x @ weight.T + bias [..., out], the same parameters on the kernel chosen for
-    this machine. It runs the kernel at inference on a CPU while ENABLED, and F.linear otherwise
-    (training, another device or dtype than the kernel was built for). A weight changed in place
-    after its kernel packed it keeps running the old copy: detach_kernels(model) first."""
-
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, kernel: RowsAwareKernel):
-        self.weight, self.bias, self.kernel, self.dtype = weight, bias, kernel, weight.dtype
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        inference = not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))
-        if ENABLED and inference and x.device.type == "cpu" and self.weight.dtype == self.dtype:
-            return self.kernel(x, self.bias)
-        return F.linear(x, self.weight, self.bias)
+    def describe(self) -> str:
+        return describe_choice(self.paths())
 
     def __repr__(self):
-        return f"KernelLinear({list(self.weight.shape)} {str(self.dtype).removeprefix('torch.')}: {self.kernel})"
+        return f"RowsAwareKernel({self.describe()})"
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T + bias on the KernelLinear attached to this weight, else F.linear: for code
-    outside a model that reads through one of its weights (a drafter reading out through the
-    target's tied head, spec_decoding/medusa.py and eagle.py, or batched rows through its head)."""
-    kernel = getattr(weight, "kernel_linear", None)
-    if kernel is None or kernel.bias is not bias:
-        return F.linear(x, weight, bias)
-    return kernel(x)
-
-
-def linear_layers(model) -> list[tuple[nn.Module, str, torch.Tensor, torch.Tensor | None]]:
-    """(owner, attribute, weight, bias) of every linear layer of a model: each nn.Linear's forward,
-    and the tied output head of a GPT2 (its `head`, on wte.weight)."""
-    layers = [(m, "forward", m.weight, m.bias) for m in model.modules() if isinstance(m, nn.Linear)]
-    if hasattr(model, "wte") and hasattr(model, "head"):
-        layers.insert(0, (model, "head", model.wte.weight, None))
+def linear_layers(model, held: dict | None = None
+                  ) -> list[tuple[nn.Module, str, torch.Tensor | StoredWeight, torch.Tensor | None]]:
+    """(parent, name, weight, bias) of every linear layer of a model: each nn.Linear (the child
+    `name` of `parent`), and a FastGPT2's tied output head ("lm_head", on the token embedding's
+    weight). held: {"h.0.mlp.c_fc.weight": StoredWeight, ...}, weights held for layers whose own
+    parameter is a placeholder (a model built on the meta device)."""
+    held = held or {}
+    layers = [(parent, name, held.get(f"{prefix}.{name}.weight".lstrip("."), child.weight), child.bias)
+              for prefix, parent in model.named_modules()
+              for name, child in parent.named_children() if type(child) is nn.Linear]
+    if isinstance(model, FastGPT2) and model.lm_head is None:
+        layers.insert(0, (model, "lm_head", model.embedding_weight(), None))
     return layers
 
 
-def linear_weights(model) -> list[torch.Tensor]:
-    """The weights of linear_layers(model): wte (a GPT2's tied head), then every nn.Linear's."""
+def linear_weights(model) -> list:
+    """The weights of linear_layers(model): wte (a FastGPT2's tied head), then every nn.Linear's."""
     return [weight for _, _, weight, _ in linear_layers(model)]
 
 
-def attached(model) -> list[KernelLinear]:
-    """The KernelLinears attached to model (none: its plain face)."""
-    found = [vars(owner).get(name) for owner, name, _, _ in linear_layers(model)]
-    return [k for k in found if isinstance(k, KernelLinear)]
-
-
-def detach_kernels(model):
-    """Back to the plain face: every linear layer and the head run F.linear again. Returns model."""
-    for owner, name, weight, _ in linear_layers(model):
-        if isinstance(vars(owner).get(name), KernelLinear):
-            del vars(owner)[name]
-            del weight.kernel_linear
-    if hasattr(model, "wte") and isinstance(vars(model.wte).get("forward"), StoredRows):
-        del vars(model.wte)["forward"]
-    return model
-
-
-class StoredRows:
-    """What the token embedding's forward becomes when its weight is a StoredWeight: idx [...] ->
-    its rows [..., n_embd], decoded from the stored layout (F.embedding would dispatch through the
-    tensor subclass, whose first operation in a process costs seconds of imports inside torch)."""
-
-    def __init__(self, weight: StoredWeight):
-        self.weight = weight
-
-    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.weight.rows(idx)
-
-    def __repr__(self):
-        return f"StoredRows({self.weight.describe()})"
+def attached(model) -> list[FastLinear]:
+    """The FastLinear layers of model (none: a plain model)."""
+    return [m for m in model.modules() if isinstance(m, FastLinear)]
 
 
 def weight_format(weight: torch.Tensor, int8: dict | None, fp16: bool) -> str:
@@ -429,11 +379,15 @@ def measuring() -> bool:
     return os.environ.get("GPT2_MEASURE_KERNELS", "1") != "0"
 
 
-def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=None) -> list[str]:
-    """Attach the fast face to a CPU model: each linear layer's forward, and a GPT2's head, become a
-    KernelLinear on the same parameters. int8: parameter -> (q, scale) for weights quantized at
-    load time (their parameters hold the dequantized values); fp16: the float32 model's linear
-    weights hold float16-rounded values.
+def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=None, held: dict | None = None
+                   ) -> list[str]:
+    """Put a CPU model's linear layers on this machine's kernels: each nn.Linear child becomes a
+    FastLinear on the same weight and bias, and a FastGPT2's tied head its `lm_head` (a FastLinear
+    on the token embedding's weight). int8: weight -> (q, scale) for weights quantized before
+    (whose tensors hold the dequantized values); fp16: the float32 model's linear weights hold
+    float16-rounded values. A weight its kernel packs into another layout becomes a StoredWeight
+    that the FastLinear holds (the token embedding then a FastEmbedding on it). held: weights held
+    as StoredWeights for layers built on the meta device (linear_layers).
 
     Per format, the kernel for each range of rows is the fastest of the working candidates on the
     format's most-read weight shape, measured once per machine and kept (rows_choice); choose: a
@@ -444,7 +398,7 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
     where, and one naming the paths that pack on first call (empty: nothing attached, the model
     stays plain)."""
     groups: dict[str, list[tuple]] = {}
-    for layer in linear_layers(model):
+    for layer in linear_layers(model, held):
         if layer[2].device.type == "cpu":
             groups.setdefault(weight_format(layer[2], int8, fp16), []).append(layer)
     said, packing_groups = [], {}
@@ -470,16 +424,12 @@ def attach_kernels(model, int8: dict | None = None, fp16: bool = False, choose=N
                     how += f"; measured {describe_choice(measured)}, run on the 1-row kernel's layout only"
             else:
                 how = "the format's default: GPT2_MEASURE_KERNELS=0"
-        for owner, name, weight, bias in layers:
+        for parent, name, weight, bias in layers:
             weight_choice = [(math.inf, paths[0])] if id(weight) in small else choice
-            weight = stored_for(model, owner, name, weight, weight_choice, plain_to_stored)
-            kernel = KernelLinear(weight, bias, _rows_aware(weight, weight_choice, int8, packing_groups,
-                                                            head=name == "head"))
-            setattr(owner, name, kernel)
-            weight.kernel_linear = kernel  # for linear(): code that reads through this weight
+            weight = stored_for(model, name, weight, weight_choice, plain_to_stored)
+            kernel = _rows_aware(weight, weight_choice, int8, packing_groups, head=name == "lm_head")
+            setattr(parent, name, FastLinear(weight, bias, kernel, fmt))
         said.append(f"{fmt}: {describe_choice(choice)} ({how})")
-    if hasattr(model, "wte") and isinstance(model.wte.weight, StoredWeight):
-        model.wte.forward = StoredRows(model.wte.weight)
     note = packing_note({path for layer in attached(model) for _, path, k in layer.kernel.by_rows
                          if isinstance(k, PackedOnFirstCall) and not k.packed})
     return said + [note] if said and note else said
@@ -555,21 +505,19 @@ def merge_ranges(choice: list[tuple[float, str]]) -> list[tuple[float, str]]:
     return merged
 
 
-def stored_for(model, owner, name: str, weight, choice, done: dict):
-    """The weight the kernels of `choice` run on: a plain parameter whose one kernel packs it
-    (onednn-bf16, native-f32, ...) becomes a StoredWeight in its module (the model's wte for the
-    head), so that the packed copy can replace it; any other weight as it is. done: id(plain) ->
-    its StoredWeight (the tied head and wte are one weight)."""
+def stored_for(model, name: str, weight, choice, done: dict):
+    """The weight the kernels of `choice` run on: a plain weight whose one kernel packs it
+    (onednn-bf16, native-f32, ...) becomes a StoredWeight, so that the packed copy can replace it
+    (the token embedding, the tied head's weight, then a FastEmbedding on it); any other weight as
+    it is. done: id(plain) -> its StoredWeight (the tied head and wte are one weight)."""
     fmt = str(weight.dtype).removeprefix("torch.")
     if isinstance(weight, StoredWeight) or fmt not in CANDIDATES or not {p for _, p in choice} <= set(CANDIDATES[fmt]) \
             or len({layout_key(p) for _, p in choice}) != 1 or LAYOUTS[choice[0][1]] in ("plain", "q"):
         return weight  # (a weight given with its int8 bytes or as float16 values is kept as given)
     if id(weight) not in done:
-        module = model.wte if name == "head" else owner
-        new = StoredWeight(fmt, {"plain": weight.data}, weight.shape, weight.dtype)
-        new._is_param = True  # a parameter as it is (nn.Parameter(new) would detach it: loading.py)
-        module._parameters["weight"] = new
-        done[id(weight)] = new
+        done[id(weight)] = StoredWeight(fmt, {"plain": weight.detach()}, weight.shape, weight.dtype)
+        if name == "lm_head":
+            model.wte = FastEmbedding(done[id(weight)])
     return done[id(weight)]
 
 
@@ -689,7 +637,7 @@ def choose_by_rows(sample: list[torch.Tensor], paths: list[str], int8=None, rows
 
 def copies_for_timing(sample: list[torch.Tensor]) -> list[torch.Tensor]:
     """Enough of the sample weights (repeated if need be) to read TIMING_BYTES per pass."""
-    per_weight = sample[0].numel() * sample[0].element_size()
+    per_weight = sample[0].numel() * sample[0].dtype.itemsize  # (a StoredWeight: as it decodes)
     n = max(1, min(math.ceil(TIMING_BYTES / per_weight), 4 * len(sample)))
     return [sample[i % len(sample)] for i in range(n)]
 
@@ -889,8 +837,8 @@ class FormatFidelity:
 
 
 def held_bytes(model) -> int:
-    """The bytes of every tensor a model holds: its parameters and buffers (a StoredWeight: the
-    layouts it holds) and its attached kernels' own tensors (packed copies, scales), each storage
+    """The bytes of every tensor a model holds: its parameters and buffers, its FastLinear and
+    FastEmbedding layers' StoredWeights (the layouts they hold) and its kernels' own tensors (packed copies, scales), each storage
     counted once (a kernel reading a parameter's own tensor adds nothing). A library's opaque
     packed weight counts as its elements' bytes."""
     seen, total = set(), 0
@@ -914,6 +862,9 @@ def held_bytes(model) -> int:
 
     for tensor in [*model.parameters(), *model.buffers()]:
         add(tensor)
+    for module in model.modules():
+        if isinstance(getattr(module, "stored", None), StoredWeight):
+            add(module.stored)
     for layer in attached(model):
         for _, _, kernel in layer.kernel.by_rows:
             kernel = kernel.kernel if isinstance(kernel, PackedOnFirstCall) else kernel

@@ -1,17 +1,16 @@
-"""What a loaded model holds for a linear weight whose kernel reads another layout than a plain
-tensor: the bytes that kernel reads, once, behind a tensor that answers like the plain weight.
+"""What an accelerated model holds for a linear weight whose kernel reads another layout than a
+plain tensor: the bytes that kernel reads, once.
 
-An int8 model used to keep each weight three times: float32 parameters (the dequantized values),
-the int8 bytes, and a kernel's packed copy of those. Here the parameter IS the stored form: a
-`StoredWeight`, a tensor of the model's shape and dtype whose values live in `layouts` (the int8
-bytes and scales, the float16 values, a kernel's packed panels, ...). Anything that reads it as a
-tensor (printing it, `w @ x`, `F.linear`, `model.wte(idx)`, `w.float()`) gets the plain weight,
-decoded on demand into a new tensor that is not kept; `w.decode()` says so explicitly. Its shape,
-dtype and device cost nothing to ask.
+A `StoredWeight` is not a tensor: it is a small record of a weight [out, in] held as `layouts`
+(the int8 bytes and scales, the float16 values, a kernel's packed panels, ...), with the dtype its
+values decode to. gpt2/speed/fast_model.py's FastLinear and FastEmbedding hold one; their
+`.weight` decodes it into a new, read-only tensor (an edit there could never reach what the
+kernel reads, so it raises instead of being lost).
 
-    model.h[0].mlp.c_fc.weight           # StoredWeight(int8: q [5120, 1280] int8, scale [5120] float32)
-    model.h[0].mlp.c_fc.weight.decode()  # the float32 weight [5120, 1280], q * scale, made now
-    model.h[0].mlp.c_fc.weight.layouts   # {"q": ..., "scale": ...}: what the model holds
+    layer = model.h[0].mlp.c_fc                     # FastLinear(..., format=int8, kernel=...)
+    layer.stored                                    # StoredWeight(int8: q [5120, 1280] int8, scale [5120] float32)
+    layer.stored.decode()                           # the float32 weight [5120, 1280], q * scale, made now
+    layer.stored.layouts                            # {"q": ..., "scale": ...}: what the model holds
 
 A layout is a name and a tensor (or a library's opaque packed object):
   "q", "scale"      int8 weights [out, in] and their float32 scales [out]: q * scale
@@ -27,7 +26,6 @@ the model holds are the bytes its kernel reads.
 import ctypes
 
 import torch
-from torch.utils._pytree import tree_map
 
 from . import native
 from .fast_linear import dequantize_int8, int8_per_channel
@@ -36,23 +34,20 @@ from .fast_linear import dequantize_int8, int8_per_channel
 STORABLE = ("q", "scale", "half", "plain", "panels")
 
 
-class StoredWeight(torch.Tensor):
-    """A weight [out, in] of dtype `dtype` held as `layouts` (see the module docstring); every
-    tensor operation on it sees the plain weight, decoded on demand."""
-
-    @staticmethod
-    def __new__(cls, fmt: str, layouts: dict, shape, dtype: torch.dtype):
-        device = next(t.device for t in layouts.values() if isinstance(t, torch.Tensor))
-        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=False)
+class StoredWeight:
+    """A weight [out, in] held as `layouts` (see the module docstring). `shape` is the weight's,
+    `dtype` the dtype decode() returns, `device` where the layouts live."""
 
     def __init__(self, fmt: str, layouts: dict, shape, dtype: torch.dtype):
         """fmt: the weight format ("int8", "fp16", "float32", "bfloat16"); layouts: name -> tensor;
-        shape [out, in] and dtype: what the weight reads as."""
+        shape [out, in] and dtype: what the weight decodes to."""
         self.format, self.layouts = fmt, dict(layouts)
+        self.shape, self.dtype = torch.Size(shape), dtype
+        self.device = next(t.device for t in layouts.values() if isinstance(t, torch.Tensor))
         self.decoder = None  # () -> plain tensor, for a "packed" layout (the library's unpacking)
 
-    # Tensor methods run on the decoded weight (__torch_dispatch__), not on this wrapper's type.
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    def numel(self) -> int:
+        return self.shape.numel()
 
     def decode(self) -> torch.Tensor:
         """The plain weight [out, in] in self.dtype, computed now from the stored layouts (a new
@@ -113,20 +108,8 @@ class StoredWeight(torch.Tensor):
                  else f"{name} ({type(t).__name__})" for name, t in self.layouts.items()]
         return ", ".join(parts)
 
-    def __repr__(self, *, tensor_contents=None):
-        return f"StoredWeight({self.format}: {self.describe()}; reads as {list(self.shape)} {str(self.dtype).removeprefix('torch.')})"
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
-            return args[0]  # nn.Parameter(...) and requires_grad_ detach: the same stored weight
-        if func is torch.ops.aten.embedding.default and isinstance(args[0], StoredWeight):
-            return args[0].rows(args[1])
-
-        def plain(t):
-            return t.decode() if isinstance(t, StoredWeight) else t
-        return func(*tree_map(plain, args), **tree_map(plain, kwargs))
+    def __repr__(self):
+        return f"StoredWeight({self.format}: {self.describe()}; decodes to {list(self.shape)} {str(self.dtype).removeprefix('torch.')})"
 
 
 def layout_nbytes(t) -> int:
