@@ -261,7 +261,7 @@ def load_gpt2_without_mmap(folder):
     import struct
 
     from gpt2 import GPT2
-    from gpt2.loading import CONV1D_SUFFIXES, read_config
+    from gpt2.checkpoints import CONV1D_SUFFIXES, read_config
 
     folder = Path(folder)
     with open(folder / "model.safetensors", "rb", buffering=0) as f:

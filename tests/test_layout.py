@@ -126,14 +126,15 @@ def test_leaf_modules_stay_leaves(module, allowed):
 
 
 # The model a learner opens: these files hold it, and none of them imports the speed machinery
-# (gpt2/speed/) at all; only loading attaches it, and kernels=False leaves it out.
+# (gpt2/speed/) at all; gpt2.speed.accelerate (or a speed option of load_gpt2) is the one step
+# that brings it in.
 MODEL_MODULES = {"gpt2.config", "gpt2.model", "gpt2.kv_cache", "gpt2.tokenizer"}
 
 
 def test_the_model_folder_holds_the_model():
     modules = project_modules()
     top_level = {name for name in modules if name.startswith("gpt2.") and name.count(".") == 1}
-    assert top_level == MODEL_MODULES | {"gpt2.loading", "gpt2.speed"}, (
+    assert top_level == MODEL_MODULES | {"gpt2.checkpoints", "gpt2.loading", "gpt2.speed"}, (
         "gpt2/ holds the model; speed machinery goes in gpt2/speed/: " + ", ".join(sorted(top_level)))
     for name in MODEL_MODULES:
         speed = {m for m in imports_of(name, modules[name], modules) if m.startswith("gpt2.speed")}

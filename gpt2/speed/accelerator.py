@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..config import GPT2Config
-from ..loading import (CONV1D_SUFFIXES, CheckpointError, checkpoint_errors, check_tensor_names_and_shapes,
+from ..checkpoints import (CONV1D_SUFFIXES, CheckpointError, checkpoint_errors, check_tensor_names_and_shapes,
                        empty_model, inferred_config, read_header, read_tensor, resolve_checkpoint, resolve_device)
 from ..model import GPT2
 from . import kernels, weight_cache
@@ -342,7 +342,7 @@ def auto_choice(device, config: GPT2Config, logits_in, name: str) -> tuple[torch
     if why is not None and device.type == "cpu":
         described = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
             quantize, str(dtype).removeprefix("torch."))
-        note_once(f"note: format auto for {name}: {described}, {why}", sys.stderr)
+        note_once(f"note: dtype auto for {name}: {described}, {why}", sys.stderr)
     return dtype, quantize
 
 

@@ -12,8 +12,8 @@ import sys
 import torch
 
 from . import kernels
-from ..loading import DTYPE_ALIASES, DTYPES, resolve_device  # noqa: F401 (the scripts' names for them)
-from ..loading import resolve_dtype as plain_dtype
+from ..checkpoints import DTYPE_ALIASES, DTYPES, resolve_device  # noqa: F401 (the scripts' names for them)
+from ..checkpoints import resolve_dtype as plain_dtype
 
 def cpu_has_bf16_instructions() -> bool:
     """Whether this CPU computes in bfloat16 natively (gpt2.speed.kernels; False under GPT2_CPU=avx2)."""

@@ -27,7 +27,8 @@ import torch
 
 from . import kernel_cache, kernels, weight_cache
 from ..config import GPT2Config
-from ..loading import CheckpointError, format_logits, resolve_checkpoint
+from ..checkpoints import CheckpointError, resolve_checkpoint
+from .accelerator import format_logits
 
 
 def report(config: GPT2Config | None = None, logits_in=None) -> str:
