@@ -7,6 +7,8 @@ inside functions, which is where a cycle usually hides ("import here: X imports 
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,11 +177,19 @@ def test_importing_the_project_does_not_import_heavy_libraries():
     of it imports Triton, matplotlib or transformers (only the functions that use them do)."""
     found = heavy_imports_on_import(["gpt2", "spec_decoding", "assignments.registry", "assignments.runner"],
                                     project_modules())
-    assert "gpt2.speed.fast_linear" in found  # the walk reaches the speed machinery loading attaches
-    # the compiled paths (a custom op registered on import, Triton's kernels further down) come
-    # with load_gpt2(..., compile=...) only
-    assert "gpt2.speed.compiled" not in found and "gpt2.speed.fused_step" not in found
+    assert "spec_decoding.speculative" in found and "gpt2.model" in found  # the walk reaches the project
     assert {name: libs for name, libs in found.items() if libs} == {}
+
+
+def test_importing_gpt2_and_spec_decoding_imports_no_speed_machinery():
+    """`import gpt2, spec_decoding` brings in the model and the algorithms, not gpt2/speed/: a
+    learner's process runs gpt2/model.py as written until it takes gpt2.speed's step. Read from the
+    source (every module-level import, followed), then seen in a fresh interpreter's sys.modules."""
+    found = heavy_imports_on_import(["gpt2", "spec_decoding"], project_modules())
+    assert not [name for name in found if name.startswith("gpt2.speed")], sorted(found)
+    code = "import sys, gpt2, spec_decoding; print(sorted(m for m in sys.modules if m.startswith('gpt2.speed')))"
+    shown = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]", shown.stdout + shown.stderr
 
 
 def test_the_heavy_import_walk_finds_an_import_in_a_try_two_modules_down(tmp_path):
