@@ -173,7 +173,7 @@ def secret_target(data: Path, secret: int):
     from gpt2 import load_gpt2
     from offline.random_weights import random_hub_state_dict
 
-    model = load_gpt2(Path(data) / "target", dtype="float32", kernels=False)
+    model = load_gpt2(Path(data) / "target")
     fresh = random_hub_state_dict(model.config, secret, 0.2, 0.3)
     with torch.no_grad():
         for i in range(SHARED_BLOCKS, model.config.n_layer):
@@ -218,7 +218,7 @@ def served_model(data: Path, name: str = "target"):
     (a GPT2 whose forward is _served_forward); its own weights are never used."""
     from gpt2 import load_gpt2
 
-    model = load_gpt2(Path(data) / name, dtype="float32", kernels=False)
+    model = load_gpt2(Path(data) / name)
     model.__class__ = _served_class()
     model.histories = {}
     return model

@@ -61,15 +61,15 @@ print(f"target: {TARGET}\ndraft:  {DRAFT}\ndevice: {DEVICE}")
 # All GPT-2 sizes share one architecture, so this notebook needs only one model: the draft
 # (`GPT2_DRAFT`, GPT-2 small with 124M parameters by default).
 #
-# `kernels=False` keeps the model plain PyTorch, exactly as `gpt2/model.py` reads: step into
-# `model(idx)` and you are in `GPT2.forward`, every linear layer an `nn.Linear`. A default load
-# attaches faster CPU kernels beside it (`gpt2/speed/kernels.py`, named in `model.kernel_choice`),
-# which compute the same float32 logits.
+# `load_gpt2` returns the model exactly as `gpt2/model.py` is written: step into `model(idx)` and
+# you are in `GPT2.forward`, every linear layer an `nn.Linear`, float32 weights. Speed is a separate,
+# visible step (`gpt2.speed.accelerate(model)`, which the scripts take and name in their load
+# lines); this notebook is about the model, so it leaves it plain.
 
 # %%
 from gpt2 import load_gpt2
 
-model = load_gpt2(DRAFT, device=DEVICE, kernels=False)
+model = load_gpt2(DRAFT, device=DEVICE)
 cfg = model.config
 print(cfg)
 print(f"{model.num_parameters() / 1e6:.1f}M parameters, head_dim = {cfg.head_dim}")

@@ -24,7 +24,7 @@ from conftest import ROOT, TINY
 
 import spec_decoding.speculative
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.speed import kernels
+from gpt2.speed import FastGPT2, fast_model, kernels
 from offline.random_weights import save_agreeing_pair
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_caches_after_every_round
@@ -156,14 +156,14 @@ def test_half_precision_mismatch_sits_on_a_near_tie(tmp_path, monkeypatch):
     it runs on every CPU, bfloat16 fast only with AVX-512, and its mismatches sit on even closer
     ties.) The kernels are pinned, not measured: how float16 rounds depends on the kernel, and on
     some CPUs (AVX2-only ones) PyTorch's plain float16 product rounds one row and five alike."""
-    monkeypatch.setattr(kernels, "ENABLED", True)
+    monkeypatch.setattr(fast_model, "ENABLED", True)
     # Another summation order for the verification's rows: blocks summed in float16.
     monkeypatch.setitem(kernels.KERNELS, "float16-blocks", Float16BlockSums)
     config = TINY.with_(n_layer=4, vocab_size=2000, n_embd=256, n_head=4)
     target_dir, draft_dir = save_agreeing_pair(tmp_path / "t", tmp_path / "d", config, draft_n_layer=2,
                                                damping=0.1, seed=11, std=0.2, embedding_std=0.02)
-    target32, draft32 = load_gpt2(target_dir, kernels=False), load_gpt2(draft_dir, kernels=False)
-    target16, draft16 = (load_gpt2(path, dtype=torch.float16, kernels=False) for path in (target_dir, draft_dir))
+    target32, draft32 = load_gpt2(target_dir), load_gpt2(draft_dir)
+    target16, draft16 = (FastGPT2.holding(load_gpt2(path, dtype=torch.float16)) for path in (target_dir, draft_dir))
     # A decode step on F.linear, a verification on float16 block sums, as a choice measured on some
     # machine may split them (gpt2/speed/kernels.py): products of one row and of five then round
     # differently on every CPU, so the near-ties show up everywhere.

@@ -146,6 +146,17 @@ class FastGPT2(GPT2):
         self.format = "float32"
         self.kernel_choice = ""  # one line per format: which kernel runs where, and how it was chosen
 
+    @classmethod
+    def holding(cls, plain: GPT2) -> "FastGPT2":
+        """A FastGPT2 on the plain model's own tensors (shared, not copied), nothing attached yet:
+        what gpt2.speed.kernels.attach_kernels then puts on kernels (tests and benchmarks that
+        choose the kernels themselves start here)."""
+        with torch.device("meta"):
+            model = cls(plain.config)
+        model.load_state_dict(plain.state_dict(), assign=True)
+        model.format = str(plain.wpe.weight.dtype).removeprefix("torch.")
+        return model.requires_grad_(False).eval()
+
     def forward(self, idx, cache=None, num_last_logits=None, **options):
         if self.decode_path is not None:
             return self.decode_path(idx, cache, num_last_logits, **options)
