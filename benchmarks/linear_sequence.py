@@ -13,7 +13,7 @@ step's order, through:
   - kernel: the compiled function through ctypes, its arguments made once (what the kernel
     costs, plus ctypes' few microseconds a call);
   - wrapper: gpt2.speed.native.rows_linear (a call's tensors and pointers made in Python);
-  - model: an nn.Linear whose forward is the KernelLinear gpt2.speed.kernels attaches (what
+  - model: the FastLinear module gpt2.speed.accelerate puts in the model (what
     gpt2/model.py calls: module call, kernel choice by rows, the wrapper).
 The doors run in turns, passes of --rows rows each; medians over --rounds. Every door's output is
 checked equal, bit for bit, to the kernel's on the first pass. What a door adds over the one
@@ -29,7 +29,9 @@ from torch import nn
 
 from gpt2.speed import native
 from gpt2.speed.fast_linear import NativeInt8Linear, NativeRowsLinear
-from gpt2.speed.kernels import KernelLinear, RowsAwareKernel
+from gpt2.speed.fast_model import FastLinear
+from gpt2.speed.kernels import RowsAwareKernel
+from gpt2.speed.stored_weights import StoredWeight
 
 from .common import (BYTES_PER_GB, add_output_options, machine_info, markdown_table, measure_read_bandwidth,
                      median, timed, write_results)
@@ -51,13 +53,11 @@ class Layer:
                                            torch.float16)
         self.bias = torch.randn(out, generator=generator) * 0.01
         self.out, self.inputs = out, inputs
-        # The model's door: an nn.Linear as gpt2.speed.kernels leaves it. Its float32 weight is never
-        # read on this path (only its dtype is), so it is left unwritten: its pages are never used.
-        self.module = nn.utils.skip_init(nn.Linear, inputs, out)
-        self.module.weight.requires_grad_(False)
-        self.module.bias = nn.Parameter(self.bias, requires_grad=False)
-        self.module.forward = KernelLinear(self.module.weight, self.module.bias,
-                                           RowsAwareKernel([(float("inf"), "native", self.kernel)]))
+        # The model's door: a FastLinear as gpt2.speed.accelerate makes it, holding the kernel's panels.
+        layouts = {"panels": self.kernel.panels} | ({"scale": self.kernel.scale} if fmt == "int8" else {})
+        self.module = FastLinear(StoredWeight(fmt, layouts, (out, inputs), torch.float32),
+                                 nn.Parameter(self.bias, requires_grad=False),
+                                 RowsAwareKernel([(float("inf"), "native", self.kernel)]), fmt)
 
     def bytes(self) -> int:
         return self.kernel.panels.numel() * self.kernel.panels.element_size()

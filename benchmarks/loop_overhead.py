@@ -40,7 +40,7 @@ class StubModel(GPT2):
     def __init__(self, vocab_size: int, seed: int, max_rows: int = 16):
         torch.nn.Module.__init__(self)  # none of GPT2's layers
         self.config = GPT2Config(n_layer=1, n_head=1, n_embd=8, n_positions=1024, vocab_size=vocab_size)
-        self.wte = torch.nn.Embedding(1, 1)  # where the generators look for the device
+        self.wpe = torch.nn.Embedding(1, 1)  # where the generators look for the device and dtype
         row = torch.randn(1, 1, vocab_size, generator=torch.Generator().manual_seed(seed))
         self.logits = row.expand(1, max_rows, vocab_size).contiguous()
         self.features = torch.zeros(1, max_rows, self.config.n_embd)

@@ -71,7 +71,7 @@ def test_writes_all_files(benchmark_run):
             assert image.size[0] > 100 and image.size[1] > 100
     assert "| Gamma | Avg Speedup |" in proc.stdout  # the summary table
     # the kernel choice: in the script's own lines (after loading, and in the summary), not as a note
-    assert "target kernels: " in proc.stdout and "Kernels (target): " in proc.stdout
+    assert "target: accelerated by gpt2.speed (" in proc.stdout and "Kernels (target): accelerated" in proc.stdout
     assert "kernels: gpt2/speed/kernels.py" not in proc.stderr
     assert (out / "summary.md").read_text() in proc.stdout
 

@@ -93,7 +93,7 @@ def start_and_finish_runs(text_pair_dirs, folder) -> dict:
     started = {
         "json": Run([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
         "plain": Run([*pair, "--gamma", 3, "--compare-baseline"]),
-        "terminal": Run([*pair, "--max-gen", 8], terminal=True),
+        "terminal": Run([*pair, "--max-gen", 8, "--plain"], terminal=True),
         "missing_folder": Run(["--target", "/nonexistent/folder", "--draft", draft]),
         "offline": Run(["--target", "gpt2-large", "--draft", draft], env=offline_env),
         "gamma0": Run([*pair, "--gamma", 0]),  # argparse's error, through the real exit path
@@ -153,9 +153,11 @@ def test_piped_output_is_plain_text_with_stats(runs, json_report):
                  "alpha (theory):"):
         assert line in out
     assert "Loading target" in err and "Loading draft" in err
-    # the kernel choice is in each load's own line, not a note printed by load_gpt2
+    # the speed step the script takes by default, in each load's own line (not a note printed by
+    # the loader), with the flag that leaves it out
     loads = [line for line in err.splitlines() if "M parameters" in line]
-    assert len(loads) == 2 and all("; kernels: " in line for line in loads), err
+    assert len(loads) == 2 and all("; accelerated by gpt2.speed (" in line and "--plain" in line
+                                   for line in loads), err
     assert "kernels: gpt2/speed/kernels.py" not in err
 
 
@@ -177,6 +179,8 @@ def test_the_summary_says_when_the_output_looped(json_report, capsys):
 def test_terminal_output_is_coloured_with_legend(runs):
     code, out, err = runs["terminal"]
     assert code == 0, err
+    loads = [line for line in err.splitlines() if "M parameters" in line]  # --plain: the model as written
+    assert len(loads) == 2 and all("; plain: gpt2/model.py as written" in line for line in loads), err
     assert ANSI.search(out)
     assert "draft token accepted" in out and "bonus token" in out
     assert "target's own token (nothing drafted)" in out and "target alone" not in out
@@ -478,6 +482,15 @@ def test_top_k_and_top_p_at_temperature_0_are_said_to_be_ignored(capsys):
     assert "--top-k and --top-p only apply when sampling" in capsys.readouterr().err
     script.parse_args(["--top-k", "5", "--temperature", "0.7"])
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("speed_option", [["--quantize", "int8"], ["--draft-quantize", "fp16"], ["--compile", "on"]])
+def test_plain_with_a_speed_option_is_a_usage_error(speed_option, capsys):
+    """--plain runs the model as written: a speed option beside it is refused, saying which."""
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(["--plain", *speed_option])
+    assert exit_.value.code == 2 and "--plain runs gpt2/model.py as written" in capsys.readouterr().err
+    assert script.parse_args(["--plain"]).plain and not script.parse_args(speed_option).plain
 
 
 def test_dtype_auto_and_the_note_for_a_slower_format(text_pair_dirs, capsys, monkeypatch):
