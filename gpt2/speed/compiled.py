@@ -7,12 +7,12 @@ Why: a decode step of GPT-2 is four large matrix products per block (which read 
 step's floor) and some fifteen small operations per block (LayerNorms, a GELU, residual adds,
 reshapes, the cache writes, attention), each dispatched from Python. PyTorch's inductor turns the
 small ones into a few fused C++/OpenMP loops per block on a CPU, a few Triton kernels on a CUDA
-GPU; the matrix products stay on the kernels gpt2.speed.kernels chose (a custom op calls them, so the
-compiler sees an opaque call).
+GPU; the matrix products stay on the kernels gpt2.speed.kernels chose (a FastLinear being compiled
+calls its kernel through a custom op, so the compiler sees an opaque call).
 
 What is compiled: one block, `block_step` below, the same function for every block of the model
 (the blocks' weights are inputs of the compiled graph, not constants: one compile serves all
-layers). It is the block of gpt2/model.py (Block.forward) written for a fixed-size cache:
+layers). It is gpt2/model.py's own Block.forward, called with a fixed-size cache (SlotCache):
 
   - the cache buffers keep their full length max_len; new keys/values are written at their slots
     with index_copy_, and attention runs over all max_len slots with a mask that hides the slots
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_cache
-from .fast_model import LAYERS, FastLinear
+from .fast_model import LAYERS, FastGPT2
 from .device import synchronize
 from ..kv_cache import KVCache
 
@@ -78,32 +78,31 @@ def fast_linear_op(x: torch.Tensor, handle: torch.Tensor, out_features: int) -> 
 def _(x, handle, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
-def linear(layer, x: torch.Tensor) -> torch.Tensor:
-    """layer(x): an nn.Linear as it is (the compiler traces it), a FastLinear through fast_linear_op."""
-    if isinstance(layer, FastLinear):
-        return fast_linear_op(x, layer.handle, layer.out_features)
-    return layer(x)
-
 def head(model, x):
     """The output head as the model computes it."""
     return model.head(x)
 
+class SlotCache:
+    """One block's fixed-size cache buffers, as Block.forward's cache: update writes the new keys
+    and values at `slots` and returns the whole buffers, so attention runs over every slot (the
+    mask hides those not written yet) and no shape changes as the cache fills."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor):
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.index_copy_(2, self.slots, k.to(self.keys.dtype))
+        self.values.index_copy_(2, self.slots, v.to(self.values.dtype))
+        return self.keys, self.values
+
+
 def block_step(block, x, keys, values, slots, attn_mask):
-    """One Block.forward over a fixed-size cache (what torch.compile compiles).
+    """gpt2/model.py's own Block.forward over a fixed-size cache (what torch.compile compiles, and
+    what a CUDA graph records).
 
     x [B, T, C]; keys, values [B, n_head, max_len, head_dim], this block's cache buffers, written
     in place at `slots` [T]; attn_mask [T, max_len] bool (True = may attend). Returns [B, T, C]."""
-    B, T, C = x.shape
-    attn, mlp = block.attn, block.mlp
-    head_dim = C // attn.n_head
-    q, k, v = linear(attn.c_attn, block.ln_1(x)).split(C, dim=2)
-    q, k, v = (t.view(B, T, attn.n_head, head_dim).transpose(1, 2) for t in (q, k, v))
-    keys.index_copy_(2, slots, k.to(keys.dtype))
-    values.index_copy_(2, slots, v.to(values.dtype))
-    y = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=attn_mask).to(x.dtype)
-    x = x + linear(attn.c_proj, y.transpose(1, 2).reshape(B, T, C))
-    h = F.gelu(linear(mlp.c_fc, block.ln_2(x)), approximate="tanh")
-    return x + linear(mlp.c_proj, h)
+    return block(x, attn_mask, SlotCache(keys, values, slots), 0)
 
 def fixed_size_inputs(start: int, T: int, buffer_len: int, positions, attn_mask, device):
     """What block_step needs besides x, for T new tokens on a cache holding `start` positions in
@@ -204,8 +203,10 @@ def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 def compile_decode(model):
-    """Give `model` (a FastGPT2 on a CPU or a CUDA GPU, inference) the compiled decode path (its
-    decode_path); returns the model. Idempotent."""
+    """The model with the compiled decode path (a FastGPT2's decode_path), on a CPU or a CUDA GPU,
+    for inference: a FastGPT2 gets it; a plain GPT2 is held by a new FastGPT2 that gets it (the plain
+    model itself is left as written). Returns that model. Idempotent."""
+    model = model if isinstance(model, FastGPT2) else FastGPT2.holding(model)
     device = model.wpe.weight.device.type
     if device not in DEVICES:
         print(f"note: the compiled decode path is for CPUs and CUDA GPUs; this model on {device} "

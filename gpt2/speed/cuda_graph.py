@@ -52,6 +52,7 @@ import torch
 from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, faster_than_eager, fixed_size_inputs,
                        head, model_key, time_decode)
 from .device import note_once, synchronize
+from .fast_model import FastGPT2
 from .fused_step import fused_block_step, fused_head, why_not_fused
 
 
@@ -221,11 +222,13 @@ def path_name(compiled: bool, fused: bool) -> str:
 
 
 def graph_decode(model, record=record_cuda_graph, compiled: bool = False, fused: bool = False):
-    """Give `model` (a GPT2 on a CUDA GPU, inference) the graphed decode path; returns the model.
+    """The model with the graphed decode path (a FastGPT2's decode_path; a plain GPT2 is held by a
+    new FastGPT2, as compiled.compile_decode does), on a CUDA GPU, for inference; returns it.
     compiled=True records torch.compile's fused block instead of the eager one, fused=True the
     Triton kernels of gpt2/speed/fused_step.py (where the model cannot take them, a note says why
     and the compiled block is recorded). Switching the path off (ungraph) and on again keeps the
     pool and the graphs recorded. record: how a forward is recorded (tests on a CPU pass a stand-in)."""
+    model = model if isinstance(model, FastGPT2) else FastGPT2.holding(model)
     device = model.wpe.weight.device.type
     if device != "cuda" and record is record_cuda_graph:
         note_once(f"note: CUDA graphs are for CUDA GPUs; a model on {device} stays eager", sys.stderr)
