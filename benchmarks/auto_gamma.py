@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import load_gpt2
+from gpt2.speed import load_accelerated
 from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.machine_load import busy_note, load_average
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
@@ -271,12 +271,12 @@ def load_pairs(args) -> tuple[object, list[tuple[str, object]], str]:
     if args.target or args.draft:
         if not (args.target and args.draft):
             sys.exit("error: give both --target DIR and --draft DIR (a pair, e.g. runs/trained_pair/target and .../draft)")
-        target, draft = (load_gpt2(folder, device=args.device, dtype="float32", compile=COMPILE_FLAGS[args.compile])
+        target, draft = (load_accelerated(folder, device=args.device, dtype="float32", compile=COMPILE_FLAGS[args.compile])
                          for folder in (args.target, args.draft))
         return target, [("given", draft)], f"the pair {args.target} / {args.draft}"
     target_dir, draft_dir = standin_pair(args.checkpoints, args.size, args.draft_layers, damping=0.05,
                                          embedding_std=0.3)
-    load = partial(load_gpt2, device=args.device, dtype=args.dtype, compile=COMPILE_FLAGS[args.compile])
+    load = partial(load_accelerated, device=args.device, dtype=args.dtype, compile=COMPILE_FLAGS[args.compile])
     target = load(target_dir)
     pairs = []
     if "pays" in args.pairs:
@@ -296,7 +296,7 @@ def main(argv=None) -> None:
     parser.add_argument("--draft-layers", type=int, default=3, help="the stand-in drafts' blocks")
     parser.add_argument("--pairs", nargs="+", choices=["pays", "disagrees"], default=["pays", "disagrees"],
                         help="which stand-in pairs (default both)")
-    parser.add_argument("--dtype", default="float32", help="the stand-ins' format for load_gpt2 (default float32)")
+    parser.add_argument("--dtype", default="float32", help="the stand-ins' format for load_accelerated (default float32)")
     parser.add_argument("--target", help="a target checkpoint folder (with --draft: that pair instead of the stand-ins)")
     parser.add_argument("--draft", help="its draft's checkpoint folder")
     parser.add_argument("--prompts", help="a text file, one prompt a line, taken in turn (default: random token ids)")

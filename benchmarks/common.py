@@ -86,6 +86,9 @@ def weight_bytes_per_token(model) -> int:
     principle, as embedding row and as the output head, but the row is tiny), except the position
     embedding, of which one row is read."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
+    # an accelerated model's weights held as their kernels' bytes, counted as the values they hold
+    stored = {id(m.stored): m.stored for m in model.modules() if getattr(m, "stored", None) is not None}
+    total += sum(w.numel() * w.dtype.itemsize for w in stored.values())
     wpe = model.wpe.weight
     return total - wpe.numel() * wpe.element_size() + wpe.shape[1] * wpe.element_size()
 

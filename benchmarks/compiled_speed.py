@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import OFFICIAL_CONFIGS, load_gpt2
+from gpt2 import OFFICIAL_CONFIGS
+from gpt2.speed import load_accelerated
 from gpt2.speed.compiled import CompiledDecode, eager
 from gpt2.speed.cuda_graph import graph_decode, ungraph
 from gpt2.speed.device import resolve_device
@@ -82,7 +83,7 @@ def recorded_path(model, path: str) -> str:
 
 @torch.inference_mode()
 def measure_format(folder, fmt: str, context: int, rounds: int, paths: list[str], device=None) -> dict:
-    model = load_gpt2(folder, device=device, **FORMATS[fmt])
+    model = load_accelerated(folder, device=device, **FORMATS[fmt])
     compiled = CompiledDecode(model)
     prompt, new = random_prompt(context, seed=0), random_prompt(VERIFY_ROWS, seed=1)
     # A cache from the graphed path's pool serves every path (eager reads the same buffers).
@@ -173,7 +174,7 @@ def generate_side_by_side(folder, fmt: str, paths: list[str], device, tokens: in
     from spec_decoding import autoregressive_generate
 
     prompt = random_prompt(prompt_len, seed=2)
-    ours = load_gpt2(folder, device=device, **FORMATS[fmt])
+    ours = load_accelerated(folder, device=device, **FORMATS[fmt])
     compiled = CompiledDecode(ours)
     hf = load_hf_model(str(folder), device, getattr(torch, FORMATS[fmt]["dtype"]))
     ids = torch.tensor([prompt], device=device)
@@ -261,7 +262,7 @@ def main(argv=None):
                for fmt in args.formats}
     kernel_times = None
     if args.kernel_times:
-        model = load_gpt2(folder, device=device, **FORMATS[args.formats[0]])
+        model = load_accelerated(folder, device=device, **FORMATS[args.formats[0]])
         kernel_times = fused_kernel_times(model, args.context, rows=(1, VERIFY_ROWS))
         del model
         for k in kernel_times:  # now: a later stage may run out of time

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from gpt2 import encode, load_gpt2
+from gpt2 import encode
+from gpt2.speed import load_accelerated
 from gpt2.tokenizer import TOKENIZER_FILES
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
@@ -55,7 +56,7 @@ BINARIES = {"completion": ("llama-completion", "llama-cli"), "speculative": ("ll
             "bench": ("llama-bench",)}
 CONVERTER = "convert_hf_to_gguf.py"
 GGUF_TYPES = ("f16", "q8_0")  # what the converter writes: 16-bit weights, and 8-bit blocks (34 bytes per 32)
-COMPILE = {"off": False, "on": True, "auto": "auto"}  # --compile -> load_gpt2(compile=...)
+COMPILE = {"off": False, "on": True, "auto": "auto"}  # --compile -> load_accelerated(compile=...)
 # The causal-mask buffers the hub's GPT-2 files carry (h.N.attn.bias): not weights, and the
 # converter of llama-cpp-python 0.3.36 fails on them ("Can not map tensor"), so they are left out.
 MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.(masked_)?bias$")
@@ -374,7 +375,7 @@ def main(argv=None) -> int:
                 print(f"  loading our {fmt} pair{'' if compile_choice == 'off' else ', compile=' + compile_choice} ...",
                       flush=True)
                 kwargs = {**FORMATS[fmt], "compile": COMPILE[compile_choice]}
-                models[name] = (load_gpt2(pair.target, **kwargs), load_gpt2(pair.draft, **kwargs), fmt)
+                models[name] = (load_accelerated(pair.target, **kwargs), load_accelerated(pair.draft, **kwargs), fmt)
         jobs = {name: (lambda name=name: ours_round(*models[name], prompt_ids, args)) for name in models}
         jobs |= {f"llama.cpp {t}": (lambda t=t: llama_round(llama, *ggufs[t], t, args.prompt, args)) for t in ggufs}
         runs = {name: [] for name in jobs}

@@ -13,7 +13,7 @@ here):
      format; said on stderr) and keeps them;
   2. then, interleaved so that a busy spell of the machine hits each alike (C P E C P E ...):
      C: a load that reads the kept choice (the cached second load);
-     P: the same format with GPT2_FAST_LINEAR=0 (the plain face: nothing measured or attached);
+     P: load_gpt2(path), the model as written (float32: nothing measured, computed or attached);
      E: the cached load, then every kernel packed at once, counted as load (where the packing was
         before it moved to each layer's first call): the load + generate columns say whether
         moving it made a plain generate slower end to end.
@@ -22,7 +22,7 @@ here):
 Each run then decodes the same prompt greedily (PROMPT_LENGTH tokens, --new-tokens new ones) and
 times the prompt's forward, the first one-row decode step (where a layer packs on its first call)
 and the later steps. Every cached run in a format must give that format's first run's tokens (the
-same kernels, so the same rounding). The load time counted is load_gpt2 alone (not Python's or
+same kernels, so the same rounding). The load time counted is the load alone (not Python's or
 torch's start-up). Stand-ins are written once to --checkpoints.
 """
 
@@ -41,20 +41,24 @@ PROMPT_LENGTH, NEW_TOKENS = 16, 16  # NEW_TOKENS: the default of --new-tokens
 # load_gpt2's options for each format "auto" can pick on a CPU (gpt2.speed.kernels.AUTO_FORMATS).
 FORMAT_ARGS = {"auto": {}, "float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"},
                "fp16": {"quantize": "fp16"}, "int8": {"dtype": "float32", "quantize": "int8"}}
-ARMS = {"C": "cached", "P": "GPT2_FAST_LINEAR=0", "E": "packed at load"}
+ARMS = {"C": "cached", "P": "load_gpt2 (the model as written)", "E": "packed at load"}
 
 
 def child(folder: str) -> None:
     """One run (in its own process): load, decode with each forward timed, print one JSON line."""
     import torch
 
-    from gpt2 import load_gpt2
+    from gpt2.speed import load_accelerated
     from gpt2.speed import kernels
     from spec_decoding import autoregressive_generate
 
     kwargs = json.loads(os.environ.get("LOAD_TIME_ARGS", "{}"))
     t0 = time.perf_counter()
-    model = load_gpt2(folder, **kwargs)
+    if os.environ.get("LOAD_TIME_PLAIN") == "1":
+        from gpt2 import load_gpt2
+        model = load_gpt2(folder)
+    else:
+        model = load_accelerated(folder, **kwargs)
     packed_at_load = kernels.pack_now(model) if os.environ.get("LOAD_TIME_PACK") == "1" else 0
     load_s = time.perf_counter() - t0
     starts, seconds = [], []
@@ -64,7 +68,7 @@ def child(folder: str) -> None:
     new_tokens = int(os.environ.get("LOAD_TIME_NEW_TOKENS", NEW_TOKENS))
     tokens = autoregressive_generate(model, random_prompt(PROMPT_LENGTH, seed=0), new_tokens).tokens
     generate_s = time.perf_counter() - t0
-    quantize = getattr(model, "quantize", None)
+    quantize = getattr(model, "format", None) if getattr(model, "format", None) in ("int8", "fp16") else None
     print(json.dumps({"load_s": load_s, "prompt_s": seconds[0], "first_step_s": seconds[1],
                       "step_s": median(seconds[2:]), "generate_s": generate_s, "tokens": tokens,
                       "format": quantize or str(model.wpe.weight.dtype).removeprefix("torch."),
@@ -122,7 +126,7 @@ def main(argv=None) -> None:
         def env(fmt: str, arm: str) -> dict:  # each format its own cache file: its first load measures
             return {**base, "GPT2_KERNEL_CACHE": str(Path(cache_dir) / f"{fmt}.json"),
                     "LOAD_TIME_ARGS": json.dumps(FORMAT_ARGS[fmt]),
-                    **({"GPT2_FAST_LINEAR": "0"} if arm == "P" else {}), **({"LOAD_TIME_PACK": "1"} if arm == "E" else {})}
+                    **({"LOAD_TIME_PLAIN": "1"} if arm == "P" else {}), **({"LOAD_TIME_PACK": "1"} if arm == "E" else {})}
 
         for fmt in formats:
             first[fmt] = run(folder, env(fmt, "C"))

@@ -19,7 +19,7 @@ checkpoints/standins/<name>; timings do not depend on the weight values) it meas
    tokens/s <= read bandwidth / weight bytes. It times one decoding step (KV cache warm), turns it
    into GB/s of weights read, and compares with the read bandwidth measured here (x.sum() over
    1 GiB).
-3. Load time and peak memory (gpt2-large by default): our load_gpt2(folder, dtype="float32") vs transformers'
+3. Load time and peak memory (gpt2-large by default): our load_accelerated(folder, dtype="float32") vs transformers'
    from_pretrained(folder), each in a fresh subprocess, page cache warm, peak RSS (VmHWM) minus
    the RSS after the imports; medians. Plus a variant of our loader that reads the file with plain reads
    instead of a memory map, to show where our peak comes from.
@@ -44,7 +44,8 @@ import torch
 from tqdm import tqdm
 
 import gpt2.speed.kernels
-from gpt2 import OFFICIAL_CONFIGS, load_gpt2
+from gpt2 import OFFICIAL_CONFIGS
+from gpt2.speed import load_accelerated
 from spec_decoding import autoregressive_generate
 
 from .common import (BYTES_PER_GB, DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table,
@@ -105,7 +106,7 @@ def bench_decoding(name, folder, args, bandwidth):
     prompt = random_prompt(args.prompt_len, seed=0)
 
     print(f"  loading ours and transformers' {name} ...", flush=True)
-    ours = load_gpt2(folder, dtype="float32")  # as transformers runs it
+    ours = load_accelerated(folder, dtype="float32")  # as transformers runs it
     hf = GPT2LMHeadModel.from_pretrained(folder).eval()
     runners = {
         "ours (oneDNN)": lambda: ours_generate(ours, prompt, new_tokens, onednn=True),
@@ -181,7 +182,7 @@ def bench_dtypes(name, folder, dtypes, context_len=64, verify_tokens=5, rounds=1
     order) and there fills a fresh cache, runs one untimed step and verification (kernel set-up),
     then the timed ones. So the dtypes take turns and a busy machine slows them alike."""
     print(f"  loading {name} ...", flush=True)
-    model = load_gpt2(folder, dtype=dtypes[0])
+    model = load_accelerated(folder, dtype=dtypes[0])
     context = torch.tensor([random_prompt(context_len, seed=0)])
     new = {n: torch.tensor([random_prompt(n, seed=n)]) for n in (1, verify_tokens)}
     times = {(dtype, n): [] for dtype in dtypes for n in (1, verify_tokens)}

@@ -37,6 +37,7 @@ import torch
 
 from benchmarks.common import random_prompt
 from gpt2 import load_gpt2
+from gpt2.speed import FastGPT2, load_accelerated
 from gpt2.speed import kernels
 from gpt2.speed.fast_linear import int8_per_channel
 from spec_decoding import speculative_sampling_greedy
@@ -54,18 +55,22 @@ def load(folder: Path, fmt: str):
     """The model at folder in a format of FORMATS (int8-bf16out: int8 weights re-attached to the
     library's bfloat16-output kernels). float32 runs plain PyTorch: the reference, in one copy of
     the weights (a kernel that packs a second float32 copy would double its memory)."""
-    model = load_gpt2(folder, **FORMATS[fmt], kernels=fmt != "float32")
-    if fmt == "int8-bf16out":
-        int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
-        int8_paths = kernels.CANDIDATES["int8"]
-        kernels.CANDIDATES["int8"] = tuple(path for _, path in BF16OUT_CHOICE)  # every layer, small ones too
-        try:
-            kernels.attach_kernels(model, int8=int8, choose=lambda *a: BF16OUT_CHOICE)
-        finally:
-            kernels.CANDIDATES["int8"] = int8_paths
-        used = {path for layer in kernels.attached(model) for _, path in layer.kernel.paths()}
-        if not used <= {path for _, path in BF16OUT_CHOICE}:
-            raise RuntimeError(f"int8-bf16out runs on {used}, not the library's int8 kernels")
+    if fmt == "float32":
+        return load_gpt2(folder)
+    if fmt != "int8-bf16out":
+        return load_accelerated(folder, **FORMATS[fmt])
+    # the int8 values as a plain model, then the library's kernels on them
+    model = FastGPT2.holding(load_accelerated(folder, **FORMATS[fmt]).to_plain())
+    int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
+    int8_paths = kernels.CANDIDATES["int8"]
+    kernels.CANDIDATES["int8"] = tuple(path for _, path in BF16OUT_CHOICE)  # every layer, small ones too
+    try:
+        kernels.attach_kernels(model, int8=int8, choose=lambda *a: BF16OUT_CHOICE)
+    finally:
+        kernels.CANDIDATES["int8"] = int8_paths
+    used = {path for layer in kernels.attached(model) for _, path in layer.kernel.paths()}
+    if not used <= {path for _, path in BF16OUT_CHOICE}:
+        raise RuntimeError(f"int8-bf16out runs on {used}, not the library's int8 kernels")
     return model
 
 
@@ -102,7 +107,7 @@ def measure_pair(target_dir: Path, draft_dir: Path, formats: list[str], prompts:
     """One row per format, as in the module's docstring. Each format's greedy text is read by float32
     afterwards in one forward per prompt: float32's greedy text equals it up to the first position
     where float32's argmax on the same prefix differs, so no float32 decoding is needed."""
-    vocab = load_gpt2(target_dir, dtype="float32", kernels=False).config.vocab_size
+    vocab = load_gpt2(target_dir).config.vocab_size
     prompt_ids = [random_prompt(PROMPT_TOKENS, seed, vocab) for seed in range(prompts)]
     rows, texts = [], {}  # texts: format -> [(its greedy tokens, its logits along them)] per prompt
     for fmt in formats:

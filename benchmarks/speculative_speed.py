@@ -32,7 +32,8 @@ import torch
 from tqdm import tqdm
 
 import gpt2.speed.kernels
-from gpt2 import OFFICIAL_CONFIGS, load_gpt2
+from gpt2 import OFFICIAL_CONFIGS
+from gpt2.speed import load_accelerated
 from spec_decoding import (CostModel, autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.theory import predicted_speedup
@@ -310,7 +311,7 @@ def main(argv=None):
     target_dir, draft_dir = standin_pair(args.checkpoints, args.target_model, args.draft_layers,
                                          args.damping, args.embedding_std, args.seed)
     # float32, as transformers runs them (dtype "auto" would pick bfloat16 at this size on a CPU with bf16)
-    target, draft = load_gpt2(target_dir, dtype="float32"), load_gpt2(draft_dir, dtype="float32")
+    target, draft = load_accelerated(target_dir, dtype="float32"), load_accelerated(draft_dir, dtype="float32")
     counters = {"target": ForwardCounter(target), "draft": ForwardCounter(draft)}
     hf_target = hf_draft = None
     if not args.no_hf:

@@ -23,7 +23,7 @@ from torch.profiler import profile
 from benchmarks.common import measure_read_bandwidth, median, timed
 from benchmarks.weight_formats import format_bytes
 from gpt2.speed import kernels
-from gpt2.loading import load_gpt2
+from gpt2.speed import load_accelerated
 
 
 def aten_mv(weight: torch.Tensor):
@@ -86,13 +86,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the kernel comparison")
     args = parser.parse_args(argv)
 
-    model = load_gpt2(args.checkpoint, dtype=args.dtype, quantize=args.quantize)
+    model = load_accelerated(args.checkpoint, dtype=args.dtype, quantize=args.quantize)
     kernels.pack_now(model)  # packing happens on a layer's first call: not part of a step
     layers = kernels.attached(model)
     attached_kernels = [layer.kernel.by_rows for layer in layers]
     candidate = [[(rows, "aten-mv", aten_mv(layer.weight)) for rows, _, _ in layer.kernel.by_rows]
                  for layer in layers]
-    no_linears = [[(rows, "zero", zero_output(layer.weight.shape[0])) for rows, _, _ in layer.kernel.by_rows]
+    no_linears = [[(rows, "zero", zero_output(layer.out_features)) for rows, _, _ in layer.kernel.by_rows]
                   for layer in layers]
     step_bytes = format_bytes(model, "auto")  # the bytes its format stores (int8: 1 a weight)
     token = torch.tensor([[464 % model.config.vocab_size]])  # " The" in GPT-2's vocabulary

@@ -7,8 +7,8 @@ chooses among all candidates, against its choice without the named ones, interle
 
 Per weight format, loads a gpt2-large-shaped random stand-in target and its 6-block draft
 (benchmarks.common.standin_pair) with the kernels measured fastest among all candidates ("all"),
-then attaches the kernels measured fastest without the --without paths ("without") to the same
-weights, and swaps the two faces round by round:
+then a second model on the same weight values with the kernels measured fastest without the
+--without paths ("without"), and times the two faces round by round:
   1. one decoding step (1 token after --context cached positions) and one verification of 5
      tokens, wall and this process's CPU time (the steadier figure on a shared machine), medians;
   2. greedy decoding of --new-tokens tokens, plain and speculative (gamma 4, the draft on the
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import gpt2.speed.kernels as kernels
-from gpt2 import load_gpt2
+from gpt2.speed import FastGPT2, load_accelerated
 from gpt2.speed.fast_linear import int8_per_channel
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
@@ -36,37 +36,29 @@ from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, mark
 from .weight_formats import FORMATS
 
 
-def faces(model, fmt: str, without: list[str]) -> dict[str, dict]:
-    """{"all": layer -> KernelLinear as loaded, "without": the same choice, where it took a path of
-    `without` the path measured fastest for those rows without them} (so the two faces differ
-    only where the named paths won, and timing noise in the other choices cannot tell them apart)."""
+def faces(model, fmt: str, without: list[str]) -> dict[str, object]:
+    """{"all": the model as loaded, "without": a model on the same weight values whose kernels take,
+    wherever the loaded choice took a path of `without`, the path measured fastest for those rows
+    without them} (so the two faces differ only where the named paths won, and timing noise in the
+    other choices cannot tell them apart)."""
+    loaded_choice = {(layer.out_features, layer.in_features): layer.kernel.paths() for layer in kernels.attached(model)}
+
     def chooser(group_fmt, sample, paths, int8):
         kept = [p for p in paths if p not in without] or paths[:1]
         shape, dtype = tuple(sample[0].shape), sample[0].dtype
         fallback, _ = kernels.rows_choice(group_fmt, shape, dtype, kept, lambda: sample, int8)
-        loaded = sample[0].kernel_linear.kernel.paths()
+        loaded = loaded_choice[shape]
         at = lambda choice, rows: next(p for m, p in choice if m >= rows)
         return [(rows, at(loaded, rows) if at(loaded, rows) not in without else at(fallback, rows))
                 for rows in (*kernels.ROW_LIMITS, math.inf)]
 
-    def current():
-        return {(id(owner), name): vars(owner)[name] for owner, name, _, _ in kernels.linear_layers(model)
-                if isinstance(vars(owner).get(name), kernels.KernelLinear)}
-
-    loaded = current()
-    int8 = ({w: int8_per_channel(w) for w in kernels.linear_weights(model)}  # gives back (q, scale)
-            if getattr(model, "quantize", None) == "int8" else None)
-    said = kernels.attach_kernels(model, int8=int8, fp16=getattr(model, "quantize", None) == "fp16", choose=chooser)
+    other = FastGPT2.holding(model.to_plain())  # the same values, every layer plain until attached
+    int8 = ({w: int8_per_channel(w) for w in kernels.linear_weights(other)}  # gives back (q, scale)
+            if model.format == "int8" else None)
+    said = kernels.attach_kernels(other, int8=int8, fp16=model.format == "fp16", choose=chooser)
+    other.format = model.format
     print(f"  {fmt} without {', '.join(without)}: {'; '.join(said)}", flush=True)
-    return {"all": loaded, "without": current()}
-
-
-def use(model, face: dict):
-    for owner, name, weight, _ in kernels.linear_layers(model):
-        kernel = face.get((id(owner), name))
-        if kernel is not None:
-            setattr(owner, name, kernel)
-            weight.kernel_linear = kernel
+    return {"all": model, "without": other}
 
 
 @torch.inference_mode()
@@ -100,7 +92,7 @@ def main(argv=None):
     rows, results = [], {}
     for fmt in args.formats:
         print(f"loading the {fmt} pair ...", flush=True)
-        target, draft = load_gpt2(target_dir, **FORMATS[fmt]), load_gpt2(draft_dir, **FORMATS[fmt])
+        target, draft = load_accelerated(target_dir, **FORMATS[fmt]), load_accelerated(draft_dir, **FORMATS[fmt])
         target_faces, draft_faces = faces(target, fmt, args.without), faces(draft, fmt, args.without)
         prompt, five = random_prompt(args.context, seed=0), random_prompt(5, seed=1)
         cache = target.new_kv_cache(max_len=args.context + 8)
@@ -108,20 +100,18 @@ def main(argv=None):
             target(torch.tensor([prompt]), cache, 1)
         times = {(face, what): [] for face in target_faces for what in ("step", "verify")}
         for r in range(args.steps + 1):
-            for face in target_faces:
-                use(target, target_faces[face])
-                step = forward_times(target, cache, args.context, five[:1])
-                verify = forward_times(target, cache, args.context, five)
+            for face, model in target_faces.items():
+                step = forward_times(model, cache, args.context, five[:1])
+                verify = forward_times(model, cache, args.context, five)
                 if r:  # one warm-up round
                     times[face, "step"].append(step)
                     times[face, "verify"].append(verify)
         greedy, spec_equal = {}, {}
         gen_prompt = random_prompt(32, seed=100)
         for face in target_faces:
-            use(target, target_faces[face])
-            use(draft, draft_faces[face])
-            greedy[face] = autoregressive_generate(target, gen_prompt, args.new_tokens).tokens
-            spec = speculative_sampling_greedy(target, draft, gen_prompt, args.new_tokens, gamma=4).tokens
+            face_target, face_draft = target_faces[face], draft_faces[face]
+            greedy[face] = autoregressive_generate(face_target, gen_prompt, args.new_tokens).tokens
+            spec = speculative_sampling_greedy(face_target, face_draft, gen_prompt, args.new_tokens, gamma=4).tokens
             spec_equal[face] = spec == greedy[face]
         for face in target_faces:
             med = {what: [median([t[i] for t in times[face, what]]) for i in (0, 1)] for what in ("step", "verify")}

@@ -6,13 +6,13 @@
 Loads a gpt2-large-shaped random stand-in target and a draft made of its first 6 blocks
 (benchmarks.common.standin_pair; timings do not depend on the weight values) in each format:
 
-  fp32   load_gpt2(path, dtype="float32")       (oneDNN fp32)
-  bf16   load_gpt2(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/speed/fast_linear.py;
+  fp32   load_accelerated(path, dtype="float32")       (oneDNN fp32)
+  bf16   load_accelerated(path, dtype="bfloat16")      (pre-packed oneDNN bf16, gpt2/speed/fast_linear.py;
                                                  what dtype="auto" picks on a CPU with bf16)
-  int8   load_gpt2(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/speed/fast_linear.py)
-  fp16w  load_gpt2(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
-  fp16   load_gpt2(path, dtype="float16")       (a float16 model: F.linear, no fast path)
-  auto   load_gpt2(path)                        (dtype "auto": the format gpt2.speed.kernels measures
+  int8   load_accelerated(path, dtype="float32", quantize="int8")  (weight-only int8, gpt2/speed/fast_linear.py)
+  fp16w  load_accelerated(path, quantize="fp16")       (float16 weights, float32 math: fbgemm)
+  fp16   load_accelerated(path, dtype="float16")       (a float16 model: F.linear, no fast path)
+  auto   load_accelerated(path)                        (dtype "auto": the format gpt2.speed.kernels measures
                                                  fastest on this machine, said in one line)
   int8+bf16, and "<format>-plain": the same model run with GPT2_FAST_LINEAR=0
 
@@ -47,7 +47,8 @@ from pathlib import Path
 import torch
 
 import gpt2.speed.kernels
-from gpt2 import GPT2Config, load_gpt2
+from gpt2 import GPT2Config
+from gpt2.speed import load_accelerated
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
@@ -85,7 +86,7 @@ def format_bytes(model, fmt) -> int:
     stored = {"int8": 1, "fp16w": 2}.get(quantize if fmt == "auto" else fmt.split("+")[0])
     if stored and not fmt.endswith("-plain"):
         for w in gpt2.speed.kernels.linear_weights(model):
-            total -= w.numel() * (w.element_size() - stored)
+            total -= w.numel() * (w.dtype.itemsize - stored)  # (a StoredWeight: its dtype as decoded)
     return total
 
 
@@ -183,12 +184,12 @@ def main(argv=None):
         same = next((f for f in targets if FORMATS[f] == FORMATS[fmt]), None)  # "-plain" shares
         if same is None:
             print(f"loading the {fmt} pair ...", flush=True)
-        targets[fmt] = targets[same] if same else load_gpt2(target_dir, **FORMATS[fmt])
-        drafts[fmt] = drafts[same] if same else load_gpt2(draft_dir, **FORMATS[fmt])
+        targets[fmt] = targets[same] if same else load_accelerated(target_dir, **FORMATS[fmt])
+        drafts[fmt] = drafts[same] if same else load_accelerated(draft_dir, **FORMATS[fmt])
     skeletons = {}
     if args.breakdown:
         skeleton_dir = skeleton_checkpoint(args.checkpoints, targets[args.formats[0]].config.n_layer)
-        skeletons = {fmt: load_gpt2(skeleton_dir, **FORMATS[fmt]) for fmt in args.formats}
+        skeletons = {fmt: load_accelerated(skeleton_dir, **FORMATS[fmt]) for fmt in args.formats}
 
     # 1-2. Step and verify-5, formats interleaved.
     prompt = random_prompt(args.context, seed=0)

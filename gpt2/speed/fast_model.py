@@ -182,6 +182,12 @@ class FastGPT2(GPT2):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return super().head(x) if self.lm_head is None else self.lm_head(x)
 
+    @property
+    def quantize(self) -> str | None:
+        """The weights' format where it is not the dtype's: "int8", "fp16" (float16 weights in a
+        float32 model), else None."""
+        return self.format if self.format in ("int8", "fp16") else None
+
     def num_parameters(self) -> int:
         """The weights' count, those held as StoredWeights included (the tied head's once)."""
         stored = {id(m.stored): m.stored.numel() for m in self.modules() if getattr(m, "stored", None) is not None}

@@ -350,8 +350,11 @@ def linear_layers(model, held: dict | None = None
 
 
 def linear_weights(model) -> list:
-    """The weights of linear_layers(model): wte (a FastGPT2's tied head), then every nn.Linear's."""
-    return [weight for _, _, weight, _ in linear_layers(model)]
+    """The weight of every linear layer of model, as held: each FastLinear's (its parameter or its
+    StoredWeight; a FastGPT2's lm_head is the tied token embedding's), then linear_layers(model)'s
+    (the layers not on a kernel yet)."""
+    fast = [layer.stored if layer.stored is not None else layer.plain_weight for layer in attached(model)]
+    return fast + [weight for _, _, weight, _ in linear_layers(model)]
 
 
 def attached(model) -> list[FastLinear]:
