@@ -1,5 +1,6 @@
-"""The compiled decode path (gpt2/speed/compiled.py) against the eager model: the same logits up to
-float32 rounding, the same greedy tokens, and no recompile as the cache fills or changes size.
+"""The compiled decode path (gpt2/speed/compiled.py, an accelerated model's decode_path) against the
+eager model: the same logits up to float32 rounding, the same greedy tokens, and no recompile as
+the cache fills or changes size.
 
 One 1-layer model keeps the compiles short (a few seconds; the graphs are the same for every
 layer count). float32 throughout: the claims are about the compiler, not a format's rounding."""
@@ -8,7 +9,8 @@ import pytest
 import torch
 from conftest import TINY, sibling_tree
 
-from gpt2 import load_gpt2
+from gpt2 import GPT2, load_gpt2
+from gpt2.speed import FastGPT2, kernels, load_accelerated
 from gpt2.speed.compiled import MAX_ROWS, choose_compiled, compile_decode, compiled_graphs, eager, is_compiled
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
 
@@ -21,7 +23,18 @@ ATOL = 2e-5
 
 @pytest.fixture(scope="module")
 def model(make_checkpoint):
-    return load_gpt2(make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0), dtype="float32")
+    return load_accelerated(make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def kernel_model(make_checkpoint):
+    """The same model with every linear layer and the head a FastLinear on a chosen kernel (its
+    layers are too small for one to pay, so the threshold is lifted for this load)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)
+        model = load_accelerated(make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0), dtype="float32")
+    assert len(kernels.attached(model)) == 4 * ONE_LAYER.n_layer + 1
+    return model
 
 
 def step_logits(model, prompt, chunks, max_len):
@@ -63,7 +76,7 @@ def test_compiled_tree_mask_equals_eager(model):
 
 def test_compiled_greedy_tokens_equal_eager(model, make_checkpoint):
     prompt = [5, 17, 3, 99, 42]
-    draft = load_gpt2(make_checkpoint(ONE_LAYER, seed=4, std=0.3, embedding_std=1.0), dtype="float32")
+    draft = load_accelerated(make_checkpoint(ONE_LAYER, seed=4, std=0.3, embedding_std=1.0), dtype="float32")
     expected = autoregressive_generate(eager(model), prompt, 30).tokens
     assert autoregressive_generate(compile_decode(model), prompt, 30).tokens == expected
     # Verification rows: speculative decoding with the compiled target (and draft).
@@ -115,44 +128,54 @@ def test_auto_measures_once_per_machine_and_keeps_the_choice(model, kernel_cache
 
 
 def test_load_compile_flag(make_checkpoint):
+    """compile=True is gpt2.speed's step: an accelerated model with the compiled decode path; the
+    plain load has none. compile_decode of a plain model gives a new FastGPT2 holding it and
+    leaves the plain model as written."""
     folder = make_checkpoint(ONE_LAYER, seed=3, std=0.3, embedding_std=1.0)
-    assert is_compiled(load_gpt2(folder, compile=True)) and not is_compiled(load_gpt2(folder))
+    compiled = load_gpt2(folder, compile=True)
+    assert isinstance(compiled, FastGPT2) and is_compiled(compiled)
+    plain = load_gpt2(folder)
+    assert not is_compiled(plain) and not is_compiled(load_accelerated(folder))
+    held = compile_decode(plain)
+    assert isinstance(held, FastGPT2) and is_compiled(held) and held is not plain
+    assert type(plain) is GPT2 and not is_compiled(plain)
     with pytest.raises(ValueError, match="compile must be one of"):
         load_gpt2(folder, compile="yes")
 
 
 @torch.inference_mode()
-def test_linears_run_on_the_kernels_chosen_for_their_weights(model, monkeypatch):
-    """Inside the compiled graph each linear layer still goes through gpt2.speed.kernels.linear with the
-    model's own parameter objects (the chosen kernel hangs on the parameter), and compiled logits
-    stay those of the eager model."""
-    import gpt2.speed.kernels
+def test_linears_run_on_the_kernels_chosen_for_their_weights(kernel_model, monkeypatch):
+    """Inside the compiled graph each FastLinear still runs the kernel chosen for its weight (the
+    compiler sees one opaque op, which calls the layer), and compiled logits stay those of the
+    eager model."""
+    model = kernel_model
     seen = []
-    plain = gpt2.speed.kernels.linear
-
-    def spy(x, weight, bias=None):
-        seen.append(weight)
-        return plain(x, weight, bias)
-
-    monkeypatch.setattr(gpt2.speed.kernels, "linear", spy)
+    for layer in kernels.attached(model):
+        kernel = layer.kernel
+        monkeypatch.setattr(layer, "kernel", lambda x, bias, layer=layer, kernel=kernel: seen.append(layer) or kernel(x, bias))
+    prompt, step = torch.tensor([[1, 2, 3]]), torch.tensor([[4]])
+    expected = step_logits(eager(model), prompt, [step], 12)
     compile_decode(model)
     cache = model.new_kv_cache(max_len=12)
-    model(torch.tensor([[1, 2, 3]]), cache)
+    model(prompt, cache)
     seen.clear()
-    model(torch.tensor([[4]]), cache)
+    got = model(step, cache)
+    assert is_compiled(model) and model.decode_path.failed is None  # served by the compiled block
     block = model.h[0]
-    weights = [block.attn.c_attn.weight, block.attn.c_proj.weight, block.mlp.c_fc.weight, block.mlp.c_proj.weight]
-    assert all(any(w is s for s in seen) for w in weights)
+    layers = [block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj]
+    assert all(any(layer is s for s in seen) for layer in layers + [model.lm_head])
+    torch.testing.assert_close(got, expected[1], atol=ATOL, rtol=0)
     eager(model)
 
 
 @torch.inference_mode()
-def test_a_kernel_giving_a_transposed_view_is_served(model, monkeypatch):
+def test_a_kernel_giving_a_transposed_view_is_served(kernel_model, monkeypatch):
     """A kernel may return its rows as a transposed view (TransposedMM: (W @ x.T).T); the compiled
     graph expects the layout it planned for, so the op hands it a contiguous result."""
-    import gpt2.speed.kernels
     from gpt2.speed.fast_linear import TransposedMM
-    monkeypatch.setattr(gpt2.speed.kernels, "linear", lambda x, weight, bias=None: TransposedMM(weight)(x, bias))
+    model = kernel_model
+    for layer in kernels.attached(model):
+        monkeypatch.setattr(layer, "kernel", TransposedMM(layer.weight))
     prompt, new = torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5, 6, 7, 8]])
     expected = step_logits(eager(model), prompt, [new], 12)
     got = step_logits(compile_decode(model), prompt, [new], 12)

@@ -22,6 +22,7 @@ import torch
 from conftest import TINY, TINY_VOCAB
 
 from gpt2 import load_gpt2
+from gpt2.speed import load_accelerated
 from gpt2.speed.compiled import compile_decode, eager, is_compiled
 from gpt2.speed.cuda_graph import graph_decode, is_graphed, ungraph
 from gpt2.speed.fused_step import chosen_configs
@@ -79,16 +80,16 @@ def test_speculative_sampling_on_gpu_follows_the_target(make_checkpoint):
 @torch.inference_mode()
 def test_compiled_decode_on_gpu_equals_eager(make_checkpoint):
     one_layer = TINY.with_(n_layer=1)
-    model = load_gpt2(make_checkpoint(one_layer, seed=3, std=0.3, embedding_std=1.0), device="cuda",
-                      dtype="float32")
+    model = load_accelerated(make_checkpoint(one_layer, seed=3, std=0.3, embedding_std=1.0), device="cuda",
+                             dtype="float32")
     prompt = [5, 17, 3, 99, 42]
     expected = logits_of(eager(model), prompt, CHUNKS)
     got = logits_of(compile_decode(model), prompt, CHUNKS)
     assert is_compiled(model)
     for e, c in zip(expected, got):
         torch.testing.assert_close(c, e, atol=2e-5, rtol=0)
-    draft = load_gpt2(make_checkpoint(one_layer, seed=4, std=0.3, embedding_std=1.0), device="cuda",
-                      dtype="float32")
+    draft = load_accelerated(make_checkpoint(one_layer, seed=4, std=0.3, embedding_std=1.0), device="cuda",
+                             dtype="float32")
     plain = autoregressive_generate(eager(model), prompt, 30).tokens
     compile_decode(model)
     assert autoregressive_generate(model, prompt, 30).tokens == plain
@@ -98,7 +99,7 @@ def test_compiled_decode_on_gpu_equals_eager(make_checkpoint):
 
 @torch.inference_mode()
 def test_bfloat16_on_gpu_stays_within_its_rounding(pair_dirs):
-    assert load_gpt2(pair_dirs[0], device="cuda").wte.weight.dtype == torch.bfloat16  # what auto picks
+    assert load_gpt2(pair_dirs[0], device="cuda", dtype="auto").wte.weight.dtype == torch.bfloat16  # what auto picks
     full = logits_of(load_gpt2(pair_dirs[0], device="cuda", dtype="float32"), PROMPT, CHUNKS)
     half = logits_of(load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16"), PROMPT, CHUNKS)
     for f, h in zip(full, half):
@@ -108,30 +109,30 @@ def test_bfloat16_on_gpu_stays_within_its_rounding(pair_dirs):
 
 @torch.inference_mode()
 def test_cuda_graphs_on_gpu_equal_eager(pair_dirs):
-    target = load_gpt2(pair_dirs[0], device="cuda", dtype="float32")
+    target = load_accelerated(pair_dirs[0], device="cuda", dtype="float32")
     chunks = CHUNKS + CHUNKS  # each shape recorded once, then replayed
     expected = logits_of(target, PROMPT, chunks)
     got = logits_of(graph_decode(target), PROMPT, chunks)
     assert is_graphed(target)
     for e, c in zip(expected, got):
         torch.testing.assert_close(c, e, atol=2e-5, rtol=0)
-    draft = graph_decode(load_gpt2(pair_dirs[1], device="cuda", dtype="float32"))
+    draft = graph_decode(load_accelerated(pair_dirs[1], device="cuda", dtype="float32"))
     plain = autoregressive_generate(ungraph(target), PROMPT, 40).tokens
     graph_decode(target)
     assert autoregressive_generate(target, PROMPT, 40).tokens == plain
     for gamma in (3, 3, 5):
         result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma=gamma)
         assert result.tokens == plain, f"gamma={gamma}"
-    graphs = len(target.forward.graphs)
+    graphs = len(target.decode_path.graphs)
     assert speculative_sampling_greedy(target, draft, PROMPT, 40, gamma=3).tokens == plain
-    assert len(target.forward.graphs) == graphs  # the pooled buffers' graphs, replayed
+    assert len(target.decode_path.graphs) == graphs  # the pooled buffers' graphs, replayed
     # compile=True on a GPU: torch.compile's fused block, recorded as CUDA graphs
     fused = load_gpt2(pair_dirs[0], device="cuda", dtype="float32", compile=True)
-    assert is_graphed(fused) and fused.forward.compiled
+    assert is_graphed(fused) and fused.decode_path.compiled
     for e, c in zip(expected, logits_of(fused, PROMPT, chunks)):
         torch.testing.assert_close(c, e, atol=2e-5, rtol=0)
     # bfloat16, what auto picks here: within its rounding of its own eager logits
-    half = load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16")
+    half = load_accelerated(pair_dirs[0], device="cuda", dtype="bfloat16")
     eager_half = logits_of(half, PROMPT, chunks)
     for e, c in zip(eager_half, logits_of(graph_decode(half), PROMPT, chunks)):
         torch.testing.assert_close(c, e, atol=0.02 * e.abs().max().item(), rtol=0.02)
@@ -154,7 +155,7 @@ def test_fused_step_on_gpu_equals_eager(pair_dirs):
     chunks = CHUNKS + CHUNKS + [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]  # replayed; the 16-row bucket
     expected = logits_of(target, PROMPT, chunks)
     fused = load_gpt2(pair_dirs[0], device="cuda", dtype="float32", compile="fused")
-    assert is_graphed(fused) and fused.forward.path == "fused"
+    assert is_graphed(fused) and fused.decode_path.path == "fused"
     for e, c in zip(expected, logits_of(fused, PROMPT, chunks)):
         torch.testing.assert_close(c, e, atol=2e-5, rtol=1e-5)
     draft = load_gpt2(pair_dirs[1], device="cuda", dtype="float32", compile="fused")
@@ -162,12 +163,12 @@ def test_fused_step_on_gpu_equals_eager(pair_dirs):
     for gamma in (3, 5, 8):
         result = speculative_sampling_greedy(fused, draft, PROMPT, 40, gamma=gamma)
         assert result.tokens == plain, f"gamma={gamma}"
-    graphs = len(fused.forward.graphs) + len(draft.forward.graphs)
+    graphs = len(fused.decode_path.graphs) + len(draft.decode_path.graphs)
     assert speculative_sampling_greedy(fused, draft, PROMPT, 40, gamma=5).tokens == plain
     # replayed, none recorded (the kernels are launched, and compiled, only while recording)
-    assert len(fused.forward.graphs) + len(draft.forward.graphs) == graphs
+    assert len(fused.decode_path.graphs) + len(draft.decode_path.graphs) == graphs
     # bfloat16, what auto picks here: within its rounding of its own eager logits
-    half = load_gpt2(pair_dirs[0], device="cuda", dtype="bfloat16")
+    half = load_accelerated(pair_dirs[0], device="cuda", dtype="bfloat16")
     eager_half = logits_of(half, PROMPT, chunks)
     for e, c in zip(eager_half, logits_of(graph_decode(half, fused=True), PROMPT, chunks)):
         torch.testing.assert_close(c, e, atol=0.02 * e.abs().max().item(), rtol=0.02)

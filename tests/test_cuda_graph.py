@@ -1,5 +1,6 @@
-"""The CUDA-graph decode path (gpt2/speed/cuda_graph.py) on a CPU: its static inputs, pooled cache
-buffers and fixed-size forward give the eager model's logits and greedy tokens.
+"""The CUDA-graph decode path (gpt2/speed/cuda_graph.py, an accelerated model's decode_path) on a
+CPU: its static inputs, pooled cache buffers and fixed-size forward give the eager model's logits
+and greedy tokens.
 
 A CPU has no CUDA graphs, so these tests record with a stand-in that replays by calling the
 recorded forward again and copying its results into the first call's outputs. That is what a
@@ -15,7 +16,8 @@ import pytest
 import torch
 from conftest import TINY, sibling_tree
 
-from gpt2 import load_gpt2
+from gpt2 import GPT2, load_gpt2
+from gpt2.speed import FastGPT2, load_accelerated
 from gpt2.speed.compiled import MAX_ROWS
 from gpt2.speed.cuda_graph import graph_decode, is_graphed, row_bucket, ungraph
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
@@ -47,7 +49,7 @@ def folder(make_checkpoint):
 
 @pytest.fixture
 def model(folder):
-    return load_gpt2(folder, dtype="float32")
+    return load_accelerated(folder, dtype="float32")
 
 
 def logits_of(model, prompt, chunks, max_len):
@@ -86,7 +88,7 @@ def test_verification_lengths_share_a_few_padded_graphs(model):
     expected = logits_of(model, prompt, chunks, max_len)
     recorded = []
     got = logits_of(graph_decode(model, record=recorder(recorded)), prompt, chunks, max_len)
-    assert sorted(key[1] for key in model.forward.graphs) == [1, 2, 4, 8, 16]
+    assert sorted(key[1] for key in model.decode_path.graphs) == [1, 2, 4, 8, 16]
     assert len(recorded) == 5
     for e, c in zip(expected, got):
         assert c.shape == e.shape
@@ -96,7 +98,7 @@ def test_verification_lengths_share_a_few_padded_graphs(model):
     tail = [torch.randint(0, TINY.vocab_size, (1, 5), generator=g)]
     expected = logits_of(ungraph(model), long_prompt, tail, TINY.n_positions)
     got = logits_of(graph_decode(model, record=recorder(recorded)), long_prompt, tail, TINY.n_positions)
-    assert 5 in [key[1] for key in model.forward.graphs] and len(recorded) == 6
+    assert 5 in [key[1] for key in model.decode_path.graphs] and len(recorded) == 6
     torch.testing.assert_close(got[1], expected[1], atol=ATOL, rtol=0)
     assert (row_bucket(3, 2), row_bucket(3, 3), row_bucket(3, 4), row_bucket(9, 100)) == (3, 3, 4, 16)
 
@@ -120,7 +122,7 @@ def test_graphed_tree_mask_early_exit_and_features_equal_eager(model):
 
 def test_graphed_greedy_tokens_equal_eager_and_later_generations_reuse_the_graphs(model, folder):
     prompt = [5, 17, 3, 99, 42]
-    draft = load_gpt2(folder, dtype="float32")  # the same weights: every draft token is accepted...
+    draft = load_accelerated(folder, dtype="float32")  # the same weights: every draft token is accepted...
     with torch.no_grad():
         draft.h[1].mlp.c_proj.weight.mul_(1.5)  # ...unless its last block differs
     expected = autoregressive_generate(model, prompt, 30).tokens
@@ -197,18 +199,35 @@ def test_load_compile_graph_on_a_cpu_stays_eager_and_says_so(folder, capsys, mon
 
 
 @torch.inference_mode()
+def test_a_plain_model_is_held_by_a_new_graphed_model_and_left_as_written(folder):
+    """graph_decode of a plain GPT2 gives a new FastGPT2 on its tensors, with the graphed path and
+    the eager logits; the plain model stays gpt2/model.py as written, with no decode path."""
+    plain = load_gpt2(folder)
+    chunks = [torch.tensor([[4]]), torch.tensor([[5, 6, 7]]), torch.tensor([[8]])]
+    expected = logits_of(plain, torch.tensor([[1, 2, 3]]), chunks, 20)
+    recorded = []
+    graphed = graph_decode(plain, record=recorder(recorded))
+    assert isinstance(graphed, FastGPT2) and is_graphed(graphed) and graphed is not plain
+    assert type(plain) is GPT2 and not is_graphed(plain)
+    got = logits_of(graphed, torch.tensor([[1, 2, 3]]), chunks, 20)
+    assert len(recorded) == 2  # 1 row and 3 rows
+    for e, c in zip(expected, got):
+        torch.testing.assert_close(c, e, atol=ATOL, rtol=0)
+
+
+@torch.inference_mode()
 def test_switching_off_and_on_keeps_the_recorded_graphs(model):
     recorded = []
     graph_decode(model, record=recorder(recorded))
     chunks = [torch.tensor([[4]]), torch.tensor([[5, 6, 7]])]
     expected = logits_of(model, torch.tensor([[1, 2, 3]]), chunks, 20)
-    cache_buffers = model.forward.free
+    cache_buffers = model.decode_path.free
     assert len(recorded) == 2
     ungraph(model)
     torch.testing.assert_close(logits_of(model, torch.tensor([[1, 2, 3]]), chunks, 20)[2], expected[2],
                                atol=ATOL, rtol=0)
     graph_decode(model, record=recorder(recorded))
-    assert model.forward.free is cache_buffers
+    assert model.decode_path.free is cache_buffers
     got = logits_of(model, torch.tensor([[1, 2, 3]]), chunks, 20)
     assert len(recorded) == 2  # the same pool, the same graphs, replayed
     for e, c in zip(expected, got):
@@ -219,13 +238,13 @@ def test_switching_off_and_on_keeps_the_recorded_graphs(model):
 def test_the_recorded_compiled_block_equals_eager(folder):
     """compiled=True records torch.compile's fused block (on a CPU, inductor's C++ here) with the
     same static inputs: a step and verifications of two lengths share its two compiled graphs."""
-    model = load_gpt2(folder, dtype="float32")
+    model = load_accelerated(folder, dtype="float32")
     g = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, TINY.vocab_size, (1, 5), generator=g)
     chunks = [torch.randint(0, TINY.vocab_size, (1, t), generator=g) for t in (1, 4, 1, 3, 4)]
     expected = logits_of(model, prompt, chunks, 30)
     got = logits_of(graph_decode(model, record=recorder([]), compiled=True), prompt, chunks, 30)
-    assert model.forward.compiled
+    assert model.decode_path.compiled
     for e, c in zip(expected, got):
         # inductor's fused block sums in its own order (which depends on the CPU's vector width):
         # a float32 rounding difference grows with the logit, so allow a relative part too

@@ -1,6 +1,7 @@
-"""Weight formats (gpt2/speed/fast_linear.py): bf16 and int8 logits against fp32 within stated
-tolerances, the fast kernels against the plain path on the same values, exact losslessness and
-greedy equality relative to the target as loaded, and clear errors for bad options."""
+"""Weight formats (gpt2/speed/fast_linear.py) of an accelerated model (gpt2.speed.load_accelerated):
+bf16 and int8 logits against the plain fp32 model within stated tolerances, the fast kernels
+against the plain path on the same values, exact losslessness and greedy equality relative to the
+target as loaded, and clear errors for bad options."""
 
 import math
 
@@ -9,6 +10,7 @@ import torch
 
 import gpt2.speed.kernels as kernels
 from gpt2 import GPT2Config, load_gpt2
+from gpt2.speed import fast_model, load_accelerated
 from gpt2.speed.fast_linear import (FP16Weight, Int8AsBF16, Int8Weight, OneDNNPackedForRows, OneDNNPackedWeight,
                               dequantize_int8, int8_per_channel)
 from conftest import TINY_VOCAB
@@ -40,8 +42,8 @@ def logits(model, idx):
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_logits_close_to_fp32(medium_dir, name):
     idx = torch.randint(0, MEDIUM.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    reference = logits(load_gpt2(medium_dir), idx)
-    model = load_gpt2(medium_dir, **FORMATS[name])
+    reference = logits(load_gpt2(medium_dir), idx)  # the plain float32 model
+    model = load_accelerated(medium_dir, **FORMATS[name])
     assert len(kernels.attached(model)) == 4 * MEDIUM.n_layer + 1  # every linear and the head run the format's kernel
     error = (logits(model, idx) - reference).abs().max() / (reference.max() - reference.min())
     assert 1e-5 < error < TOLERANCE[name]  # not fp32 in disguise, and close
@@ -71,19 +73,22 @@ def test_half_precision_model_keeps_a_float32_cache_on_cpu(medium_dir, dtype):
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_fast_kernels_equal_the_plain_path(medium_dir, name, monkeypatch):
-    """The kernels chosen here compute the model as loaded: the plain F.linear/oneDNN path on the
-    parameters (which hold the dequantized int8 weights) gives the same logits up to rounding."""
-    model = load_gpt2(medium_dir, **FORMATS[name])
+    """The kernels chosen here compute the model as loaded: the plain F.linear path on the same
+    values (GPT2_FAST_LINEAR=0: the layers' weights decoded, int8 dequantized) gives the same
+    logits up to rounding."""
+    model = load_accelerated(medium_dir, **FORMATS[name])
     idx = torch.randint(0, MEDIUM.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     fast = logits(model, idx)
-    monkeypatch.setattr(kernels, "ENABLED", False)
+    monkeypatch.setattr(fast_model, "ENABLED", False)  # every FastLinear: F.linear on its values
     plain = logits(model, idx)
     spread = (plain.max() - plain.min()).item()
     # bf16 activations round to 2^-8 relative; the plain and fast paths may round differently.
     assert (fast - plain).abs().max() <= (0.01 if "bf16" in name or name == "int8" else 1e-5) * spread
-    if name == "fp16":  # the parameters hold the float16 values: fp16 weights, float32 everything else
+    if name == "fp16":  # the weights hold the float16 values: fp16 weights, float32 everything else
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        assert all(torch.equal(w, w.half().float()) for w in kernels.linear_weights(model))
+        weights = [layer.weight for layer in kernels.attached(model)]
+        assert len(weights) == 4 * MEDIUM.n_layer + 1
+        assert all(w.dtype == torch.float32 and torch.equal(w, w.half().float()) for w in weights)
 
 
 def test_int8_per_channel_quantization():
@@ -176,7 +181,7 @@ def test_speculative_greedy_equals_same_format_target(text_pair_dirs, name):
     tokens and decoding one use different matmul shapes, so in 16-bit formats a near-tie may flip;
     if it does, the two tokens' logits must be that close (the guide's numerics note)."""
     target_dir, draft_dir = text_pair_dirs
-    target, draft = load_gpt2(target_dir, **FORMATS[name]), load_gpt2(draft_dir, **FORMATS[name])
+    target, draft = load_accelerated(target_dir, **FORMATS[name]), load_accelerated(draft_dir, **FORMATS[name])
     prompt = list(range(100, 120))
     ar = autoregressive_generate(target, prompt, 40).tokens
     spec = speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens
@@ -193,8 +198,8 @@ def test_speculative_greedy_equals_same_format_target(text_pair_dirs, name):
 def test_lossless_in_each_format(make_checkpoint, name):
     """Sampled speculative output follows the target *as loaded* (its exact distribution,
     enumerated), whatever the weight format."""
-    target = load_gpt2(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3), **FORMATS[name])
-    draft = load_gpt2(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3), **FORMATS[name])
+    target = load_accelerated(make_checkpoint(TINY_VOCAB, seed=21, std=0.2, embedding_std=0.3), **FORMATS[name])
+    draft = load_accelerated(make_checkpoint(TINY_VOCAB, seed=22, std=0.2, embedding_std=0.3), **FORMATS[name])
     # Fewer samples than test_lossless (these kernels have a higher per-call cost at these tiny
     # sizes): enough to catch a gross deviation, such as samples from the draft (checked below);
     # the format's small shift of p itself is defined away (lossless is relative to the target as
@@ -214,6 +219,7 @@ def test_lossless_in_each_format(make_checkpoint, name):
     (dict(quantize="int4"), "quantize must be"),
     (dict(quantize="fp16", dtype="bfloat16"), "needs dtype 'float32'"),
 ])
-def test_bad_format_options_give_clear_errors(medium_dir, kwargs, message):
+@pytest.mark.parametrize("load", [load_gpt2, load_accelerated])
+def test_bad_format_options_give_clear_errors(medium_dir, kwargs, message, load):
     with pytest.raises(ValueError, match=message):
-        load_gpt2(medium_dir, **kwargs)
+        load(medium_dir, **kwargs)

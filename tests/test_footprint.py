@@ -1,8 +1,9 @@
-"""What a loaded model holds (gpt2/speed/stored_weights.py, gpt2/loading.py): in each weight format,
-the tensors of a model with its kernels attached (parameters, buffers, and the kernels' own
-packed tensors, each storage counted once) add up to what the format stores, computed here from
-the config alone; no float32 shadow of int8 or float16 weights, no plain weight beside its packed
-copy. And the model still computes what it computed when it held those copies.
+"""What an accelerated model holds (gpt2/speed/stored_weights.py, gpt2/speed/accelerator.py): in
+each weight format, the tensors of a model loaded by gpt2.speed.load_accelerated (parameters,
+buffers, its layers' stored weights, and the kernels' own packed tensors, each storage counted
+once) add up to what the format stores, computed here from the config alone; no float32 shadow of
+int8 or float16 weights, no plain weight beside its packed copy. And the model still computes what
+the plain model (load_gpt2) holding the format's values computes.
 
 The accounting below walks the model itself (not gpt2.speed.kernels.held_bytes, which the
 benchmark uses), so the code it checks cannot make it pass.
@@ -12,10 +13,12 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 
 import gpt2.speed.kernels as kernels
-from gpt2 import GPT2Config, load_gpt2
-from gpt2.speed import kernel_cache
+from gpt2 import GPT2, GPT2Config, load_gpt2
+from gpt2.speed import kernel_cache, load_accelerated
+from gpt2.speed.accelerator import quantized_values
 
 # Every linear weight at least ONEDNN_MIN_WEIGHTS (512 x 512), so every one gets the format's kernel.
 WIDE = GPT2Config(n_layer=1, n_head=8, n_embd=512, n_positions=32, vocab_size=1024)
@@ -37,10 +40,25 @@ def wide_dir(make_checkpoint):
     return make_checkpoint(WIDE, seed=9, std=0.05, embedding_std=0.3)
 
 
+def plain_with_format_values(folder, fmt: str) -> GPT2:
+    """gpt2/model.py as written holding a format's values, computed without gpt2.speed's loader:
+    a bfloat16 or float32 model as load_gpt2 casts it; for "int8" and "fp16", float32 parameters
+    whose token embedding (the tied head) and linear weights hold their int8-dequantized or
+    float16-rounded values."""
+    if fmt not in ("int8", "fp16"):
+        return load_gpt2(folder, **FORMATS[fmt])
+    model = load_gpt2(folder)
+    with torch.no_grad():
+        for weight in [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]:
+            weight.copy_(quantized_values(weight, fmt, torch.float32))
+    return model
+
+
 def held_bytes(model) -> int:
-    """Bytes of every tensor the model holds: parameters and buffers (a stored weight: the layouts
-    it holds) and the tensors of its attached kernels, each storage once; an opaque oneDNN tensor
-    as its elements, fbgemm's packed float16 as 2 bytes a weight."""
+    """Bytes of every tensor the model holds: parameters and buffers, the stored weights of its
+    FastLinear and FastEmbedding layers (the layouts each holds), and the tensors of its kernels,
+    each storage once; an opaque oneDNN tensor as its elements, fbgemm's packed float16 as 2 bytes
+    a weight."""
     seen, total = set(), 0
 
     def add(t):
@@ -62,6 +80,9 @@ def held_bytes(model) -> int:
 
     for t in [*model.parameters(), *model.buffers()]:
         add(t)
+    for module in model.modules():
+        if getattr(module, "stored", None) is not None:
+            add(module.stored)
     for layer in kernels.attached(model):
         for _, _, kernel in layer.kernel.by_rows:
             kernel = getattr(kernel, "kernel", kernel) if type(kernel).__name__ == "PackedOnFirstCall" else kernel
@@ -75,7 +96,8 @@ def expected_bytes(config: GPT2Config, fmt: str, path: str) -> int:
     linear weight [out, in] once in the bytes that kernel reads (our C kernel's panels pad `out`
     to 16 rows; int8 adds a float32 scale per row), every other parameter in the model's dtype.
     The tied wte beside a library's opaque packing of it keeps its values too: the embedding
-    reads its rows."""
+    reads its rows. Each FastLinear adds its handle, one int64 buffer that names it to the compiled
+    decode path (gpt2/speed/fast_model.py)."""
     n, v = config.n_embd, config.vocab_size
     linear = [(v, n)] + [(3 * n, n), (n, n), (4 * n, n), (n, 4 * n)] * config.n_layer
     other = config.n_positions * n + 2 * n + config.n_layer * (4 * n + 3 * n + n + 4 * n + n)
@@ -88,7 +110,7 @@ def expected_bytes(config: GPT2Config, fmt: str, path: str) -> int:
         total += rows * inputs * per_weight + (4 * out if fmt == "int8" else 0)
     if kernels.LAYOUTS[path] == "packed":
         total += v * n * 2  # the embedding's 16-bit rows
-    return total
+    return total + 8 * len(linear)
 
 
 def logits(model, idx):
@@ -104,21 +126,21 @@ def the_path(model) -> str:
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_a_model_holds_its_format_once(wide_dir, fmt):
-    """Loaded with its kernels, after a prompt and a step (every kernel packed), the model holds
+    """Loaded by load_accelerated, after a prompt and a step (every kernel packed), the model holds
     exactly what its format stores, and computes what the same format computes on plain weights
-    (the plain face, load_gpt2(..., kernels=False), whose parameters are the format's values).
+    (gpt2/model.py as written, whose parameters hold the format's values).
     Fails on a model that keeps float32 parameters beside the int8 bytes or float16 values, or a
     plain weight beside its packed copy: with float32 parameters beside the kernels' copies, this
     model held 4.9x its int8 bytes, 2.6x its fp16 bytes and 1.75x its bfloat16 bytes (float32 on
     the plain weight: 1.0x, as now)."""
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
-    model = load_gpt2(wide_dir, **FORMATS[fmt])
+    model = load_accelerated(wide_dir, **FORMATS[fmt])
     assert len(kernels.attached(model)) == 4 * WIDE.n_layer + 1
     fast = logits(model, idx)
     logits(model, idx[:, :1])  # a step: every kernel packed by now
     path = the_path(model)
     assert held_bytes(model) == expected_bytes(WIDE, fmt, path), (fmt, path, held_bytes(model) / expected_bytes(WIDE, fmt, path))
-    plain = logits(load_gpt2(wide_dir, kernels=False, **FORMATS[fmt]), idx)
+    plain = logits(plain_with_format_values(wide_dir, fmt), idx)
     spread = (plain.max() - plain.min()).item()
     assert (fast - plain).abs().max().item() <= TOLERANCE[fmt] * spread
 
@@ -134,29 +156,32 @@ def test_float32_on_its_packed_kernel_holds_the_panels_only(wide_dir, kernel_cac
     kernel_cache.store("kernels", kernels.rows_what("float32", shape, torch.float32, paths),
                        {"choice": [[None, "native-f32"]], "ms": {}})
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(4))
-    model = load_gpt2(wide_dir, dtype="float32")
+    model = load_accelerated(wide_dir, dtype="float32")
     fast = logits(model, idx)
     assert the_path(model) == "native-f32"
     assert held_bytes(model) == expected_bytes(WIDE, "float32", "native-f32")
-    plain = logits(load_gpt2(wide_dir, dtype="float32", kernels=False), idx)
+    plain = logits(load_gpt2(wide_dir), idx)
     assert (fast - plain).abs().max().item() <= 1e-5 * (plain.max() - plain.min()).item()
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp16"])
 def test_what_a_learner_inspects_is_the_plain_weight(wide_dir, fmt):
     """model.h[0].mlp.c_fc.weight answers in PyTorch terms: its shape and dtype are the plain
-    face's, and its values (decoded on demand), the embedding's rows and a matmul with it are the
-    plain face's bit for bit."""
-    model = load_gpt2(wide_dir, **FORMATS[fmt])
-    plain = load_gpt2(wide_dir, kernels=False, **FORMATS[fmt])
-    weight, reference = model.h[0].mlp.c_fc.weight, plain.h[0].mlp.c_fc.weight
+    model's, and its values (decoded on demand from what the layer stores), the embedding's rows
+    and a matmul with it are the plain model's (holding the format's values) bit for bit; what
+    the layer stores holds no float32 copy of the weight."""
+    model = load_accelerated(wide_dir, **FORMATS[fmt])
+    plain = plain_with_format_values(wide_dir, fmt)
+    layer, reference = model.h[0].mlp.c_fc, plain.h[0].mlp.c_fc.weight
+    weight = layer.weight
     assert weight.shape == reference.shape and weight.dtype == reference.dtype == torch.float32
-    assert torch.equal(weight.decode(), reference) and torch.equal(weight.float() * 1, reference)
+    assert torch.equal(layer.stored.decode(), reference) and torch.equal(weight, reference)
+    assert torch.equal(weight.float() * 1, reference)
     x = torch.randn(3, WIDE.n_embd)
     torch.testing.assert_close(x @ weight.T, x @ reference.T, rtol=1e-5, atol=1e-5)  # (BLAS: rounding only)
     idx = torch.tensor([[0, 17, WIDE.vocab_size - 1]])
     assert torch.equal(model.wte(idx), plain.wte(idx))
-    held = [t for t in weight.layouts.values() if isinstance(t, torch.Tensor) and t.numel() >= weight.numel()]
+    held = [t for t in layer.stored.layouts.values() if isinstance(t, torch.Tensor) and t.numel() >= weight.numel()]
     assert held and all(t.element_size() < 4 for t in held)  # no float32 copy of the weight
 
 
@@ -171,7 +196,7 @@ def load_quietly(folder, capsys, monkeypatch, **kwargs):
 
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
     capsys.readouterr()
-    model = load_gpt2(folder, **kwargs)
+    model = load_accelerated(folder, **kwargs)
     return model, capsys.readouterr().err + getattr(model, "kernel_choice", "")
 
 
@@ -189,10 +214,10 @@ def mapped_from(tensor: torch.Tensor, path) -> bool:
 def computed(monkeypatch) -> list:
     """Record every weight loading computes in its format (quantized, cast) or packs (they still
     run): the list of what was done."""
-    import gpt2.loading as loading
+    import gpt2.speed.accelerator as accelerator
 
-    calls, compute, pack = [], loading.format_layouts, kernels.packed_layouts
-    monkeypatch.setattr(loading, "format_layouts", lambda *a: calls.append("compute") or compute(*a))
+    calls, compute, pack = [], accelerator.format_layouts, kernels.packed_layouts
+    monkeypatch.setattr(accelerator, "format_layouts", lambda *a: calls.append("compute") or compute(*a))
     monkeypatch.setattr(kernels, "packed_layouts", lambda *a: calls.append("pack") or pack(*a))
     return calls
 
@@ -211,7 +236,7 @@ def test_a_second_load_maps_what_the_first_computed(wide_dir, tmp_path, fmt, mon
     calls.clear()
     second, said = load_quietly(wide_dir, capsys, monkeypatch, **FORMATS[fmt])
     assert "mapped from the weight cache" in said and calls == []
-    layouts = second.h[0].mlp.c_fc.weight.layouts
+    layouts = second.h[0].mlp.c_fc.stored.layouts
     assert all(mapped_from(t, files[0].resolve()) for t in layouts.values() if isinstance(t, torch.Tensor))
     idx = torch.randint(0, WIDE.vocab_size, (1, 7), generator=torch.Generator().manual_seed(8))
     assert torch.equal(logits(first, idx), logits(second, idx))
@@ -232,7 +257,7 @@ def test_a_changed_checkpoint_is_not_served_the_old_file(wide_dir, tmp_path, mon
     new, said = load_quietly(folder, capsys, monkeypatch, quantize="int8")
     assert "mapped from the weight cache" not in said and "computed now" in said
     idx = torch.randint(0, WIDE.vocab_size, (1, 7), generator=torch.Generator().manual_seed(9))
-    plain_new = logits(load_gpt2(folder, quantize="int8", kernels=False), idx)
+    plain_new = logits(plain_with_format_values(folder, "int8"), idx)
     spread = (plain_new.max() - plain_new.min()).item()
     assert (logits(new, idx) - plain_new).abs().max().item() <= 1e-5 * spread
     assert (logits(old, idx) - plain_new).abs().max().item() > 1e-3 * spread
@@ -255,7 +280,7 @@ def test_a_changed_kernel_or_code_is_not_served_the_old_file(wide_dir, kernel_ca
     kernel_cache.store("kernels", what, {"choice": [[None, "native-fp16"]], "ms": {}})
     model, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
     assert "computed now" in said and the_path(model) == "native-fp16"
-    assert "panels" in model.h[0].mlp.c_fc.weight.layouts
+    assert "panels" in model.h[0].mlp.c_fc.stored.layouts
     _, said = load_quietly(wide_dir, capsys, monkeypatch, quantize="fp16")
     assert "mapped from the weight cache" in said
     monkeypatch.setattr(weight_cache, "STORAGE_VERSION", weight_cache.STORAGE_VERSION + 1)
@@ -289,11 +314,20 @@ def test_the_cache_is_bounded_shown_and_cleared(wide_dir, tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp16"])
-def test_the_plain_face_is_unchanged(wide_dir, tmp_path, fmt):
-    """kernels=False keeps plain PyTorch: ordinary float32 parameters holding the format's values,
-    nothing attached, nothing kept in the weight cache. Fails if the stored weights leak into the
-    face a learner steps through."""
-    model = load_gpt2(wide_dir, kernels=False, **FORMATS[fmt])
-    assert not kernels.attached(model)
-    assert all(type(p) is torch.nn.Parameter and p.dtype == torch.float32 for p in model.parameters())
+def test_the_plain_model_is_unchanged(wide_dir, tmp_path, fmt):
+    """load_gpt2 keeps plain PyTorch (ordinary float32 parameters, nothing attached) and keeps
+    nothing in the weight cache; an accelerated model's to_plain() is plain PyTorch too: ordinary
+    float32 parameters holding the format's values, nothing attached. Fails if the stored weights
+    leak into the model a learner steps through."""
+    model = load_gpt2(wide_dir)
+    assert type(model) is GPT2 and not kernels.attached(model)
+    assert all(type(p) is nn.Parameter and p.dtype == torch.float32 for p in model.parameters())
     assert not (tmp_path / "weights").exists()
+    back = load_accelerated(wide_dir, **FORMATS[fmt]).to_plain()
+    assert type(back) is GPT2 and not kernels.attached(back)
+    assert all(type(m) is nn.Linear for m in back.modules() if isinstance(m, nn.Linear))
+    assert all(type(p) is nn.Parameter and p.dtype == torch.float32 for p in back.parameters())
+    expected = plain_with_format_values(wide_dir, fmt).state_dict()
+    got = back.state_dict()
+    assert got.keys() == expected.keys()
+    assert all(torch.equal(got[name], expected[name]) for name in expected)

@@ -17,7 +17,7 @@ from test_cuda_graph import recorder
 
 from gpt2 import GPT2Config, load_gpt2
 from gpt2.model import GPT2
-from gpt2.speed import fused_step
+from gpt2.speed import fused_step, load_accelerated
 from gpt2.speed.compiled import block_step, fixed_size_inputs
 from gpt2.speed.cuda_graph import graph_decode, is_graphed
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
@@ -91,7 +91,7 @@ def test_a_wrong_mask_or_slot_is_far_above_the_tolerance():
 @torch.inference_mode()
 def test_the_graphed_fused_path_gives_eager_logits_and_exact_greedy_speculation(make_checkpoint):
     folder = make_checkpoint(TINY, seed=3, std=0.3, embedding_std=1.0)
-    model = load_gpt2(folder, device=DEVICE, dtype="float32")
+    model = load_accelerated(folder, device=DEVICE, dtype="float32")
     prompt = torch.tensor([[5, 17, 3, 99, 42]], device=DEVICE)
     chunks = [torch.tensor([c], device=DEVICE) for c in ([7], [1, 2, 3, 4, 5], [9], [11, 12], [8], [1, 2, 3, 4, 5])]
 
@@ -101,11 +101,11 @@ def test_the_graphed_fused_path_gives_eager_logits_and_exact_greedy_speculation(
 
     expected = logits_of()
     graph_decode(model, record=recorder([]), fused=True)
-    assert is_graphed(model) and model.forward.path == "fused"
+    assert is_graphed(model) and model.decode_path.path == "fused"
     got = logits_of()
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, **TOLERANCE)
-    assert len(model.forward.graphs) == 3  # buckets of 1, 2 and 8 rows: one graph each, replayed
+    assert len(model.decode_path.graphs) == 3  # buckets of 1, 2 and 8 rows: one graph each, replayed
     draft = load_gpt2(folder, device=DEVICE, dtype="float32")  # eager: the target's calls are the ones under test
     plain = autoregressive_generate(load_gpt2(folder, device=DEVICE, dtype="float32"), [5, 17, 3], 10).tokens
     result = speculative_sampling_greedy(model, draft, [5, 17, 3], 10, gamma=4)
@@ -121,8 +121,8 @@ def notes_not_yet_shown(monkeypatch):
 def test_a_model_the_kernels_cannot_read_is_named_and_recorded_with_the_compiled_block(capsys, notes_not_yet_shown):
     odd_heads = tiny_model(GPT2Config(n_layer=1, n_head=4, n_embd=24, n_positions=32, vocab_size=50))
     assert "head size 6" in fused_step.why_not_fused(odd_heads)
-    graph_decode(odd_heads, record=recorder([]), fused=True)
-    assert odd_heads.forward.path == "compiled"
+    graphed = graph_decode(odd_heads, record=recorder([]), fused=True)  # a FastGPT2 holding the plain model
+    assert graphed.decode_path.path == "compiled"
     assert "the fused decode step is not for this model (its head size 6" in capsys.readouterr().err
     assert fused_step.why_not_fused(tiny_model()) is None
 

@@ -1,8 +1,8 @@
 """gpt2/speed/kernels.py: the capability probe (a path that raises or miscomputes is never used), the
 GPT2_CPU=avx2 switch, kernels chosen per number of rows (every choice computes the plain path's
-logits), bfloat16 on a CPU without its fast path (runs, slower, with one note), the two faces
-(plain PyTorch: F.linear; the attached kernels: the same float32 logits), and the choices measured
-once per machine and kept (gpt2/speed/kernel_cache.py).
+logits), bfloat16 on a CPU without its fast path (runs, slower, with one note), the plain model and
+the accelerated one (load_gpt2: F.linear; gpt2.speed's FastLinear layers: the same float32 logits),
+and the choices measured once per machine and kept (gpt2/speed/kernel_cache.py).
 
 These run on every CPU; .ci/run runs them a second time as on an AVX2-only CPU (GPT2_CPU=avx2
 with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2), so each host tests both kinds of paths."""
@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 
 import gpt2.speed.device as device
 import gpt2.speed.kernel_cache as kernel_cache
 import gpt2.speed.kernels as kernels
 from conftest import ROOT
-from gpt2 import GPT2Config, load_gpt2
+from gpt2 import GPT2, GPT2Config, load_gpt2
+from gpt2.speed import FastGPT2, fast_model, load_accelerated
+from gpt2.speed.accelerator import quantized_values
 from spec_decoding import autoregressive_generate
 from gpt2.speed.fast_linear import int8_per_channel
 
@@ -41,6 +44,20 @@ def fresh_probe(monkeypatch):
     """A probe with nothing tried yet, restored afterwards."""
     monkeypatch.setattr(kernels, "_PROBED", {})
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
+
+
+def plain_with_format_values(folder, fmt: str) -> GPT2:
+    """gpt2/model.py as written holding a format's values, computed without gpt2.speed's loader:
+    a 16-bit model as load_gpt2 casts it; for "int8" and "fp16", float32 parameters whose token
+    embedding (the tied head) and linear weights hold their int8-dequantized or float16-rounded
+    values."""
+    if fmt not in ("int8", "fp16"):
+        return load_gpt2(folder, **FORMATS[fmt])
+    model = load_gpt2(folder)
+    with torch.no_grad():
+        for weight in [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]:
+            weight.copy_(quantized_values(weight, fmt, torch.float32))
+    return model
 
 
 def paths_used(model) -> set[str]:
@@ -91,11 +108,11 @@ def test_a_path_that_raises_or_miscomputes_is_never_used(wide_dir, fresh_probe, 
     assert "RuntimeError: bf16 path needs" in kernels.probe("onednn-bf16")
     assert "computed something else" in kernels.probe("onednn")
     assert len(calls) == 1
-    model = load_gpt2(wide_dir, dtype="bfloat16")  # runs, without the broken path
+    model = load_accelerated(wide_dir, dtype="bfloat16")  # runs, without the broken path
     assert len(calls) == 1  # tried once, never again in this process
     used = paths_used(model)
     assert used and "onednn-bf16" not in used
-    model32 = load_gpt2(wide_dir, dtype="float32")
+    model32 = load_accelerated(wide_dir, dtype="float32")
     assert kernels.attached(model32) and "onednn" not in paths_used(model32)
     idx = torch.randint(0, WIDE.vocab_size, (1, 7), generator=torch.Generator().manual_seed(0))
     reference = logits(model32, idx)
@@ -116,13 +133,13 @@ def test_gpt2_cpu_avx2_acts_as_a_cpu_without_bf16(fresh_probe, monkeypatch):
 
 def test_bfloat16_without_its_fast_path_runs_with_one_note(wide_dir, fresh_probe, monkeypatch, capsys):
     monkeypatch.setitem(kernels._PROBED, "onednn-bf16", "RuntimeError: needs avx512bw")
-    model = load_gpt2(wide_dir, dtype=torch.bfloat16)
-    load_gpt2(wide_dir, dtype="bf16")  # the same note is not said twice
+    model = load_accelerated(wide_dir, dtype=torch.bfloat16)
+    load_accelerated(wide_dir, dtype="bf16")  # the same note is not said twice
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and notes[0].startswith("note: bfloat16 has no fast kernel on this CPU")
     assert "Faster here:" in notes[0] and "needs avx512bw" in notes[0]
     idx = torch.randint(0, WIDE.vocab_size, (2, 6), generator=torch.Generator().manual_seed(1))
-    reference = logits(load_gpt2(wide_dir, dtype="float32"), idx)
+    reference = logits(load_gpt2(wide_dir), idx)  # the plain float32 model
     assert logits(model, idx).dtype == torch.float32  # (converted by logits())
     assert (logits(model, idx) - reference).abs().max() < 0.05 * (reference.max() - reference.min())
 
@@ -175,32 +192,33 @@ def test_int8_runs_only_on_kernels_with_float32_outputs():
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_every_kernel_choice_gives_the_plain_paths_logits(wide_dir, fmt, fresh_probe, monkeypatch):
-    """Whatever the measurement picks, the logits are the plain path's (F.linear / oneDNN on the
-    parameters, which hold the format's values) up to rounding: each working path alone, and one
-    path per range of rows (a decode step and a verification on different kernels)."""
-    model = load_gpt2(wide_dir, **FORMATS[fmt])
-    weights = kernels.linear_weights(model)
-    dtype = weights[0].dtype
+def test_every_kernel_choice_gives_the_plain_paths_logits(wide_dir, fmt, fresh_probe):
+    """Whatever the measurement picks, the logits are the plain path's (gpt2/model.py as written,
+    F.linear on parameters holding the format's values) up to rounding: each working path alone,
+    and one path per range of rows (a decode step and a verification on different kernels), each
+    attached to a FastGPT2 on the plain model's own tensors."""
+    plain = plain_with_format_values(wide_dir, fmt)
+    dtype = plain.wte.weight.dtype
     paths = kernels.candidates(fmt if fmt in ("fp16", "int8") else str(dtype).removeprefix("torch."), dtype)
     assert paths and all(kernels.works(p) for p in paths)
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
-    with monkeypatch.context() as m:
-        m.setattr(kernels, "ENABLED", False)
-        plain_9, plain_1 = logits(model, idx), logits(model, idx[:, :1])
+    plain_9, plain_1 = logits(plain, idx), logits(plain, idx[:, :1])
     spread = (plain_9.max() - plain_9.min()).item()
     # 16-bit activations (bfloat16, float16) round differently per kernel; float32 math (float32,
     # float16 weights, int8 weights) differs only in the order of its float32 sums
     tol = 1e-4 if fmt in ("float32", "fp16", "int8") else 0.02
-    # the int8 weights: quantizing the dequantized values gives back the same (q, scale)
-    int8 = {w: int8_per_channel(w) for w in weights} if fmt == "int8" else None
     choices = [[(math.inf, p)] for p in paths] + ([[(1, paths[-1]), (math.inf, paths[0])]] if len(paths) > 1 else [])
     for choice in choices:
+        model = FastGPT2.holding(plain)
+        weights = kernels.linear_weights(model)  # the tied head's (wte), then every nn.Linear's
+        assert len(weights) == 4 * WIDE.n_layer + 1
+        # the int8 weights: quantizing the dequantized values gives back the same (q, scale)
+        int8 = {w: int8_per_channel(w) for w in weights} if fmt == "int8" else None
         kernels.attach_kernels(model, int8=int8, fp16=fmt == "fp16", choose=lambda *a, c=choice: c)
         assert all(k.kernel.paths() == choice for k in kernels.attached(model))
         assert len(kernels.attached(model)) == len(weights)
-        for got, plain in ((logits(model, idx), plain_9), (logits(model, idx[:, :1]), plain_1)):
-            assert (got - plain).abs().max() <= tol * spread, (fmt, choice)
+        for got, want in ((logits(model, idx), plain_9), (logits(model, idx[:, :1]), plain_1)):
+            assert (got - want).abs().max() <= tol * spread, (fmt, choice)
 
 
 def test_the_report_lists_every_path():
@@ -220,17 +238,48 @@ def imports_of(name: str) -> set[str]:
     return imported
 
 
+# What kernels.py may import of the model's side: the accelerated model's own classes (it puts
+# their layers in place, gpt2/speed/fast_model.py) and ENABLED, read there; and the stored weights.
+KERNELS_MAY_IMPORT = {".fast_model": {"ENABLED", "FastEmbedding", "FastGPT2", "FastLinear"},
+                      ".stored_weights": {"StoredWeight", "give_back_freed_memory"}}
+
+
+def imported_names(name: str) -> dict[str, set[str]]:
+    """{module as written in the import: the names imported from it} of a file under gpt2/."""
+    tree = ast.parse(Path(ROOT / "gpt2" / name).read_text())
+    found: dict[str, set[str]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                found.setdefault(a.name, set())
+        elif isinstance(n, ast.ImportFrom):
+            found.setdefault(f"{'.' * n.level}{n.module or ''}", set()).update(a.name for a in n.names)
+    return found
+
+
 def test_the_model_imports_no_kernels_and_the_kernels_no_model():
-    """gpt2/model.py is plain PyTorch: it imports none of the kernel files. gpt2/speed/kernels.py imports
-    fast_linear.py and kernel_cache.py; none of them imports the model or loading (no cycle)."""
+    """gpt2/model.py is plain PyTorch: it imports none of the kernel files. gpt2/speed/kernels.py
+    imports fast_linear.py and kernel_cache.py, and of the model's side only the accelerated
+    model's classes (fast_model.py: ENABLED, FastEmbedding, FastGPT2, FastLinear) and the stored
+    weights: nothing of gpt2/model.py, loading or the checkpoints. fast_linear.py and
+    kernel_cache.py import no model; fast_model.py and stored_weights.py import no kernels (no
+    cycle)."""
     assert not any("kernel" in i or "fast_linear" in i or "speed" in i for i in imports_of("model.py"))
-    for name in ("speed/kernels.py", "speed/fast_linear.py", "speed/kernel_cache.py"):
+    for name in ("speed/fast_linear.py", "speed/kernel_cache.py"):
         imported = imports_of(name)
         assert not any("model" in i or "loading" in i for i in imported), (name, imported)
+    model_side = {module: names for module, names in imported_names("speed/kernels.py").items()
+                  if any(word in module for word in ("model", "loading", "checkpoints", "stored_weights",
+                                                     "accelerator"))}
+    assert set(model_side) <= set(KERNELS_MAY_IMPORT), model_side
+    assert all(names <= KERNELS_MAY_IMPORT[module] for module, names in model_side.items()), model_side
+    for name in ("speed/fast_model.py", "speed/stored_weights.py"):
+        imported = imports_of(name)
+        assert not any(i.endswith("kernels") or "loading" in i or "accelerator" in i for i in imported), (name, imported)
 
 
 # ---------------------------------------------------------------------------------------------
-# The two faces: plain PyTorch, and the kernels attached beside it
+# The plain model (load_gpt2) and the accelerated one (FastLinear layers on the chosen kernels)
 
 
 def count_f_linear(monkeypatch) -> list:
@@ -240,55 +289,72 @@ def count_f_linear(monkeypatch) -> list:
     return calls
 
 
-def test_stepping_into_the_plain_face_reaches_f_linear(wide_dir, monkeypatch):
-    """load_gpt2(..., kernels=False) is gpt2/model.py as it reads: every linear layer and the head
-    run torch.nn.functional.linear. The default load runs them on the attached kernels instead
-    (here pinned to oneDNN, which never calls F.linear), named by its load line."""
-    plain = load_gpt2(wide_dir, dtype="float32", kernels=False)
-    fast = load_gpt2(wide_dir, dtype="float32")
+def test_stepping_into_the_plain_model_reaches_f_linear(wide_dir, monkeypatch):
+    """load_gpt2 is gpt2/model.py as written: every linear layer and the head run
+    torch.nn.functional.linear. An accelerated model runs them on its FastLinear layers' kernels
+    instead (here pinned to oneDNN, which never calls F.linear). Its to_plain() is a plain GPT2
+    again, F.linear everywhere, with the same logits up to float32 rounding, and leaves the
+    accelerated model as it was."""
+    plain = load_gpt2(wide_dir)
+    fast = FastGPT2.holding(load_gpt2(wide_dir))
     kernels.attach_kernels(fast, choose=lambda *a: [(math.inf, "onednn")])
     assert kernels.attached(plain) == [] and len(kernels.attached(fast)) == 4 * WIDE.n_layer + 1
-    assert type(plain.h[0].mlp.c_fc) is torch.nn.Linear and "head" not in vars(plain)
+    assert type(plain) is GPT2 and type(plain.h[0].mlp.c_fc) is nn.Linear
     idx = torch.tensor([[1, 2, 3]])
     calls = count_f_linear(monkeypatch)
-    logits(plain, idx)
+    want = logits(plain, idx)
     assert len(calls) == 4 * WIDE.n_layer + 1  # 4 per block, and the head
     calls.clear()
-    logits(fast, idx)
+    got = logits(fast, idx)
     assert calls == []
-    kernels.detach_kernels(fast)  # and back: the same model, plain again
-    logits(fast, idx)
+    back = fast.to_plain()  # and back: a plain model again
+    assert type(back) is GPT2 and kernels.attached(back) == [] and type(back.h[0].mlp.c_fc) is nn.Linear
+    again = logits(back, idx)
     assert len(calls) == 4 * WIDE.n_layer + 1
+    spread = (want.max() - want.min()).item()
+    assert (got - want).abs().max() <= 1e-5 * spread and (again - got).abs().max() <= 1e-5 * spread
+    calls.clear()
+    assert torch.equal(logits(fast, idx), got) and calls == []  # the accelerated model unchanged
 
 
-def test_gpt2_fast_linear_0_loads_the_plain_face(wide_dir, monkeypatch, capsys, caplog):
-    """The kernel choice is logged (logger gpt2.speed) and kept on the model, never printed."""
+def test_the_kernel_choice_is_logged_and_gpt2_fast_linear_0_runs_f_linear(wide_dir, monkeypatch, capsys, caplog):
+    """The kernel choice is logged (logger gpt2.speed) and kept on the model, never printed, and
+    the line names the plain model; load_gpt2 without speed options attaches nothing and says
+    nothing. With GPT2_FAST_LINEAR=0 (fast_model.ENABLED) every FastLinear runs F.linear on its
+    values: the same logits up to float32 rounding."""
     caplog.set_level("INFO", logger="gpt2.speed")
-    model = load_gpt2(wide_dir, dtype="float32")
+    model = load_accelerated(wide_dir, dtype="float32")
     assert kernels.attached(model)
     assert model.kernel_choice.startswith("float32: 1+ rows: onednn")
     logged = [r.getMessage() for r in caplog.records if r.name == "gpt2.speed"]
     assert len(logged) == 1 and logged[0].startswith("kernels: gpt2/speed/kernels.py, float32: 1+ rows: onednn")
-    assert "kernels=False" in logged[0] and "kernels:" not in capsys.readouterr().err
+    assert "load_gpt2(path) without speed options" in logged[0] and "kernels:" not in capsys.readouterr().err
     caplog.clear()
-    monkeypatch.setattr(kernels, "ENABLED", False)  # what GPT2_FAST_LINEAR=0 sets at import
     assert kernels.attached(load_gpt2(wide_dir)) == []
     assert capsys.readouterr().err == "" and not caplog.records
+    idx = torch.randint(0, WIDE.vocab_size, (1, 5), generator=torch.Generator().manual_seed(4))
+    fast = logits(model, idx)
+    monkeypatch.setattr(fast_model, "ENABLED", False)  # what GPT2_FAST_LINEAR=0 sets at import
+    calls = count_f_linear(monkeypatch)
+    off = logits(model, idx)
+    assert len(calls) == 4 * WIDE.n_layer + 1
+    assert (off - fast).abs().max() <= 1e-5 * (off.max() - off.min())
 
 
 @pytest.mark.parametrize("choice", [[(math.inf, "onednn")], [(math.inf, "mm")], [(math.inf, "linear")],
                                     [(1, "mm"), (math.inf, "onednn")]])
-def test_float32_logits_are_the_same_on_both_faces(wide_dir, choice):
-    """A float32 model with no kernels and one with each float32 kernel of this machine give the
-    same logits and the same greedy tokens. Not bit for bit: oneDNN and MKL sum in other orders,
-    so logits differ in their last bits (measured: under 1e-6 of their spread); the bound is 1e-5
-    of the spread, where a real difference (a bfloat16 rounding, a missing bias) is 1e-3 or more.
-    On F.linear ("linear") the two faces are the same computation: equal bit for bit."""
+def test_float32_logits_are_the_same_plain_and_accelerated(wide_dir, choice):
+    """The plain float32 model (load_gpt2) and one with each float32 kernel of this machine give
+    the same logits and the same greedy tokens. Not bit for bit: oneDNN and MKL sum in other
+    orders, so logits differ in their last bits (measured: under 1e-6 of their spread); the bound
+    is 1e-5 of the spread, where a real difference (a bfloat16 rounding, a missing bias) is 1e-3
+    or more. On F.linear ("linear") the two are the same computation: equal bit for bit."""
     if not all(kernels.works(path) for _, path in choice):
         pytest.skip(f"not on this CPU: {choice}")
-    plain = load_gpt2(wide_dir, dtype="float32", kernels=False)
-    fast = load_gpt2(wide_dir, dtype="float32")
+    plain = load_gpt2(wide_dir)
+    fast = FastGPT2.holding(load_gpt2(wide_dir))
     kernels.attach_kernels(fast, choose=lambda *a: choice)
+    assert len(kernels.attached(fast)) == 4 * WIDE.n_layer + 1
     idx = torch.randint(0, WIDE.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
     for rows in (idx[:, :1], idx):
         want, got = logits(plain, rows), logits(fast, rows)
@@ -317,7 +383,7 @@ def count_builds(monkeypatch) -> list:
 
 def built_for(builds: list, model) -> list[str]:
     """The paths of the kernels built for model's own weights (the probe builds others)."""
-    mine = {id(w) for w in kernels.linear_weights(model)}
+    mine = {id(w) for w in kernels.linear_weights(model)}  # (as held: a StoredWeight or the parameter)
     return [path for path, w in builds if id(w) in mine]
 
 
@@ -330,15 +396,16 @@ def test_a_layer_packs_its_weights_on_its_first_call_once(wide_dir, fmt, path, m
         pytest.skip(f"{path} does not work here: {kernels.probe(path)}")
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
     builds = count_builds(monkeypatch)
-    model = load_gpt2(wide_dir, **FORMATS[fmt])
+    model = load_accelerated(wide_dir, **FORMATS[fmt])
     assert f"{path} packs every layer's weights on its first call, side by side on" in model.kernel_choice
     assert paths_used(model) == {path} and built_for(builds, model) == []
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(5))
     first = logits(model, idx)
+    assert len(kernels.linear_weights(model)) == 4 * WIDE.n_layer + 1
     assert built_for(builds, model) == [path] * len(kernels.linear_weights(model))
     again = logits(model, idx[:, :1])
     assert len(built_for(builds, model)) == len(kernels.linear_weights(model))  # packed once
-    packed_at_load = load_gpt2(wide_dir, **FORMATS[fmt])
+    packed_at_load = load_accelerated(wide_dir, **FORMATS[fmt])
     assert kernels.pack_now(packed_at_load) == len(kernels.linear_weights(model))
     assert kernels.pack_now(packed_at_load) == 0
     assert torch.equal(first, logits(packed_at_load, idx)) and torch.equal(again, logits(packed_at_load, idx[:, :1]))
@@ -351,7 +418,7 @@ def test_the_first_call_on_a_path_packs_every_layer_of_that_model(wide_dir, monk
     layer packs on its own call."""
     path = "fbgemm-fp16" if kernels.works("fbgemm-fp16") else "native-int8"
     fmt = {"fbgemm-fp16": "fp16", "native-int8": "int8"}[path]
-    model, other = load_gpt2(wide_dir, **FORMATS[fmt]), load_gpt2(wide_dir, **FORMATS[fmt])
+    model, other = load_accelerated(wide_dir, **FORMATS[fmt]), load_accelerated(wide_dir, **FORMATS[fmt])
     assert paths_used(model) == {path}
     threads, build = [], kernels.build_kernel
     monkeypatch.setattr(kernels, "build_kernel",
@@ -361,7 +428,7 @@ def test_the_first_call_on_a_path_packs_every_layer_of_that_model(wide_dir, monk
     with torch.inference_mode():
         layer(torch.randn(1, WIDE.n_embd))
     packed = [k for lin in kernels.attached(model) for _, _, k in lin.kernel.by_rows]
-    assert all(k.packed for k in packed) and len(threads) == len(kernels.linear_weights(model))
+    assert all(k.packed for k in packed) and len(threads) == len(kernels.linear_weights(model)) == 4 * WIDE.n_layer + 1
     assert threading.get_ident() not in threads
     assert not any(k.packed for lin in kernels.attached(other) for _, _, k in lin.kernel.by_rows)
 
@@ -371,9 +438,10 @@ def test_a_path_no_call_takes_is_never_packed(wide_dir, monkeypatch):
     first one-row step packs each layer once."""
     path = "fbgemm-fp16" if kernels.works("fbgemm-fp16") else "native-int8"
     fmt = {"fbgemm-fp16": "fp16", "native-int8": "int8"}[path]
-    model = load_gpt2(wide_dir, **FORMATS[fmt])
+    model = FastGPT2.holding(plain_with_format_values(wide_dir, fmt))
     int8 = {w: int8_per_channel(w) for w in kernels.linear_weights(model)} if fmt == "int8" else None
     kernels.attach_kernels(model, int8=int8, fp16=fmt == "fp16", choose=lambda *a: [(1, path), (math.inf, "linear")])
+    assert paths_used(model) == {path, "linear"}
     builds = count_builds(monkeypatch)
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(6))
     logits(model, idx)
@@ -402,7 +470,7 @@ def fake_timings(monkeypatch, cost: dict) -> list:
 def test_the_choice_is_measured_once_and_read_by_later_runs(wide_dir, kernel_cache_file, monkeypatch, capsys):
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
     calls = fake_timings(monkeypatch, {"onednn": 2.0, "mm": 1.0, "linear": 3.0})
-    model = load_gpt2(wide_dir, dtype="float32")
+    model = load_accelerated(wide_dir, dtype="float32")
     err = capsys.readouterr().err.splitlines()
     assert len(calls) == 1 and choice_of(model) == MM_BELOW_PROMPTS
     assert err[0].startswith("measuring which kernel runs float32 weights [2048, 512] fastest on this machine, "
@@ -418,7 +486,7 @@ def test_the_choice_is_measured_once_and_read_by_later_runs(wide_dir, kernel_cac
     monkeypatch.setattr(kernel_cache, "_KEPT", {})
     fake_timings(monkeypatch, {"onednn": 1.0, "mm": 2.0})
     calls.clear()
-    model = load_gpt2(wide_dir, dtype="float32")
+    model = load_accelerated(wide_dir, dtype="float32")
     assert choice_of(model) == MM_BELOW_PROMPTS and calls == []
     assert "measured here before, kept in" in model.kernel_choice
 
@@ -445,7 +513,7 @@ def test_an_unreadable_cache_is_moved_aside_and_measured_again(wide_dir, kernel_
     for garbage in ('{"entries": [{"key": "not json"', '{"entries": 3}', "\xff\xfe binary"):
         kernel_cache_file.write_text(garbage, encoding="latin-1")
         monkeypatch.setattr(kernel_cache, "_KEPT", {})
-        model = load_gpt2(wide_dir, dtype="float32")
+        model = load_accelerated(wide_dir, dtype="float32")
         err = capsys.readouterr().err
         notes = [line for line in err.splitlines() if "could not be read" in line]
         assert len(notes) == 1 and "Traceback" not in err, err
@@ -502,7 +570,7 @@ def test_remeasure_forgets_this_machines_choices_and_measures_them_again(wide_di
 
     fake_timings(monkeypatch, {"onednn": 2.0, "mm": 1.0})
     kernel_cache.store("compiled-decode", {"n_embd": 64}, True)
-    assert choice_of(load_gpt2(wide_dir, dtype="float32")) == MM_BELOW_PROMPTS
+    assert choice_of(load_accelerated(wide_dir, dtype="float32")) == MM_BELOW_PROMPTS
     fake_timings(monkeypatch, {"onednn": 1.0, "mm": 2.0})  # the machine changed (say, new memory)
     main(["--remeasure"])
     out = capsys.readouterr().out
@@ -510,7 +578,7 @@ def test_remeasure_forgets_this_machines_choices_and_measures_them_again(wide_di
     assert "kernels format float32, shape [2048, 512], dtype float32: 1+ rows: onednn" in out
     assert "compiled-decode n_embd 64: measured again when next needed" in out
     assert kernel_cache.lookup("compiled-decode", {"n_embd": 64}) is None
-    assert choice_of(load_gpt2(wide_dir, dtype="float32")) == [(math.inf, "onednn")]
+    assert choice_of(load_accelerated(wide_dir, dtype="float32")) == [(math.inf, "onednn")]
 
 
 def test_the_tests_never_touch_the_users_cache():

@@ -204,15 +204,18 @@ def test_dtype_names_and_auto(folder):
     for name, dtype in [("float16", torch.float16), ("bf16", torch.bfloat16), ("torch.float32", torch.float32),
                         (torch.float16, torch.float16)]:
         assert {p.dtype for p in load_gpt2(folder, dtype=name).parameters()} == {dtype}, name
-    # the default is "auto": float32 on a CPU for a model this small
+    # the default is float32, the model as written; "auto" (gpt2.speed's step) is float32 on a CPU
+    # for a model this small
     assert {p.dtype for p in load_gpt2(folder).parameters()} == {torch.float32}
-    assert {p.dtype for p in load_gpt2(folder, dtype="auto", device="cpu").parameters()} == {torch.float32}
+    auto = load_gpt2(folder, dtype="auto", device="cpu")
+    assert {p.dtype for p in auto.parameters()} == {torch.float32} and auto.format == "float32"
 
 
 def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, kernel_cache_file, monkeypatch,
                                                             capsys):
-    """dtype="auto" on a CPU loads the format that kernels.fastest_format measured fastest for the
-    model's shapes (here its measurement is replaced by chosen times), and says so in one line; a
+    """dtype="auto" (gpt2.speed's step, taken by load_gpt2) on a CPU loads the format that
+    kernels.fastest_format measured fastest for the model's shapes (here its measurement is
+    replaced by chosen times), and says so in one line; a
     16-bit format that wins by less than the margin, or that has no fast path here, is not picked.
     The choice is kept: a later load reads it, whatever the timings say then."""
     import gpt2.speed.device as device
@@ -240,21 +243,24 @@ def test_auto_on_cpu_picks_the_format_measured_fastest_here(make_checkpoint, ker
         device._NOTES_SHOWN.clear()
         assert kernels.fastest_format(wide)[0] == expected
         kernel_cache.forget()
-        model = load_gpt2(folder)
+        model = load_gpt2(folder, dtype="auto")
         err = capsys.readouterr().err
         notes = [line for line in err.splitlines() if line.startswith("note: dtype auto")]
         assert len(notes) == 1 and "measured fastest here" in notes[0], err
         dtype, quantize = kernels.AUTO_FORMATS[expected]
-        assert {p.dtype for p in model.parameters()} == {dtype}
+        assert {p.dtype for p in model.parameters()} == {dtype} and model.format == expected
+        weights = [layer.weight for layer in kernels.attached(model)]  # every linear layer and the head
+        assert len(weights) == 4 * wide.n_layer + 1 and {w.dtype for w in weights} == {dtype}
         if quantize == "fp16":  # float16 weights in a float32 model
             assert "float16 weights" in notes[0]
-            assert all(torch.equal(w, w.half().float()) for w in kernels.linear_weights(model))
+            assert all(torch.equal(w, w.half().float()) for w in weights)
         if quantize == "int8":  # int8 weights (their dequantized values) in a float32 model
-            assert "int8 weights" in notes[0] and model.quantize == "int8"
+            assert "int8 weights" in notes[0]
+            assert all(layer.stored is not None and layer.stored.format == "int8" for layer in kernels.attached(model))
     costs.update({"float32": 1.0, "fp16": 0.1, "int8": 0.1})  # a later run: the kept choice stands
-    assert load_gpt2(folder).quantize is None
+    assert load_gpt2(folder, dtype="auto").format == "float32"
     monkeypatch.setattr(kernel_cache, "_KEPT", {})
-    assert load_gpt2(folder).quantize is None
+    assert load_gpt2(folder, dtype="auto").format == "float32"
     # a format without its fast path is never a candidate (a real probe result, not faked)
     monkeypatch.undo()
     monkeypatch.setattr(kernels, "_PROBED", {"fbgemm-fp16": "absent for this test"})
@@ -291,7 +297,7 @@ def test_dtype_note_for_a_16_bit_dtype_without_a_fast_path(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"dtype": torch.int8}, "dtype torch.int8 is not supported: use auto (the default), float32, bfloat16 or float16"),
+    ({"dtype": torch.int8}, 'dtype torch.int8 is not supported: use float32 (the default), bfloat16 or float16, or "auto"'),
     ({"dtype": "int8"}, "dtype 'int8' is not supported"),
     ({"dtype": "float64"}, "dtype 'float64' is not supported"),
     ({"device": "tpu"}, "unknown device 'tpu': use auto, cpu, cuda, cuda:N or mps"),

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import gpt2.speed.kernels as kernels
-from gpt2 import load_gpt2
-from gpt2.speed import native
+from gpt2.speed import load_accelerated, native
 from gpt2.speed.fast_linear import NativeInt8Linear, NativeRowsLinear, int8_per_channel
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
@@ -106,8 +105,9 @@ def test_greedy_speculative_equals_plain_greedy_on_the_c_kernel(text_pair_dirs, 
     monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the kernel too
     monkeypatch.setitem(kernels.CANDIDATES, fmt, (f"native-{fmt}",))  # the only path of the format
     target_dir, draft_dir = text_pair_dirs
-    target, draft = load_gpt2(target_dir, quantize=fmt), load_gpt2(draft_dir, quantize=fmt)
+    target, draft = load_accelerated(target_dir, format=fmt), load_accelerated(draft_dir, format=fmt)
     for model in (target, draft):
+        assert len(kernels.attached(model)) == 4 * model.config.n_layer + 1  # every linear layer and the head
         assert {tuple(k.kernel.paths()) for k in kernels.attached(model)} == {((math.inf, f"native-{fmt}"),)}
     prompt = list(range(100, 120))
     ar = autoregressive_generate(target, prompt, 40).tokens

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-import gpt2.loading as loading
+import gpt2.speed.accelerator as accelerator
 import gpt2.speed.device as device
 import gpt2.speed.kernel_cache as kernel_cache
 import gpt2.speed.kernels as kernels
 from gpt2 import GPT2Config, load_gpt2
-from gpt2.speed import native
+from gpt2.speed import FastLinear, load_accelerated, native
 
 # The head [vocab, n_embd] is 2^18 weights, so every format attaches its kernel to it.
 WIDE = GPT2Config(n_layer=1, n_head=8, n_embd=512, n_positions=32, vocab_size=512)
@@ -42,8 +42,8 @@ def test_the_heads_logits_are_float32_in_every_format_auto_can_pick(wide_dir, fm
     the int8 format that rounded every output to bfloat16, and on bfloat16 in AUTO_FORMATS, as
     they were: every logit's low 16 bits zero.)"""
     dtype, quantize = kernels.AUTO_FORMATS[fmt]
-    model = load_gpt2(wide_dir, dtype=dtype, quantize=quantize)
-    assert isinstance(vars(model).get("head"), kernels.KernelLinear)  # the head runs on its kernel
+    model = load_accelerated(wide_dir, dtype=dtype, quantize=quantize)
+    assert isinstance(model.lm_head, FastLinear) and model.lm_head.kernel.paths()  # the head runs on its kernel
     idx = torch.randint(0, WIDE.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
     for rows in (idx, idx[:, :1]):
         out = logits(model, rows)
@@ -57,13 +57,14 @@ def test_the_int8_formats_kernels_give_one_computations_bits(wide_dir):
     AVX2 one) gives the same head logits bit for bit, and a decode step's row the same bits as
     that row in a verification. (The library's int8 products, once among its kernels, rounded to
     bfloat16 in their own orders: one bfloat16 step apart now and then.)"""
-    model = load_gpt2(wide_dir, quantize="int8")
+    model = load_accelerated(wide_dir, quantize="int8")
     x = torch.randn(9, WIDE.n_embd, generator=torch.Generator().manual_seed(2))
-    q, scale = kernels.fast_linear.int8_per_channel(model.wte.weight)  # the head's int8 weights
+    head = model.lm_head.stored  # the head's int8 weights, as the model holds them
+    q, scale = head.int8()
     outs = []
     for path in kernels.candidates("int8", torch.float32):
         for build in (None, False):  # this CPU's build, the AVX2 one
-            kernel = kernels.build_kernel(path, model.wte.weight, (q, scale))
+            kernel = kernels.build_kernel(path, head, (q, scale))
             kernel.lib = native.library(build) if build is not None else None
             together = kernel(x, None)
             alone = torch.cat([kernel(x[i:i + 1], None) for i in range(9)])
@@ -104,14 +105,14 @@ def test_auto_never_picks_a_format_outside_the_fidelity_bound(make_checkpoint, k
     monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 1)  # measure even this tiny model
     monkeypatch.setattr(kernels, "format_paths", lambda: {"float32": ["linear"], "fp16": ["linear"], "int8": ["linear"]})
     monkeypatch.setattr(kernels, "format_times", lambda config: ({"float32": 1.0, "fp16": 0.8, "int8": 0.5}, "planted"))
-    monkeypatch.setattr(loading, "int8_per_channel", coarse_per_channel)
+    monkeypatch.setattr(accelerator, "int8_per_channel", coarse_per_channel)
     for bound, expected in ((kernels.FIDELITY_MAX_KL, "fp16"), (math.inf, "int8")):
         monkeypatch.setattr(kernels, "FIDELITY_MAX_KL", bound)
         monkeypatch.setattr(device, "_NOTES_SHOWN", set())
         kernel_cache.forget()
-        model = load_gpt2(folder)
+        model = load_accelerated(folder)  # format "auto"
         note = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("note: dtype auto"))
-        assert model.quantize == expected, note
+        assert model.format == expected, note
         assert "fidelity to float32" in note and "int8 KL" in note and "planted" in note
         if bound < math.inf:
             assert "int8 KL" in note and "(outside the bound)" in note
@@ -122,8 +123,8 @@ def test_fidelity_of_int8_on_a_small_pair_is_within_the_bound_and_repeats(text_p
     FIDELITY_MAX_KL of float32 on the fidelity tokens, and measuring again gives the same numbers
     (fixed tokens, no timing: what the tests can check under GPT2_MEASURE_KERNELS=0)."""
     target_dir, _ = text_pair_dirs
-    config = load_gpt2(target_dir, kernels=False).config
-    logits_in = loading.format_logits(target_dir / "model.safetensors", config, torch.device("cpu"))
+    config = load_gpt2(target_dir).config
+    logits_in = accelerator.format_logits(target_dir / "model.safetensors", config, torch.device("cpu"))
     measured = []
     for _ in range(2):
         fidelity = kernels.FormatFidelity(logits_in, config)

@@ -175,6 +175,7 @@ def load_fast_safetensors(path, config: GPT2Config | None = None, device=None, d
                                  fmt=fmt, plan=plan, cached=cached or {})
     if key is not None and device.type == "cpu":
         model.kernel_choice = "; ".join(filter(None, [model.kernel_choice, keep_weights(model, key, cached, cache_file)]))
+    if model.kernel_choice:  # every load that put layers on kernels logs it, not only one keyed in the weight cache
         log_kernel_choice(model.kernel_choice)
     return model
 

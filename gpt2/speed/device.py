@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from . import kernels
+from . import fast_model, kernels
 from ..checkpoints import DTYPE_ALIASES, DTYPES, resolve_device  # noqa: F401 (the scripts' names for them)
 from ..checkpoints import resolve_dtype as plain_dtype
 
@@ -33,7 +33,7 @@ def auto_format(device: torch.device, config=None, logits_in=None) -> tuple[torc
         return dtype, None, "a GPU's native 16-bit format"
     if device.type == "mps":
         return torch.float16, None, "Apple GPUs' 16-bit format"
-    if config is None or not kernels.ENABLED:
+    if config is None or not fast_model.ENABLED:
         return torch.float32, None, None
     fmt, why = kernels.fastest_format(config, logits_in)
     dtype, quantize = kernels.AUTO_FORMATS[fmt]
