@@ -35,8 +35,10 @@ import argparse
 import codecs
 import json
 import os
+import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,7 +48,7 @@ from gpt2.speed import load_accelerated, speed_line
 from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
-from gpt2.speed.machine_load import busy_note
+from gpt2.speed.machine_load import busy_note, load_average
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
 from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
 from spec_decoding.decoding import check_drafter
@@ -303,6 +305,72 @@ def run_baseline(args, what: str, generate):
     return generate()
 
 
+@dataclass
+class SpeedComparison:
+    """Tokens per second of speculative decoding and of the target alone, timed in turns (spec,
+    target, spec, target, ...), neither streaming to the screen: each pair saw the same machine,
+    so a busy spell slows both sides of a pair alike. The speed-up is the median of the pairs'."""
+    speculative: list[float]
+    target_alone: list[float]
+    load: tuple[float | None, float | None]  # the load average before and after
+
+    @property
+    def ratios(self) -> list[float]:
+        return [s / b if b else 0.0 for s, b in zip(self.speculative, self.target_alone)]
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.ratios)
+
+    def unreliable(self) -> str | None:
+        """Why the figure should be taken as rough (pairs far apart, or the machine's cores taken),
+        or None."""
+        low, high = min(self.ratios), max(self.ratios)
+        loads = [x for x in self.load if x is not None]
+        cores = os.cpu_count() or 1
+        busy = [f"load average up to {max(loads):.1f} on {cores} cores"] if loads and max(loads) > cores else []
+        apart = [f"the pairs' speed-ups ranged {low:.2f}x-{high:.2f}x"] if low and high / low > 1 + SPREAD_MARGIN else []
+        if not busy + apart:
+            return None
+        return (f"note: other programs were running ({'; '.join(busy + apart)}): take the speed-up as "
+                f"rough; on a quieter machine, or with --threads 1, it steadies")
+
+    def lines(self) -> list[str]:
+        pairs = len(self.ratios)
+        return [f"timed in turns ({pairs} pairs): speculative {statistics.median(self.speculative):.1f} tokens/s, "
+                f"target alone {statistics.median(self.target_alone):.1f} tokens/s (medians)",
+                f"speedup:                {self.speedup:.2f}x (pairs: {min(self.ratios):.2f}x-{max(self.ratios):.2f}x)"]
+
+    def to_dict(self) -> dict:
+        return {"pairs": len(self.ratios), "speculative_tokens_per_second": self.speculative,
+                "target_alone_tokens_per_second": self.target_alone, "speedups": self.ratios,
+                "load_average": list(self.load)}
+
+
+# --compare-baseline: pairs of timed runs (speculative, then the target alone) behind the speed-up,
+# and the spread of the pairs' speed-ups (max / min) beyond which the figure is called rough.
+BASELINE_PAIRS = 3
+SPREAD_MARGIN = 0.15
+
+
+def compare_speeds(args, speculative_tps, target_alone_tps) -> SpeedComparison | None:
+    """--compare-baseline: each of speculative_tps() and target_alone_tps() (one run, its tokens
+    per second) BASELINE_PAIRS times, in turns (None without the option)."""
+    if not args.compare_baseline:
+        return None
+    print(f"Timing speculative decoding and the target alone in turns, {BASELINE_PAIRS} times each ...",
+          file=sys.stderr, flush=True)
+    before = load_average()
+    speculative, alone = [], []
+    for _ in range(BASELINE_PAIRS):
+        speculative.append(speculative_tps())
+        alone.append(target_alone_tps())
+    comparison = SpeedComparison(speculative, alone, (before, load_average()))
+    if note := comparison.unreliable():
+        print(note, file=sys.stderr, flush=True)
+    return comparison
+
+
 def make_generator(seed, device: torch.device) -> torch.Generator:
     """A random number generator: seeded if --seed was given, from the OS's entropy otherwise."""
     generator = torch.Generator(device=device)
@@ -384,7 +452,8 @@ def get_cost_model(args, target, draft) -> CostModel | None:
     return cost_model
 
 
-def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, tokens=None) -> None:
+def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, tokens=None,
+                comparison: SpeedComparison | None = None) -> None:
     """gamma: draft tokens per round, or auto/heuristic (with a tree: its depth); tokens: the
     generated ones, to say when they looped (spec_decoding/loops.py)."""
     rate = stats.acceptance_rate
@@ -411,7 +480,7 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, 
     if baseline is not None:
         lines.append(f"baseline (target alone): {baseline.stats.tokens_per_second:.1f} tokens/s "
                      f"({baseline.stats.seconds:.2f} s, {baseline.stats.target_calls} target calls)")
-        lines.append(f"speedup:                {speedup(stats, baseline.stats):.2f}x")
+        lines += comparison.lines() if comparison else [f"speedup:                {speedup(stats, baseline.stats):.2f}x"]
     if tokens is not None and looped(tokens):  # the acceptance above measures the loop
         lines.append(f"{LOOP_MARK} ({loop_share(tokens):.0%} of the tokens repeat one n-gram, which "
                      f"both models predict: spec_decoding/loops.py)")
@@ -450,7 +519,7 @@ def describe_baseline_match(result, baseline, temperature: float) -> str:
 
 
 def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_ids, result,
-            baseline=None, drafter: str = "model") -> str:
+            baseline=None, drafter: str = "model", comparison: SpeedComparison | None = None) -> str:
     report = {
         "prompt": args.prompt,
         "prompt_tokens": prompt_ids,
@@ -470,7 +539,9 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
         report["baseline"] = {"tokens": baseline.tokens,
                               "text": get_tokenizer().decode(baseline.tokens),
                               "stats": baseline.stats.to_dict()}
-        report["speedup"] = speedup(result.stats, baseline.stats)
+        report["speedup"] = comparison.speedup if comparison else speedup(result.stats, baseline.stats)
+        if comparison:
+            report["speed_comparison"] = comparison.to_dict()
         report["identical_to_baseline"] = result.tokens == baseline.tokens
     return json.dumps(report, indent=2, ensure_ascii=False)
 
@@ -496,6 +567,11 @@ def generate_batch(args, device: torch.device) -> None:
                                           generator=generator, **settings)
     baseline = run_baseline(args, "the target alone, batched", lambda: batched_autoregressive_generate(
         target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
+    comparison = compare_speeds(
+        args, lambda: batched_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
+                                                   generator=make_generator(seed, device), **settings).tokens_per_second,
+        lambda: batched_autoregressive_generate(target, prompt_ids, args.max_gen, generator=make_generator(seed, device),
+                                                **settings).tokens_per_second)
     decode = get_tokenizer().decode
     if args.json:
         rows = [{"prompt": p, "prompt_tokens": ids, "tokens": row.tokens, "text": decode(row.tokens),
@@ -511,7 +587,8 @@ def generate_batch(args, device: torch.device) -> None:
         if baseline is not None:
             report["baseline"] = {"tokens": baseline.tokens, "seconds": baseline.seconds,
                                   "tokens_per_second": baseline.tokens_per_second}
-            report["speedup"] = result.tokens_per_second / baseline.tokens_per_second
+            report["speedup"] = comparison.speedup
+            report["speed_comparison"] = comparison.to_dict()
             report["identical_to_baseline"] = result.tokens == baseline.tokens
         print(json.dumps(report, indent=2, ensure_ascii=False))
         return
@@ -530,8 +607,7 @@ def generate_batch(args, device: torch.device) -> None:
           f"speed (sum over rows):  {result.tokens_per_second:.1f} tokens/s ({result.seconds:.2f} s)")
     if baseline is not None:
         print(f"baseline (target alone, batched): {baseline.tokens_per_second:.1f} tokens/s "
-              f"({baseline.seconds:.2f} s)\n"
-              f"speedup:                {result.tokens_per_second / baseline.tokens_per_second:.2f}x")
+              f"({baseline.seconds:.2f} s)\n" + "\n".join(comparison.lines()))
         if args.temperature == 0:
             same = sum(a == b for a, b in zip(result.tokens, baseline.tokens))
             print(f"greedy: {same} of {len(result.rows)} prompts identical to the target alone")
@@ -586,11 +662,25 @@ def generate(args) -> None:
     baseline = run_baseline(args, "the target alone", lambda: autoregressive_generate(
         target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
 
+    def speculative_again() -> float:  # the same run, not streamed: timed as the baseline is
+        generator = make_generator(seed, device)
+        if args.tree:
+            again = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree,
+                                              generator=generator, **settings)
+        else:
+            again = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma, generator=generator,
+                                         gamma_max=args.gamma_max, cost_model=cost_model, **settings)
+        return again.stats.tokens_per_second
+
+    comparison = compare_speeds(args, speculative_again, lambda: autoregressive_generate(
+        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings).stats.tokens_per_second)
+
     if args.json:
-        print(to_json(args, device, target.wpe.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))
+        print(to_json(args, device, target.wpe.weight.dtype, seed, prompt_ids, result, baseline, drafter_line,
+                      comparison))
     else:
         print_stats(result.stats, len(args.tree) if args.tree else args.gamma, baseline, drafter_line, args.tree,
-                    result.tokens)
+                    result.tokens, comparison)
         if baseline is not None:
             print(describe_baseline_match(result, baseline, args.temperature))
 
