@@ -57,6 +57,12 @@ random-weight stand-ins of the real shapes with --make-standins DIR (their speed
 models' speed; their text and acceptance are not: they accept almost everything).
 """
 
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C while the libraries below import: a quiet exit, not their traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+
 import argparse
 import csv
 import datetime
@@ -65,7 +71,6 @@ import json
 import platform
 import shlex
 import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -90,6 +95,9 @@ from spec_decoding.costs import CostModel
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX
 from spec_decoding.loops import LOOP_MARK, loop_share, looped
 from spec_decoding.theory import predicted_speedup, predicted_tree_speedup
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is KeyboardInterrupt again
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "prompts" / "default.txt"

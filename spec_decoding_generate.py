@@ -31,12 +31,17 @@ piped, it is plain text. --json prints one JSON object instead.
 printed per prompt and summed. It takes the model drafter and a fixed --gamma.
 """
 
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C while the libraries below import: a quiet exit, not their traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+
 import argparse
 import codecs
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +61,12 @@ from spec_decoding import cli
 from spec_decoding.drafters import ModelDrafter
 from spec_decoding.gamma import DEFAULT_GAMMA_MAX
 from spec_decoding.loops import LOOP_MARK, loop_share, looped
-from spec_decoding.trace_page import write_html
+from spec_decoding.trace_page import is_trace_page, write_html
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
                                   SOURCE_COLOURS, STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, main() says "interrupted"
 
 DEFAULT_PROMPT = ("In a shocking finding, scientists discovered a herd of unicorns living in a "
                   "remote, previously unexplored valley in the Andes Mountains.")
@@ -169,7 +177,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.html:
         html_path = Path(args.html).expanduser()
         if html_path.exists() and not args.force:
-            parser.error(f"--html {html_path} already exists; pass --force to replace it, or give another name")
+            if not is_trace_page(html_path):
+                parser.error(f"--html {html_path} already exists and is not a trace page an earlier run "
+                             f"wrote; pass --force to replace it, or give another name")
+            print(f"note: replacing {html_path}, the trace page an earlier run wrote", file=sys.stderr)
         if args.html == DEFAULT_HTML:
             html_path.parent.mkdir(exist_ok=True)  # runs/: the ignored folder every default output goes to
         if not html_path.parent.is_dir():

@@ -227,8 +227,23 @@ def acceptance_chart(trace: Trace, width: int = 520, height: int = 240) -> str:
     return "".join(parts) + legend
 
 
+# In every page's head: a later run may replace a page it finds marked so (its own earlier output),
+# and nothing else without asking.
+GENERATOR_MARK = '<meta name="generator" content="spec_decoding.trace_page">'
+
+
+def is_trace_page(path) -> bool:
+    """Whether the file at path is a page write_html wrote (its head carries GENERATOR_MARK)."""
+    try:
+        with open(path, "rb") as f:
+            return GENERATOR_MARK.encode() in f.read(4096)
+    except OSError:
+        return False
+
+
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
+<meta name="generator" content="spec_decoding.trace_page">
 <title>{title}</title>
 <style>
 body {{ font: 15px/1.45 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }}

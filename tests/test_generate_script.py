@@ -587,3 +587,20 @@ def test_weight_formats_on_the_command_line(text_pair_dirs, capsys):
     code, out, err = run_main([*argv, "--quantize", "fp16", "--dtype", "bfloat16"], capsys)
     assert code != 0 and "quantize='fp16'" in err and "needs dtype 'float32'" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["spec_decoding_generate.py", "benchmark.py"])
+def test_ctrl_c_while_the_libraries_import_exits_quietly(name):
+    """Ctrl-C in a script's first moments, while torch is still importing, ends it with code 130 and
+    no traceback (a real process: the signal arrives where a user's would)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / name), "--help"], cwd=ROOT, env=script_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)  # past the interpreter's start-up, inside `import torch`
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the script finished before the signal arrived (a very fast import)")
+    assert proc.returncode == 130 and "Traceback" not in err, err

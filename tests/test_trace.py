@@ -109,11 +109,14 @@ def test_command_line_writes_the_page_and_never_overwrites(trained_pair_dirs, tm
     assert cli.main(args) == 0
     text = page.read_text()
     assert "round by round" in text and str(target_dir) in text
-    page.write_text("mine")
+    page.write_text(text.replace("round by round", "ROUND BY ROUND"))  # the run's own page: run again
+    assert cli.main(args) == 0 and page.read_text() == text
+    assert "replacing" in capsys.readouterr().err
+    page.write_text("mine")  # a file the user made: refused, untouched
     with pytest.raises(SystemExit) as exit_info:
         cli.main(args)
     assert exit_info.value.code == 2
-    assert "already exists; pass --force" in capsys.readouterr().err
+    assert "is not a trace page an earlier run wrote; pass --force" in capsys.readouterr().err
     assert page.read_text() == "mine"
     assert cli.main(args + ["--force"]) == 0
     assert page.read_text() == text  # same seed, same page
