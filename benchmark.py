@@ -68,6 +68,7 @@ import csv
 import datetime
 import itertools
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -84,7 +85,7 @@ from gpt2.speed.compiled import COMPILE_FLAGS
 from benchmarks.common import gamma_order, read_prompts, timed
 from gpt2.speed.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
-from gpt2.speed.machine_load import busy_note
+from gpt2.speed.machine_load import busy_note, load_average
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.batched import MAX_BATCH_SIZE
@@ -596,6 +597,18 @@ def tree_summary(tree_cells: list[dict], cells: list[dict], costs: dict) -> list
     return lines + [""]
 
 
+def load_note(env: dict) -> str | None:
+    """A line when other programs held the cores while the grid was timed (the load average, before
+    and after, above the core count): each run's baseline was timed right before it, so a speed-up
+    is still a fair pair, but a rough one."""
+    loads, cores = env.get("load_average") or [], env.get("cores") or 1
+    if not loads or max(loads) <= cores:
+        return None
+    return (f"Note: the machine was busy while timing (load average up to {max(loads):.1f} on {cores} cores): "
+            f"take the speed-ups as rough; the spread of each cell is in results.csv (speedup_q1 .. speedup_q3). "
+            f"--threads 1, or a quieter machine, steadies them.")
+
+
 def summary_markdown(results: dict) -> str:
     """The terminal summary (markdown tables): per drafter, one row per gamma, averaged over max_gen."""
     cells, costs, env = results["cells"], results["costs"], results["environment"]
@@ -604,7 +617,10 @@ def summary_markdown(results: dict) -> str:
     lines = [f"Target {env['target']}, {drafted_by}"
              + (" (random-weight stand-ins)" if env["standins"] else "")
              + f", {env['device']} ({env['device_name']}), {env['dtype']}, {env['threads']} thread{'s' * (env['threads'] != 1)}"]
-    lines += [f"Kernels ({role}): {choice}" for role, choice in env.get("kernels", {}).items()] + [""]
+    lines += [f"Kernels ({role}): {choice}" for role, choice in env.get("kernels", {}).items()]
+    if note := load_note(env):
+        lines.append(note)
+    lines.append("")
     if len(drafters) > 1:
         lines += drafters_side_by_side(results) + [""]
     for name, t in itertools.product(drafters, sorted({c["temperature"] for c in cells})):
@@ -755,7 +771,9 @@ def main(argv=None) -> None:
           + ", ".join(f"{g}: {v:.2f}" for g, v in costs["verify_cost_by_gamma"].items())
           + "".join(f"; tree {b}: {v:.2f}" for b, v in costs["verify_cost_by_tree"].items()), flush=True)
 
+    load_before = load_average()
     records = run_grid(target, drafters, prompts, args, device, cost_models)
+    load_while_timing = [x for x in (load_before, load_average()) if x is not None]
     tree_records = [r for r in records if r["tree"] is not None]
     records = [r for r in records if r["tree"] is None]
     tree_keys = sorted({(r["drafter"], r["temperature"], r["max_gen"], r["tree"]) for r in tree_records},
@@ -782,7 +800,8 @@ def main(argv=None) -> None:
                   for name in args.drafters}
     measured, predicted = by_drafter[args.drafters[0]].values()  # the first drafter's
     results = {"cells": cells, "tree_cells": tree_cells, "costs": costs,
-               "environment": environment(args, device, dtype, standins, kernels),
+               "environment": environment(args, device, dtype, standins, kernels) | {
+                   "load_average": load_while_timing, "cores": os.cpu_count()},
                "best_gamma_measured": measured, "best_gamma_predicted": predicted, "hf_assisted": hf,
                "by_drafter": by_drafter,
                "by_temperature": {str(t): dict(zip(("best_gamma_measured", "best_gamma_predicted"),

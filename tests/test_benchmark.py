@@ -628,3 +628,13 @@ def test_one_max_gen_draws_bars(benchmark_run):
     for f in draw_figures(results).values():
         plt.close(f)
     plt.close(fig)
+
+
+def test_a_busy_machine_while_timing_is_said_in_the_summary():
+    """The load average before and after the grid, above the core count, gives the summary a line
+    saying the speed-ups are rough and where their spread is; at or below it, nothing."""
+    import benchmark
+    assert benchmark.load_note({"load_average": [0.4, 1.9], "cores": 2}) is None
+    assert benchmark.load_note({}) is None
+    note = benchmark.load_note({"load_average": [0.4, 4.5], "cores": 2})
+    assert "load average up to 4.5 on 2 cores" in note and "speedup_q1" in note
