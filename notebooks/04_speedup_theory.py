@@ -133,15 +133,25 @@ def measure_inline(max_gen=32, repeats=3):
     c = cost_model.c
     autoregressive_generate(target, prompt_ids, 4)  # warm-ups
     speculative_sampling_greedy(target, draft, prompt_ids, 4, 2)
-    baseline = [autoregressive_generate(target, prompt_ids, max_gen) for _ in range(repeats)]
-    t_base = statistics.median(r.stats.seconds for r in baseline)
+    # Timed in turns (the target alone, then each gamma, repeat), on one thread: a busy spell of
+    # the machine then slows both sides of a ratio alike, and two threads cannot wait on each
+    # other for a core another program holds. Each gamma's speed-up is the median of its ratios.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ratios, runs = {g: [] for g in (1, 2, 4)}, {}
+    for _ in range(repeats):
+        base = autoregressive_generate(target, prompt_ids, max_gen)
+        for gamma in ratios:
+            runs[gamma] = speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma)
+            ratios[gamma].append(base.stats.seconds / runs[gamma].stats.seconds)
+    torch.set_num_threads(threads)
     cells = []
-    for gamma in (1, 2, 4):
-        runs = [speculative_sampling_greedy(target, draft, prompt_ids, max_gen, gamma) for _ in range(repeats)]
-        alpha = runs[0].stats.alpha  # accepted / judged draft tokens: the theory's alpha
-        print(f"gamma {gamma}: same tokens as the target alone: {runs[0].tokens == baseline[0].tokens}")
+    for gamma in ratios:
+        alpha = runs[gamma].stats.alpha  # accepted / judged draft tokens: the theory's alpha
+        print(f"gamma {gamma}: same tokens as the target alone: {runs[gamma].tokens == base.tokens}; "
+              f"speed-ups of the {repeats} pairs: {', '.join(f'{r:.2f}x' for r in ratios[gamma])}")
         cells.append(dict(gamma=gamma, max_gen=max_gen, temperature=0.0,
-                          speedup_median=t_base / statistics.median(r.stats.seconds for r in runs),
+                          speedup_median=statistics.median(ratios[gamma]),
                           alpha=alpha, predicted_speedup=predicted_speedup(
                               alpha, gamma, c, cost_model.verify_cost(gamma))))
     return {"cells": cells, "source": "measured inline",
