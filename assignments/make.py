@@ -151,7 +151,9 @@ def strip_bodies(source: str, targets: list[Target], removed: tuple[str, ...] = 
         if first_body_line == t.node.lineno:
             raise AssignmentError(f"{t.name}: its body is on the same line as its def; put it on its own lines first")
         indent = lines[first_body_line - 1][:len(lines[first_body_line - 1]) - len(lines[first_body_line - 1].lstrip())]
-        message = (f"{t.qualname}: removed in this assignment (write the assignment's functions without it)"
+        message = (f"{t.qualname}: removed in this assignment (it would answer it; write the assignment's "
+                   f"functions without it). The project's commands that use it do not run in this copy: "
+                   f"README.md says what is yours to write"
                    if t.name in removed else
                    f"{t.qualname}: the grader's reference, not in the student's copy" if t.name in grader_only
                    else f"{t.qualname}: your code here (see the docstring)")
@@ -339,6 +341,55 @@ def refuse_a_students_copy(root: Path, command: str) -> None:
                               f"copy, run `python -m assignments check` (the visible checks).")
 
 
+PROJECT_README = "README_project.md"  # in a student's copy: the project's own front page, moved aside
+
+
+def front_page(definition, assignment: str | None, targets: list[Target], removed: list[Target],
+               files: list[str]) -> str:
+    """The README.md of a student's copy: what to write, how to check, how to submit, what was
+    taken out; the assignment's own README and the project's come after, linked."""
+    title = f"Assignment `{assignment}`" if assignment else "Your assignment"
+    to_write = "\n".join(f"- `{t.qualname}` in `{t.file}`" for t in targets)
+    taken = ", ".join(f"`{t.qualname}`" for t in removed)
+    lines = [
+        f"# {title}: your copy of the project",
+        "",
+        "This folder is the project with the functions below left for you to write. Each one raises",
+        "`NotImplementedError(\"...: your code here\")` until you do; its signature and docstring are the",
+        "specification." if not definition.plant else
+        "specification. (Here the code is complete but holds a planted bug: find it and fix it.)",
+        "",
+        "**What to write**" if not definition.plant else "**Where the bug may be**",
+        "",
+        to_write,
+        "",
+        "**Check your work**: `python -m assignments check` runs the visible checks here, with messages that",
+        "name the usual mistakes. The hidden checks run when your work is graded.",
+        "",
+        f"**Submit** these files, as your instructor says (Gradescope, GitHub Classroom or a folder): "
+        f"{', '.join(f'`{f}`' for f in files)}.",
+        "",
+    ]
+    if taken:
+        lines += [f"**Taken out of this copy** because they would answer it: {taken}. The project's commands",
+                  "that need them (the main script's sampling at `--temperature` above 0, for example) stop",
+                  "with a message that says so; run what your functions make work instead.", ""]
+    if definition.readme:
+        lines += [f"The assignment in full: [{definition.readme}]({definition.readme}).", ""]
+    lines += [f"The project's own README, whose commands assume the complete project: [{PROJECT_README}]({PROJECT_README}).", ""]
+    return "\n".join(lines)
+
+
+def write_front_page(out: Path, definition, assignment: str | None, targets: list[Target],
+                     removed: list[Target]) -> None:
+    """Move the copy's README.md to PROJECT_README and write front_page() in its place."""
+    readme = out / "README.md"
+    if readme.is_file():
+        readme.rename(out / PROJECT_README)
+    files = json.loads((out / MANIFEST).read_text())["files"]
+    readme.write_text(front_page(definition, assignment, targets, removed, files))
+
+
 def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | None = None,
          ship_visible: bool = True, allow_leaks: bool = False, student: str | None = None) -> list[Target]:
     """Copy the project at `root` into `out` (which must be empty or absent) with the named
@@ -391,6 +442,7 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     if student is not None:
         manifest["student"] = student
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_front_page(out, definition, assignment, targets, removed)
 
     bodies = {t.name: _tokens(t.node.body) for t in stripped_targets + removed + references}
     leaks = find_leaks(bodies, out, skip={(t.file, t.qualname) for t in stripped_targets + removed + references})

@@ -601,3 +601,21 @@ def test_the_trees_bytecode_covers_the_unchanged_files_only_and_follows_their_so
     assert imported("import pkg; print(pkg.X)") == ("1", True)
     (tree / "pkg" / "__init__.py").write_text("X = 7\n")
     assert imported("import pkg; print(pkg.X)") == ("7", False)
+
+
+def test_the_students_copy_starts_at_the_assignment(tmp_path):
+    """The copy's README.md is the student's front page: what to write (each function, its file),
+    how to check, what to submit, what was taken out; the project's README moves aside, and a
+    function taken out says, when the project's commands reach it, that README.md says what to write."""
+    greedy = ASSIGNMENTS["greedy_speculative"]
+    out = tmp_path / "copy"
+    make(list(greedy.functions), out, assignment="greedy_speculative", ship_visible=False)
+    front = (out / "README.md").read_text()
+    assert front.startswith("# Assignment `greedy_speculative`: your copy of the project")
+    assert "`speculative_sampling_greedy` in `spec_decoding/greedy.py`" in front
+    assert "python -m assignments check" in front and "`spec_decoding/greedy.py`." in front
+    assert "`speculative_sampling`" in front.split("**Taken out of this copy**")[1]
+    assert f"]({greedy.readme})" in front and (out / greedy.readme).is_file()
+    assert (out / "README_project.md").read_text() == (ROOT / "README.md").read_text()
+    removed = (out / "spec_decoding" / "speculative.py").read_text()
+    assert "removed in this assignment" in removed and "README.md says what is yours to write" in removed
