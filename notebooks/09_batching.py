@@ -45,6 +45,10 @@ import torch
 # %matplotlib inline
 
 torch.manual_seed(0)
+# The pair as gpt2/model.py is written (load_gpt2), so every forward below is code you can step
+# into. Where batching stops paying depends on when a forward stops reading weights and starts
+# computing, which holds for the accelerated models too; `python benchmark.py --batch ...` times
+# those (the scripts take gpt2.speed's step), and BATCH_RESULTS below reads its results.
 target, draft = load_pair()
 V = target.config.vocab_size
 BATCH_RESULTS = Path(os.environ.get("BATCH_RESULTS", ROOT / "runs" / "batched" / "results.json"))
