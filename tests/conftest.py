@@ -163,6 +163,24 @@ def kernel_cache_file(tmp_path, monkeypatch):
     return path
 
 
+def plain_with_format_values(folder, fmt: str):
+    """gpt2/model.py as written holding a weight format's values, computed without gpt2.speed's
+    loader: a float32, bfloat16 or float16 model as load_gpt2 casts it; for "int8" and "fp16",
+    float32 parameters whose token embedding (the tied head) and linear weights hold their
+    int8-dequantized or float16-rounded values."""
+    import torch.nn as nn
+    from gpt2 import load_gpt2
+    from gpt2.speed.accelerator import quantized_values
+
+    if fmt not in ("int8", "fp16"):
+        return load_gpt2(folder, dtype=fmt)
+    model = load_gpt2(folder)
+    with torch.no_grad():
+        for weight in [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]:
+            weight.copy_(quantized_values(weight, fmt, torch.float32))
+    return model
+
+
 def hf_gpt2(folder):
     """transformers' GPT2LMHeadModel from a checkpoint folder, in eval mode: the reference the tests
     compare with. Imported here, when a test asks: importing transformers takes seconds, and every

@@ -16,9 +16,9 @@ import torch
 import torch.nn as nn
 
 import gpt2.speed.kernels as kernels
+from conftest import plain_with_format_values
 from gpt2 import GPT2, GPT2Config, load_gpt2
 from gpt2.speed import kernel_cache, load_accelerated
-from gpt2.speed.accelerator import quantized_values
 
 # Every linear weight at least ONEDNN_MIN_WEIGHTS (512 x 512), so every one gets the format's kernel.
 WIDE = GPT2Config(n_layer=1, n_head=8, n_embd=512, n_positions=32, vocab_size=1024)
@@ -38,20 +38,6 @@ def own_weight_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def wide_dir(make_checkpoint):
     return make_checkpoint(WIDE, seed=9, std=0.05, embedding_std=0.3)
-
-
-def plain_with_format_values(folder, fmt: str) -> GPT2:
-    """gpt2/model.py as written holding a format's values, computed without gpt2.speed's loader:
-    a bfloat16 or float32 model as load_gpt2 casts it; for "int8" and "fp16", float32 parameters
-    whose token embedding (the tied head) and linear weights hold their int8-dequantized or
-    float16-rounded values."""
-    if fmt not in ("int8", "fp16"):
-        return load_gpt2(folder, **FORMATS[fmt])
-    model = load_gpt2(folder)
-    with torch.no_grad():
-        for weight in [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]:
-            weight.copy_(quantized_values(weight, fmt, torch.float32))
-    return model
 
 
 def held_bytes(model) -> int:

@@ -21,10 +21,9 @@ import torch.nn as nn
 import gpt2.speed.device as device
 import gpt2.speed.kernel_cache as kernel_cache
 import gpt2.speed.kernels as kernels
-from conftest import ROOT
+from conftest import ROOT, plain_with_format_values
 from gpt2 import GPT2, GPT2Config, load_gpt2
 from gpt2.speed import FastGPT2, fast_model, load_accelerated
-from gpt2.speed.accelerator import quantized_values
 from spec_decoding import autoregressive_generate
 from gpt2.speed.fast_linear import int8_per_channel
 
@@ -44,20 +43,6 @@ def fresh_probe(monkeypatch):
     """A probe with nothing tried yet, restored afterwards."""
     monkeypatch.setattr(kernels, "_PROBED", {})
     monkeypatch.setattr(device, "_NOTES_SHOWN", set())
-
-
-def plain_with_format_values(folder, fmt: str) -> GPT2:
-    """gpt2/model.py as written holding a format's values, computed without gpt2.speed's loader:
-    a 16-bit model as load_gpt2 casts it; for "int8" and "fp16", float32 parameters whose token
-    embedding (the tied head) and linear weights hold their int8-dequantized or float16-rounded
-    values."""
-    if fmt not in ("int8", "fp16"):
-        return load_gpt2(folder, **FORMATS[fmt])
-    model = load_gpt2(folder)
-    with torch.no_grad():
-        for weight in [model.wte.weight] + [m.weight for m in model.modules() if isinstance(m, nn.Linear)]:
-            weight.copy_(quantized_values(weight, fmt, torch.float32))
-    return model
 
 
 def paths_used(model) -> set[str]:
