@@ -14,7 +14,7 @@ not depend on the weights; benchmarks/common.py), --pairs of:
   disagrees an independent draft of --draft-layers blocks of the same width (another seed, small
             embeddings): it costs what the paying draft costs but never picks the target's token.
 
-For each pair the CostModel is measured once (CostModel.calibrate); the best fixed gamma is the one
+For each pair the CostModel is measured once (calibrate_costs); the best fixed gamma is the one
 the CostModel predicts fastest from the acceptance by position of one untimed pilot run at
 gamma_max (on the first prompt). Then each repeat runs plain decoding (autoregressive_generate),
 the best fixed gamma and gamma="auto" on the same prompt, back to back, the order rotating from
@@ -48,7 +48,8 @@ from gpt2 import load_gpt2
 from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.machine_load import busy_note, load_average
 from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
-from spec_decoding.theory import expected_tokens_by_position
+from spec_decoding.policies.theory import expected_tokens_by_position
+from spec_decoding.calibration import calibrate_costs
 
 from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, read_prompts,
                      standin_pair, timed, write_results)
@@ -334,8 +335,8 @@ def main(argv=None) -> None:
     rows, texts = [], []
     for name, pair_draft in pairs:
         print(f"{name}: measuring the costs ...", flush=True)
-        costs = CostModel.calibrate(target, pair_draft, gamma_max=GAMMA_MAX, budget_s=args.calibrate_s,
-                                    min_rounds=args.calibrate_rounds)
+        costs = calibrate_costs(target, pair_draft, gamma_max=GAMMA_MAX, budget_s=args.calibrate_s,
+                                min_rounds=args.calibrate_rounds)
         print(costs, flush=True)
         results["cost_models"][name] = asdict(costs)
         if args.breakdown:

@@ -12,7 +12,7 @@ reported (median over --repeats), with the speed-up (the median of each repeat's
 runs made back to back) and the acceptance alpha. At B = 1 the single-sequence generators run
 too: batching support should cost nothing there.
 
-Predicted: spec_decoding.costs.BatchCostModel, measured before the grid (calibrate_batch_costs),
+Predicted: spec_decoding.policies.costs.BatchCostModel, measured before the grid (calibrate_batch_costs),
 with the alpha measured in the same cell: speed-up = E(alpha, gamma) / (gamma c(B) +
 verify_cost(B, gamma)). The crossover is the smallest batch at which the best gamma's speed-up is
 <= 1, measured and predicted.
@@ -26,10 +26,10 @@ import torch
 
 from gpt2.speed.device import synchronize
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.batched import (batched_autoregressive_generate, batched_speculative_sampling,
-                                   calibrate_batch_costs)
-from spec_decoding.costs import BatchCostModel
-from spec_decoding.theory import crossover_batch_size
+from spec_decoding.algorithms.batched import batched_autoregressive_generate, batched_speculative_sampling
+from spec_decoding.calibration import calibrate_batch_costs
+from spec_decoding.policies.costs import BatchCostModel
+from spec_decoding.policies.theory import crossover_batch_size
 
 from .common import markdown_table
 

@@ -27,8 +27,8 @@ from gpt2.config import GPT2Config
 from gpt2.kv_cache import KVCache
 from gpt2.model import GPT2
 from spec_decoding import autoregressive_generate, speculative_sampling
-from spec_decoding.costs import CostModel
-from spec_decoding.gamma import AutoGamma, GammaPolicy
+from spec_decoding.policies.costs import CostModel
+from spec_decoding.policies.gamma import AutoGamma, GammaPolicy
 
 from .common import add_output_options, machine_info, markdown_table, median, write_results
 

@@ -201,7 +201,7 @@ plt.show()
 from IPython.display import HTML, display
 
 from spec_decoding import speculative_sampling
-from spec_decoding.trace_page import iframe_html
+from spec_decoding.presentation.trace_page import iframe_html
 
 result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4, temperature=1.0,
                               generator=torch.Generator().manual_seed(0), trace=True)

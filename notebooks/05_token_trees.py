@@ -14,7 +14,7 @@
 # A chain of gamma draft tokens dies at its first rejection: if the draft's first choice at step 2
 # is wrong, everything it drafted after it is wasted. A **token tree** keeps several candidates per
 # step, and the target checks *every node* in one forward pass. This is how SpecInfer (Miao et al.
-# 2023), Medusa and EAGLE get their speed-ups. The code is `spec_decoding/tree.py`.
+# 2023), Medusa and EAGLE get their speed-ups. The code is `spec_decoding/algorithms/tree.py`.
 #
 # One round, for `branching = (2, 2, 1)`: the root is the sequence's last token; it gets 2 children,
 # each of those 2, each of those 1: 2 + 4 + 4 = 10 draft nodes.
@@ -78,8 +78,9 @@ print(f"prompt: {len(prompt)} tokens; the root of the tree is its last token, {l
 # once, under the same tree mask the target will use. Nodes are numbered level by level.
 
 # %%
-from spec_decoding.tree import (build_draft_tree, keep_accepted_path, score_tree, tree_attention_mask,
-                                tree_size, verify_tree_greedy)
+from spec_decoding.algorithms.tree import (build_draft_tree, keep_accepted_path, score_tree, tree_attention_mask,
+                                           verify_tree_greedy)
+from spec_decoding.drafters.token_tree import tree_size
 
 BRANCHING = (2, 2, 1)
 print(f"branching {BRANCHING}: {tree_size(BRANCHING)} nodes")
@@ -251,7 +252,7 @@ for name, result in runs.items():
 
 # %%
 from spec_decoding.sampling import sample
-from spec_decoding.rejection import MultiDraftVerdict, multi_draft_rejection_sampling, residual_distribution
+from spec_decoding.algorithms.rejection import MultiDraftVerdict, multi_draft_rejection_sampling, residual_distribution
 
 g = torch.Generator().manual_seed(0)
 p = torch.tensor([0.45, 0.25, 0.15, 0.10, 0.05])
@@ -300,7 +301,7 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 from IPython.display import HTML, display
 
 from spec_decoding.result import FROM_DRAFT_BRANCH
-from spec_decoding.trace_page import iframe_html
+from spec_decoding.presentation.trace_page import iframe_html
 
 result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
                                    generator=torch.Generator().manual_seed(0), trace=True)

@@ -49,7 +49,7 @@ from offline.train_pair import TrainSettings
 from offline.train_drafter import train_drafter
 from spec_decoding import speculative_sampling
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
-from spec_decoding.feature_files import load_feature_drafter
+from spec_decoding.drafters.feature_files import load_feature_drafter
 
 torch.manual_seed(0)
 target, draft = load_pair()

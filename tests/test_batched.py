@@ -1,4 +1,4 @@
-"""Batched speculative decoding (spec_decoding/batched.py): every row is decoded exactly as it
+"""Batched speculative decoding (spec_decoding/algorithms/batched.py): every row is decoded exactly as it
 would be alone, whatever the other rows do.
 
 - Greedy: every row equals the target's own greedy output for its prompt (float32), with prompts
@@ -20,14 +20,15 @@ import pytest
 import torch
 
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-from spec_decoding import batched
-from spec_decoding.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
-                                   batched_speculative_sampling, calibrate_batch_costs)
-from spec_decoding.costs import BatchCostModel
+from spec_decoding.algorithms import batched
+from spec_decoding.algorithms.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
+                                              batched_speculative_sampling)
+from spec_decoding.calibration import calibrate_batch_costs
+from spec_decoding.policies.costs import BatchCostModel
 from spec_decoding.checks import check_lossless
 from spec_decoding.result import STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN
 from spec_decoding.sampling import sample
-from spec_decoding.theory import crossover_batch_size, predicted_speedup
+from spec_decoding.policies.theory import crossover_batch_size, predicted_speedup
 
 # Prompts of different lengths for the 64-position, 100-token agreeing pair (conftest); the last
 # one is 50 tokens long, so with MAX_GEN = 20 it reaches the context window's edge.
@@ -295,7 +296,7 @@ def test_benchmark_batch_above_the_largest_is_refused_before_loading(tmp_path, c
     """--batch 128 (above MAX_BATCH_SIZE) is a usage error at once, not a traceback after both
     models load and the smaller batches ran."""
     import benchmark
-    from spec_decoding.batched import MAX_BATCH_SIZE
+    from spec_decoding.algorithms.batched import MAX_BATCH_SIZE
 
     with pytest.raises(SystemExit):
         benchmark.main(["--target", str(tmp_path / "missing"), "--batch", "1", str(2 * MAX_BATCH_SIZE),

@@ -15,7 +15,7 @@ from PIL import Image
 
 import warm_python
 from conftest import ROOT
-from spec_decoding.theory import predicted_speedup
+from spec_decoding.policies.theory import predicted_speedup
 
 REQUIRED_CELL_FIELDS = {
     "gamma", "max_gen", "temperature", "speedup_median", "speedup_min", "speedup_max",
@@ -489,14 +489,14 @@ def test_linear_sequence_times_three_doors_that_compute_the_same(tmp_path, fmt, 
         linear_sequence.main(["--quick", "--format", fmt, "--rows", "1", "--out", str(tmp_path / "bad")])
 
 
-# ---------------------------------------------------------------- loops (spec_decoding/loops.py)
+# ---------------------------------------------------------------- loops (spec_decoding/presentation/loops.py)
 
 def ordinary_windows(n: int = 100) -> list[list[int]]:
     """Windows of n tokens of this project's own code and prose, except those mostly whitespace."""
     from gpt2 import decode, encode
 
     windows = []
-    for path in ("spec_decoding/decoding.py", "spec_decoding/rejection.py", "spec_decoding/speculative.py",
+    for path in ("spec_decoding/algorithms/decoding.py", "spec_decoding/algorithms/rejection.py", "spec_decoding/algorithms/speculative.py",
                  "gpt2/model.py", "docs/trained_pair.md"):
         ids = encode((ROOT / path).read_text())
         windows += [ids[s:s + n] for s in range(0, len(ids) - n, n)]
@@ -507,7 +507,7 @@ def test_ordinary_text_is_not_a_loop():
     """Code and prose (whose indentation is runs of one space token) stay below LOOP_SHARE.
     Shown to fail when a unit equal to the one p back counts without a full copy of the period
     (every pair of equal neighbours would be a loop)."""
-    from spec_decoding.loops import LOOP_SHARE, loop_share
+    from spec_decoding.presentation.loops import LOOP_SHARE, loop_share
 
     windows = ordinary_windows()
     assert len(windows) > 50
@@ -531,13 +531,13 @@ def test_loops_are_found_and_text_is_not(text, is_loop):
     """Planted loops (a run of spaces, a repeated line, text that ends in a loop) against text
     with a short repetition in it. The last case fails when units are compared by token alone."""
     from gpt2 import encode
-    from spec_decoding.loops import looped
+    from spec_decoding.presentation.loops import looped
 
     assert looped(encode(text)) == is_loop
 
 
 def test_loop_share_counts_the_repeated_stretch_with_its_first_copy():
-    from spec_decoding.loops import loop_share, runs
+    from spec_decoding.presentation.loops import loop_share, runs
 
     assert runs([5, 5, 5, 7, 5]) == [(5, 3), (7, 1), (5, 1)]
     assert loop_share([]) == 0.0 and loop_share([1, 2, 3, 4]) == 0.0
@@ -558,7 +558,7 @@ def test_the_tables_mark_looped_cells_and_give_best_gamma_per_temperature(benchm
     """Only the looped cells' rows carry the mark; best gamma is one line per temperature. Shown to
     fail without the Loops column (the mark is nowhere) and with one best gamma for all temperatures."""
     import benchmark
-    from spec_decoding.loops import LOOP_MARK
+    from spec_decoding.presentation.loops import LOOP_MARK
 
     out, _, _ = benchmark_run
     results = summary_cells(json.loads((out / "results.json").read_text()), looped_gamma=2, temperature=0.0)
@@ -577,7 +577,7 @@ def test_the_tables_mark_looped_cells_and_give_best_gamma_per_temperature(benchm
 
 
 def test_the_grid_run_records_each_runs_loop_share(benchmark_run):
-    from spec_decoding.loops import LOOP_SHARE
+    from spec_decoding.presentation.loops import LOOP_SHARE
 
     out, _, _ = benchmark_run
     for cell in json.loads((out / "results.json").read_text())["cells"]:

@@ -10,8 +10,9 @@ import torch
 from conftest import ROOT
 from gpt2 import load_gpt2
 from spec_decoding import speculative_sampling, tree_speculative_sampling
-from spec_decoding.result import FROM_DRAFT_BRANCH, SOURCE_COLOURS, GenerationStats
-from spec_decoding.trace_page import render_html
+from spec_decoding.presentation.colours import SOURCE_COLOURS
+from spec_decoding.result import FROM_DRAFT_BRANCH, GenerationStats
+from spec_decoding.presentation.trace_page import render_html
 
 OTHER_COLOUR_WORDS = ("blue", "pink", "red", "orange", "violet", "lavender")
 

@@ -19,7 +19,7 @@ from gpt2 import load_gpt2
 from gpt2.speed.compiled import MAX_ROWS
 from gpt2.speed.cuda_graph import graph_decode, is_graphed, row_bucket, ungraph
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
-from spec_decoding.batched import BatchedKVCache
+from spec_decoding.algorithms.batched import BatchedKVCache
 
 # Rounding only: attention runs over the whole buffer with a mask, so float32 sums run in another
 # order. A wrong mask, a stale input or a wrong cache slot is far above this.

@@ -11,16 +11,17 @@ import torch
 from conftest import TINY_VOCAB
 from test_lossless import SETTINGS
 
-import spec_decoding.speculative
-import spec_decoding.tree as tree_module
+import spec_decoding.algorithms.speculative
+import spec_decoding.algorithms.tree as tree_module
 from gpt2 import load_gpt2
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.checks import (cache_difference, check_caches_after_every_round, check_greedy_matches_target,
                                   check_lossless, check_stopping)
 from gpt2 import KVCache
-from spec_decoding.eagle import EagleDrafter, EagleNet
-from spec_decoding.medusa import MedusaDrafter, MedusaHeads, branching_from_accuracies
+from spec_decoding.drafters.eagle import EagleDrafter, EagleNet
+from spec_decoding.drafters.medusa import MedusaDrafter, MedusaHeads, branching_from_accuracies
+from spec_decoding.calibration import calibrate_costs
 
 PROMPT = [5, 17, 42, 8, 99, 3]
 LOSSLESS_PROMPT = [1, 2, 3]
@@ -228,8 +229,8 @@ def bonus_by_argmax(real):
 
 def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, monkeypatch):
     """The planted bug sits in the generator, not the drafter: one drafter shows the test's power."""
-    monkeypatch.setattr(spec_decoding.speculative, "modified_rejection_sampling",
-                        bonus_by_argmax(spec_decoding.speculative.modified_rejection_sampling))
+    monkeypatch.setattr(spec_decoding.algorithms.speculative, "modified_rejection_sampling",
+                        bonus_by_argmax(spec_decoding.algorithms.speculative.modified_rejection_sampling))
     result, _ = lossless_check(tiny_target, medusa(tiny_target), dict(temperature=1.0), 2, SAMPLES)
     assert not result.passed and result.p_value < 1e-6, result.message
 
@@ -286,7 +287,7 @@ def test_medusa_tree_layout(target):
     for parent in [-1, 0, 1]:
         d = 1 if parent == -1 else 2
         torch.testing.assert_close(tree.draft_probs[parent],
-                                   spec_decoding.medusa.logits_to_probs(heads[d - 1], 0.7, 6, None))
+                                   spec_decoding.drafters.medusa.logits_to_probs(heads[d - 1], 0.7, 6, None))
 
 
 def test_branching_from_accuracies():
@@ -448,7 +449,7 @@ def test_held_out_windows_sample_the_whole_held_out_text():
                                            ("eagle", dict(draft_vocab=3000)), ("eagle", dict(unroll=2))])
 def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
                                                                           options, monkeypatch):
-    from spec_decoding.feature_files import load_feature_drafter
+    from spec_decoding.drafters.feature_files import load_feature_drafter
 
     monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
     target_dir = trained_pair_dirs[0]
@@ -551,7 +552,7 @@ def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
 @pytest.fixture(scope="module")
 def saved_drafters(text_pair, tmp_path_factory):
     """Untrained Medusa heads and EAGLE drafter for the text pair's target, saved as the trainer does."""
-    from spec_decoding.feature_files import save_feature_drafter
+    from spec_decoding.drafters.feature_files import save_feature_drafter
 
     target = text_pair[0]
     root = tmp_path_factory.mktemp("feature-drafters")
@@ -620,12 +621,12 @@ def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, s
 
 @pytest.mark.parametrize("name", ["medusa", "eagle"])
 def test_the_cost_model_times_a_real_feature_drafter_step(target, name):
-    """CostModel.calibrate hands the drafter the context's features, as the generators do: without
+    """calibrate_costs hands the drafter the context's features, as the generators do: without
     them a feature drafter proposes nothing and its 'step' would time an empty call."""
-    from spec_decoding.costs import CostModel
+    from spec_decoding.policies.costs import CostModel
 
     drafter = DRAFTERS[name](target)
-    cost = CostModel.calibrate(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
+    cost = calibrate_costs(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
     assert drafter.forward_calls >= 3 and cost.draft_step_s > 0
 
 
@@ -633,7 +634,7 @@ def test_a_token_map_added_after_training(text_pair_dirs, text_pair, saved_draft
     from conftest import stdlib_texts
 
     from offline.add_token_map import add_token_map, main
-    from spec_decoding.feature_files import load_feature_drafter
+    from spec_decoding.drafters.feature_files import load_feature_drafter
 
     coverage = add_token_map(saved_drafters / "eagle", tmp_path / "mapped", 500, stdlib_texts()[:2])
     assert 0.5 < coverage < 1

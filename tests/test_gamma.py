@@ -14,11 +14,12 @@ import torch
 from conftest import TINY
 
 from gpt2 import GPT2
-from spec_decoding.costs import CostModel, describe_model
+from spec_decoding.policies.costs import CostModel, describe_model
 from spec_decoding.drafters import Drafter, ModelDrafter
-from spec_decoding.gamma import AutoGamma, FixedGamma, HeuristicGamma, make_policy
-from spec_decoding.theory import (break_even_alpha, expected_tokens_by_position,
+from spec_decoding.policies.gamma import AutoGamma, FixedGamma, HeuristicGamma, make_policy
+from spec_decoding.policies.theory import (break_even_alpha, expected_tokens_by_position,
                                   expected_tokens_per_round, predicted_speedup)
+from spec_decoding.calibration import calibrate_costs
 
 GAMMA_MAX = 8
 
@@ -452,7 +453,7 @@ def test_auto_finds_speculation_again_when_its_cost_model_was_measured_under_loa
 
 
 def test_round_cost_fit_recovers_the_costs_and_keeps_them_physical():
-    from spec_decoding.gamma import nonnegative_least_squares_2
+    from spec_decoding.policies.gamma import nonnegative_least_squares_2
 
     def sums(rows):  # rows of (x0, x1, y)
         xx = [[sum(r[i] * r[j] for r in rows) for j in range(2)] for i in range(2)]
@@ -469,13 +470,14 @@ def test_round_cost_fit_recovers_the_costs_and_keeps_them_physical():
 def test_auto_calibration_is_said_in_one_line(pair, capsys, monkeypatch, tmp_path):
     target, draft = pair
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))  # nothing kept yet
-    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, t, d, g: pair_costs(t, d, 0.1)))
-    make_policy("auto", gamma_max=3, target=target, draft=draft)
-    policy = make_policy("auto", gamma_max=3, target=target, draft=draft)  # calibrated once: said once
+    from spec_decoding import cli
+    monkeypatch.setattr(cli, "calibrate_costs", lambda t, d, g: pair_costs(t, d, 0.1))
+    cli.kept_costs(target, draft, 3)
+    costs = cli.kept_costs(target, draft, 3)  # calibrated once: said once
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("measuring this pair's per-call costs for gamma=\"auto\"")
     assert f"kept in {tmp_path / 'kernels.json'}" in lines[0] and "--remeasure" in lines[0]
-    assert policy.costs == pair_costs(target, draft, 0.1)  # as measured, read back from the file
+    assert costs == pair_costs(target, draft, 0.1)  # as measured, read back from the file
 
 
 def test_heuristic_follows_transformers_schedule():
@@ -543,23 +545,23 @@ def test_cost_model_save_load_print(tmp_path):
 
 def test_calibrate_measures_every_shape():
     target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
-    costs = CostModel.calibrate(target, draft, gamma_max=3, context_len=16, budget_s=0.05)
+    costs = calibrate_costs(target, draft, gamma_max=3, context_len=16, budget_s=0.05)
     assert len(costs.target_score_s) == 4 and costs.gamma_max == 3
     assert costs.draft_step_s > 0 and min(costs.target_score_s) > 0 and costs.rounds >= 3
     costs.check_models(target, draft)
 
 
 def test_calibrate_times_token_trees_too(monkeypatch, tmp_path):
-    """The CostModel is the one home of per-call timing, token trees included: each shape given is
-    scored (spec_decoding.tree.score_tree, the tree's root and every node) in the same rounds."""
-    import spec_decoding.costs as costs_module
+    """calibrate_costs is the one home of per-call timing, token trees included: each shape given is
+    scored (spec_decoding.algorithms.tree.score_tree, the tree's root and every node) in the same rounds."""
+    import spec_decoding.calibration as costs_module
 
     scored = []
     real = costs_module.score_tree
     monkeypatch.setattr(costs_module, "score_tree", lambda model, cache, tree, sequence: scored.append(
         (len(tree), cache.length, len(sequence))) or real(model, cache, tree, sequence))
     target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
-    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=16, budget_s=0.05, trees=[(2, 1), (3,)])
+    costs = calibrate_costs(target, draft, gamma_max=2, context_len=16, budget_s=0.05, trees=[(2, 1), (3,)])
     assert {n for n, _, _ in scored} == {4, 3}  # the nodes of (2, 1) and of (3,)
     assert all(length == context - 1 for _, length, context in scored)  # the root is the context's last token
     assert costs.tree_verify_cost((2, 1)) > 0 and costs.tree_verify_cost([3]) > 0
@@ -625,29 +627,35 @@ def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
                                 cost_model=pair_costs(target, draft, c)).tokens == baseline
 
 
-def test_auto_without_a_cost_model_calibrates_once_per_machine(pair, monkeypatch, tmp_path):
-    """Calibrated once, kept in the kernel cache: a later process (here: this one, having forgotten
-    what it kept in memory) reads the same costs, until --remeasure forgets them."""
-    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+def test_auto_without_a_cost_model_says_where_costs_come_from(pair):
+    """The policies measure nothing: gamma="auto" with no CostModel is an error naming the ways to
+    get one."""
+    from spec_decoding import speculative_sampling_greedy
+    target, draft = pair
+    with pytest.raises(ValueError, match="calibrate_costs.*kept_costs"):
+        speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3)
+
+
+def test_the_scripts_keep_one_cost_model_per_machine(pair, monkeypatch, tmp_path):
+    """cli.kept_costs calibrates once, keeps the costs in the kernel cache: a later process (here:
+    this one, having forgotten what it kept in memory) reads the same costs, until --remeasure
+    forgets them."""
     import gpt2.speed.kernel_cache
+    from spec_decoding import cli
     target, draft = pair
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))
     calls = []
-    real = CostModel.calibrate
-    monkeypatch.setattr(CostModel, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
-    baseline = autoregressive_generate(target, PROMPT, 20).tokens
-    for _ in range(2):
-        assert speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3).tokens == baseline
-    assert len(calls) == 1
+    real = calibrate_costs
+    monkeypatch.setattr(cli, "calibrate_costs", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
+    assert cli.kept_costs(target, draft, 3) == cli.kept_costs(target, draft, 3) and len(calls) == 1
     monkeypatch.setattr(gpt2.speed.kernel_cache, "_KEPT", {})  # as in a new process
-    assert CostModel.kept_for(target, draft, 3) == CostModel.kept_for(target, draft, 3) and len(calls) == 1
+    assert cli.kept_costs(target, draft, 3).gamma_max == 3 and len(calls) == 1
     assert [e["kind"] for e in gpt2.speed.kernel_cache.forget()] == ["gamma costs"]  # what --remeasure does
-    CostModel.kept_for(target, draft, 3)
+    cli.kept_costs(target, draft, 3)
     assert len(calls) == 2
 
 
 def test_generators_reject_bad_gamma_and_cost_models(pair):
-    from spec_decoding import speculative_sampling, speculative_sampling_greedy
     from spec_decoding import speculative_sampling, speculative_sampling_greedy
     target, draft = pair
     for generate in (speculative_sampling_greedy, speculative_sampling):
@@ -670,7 +678,7 @@ class Echo(Drafter):
 def test_auto_with_a_model_free_drafter_that_proposes_fewer_tokens(pair):
     from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
     target, _ = pair
-    costs = CostModel.calibrate(target, Echo(), gamma_max=4, budget_s=0.1)
+    costs = calibrate_costs(target, Echo(), gamma_max=4, budget_s=0.1)
     assert costs.draft == "Echo()" and costs.c < 0.5  # no forward pass: far cheaper than the target
     baseline = autoregressive_generate(target, PROMPT, 30).tokens
     result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, "auto", cost_model=costs)
@@ -850,7 +858,7 @@ def test_auto_at_a_temperature_decides_from_the_sampled_costs():
 def test_calibrate_times_the_sampling_of_a_row(pair):
     """The measured CostModel holds a positive sample_s (the pair's vocabulary, timed like the rest)."""
     target, draft = pair
-    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=8, budget_s=0.05, min_rounds=1)
+    costs = calibrate_costs(target, draft, gamma_max=2, context_len=8, budget_s=0.05, min_rounds=1)
     assert costs.sample_s > 0
     assert costs.sampled().draft_step_s > costs.draft_step_s
     assert costs.sampled_round_extra_s >= 0 and costs.sampled().sampled_round_extra_s == 0

@@ -162,7 +162,7 @@ def test_piped_output_is_plain_text_with_stats(runs, json_report):
 def test_the_summary_says_when_the_output_looped(json_report, capsys):
     """A looped output gets the mark under its stats (its acceptance measures the loop); the
     JSON carries the measure. Shown to fail with the mark left out of print_stats."""
-    from spec_decoding.loops import LOOP_MARK, loop_share
+    from spec_decoding.presentation.loops import LOOP_MARK, loop_share
     from spec_decoding.result import GenerationStats
 
     stats = GenerationStats(target_calls=10, draft_calls=30, rounds=10, token_sources=["target"] * 40,
@@ -229,9 +229,9 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
     rounds' wall time, the second run stopped drafting: other gammas, other random draws, other
     tokens, and this test failed.)"""
     import time
-    import spec_decoding.speculative
+    import spec_decoding.algorithms.speculative
     from spec_decoding import CostModel
-    from spec_decoding.costs import describe_model
+    from spec_decoding.policies.costs import describe_model
     from spec_decoding.drafters import ModelDrafter
     from gpt2 import load_gpt2
     target, draft = text_pair_dirs
@@ -244,10 +244,10 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
             "--device", "cpu"]  # where the cost model was made (a GPU machine's auto is cuda)
     reports = []
     for target_delay, draft_delay in ((0.02, 0.0), (0.0, 0.02)):
-        propose, target_forward = ModelDrafter.propose, spec_decoding.speculative.target_forward
+        propose, target_forward = ModelDrafter.propose, spec_decoding.algorithms.speculative.target_forward
         monkeypatch.setattr(ModelDrafter, "propose", lambda self, tokens, n, *a, **k:
                             time.sleep(draft_delay * n) or propose(self, tokens, n, *a, **k))
-        monkeypatch.setattr(spec_decoding.speculative, "target_forward",
+        monkeypatch.setattr(spec_decoding.algorithms.speculative, "target_forward",
                             lambda *a, **k: time.sleep(target_delay) or target_forward(*a, **k))
         code, out, err = run_main(argv, capsys)
         assert code == 0, err
@@ -273,9 +273,9 @@ def ticking_at_random(seed):
 # timing: python -c FAKE_CLOCK_CHILD clock_seed argv...
 FAKE_CLOCK_CHILD = f"""
 import random, sys, types
-import spec_decoding.costs, spec_decoding_generate
+import spec_decoding.calibration, spec_decoding_generate
 {inspect.getsource(ticking_at_random)}
-spec_decoding.costs.time = types.SimpleNamespace(perf_counter=ticking_at_random(int(sys.argv[1])))
+spec_decoding.calibration.time = types.SimpleNamespace(perf_counter=ticking_at_random(int(sys.argv[1])))
 sys.exit(spec_decoding_generate.main(sys.argv[2:]))
 """
 
@@ -305,8 +305,8 @@ def test_a_seeded_gamma_auto_command_repeats_its_tokens_in_a_new_process(text_pa
     assert "measuring this pair's per-call costs" in first_err and "measuring" not in second_err
     assert sum(first["stats"]["gamma_by_round"]) > 0  # it drafted: the costs could have mattered
 
-    import spec_decoding.costs  # clock 4 measuring its own costs (here, in this process: cheaper)
-    monkeypatch.setattr(spec_decoding.costs, "time", types.SimpleNamespace(perf_counter=ticking_at_random(4)))
+    import spec_decoding.calibration  # clock 4 measuring its own costs (here, in this process: cheaper)
+    monkeypatch.setattr(spec_decoding.calibration, "time", types.SimpleNamespace(perf_counter=ticking_at_random(4)))
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "new" / "kernels.json"))
     code, out, err = run_main(argv, capsys)
     assert code == 0, err

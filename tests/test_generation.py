@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import AGREEING_TARGET, TINY, hf_gpt2
 
-import spec_decoding.greedy
+import spec_decoding.algorithms.greedy
 from gpt2 import GPT2, load_gpt2
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, speculative_sampling,
@@ -123,7 +123,7 @@ def test_caches_equal_a_fresh_forward_after_every_round(target, draft, generate,
 
 def test_the_cache_check_catches_a_cache_not_rolled_back(monkeypatch, target, draft):
     """Its power: forgetting to roll the draft's cache back after a rejection is caught."""
-    monkeypatch.setattr(spec_decoding.greedy, "roll_back",
+    monkeypatch.setattr(spec_decoding.algorithms.greedy, "roll_back",
                         lambda target_cache, drafter, seq_len: target_cache.truncate(seq_len - 1))
     result = check_caches_after_every_round(partial(speculative_sampling_greedy, target, draft, gamma=3),
                                             target, draft, PROMPT, 30)

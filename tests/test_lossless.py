@@ -15,7 +15,7 @@ from conftest import TINY_VOCAB
 
 from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
                            modified_rejection_sampling, residual_distribution, speculative_sampling)
-from spec_decoding.costs import describe_model
+from spec_decoding.policies.costs import describe_model
 from spec_decoding.checks import check_lossless, chi_square_p_value, exact_distribution
 
 V = TINY_VOCAB.vocab_size

@@ -9,9 +9,9 @@ from gpt2 import encode, load_gpt2
 from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
                            tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT_BRANCH, FROM_TARGET
-from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED, number
-from spec_decoding.trace_page import render_html
-from spec_decoding.tree import tree_size
+from spec_decoding.presentation.trace import ACCEPTED, REJECTED, UNJUDGED, number
+from spec_decoding.presentation.trace_page import render_html
+from spec_decoding.drafters.token_tree import tree_size
 
 PROMPT = "def parse(text):\n    "
 

@@ -11,7 +11,7 @@ import torch
 from browser import Browser, find_chromium
 from gpt2 import decode, encode, load_gpt2
 from spec_decoding import speculative_sampling, tree_speculative_sampling
-from spec_decoding.trace_page import write_html
+from spec_decoding.presentation.trace_page import write_html
 
 pytestmark = pytest.mark.skipif(find_chromium() is None,
                                 reason="no chromium (apt-get install chromium; .ci/run installs it)")

@@ -1,4 +1,4 @@
-"""Token trees (spec_decoding/tree.py): greedy output identical to the target's own, sampled output
+"""Token trees (spec_decoding/algorithms/tree.py): greedy output identical to the target's own, sampled output
 distributed exactly as the target's (exact enumeration + chi-square, with the power to reject the
 naive multi-draft variant), caches equal to a fresh forward after every round, eos, max_gen and
 the context-window edge, and the chain as the special case branching (1, ..., 1)."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import AGREEING_TARGET, TINY, TINY_VOCAB
 
-import spec_decoding.tree as tree_module
+import spec_decoding.algorithms.tree as tree_module
 from gpt2 import GPT2, load_gpt2
 from offline.random_weights import save_random_checkpoint
 from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
@@ -19,9 +19,9 @@ from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter
 from spec_decoding.checks import (cache_difference, check_stopping, chi_square_p_value, counts_of,
                                   exact_distribution)
 from spec_decoding.sampling import sample
-from spec_decoding.rejection import MultiDraftVerdict, multi_draft_rejection_sampling
-from spec_decoding.tree import (TokenTree, tree_attention_mask, tree_size,
-                                verify_tree_sampling)
+from spec_decoding.algorithms.rejection import MultiDraftVerdict, multi_draft_rejection_sampling
+from spec_decoding.algorithms.tree import tree_attention_mask, verify_tree_sampling
+from spec_decoding.drafters.token_tree import TokenTree, tree_size
 
 TARGET_CFG = AGREEING_TARGET  # pair_dirs, target, draft: conftest.py
 PROMPT = [5, 17, 42, 8, 99, 3]
@@ -401,7 +401,7 @@ def test_draft_as_a_model_drafter(target, draft, baseline):
 
 
 def test_tree_theory_reduces_to_the_chain():
-    from spec_decoding.theory import (expected_tokens_per_round, expected_tokens_per_tree_round,
+    from spec_decoding.policies.theory import (expected_tokens_per_round, expected_tokens_per_tree_round,
                                       predicted_speedup, predicted_tree_speedup)
 
     for alpha in (0.3, 0.75, 0.95):
@@ -416,7 +416,7 @@ def test_tree_theory_reduces_to_the_chain():
 def test_tree_speedup_by_hand():
     """tokens per round / (depth * c + verify cost): 2.6 tokens, depth 3, c = 0.1, verify 1.5
     -> 2.6 / (0.3 + 1.5) = 13 / 9."""
-    from spec_decoding.theory import predicted_tree_speedup
+    from spec_decoding.policies.theory import predicted_tree_speedup
 
     assert predicted_tree_speedup(2.6, 3, 0.1, 1.5) == pytest.approx(13 / 9)
     assert predicted_tree_speedup(3.0, 2, 0.0, 1.2) == pytest.approx(2.5)  # a free draft: verify only
@@ -426,7 +426,7 @@ def test_both_tree_drafters_spend_one_draft_step_per_depth(monkeypatch, target, 
     """What predicted_tree_speedup's depth * c assumes: per round, a draft model runs one forward
     per depth drafted (its draft step), and Medusa runs one head per depth (its draft step, as
     CostModel.calibrate times it, is a propose of one token: one head)."""
-    from spec_decoding.medusa import MedusaDrafter, MedusaHead, MedusaHeads
+    from spec_decoding.drafters.medusa import MedusaDrafter, MedusaHead, MedusaHeads
 
     forwards = []
     real_forward = draft.forward

@@ -1,6 +1,6 @@
 """Assignment 7: find the bug (README.md here; instructor.md: the notes).
 
-Built from the bug zoo (spec_decoding/bug_zoo.py): `make` copies the project with one of the zoo's
+Built from the bug zoo (spec_decoding/checks/bug_zoo.py): `make` copies the project with one of the zoo's
 bugs planted into the real code (plants.json, the grader's file, says which; it is left out of
 every copy). Nothing is removed. The student names the bug in BUG.txt and fixes it; the grader
 checks both, in separate checks:
@@ -37,13 +37,13 @@ from ..serving import served_model
 
 ANSWER = "BUG.txt"  # in the copy's root: the student writes the bug's name in it
 PLANTS = "assignments/find_the_bug/plants.json"  # the grader's: which bug is planted, and how
-GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
+GREEDY = "spec_decoding.algorithms.greedy.speculative_sampling_greedy"
 # The functions one of which holds the planted bug (the student's files are theirs).
-FUNCTIONS = ("spec_decoding.decoding.target_forward", "spec_decoding.decoding.take_tokens",
-             "spec_decoding.decoding.round_gamma", "spec_decoding.rejection.residual_distribution",
-             "spec_decoding.rejection.modified_rejection_sampling")
+FUNCTIONS = ("spec_decoding.algorithms.decoding.target_forward", "spec_decoding.algorithms.decoding.take_tokens",
+             "spec_decoding.algorithms.decoding.round_gamma", "spec_decoding.algorithms.rejection.residual_distribution",
+             "spec_decoding.algorithms.rejection.modified_rejection_sampling")
 TEMPLATE = """\
-# Which bug is planted in this copy? Write its name, as the bug zoo spells it (spec_decoding/bug_zoo.py,
+# Which bug is planted in this copy? Write its name, as the bug zoo spells it (spec_decoding/checks/bug_zoo.py,
 # BUGS; notebooks/06_bug_zoo), on the line below, e.g.:  resample from p
 # Lines starting with # are ignored. Then fix the bug in the code.
 
@@ -220,7 +220,7 @@ def speed_problem(inputs, ref, runs) -> str | None:
     """"lossless, but slower" when acceptance or tokens per target call fall well below what the
     pair's measured acceptance predicts (spec_decoding.checks.check_speed, with alpha measured by
     the grader on the target's own samples)."""
-    from spec_decoding.theory import expected_tokens_per_round
+    from spec_decoding.policies.theory import expected_tokens_per_round
 
     alpha, gamma = ref["alpha"], inputs["gamma"]
     judged = accepted = 0

@@ -8,7 +8,7 @@ from ..greedy_speculative import VOCAB, check_speculated, check_tokens, plain_to
 from ..probing import PROMPT, follows, load, lossless_reference, sample_counts, seeded, whole_number
 from ..serving import served_model
 
-NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
+NGRAM = "spec_decoding.drafters.drafter.NGramDrafter.propose"
 
 # (what the case shows, tokens, num_tokens asked, max_ngram, the drafter's own num_tokens cap)
 CASES = [

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT2
 from gpt2.speed.kernels import attach_kernels
-from .drafters import Drafter
+from .drafter import Drafter
 from .eagle import EagleDrafter, EagleNet
 from .medusa import MedusaDrafter, MedusaHeads
 

@@ -36,21 +36,19 @@ Both return a BatchedResult: one GenerationResult per prompt (tokens and stats, 
 single-sequence generators return) and the batch's forward passes and wall time.
 """
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from gpt2 import GPT2, KVCache
-from gpt2.speed.device import synchronize
 from gpt2.speed.kernels import linear
-from .costs import BatchCostModel, describe_model
-from .decoding import (check_drafter, check_positive_int, check_sampling_args, prompt_to_list,
-                       record_round, round_gamma, round_output, take_tokens)
-from .drafters import model_facts
-from .result import FROM_TARGET, GenerationResult, GenerationStats
-from .sampling import logits_to_probs, sample
+from ..contracts import check_positive_int
+from ..drafters.drafter import model_facts
+from ..result import FROM_TARGET, GenerationResult, GenerationStats
+from ..sampling import logits_to_probs, sample
+from .decoding import (check_drafter, check_sampling_args, prompt_to_list, record_round, round_gamma,
+                       round_output, take_tokens)
 from .rejection import modified_rejection_sampling
 
 # The largest batch accepted. Every row keeps a KV cache of the whole window in both models, and
@@ -330,7 +328,7 @@ def greedy_verdict(target_logits: torch.Tensor, draft_tokens: list[int], draft_p
 
 
 def sampling_verdict(target_probs: torch.Tensor, draft_tokens: list[int], draft_probs, generator=None):
-    """One row's modified rejection sampling (spec_decoding.rejection): target_probs [g + 1, V],
+    """One row's modified rejection sampling (spec_decoding.algorithms.rejection): target_probs [g + 1, V],
     draft_probs [g, V] (None when g = 0) -> (n accepted, next token). Each row draws its own
     uniforms."""
     verdict = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
@@ -422,52 +420,3 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
     return batch
 
 
-@torch.inference_mode()
-def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len: int = 128,
-                          repeats: int = 3) -> BatchCostModel:
-    """Time one forward of n rows (n sequences, one new token each, context_len tokens in each
-    one's cache) in the target and in the draft, for n = 1, 2, 4, ... up to max_rows. Round after
-    round every n takes its turn in both models, so a busy machine slows them alike; each cost is
-    the median over `repeats` rounds after two warm-up rounds. A forward over B sequences of
-    gamma + 1 new tokens each costs about what one over B * (gamma + 1) rows costs (the same
-    weights, as many rows of arithmetic)."""
-    check_positive_int("max_rows", max_rows)
-    rows = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
-    device = target.wte.weight.device
-    context_len = max(1, min(context_len, target.config.n_positions - 2, draft.config.n_positions - 2))
-    g = torch.Generator().manual_seed(0)
-    vocab = min(target.config.vocab_size, draft.config.vocab_size)
-    context = torch.randint(vocab, (1, context_len), generator=g).to(device)
-    models = {"target": target, "draft": draft}
-    caches = {}
-    for role, model in models.items():
-        # One sequence's cache copied to max_rows rows (timing does not depend on the values);
-        # n rows use the first n of them.
-        one = model.new_kv_cache(max_len=context_len)
-        model(context, one, num_last_logits=1)
-        full = model.new_kv_cache(max_rows, max_len=context_len + 1)
-        for dst, src in zip(full.keys + full.values, one.keys + one.values):
-            dst[:, :, :context_len] = src
-        for n in rows:
-            cache = BatchedKVCache(full)
-            cache.keys, cache.values = [k[:n] for k in full.keys], [v[:n] for v in full.values]
-            cache.lengths = torch.full((n,), context_len, dtype=torch.long, device=device)
-            caches[role, n] = cache
-    times = {key: [] for key in caches}
-    for i in range(repeats + 2):
-        for n in rows:
-            for role, model in models.items():
-                cache = caches[role, n]
-                tokens = torch.randint(vocab, (n, 1), generator=g).tolist()
-                synchronize(device)
-                t0 = time.perf_counter()
-                forward_rows(model, cache, tokens)
-                synchronize(device)
-                if i > 1:  # the first rounds set up each shape's kernels
-                    times[role, n].append(time.perf_counter() - t0)
-                cache.lengths.fill_(context_len)
-    median = {key: statistics.median(t) for key, t in times.items()}
-    return BatchCostModel(describe_model(target), describe_model(draft), rows,
-                          [median["target", n] for n in rows], [median["draft", n] for n in rows],
-                          context_len, notes={"threads": torch.get_num_threads(), "device": str(device),
-                                              "repeats": repeats})

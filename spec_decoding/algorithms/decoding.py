@@ -1,13 +1,15 @@
-"""Pieces the three generators share: checking their inputs, feeding a model the tokens its cache
-has not seen, the bookkeeping of a speculative round (how many tokens to draft, what the round
+"""Pieces the three generators share: checking their inputs, feeding the target the draft tokens
+to score, the bookkeeping of a speculative round (how many tokens to draft, what the round
 outputs, counting it, rolling back), and handing each round to its observers."""
 
 import torch
 
 from gpt2 import GPT2
-from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
-                     STOP_EOS, STOP_MAX_GEN, GenerationStats)
-from .trace import Trace
+from ..caches import new_cache
+from ..contracts import check_positive_int
+from ..presentation.trace import Trace
+from ..result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
+                      STOP_EOS, STOP_MAX_GEN, GenerationStats)
 
 
 def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
@@ -34,11 +36,6 @@ def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
             f"shorter than {n_pos} to leave room for new tokens. Shorten the prompt."
         )
     return prompt
-
-
-def check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def check_sampling_args(temperature, top_k, top_p) -> None:
@@ -82,24 +79,6 @@ def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int
     drafter.start(list(tokens), max_gen)
     stats = GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
     return tokens, target_cache, stats
-
-
-def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0, n_layer: int | None = None):
-    """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
-    for a token tree's nodes, which share positions), made by the model's own factory
-    (GPT2.new_kv_cache: it decides the cache's dtype). n_layer: only the first blocks' (default: all)."""
-    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
-                              extra_slots=extra_slots, n_layer=n_layer)
-
-
-def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
-    """Feed the tokens the cache has not seen yet (tokens[cache.length:]), return the logits of the
-    last num_last_logits positions, [num_last_logits, V].
-
-    This one rule covers the prompt (the first call feeds all of it), a single decoding step, and
-    the target's verification of the draft tokens."""
-    new = torch.tensor([tokens[cache.length:]], device=model.wte.weight.device)
-    return model(new, cache, num_last_logits=num_last_logits)[0]
 
 
 def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: list[int],

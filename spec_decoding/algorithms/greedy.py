@@ -5,11 +5,11 @@ import time
 import torch
 
 from gpt2 import GPT2
+from ..drafters import Drafter, as_drafter
+from ..policies.gamma import make_policy
+from ..result import GenerationResult, RoundReport
 from .decoding import (record_round, roll_back, round_gamma, round_observers, round_output,
                        start_generation, take_tokens, target_forward)
-from .drafters import Drafter, as_drafter
-from .gamma import make_policy
-from .result import GenerationResult, RoundReport
 
 
 @torch.inference_mode()
@@ -26,9 +26,9 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
     prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window. on_tokens(tokens, sources) is called after each round.
     gamma: an int, or a policy that chooses each round's draft length from the rounds before it
-    (spec_decoding/gamma.py): "auto" (from the measured costs, cost_model, and the acceptance so
+    (spec_decoding/policies/gamma.py): "auto" (from the measured costs, cost_model, and the acceptance so
     far), "heuristic" (transformers' schedule) or a GammaPolicy; gamma_max bounds them.
-    trace=True records every round in result.trace (spec_decoding.trace); on_round(report) gets
+    trace=True records every round in result.trace (spec_decoding.presentation.trace); on_round(report) gets
     every round as a RoundReport (spec_decoding.result).
     """
     drafter = as_drafter(draft)

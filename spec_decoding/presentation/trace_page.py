@@ -1,4 +1,4 @@
-"""The web page of a trace (spec_decoding.trace): one self-contained HTML file.
+"""The web page of a trace (spec_decoding.presentation.trace): one self-contained HTML file.
 
     result = speculative_sampling(target, draft, prompt_ids, 60, gamma=4, trace=True)
     write_html(result.trace, "trace.html")        # open it in a browser
@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from gpt2.tokenizer import decode as gpt2_decode
-from .result import FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT, SOURCE_COLOURS
+from ..result import FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT
+from .colours import SOURCE_COLOURS
 from .trace import DraftedToken, Round, Trace, TreeNode, TreeRound
 
 

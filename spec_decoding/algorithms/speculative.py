@@ -12,12 +12,12 @@ import torch
 from gpt2 import GPT2
 from .decoding import (check_sampling_args, record_round, roll_back, round_gamma, round_observers,
                        round_output, start_generation, take_tokens, target_forward)
-from .drafters import Drafter, as_drafter
-from .gamma import make_policy
+from ..drafters import Drafter, as_drafter
+from ..policies.gamma import make_policy
+from ..result import GenerationResult, RoundReport
+from ..sampling import logits_to_probs
 from .greedy import speculative_sampling_greedy
 from .rejection import modified_rejection_sampling, point_masses
-from .result import GenerationResult, RoundReport
-from .sampling import logits_to_probs
 
 
 @torch.inference_mode()
@@ -34,7 +34,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
     or a full context window. on_tokens(tokens, sources) is called after each round.
     gamma: an int, "auto", "heuristic" or a GammaPolicy, as in speculative_sampling_greedy. The
     policy sees only earlier rounds, so the output still follows the target's distribution exactly.
-    trace=True records every round in result.trace (spec_decoding.trace: p, q, the draws, ...).
+    trace=True records every round in result.trace (spec_decoding.presentation.trace: p, q, the draws, ...).
     on_round(report) gets every round as a RoundReport (spec_decoding.result): p, q, the Verdict.
     """
     check_sampling_args(temperature, top_k, top_p)
@@ -62,7 +62,7 @@ def speculative_sampling(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_ge
         target_logits = target_forward(target, target_cache, tokens, draft_tokens, drafter)
         target_probs = logits_to_probs(target_logits, temperature, top_k, top_p)
 
-        # 3. Accept a prefix of the draft tokens, then draw one token more (spec_decoding.rejection).
+        # 3. Accept a prefix of the draft tokens, then draw one token more (spec_decoding.algorithms.rejection).
         verdict = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
         new_tokens, sources = round_output(draft_tokens, verdict.n_accepted, verdict.next_token)
         record_round(stats, len(draft_tokens), verdict.n_accepted, drafter.forward_calls)

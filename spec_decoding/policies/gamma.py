@@ -30,7 +30,7 @@ what this cannot see is a CostModel that is itself wrong, e.g. measured in a bus
 Costs, and what a seed reproduces. gamma="auto" decides from a CostModel and the tokens accepted,
 nothing else: the same costs, prompt, models and seed give the same gammas, so the same random
 draws and the same tokens, however fast the machine runs this time. Without a cost_model, it takes
-the pair's costs kept on this machine (CostModel.kept_for: measured the first time, then read from
+the pair's costs kept on this machine (spec_decoding.cli.kept_costs: measured the first time, then read from
 the kernel cache), so a seeded run reproduces in every process on this machine; after `python -m
 gpt2.speed.kernel_report --remeasure`, or on another machine, the costs, so the gammas and the sampled
 tokens, may differ, while their distribution stays the target's exactly (a CostModel saved to a
@@ -53,7 +53,7 @@ import itertools
 import math
 
 from .costs import CostModel
-from .decoding import check_positive_int
+from ..contracts import check_positive_int
 
 DEFAULT_GAMMA_MAX = 8
 POLICY_NAMES = ("auto", "heuristic")
@@ -430,7 +430,7 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
     """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
     "auto" (AutoGamma, deciding from fixed costs: a seeded run reproduces; its CostModel is
     cost_model, which must be for target and draft, or else the pair's CostModel kept on this
-    machine, CostModel.kept_for: measured the first time, with one line on stderr saying so),
+    machine, spec_decoding.cli.kept_costs: measured the first time, with one line on stderr saying so),
     "heuristic" (HeuristicGamma), or a
     GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
     CostModel's, or 8). sampled: the rounds sample (temperature > 0), so "auto" decides from the
@@ -444,8 +444,11 @@ def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | Non
             return HeuristicGamma(gamma_max or DEFAULT_GAMMA_MAX)
         if gamma == "auto":
             if cost_model is None:
-                cost_model = CostModel.kept_for(target, draft, gamma_max or DEFAULT_GAMMA_MAX)
-            elif target is not None:
+                raise ValueError('gamma="auto" decides from measured costs: pass cost_model='
+                                 'spec_decoding.calibration.calibrate_costs(target, draft) (or a saved '
+                                 'one, CostModel.load(path); the scripts keep one per machine: '
+                                 'spec_decoding.cli.kept_costs)')
+            if target is not None:
                 cost_model.check_models(target, draft)
             return AutoGamma(cost_model.sampled() if sampled else cost_model, gamma_max)
     if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1:

@@ -5,10 +5,11 @@ import time
 import torch
 
 from gpt2 import GPT2
-from .decoding import (check_positive_int, check_sampling_args, forward_new_tokens, new_cache,
-                       prompt_to_list, take_tokens)
-from .result import FROM_TARGET, GenerationResult, GenerationStats
-from .sampling import next_token
+from ..caches import forward_new_tokens, new_cache
+from ..contracts import check_positive_int
+from ..result import FROM_TARGET, GenerationResult, GenerationStats
+from ..sampling import next_token
+from .decoding import check_sampling_args, prompt_to_list, take_tokens
 
 
 @torch.inference_mode()

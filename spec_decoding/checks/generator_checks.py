@@ -35,10 +35,10 @@ import itertools
 
 import torch
 
-from .autoregressive import autoregressive_generate
-from .result import FROM_CORRECTION, FROM_DRAFT
-from .sampling import logits_to_probs
-from .theory import expected_tokens_per_round
+from ..algorithms.autoregressive import autoregressive_generate
+from ..policies.theory import expected_tokens_per_round
+from ..result import FROM_CORRECTION, FROM_DRAFT
+from ..sampling import logits_to_probs
 
 P_VALUE_THRESHOLD = 1e-3  # below this, the samples are declared not to follow the target
 SPEED_Z = 4.0  # check_speed: this many standard errors below the prediction fails (one-sided p ~ 3e-5)
