@@ -79,8 +79,8 @@ from benchmarks.common import gamma_order, read_prompts, timed
 from gpt2.speed.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.speed.machine_load import busy_note
-from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
-                           tree_speculative_sampling)
+from spec_decoding import (HeuristicGamma, SamplingParams, autoregressive_generate, speculative_sampling,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.algorithms.batched import MAX_BATCH_SIZE
 from spec_decoding.drafters.token_tree import branching_label, parse_branching, tree_size
 from spec_decoding.algorithms.decoding import check_drafter
@@ -294,12 +294,14 @@ def speculate(target, drafter, prompt, max_gen, gamma, temperature, generator, a
     """gamma: draft tokens per round (a chain), a policy name (auto, heuristic: bounded by
     args.gamma_max; auto uses cost_model), or a branching tuple (a token tree)."""
     if isinstance(gamma, tuple):
-        return tree_speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator)
-    policy = dict(gamma_max=args.gamma_max, cost_model=cost_model) if isinstance(gamma, str) else {}
-    if temperature == 0:
-        return speculative_sampling_greedy(target, drafter, prompt, max_gen, gamma, **policy)
-    return speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator,
-                                **policy)
+        return tree_speculative_sampling(target, drafter, prompt, max_gen, gamma,
+                                         sampling=SamplingParams(temperature=temperature, generator=generator))
+    if gamma == "auto":
+        gamma = cost_model.up_to(args.gamma_max)  # AutoGamma decides from these costs
+    elif gamma == "heuristic":
+        gamma = HeuristicGamma(args.gamma_max)
+    return speculative_sampling(target, drafter, prompt, max_gen, gamma,
+                                SamplingParams(temperature=temperature, generator=generator))
 
 
 def seeded(seed: int, device) -> torch.Generator:
@@ -316,7 +318,8 @@ def warm_up(target, drafters, prompts, args, device, cost_models) -> None:
     n = min(16, args.max_gens[0])
     for i in range(args.warmup):
         for t in args.temperatures:
-            autoregressive_generate(target, prompts[0], n, temperature=t, generator=seeded(i, device))
+            autoregressive_generate(target, prompts[0], n,
+                                    sampling=SamplingParams(temperature=t, generator=seeded(i, device)))
             for name, drafter in drafters.items():
                 for gamma in args.gammas:
                     speculate(target, drafter, prompts[0], n, gamma, t, seeded(i, device), args,
@@ -343,7 +346,7 @@ def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]
                     seed = args.seed + 1000 * repeat + p
                     bar.set_description(f"{where}: target alone")
                     base, base_s = timed(device, autoregressive_generate, target, prompt, max_gen,
-                                         temperature=temperature, generator=seeded(seed, device))
+                                         SamplingParams(temperature, generator=seeded(seed, device)))
                     bar.update(max_gen)
                     for name, gamma in variants:
                         tree = branching_label(gamma) if isinstance(gamma, tuple) else None

@@ -46,7 +46,8 @@ from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.speed.machine_load import busy_note
-from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
+from spec_decoding import (CostModel, HeuristicGamma, Observers, SamplingParams, autoregressive_generate,
+                           speculative_sampling, tree_speculative_sampling)
 from spec_decoding.algorithms.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
 from spec_decoding.algorithms.decoding import check_drafter
 from spec_decoding import cli
@@ -350,6 +351,21 @@ def start_printing(prompt: str, tree: bool = False) -> TokenPrinter:
     return printer
 
 
+def sampling_of(args, generator) -> SamplingParams:
+    """--temperature, --top-k and --top-p, drawing with `generator`."""
+    return SamplingParams(args.temperature, args.top_k, args.top_p, generator)
+
+
+def gamma_of(args, cost_model: CostModel | None):
+    """--gamma as the generators take it: a number, the CostModel AutoGamma decides from (auto),
+    or HeuristicGamma, each bounded by --gamma-max."""
+    if args.gamma == "auto":
+        return cost_model.up_to(args.gamma_max)
+    if args.gamma == "heuristic":
+        return HeuristicGamma(args.gamma_max)
+    return args.gamma
+
+
 def get_cost_model(args, target, draft) -> CostModel | None:
     """--gamma auto: the CostModel from --cost-model FILE if it exists, else the one kept for
     this pair on this machine (measured the first time; written to FILE if one was named)."""
@@ -474,14 +490,13 @@ def generate_batch(args, device: torch.device) -> None:
     check_drafter(target, ModelDrafter(draft))
     warm_up(target)
     warm_up(draft)
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()
     print(f"Decoding {len(prompt_ids)} prompts as one batch ...", file=sys.stderr, flush=True)
     result = batched_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                          generator=generator, **settings)
+                                          sampling_of(args, generator), EOT_ID)
     baseline = run_baseline(args, "the target alone, batched", lambda: batched_autoregressive_generate(
-        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
+        target, prompt_ids, args.max_gen, sampling_of(args, make_generator(seed, device)), EOT_ID))
     decode = get_tokenizer().decode
     if args.json:
         rows = [{"prompt": p, "prompt_tokens": ids, "tokens": row.tokens, "text": decode(row.tokens),
@@ -542,7 +557,6 @@ def generate(args) -> None:
     warm_up(target)
     if isinstance(drafter, ModelDrafter):
         warm_up(drafter.model)
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     # --seed, or the random one (printed with the trace and in the JSON): with the same models,
     # options and machine (for --gamma auto: its costs kept there, cli.kept_costs), it
@@ -552,14 +566,13 @@ def generate(args) -> None:
     cost_model = None if args.tree else get_cost_model(args, target, drafter)
 
     printer = None if args.json else start_printing(args.prompt, tree=bool(args.tree))
+    observers = Observers(on_tokens=printer, trace=bool(args.html))
     if args.tree:
         result = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree,
-                                           generator=generator, on_tokens=printer, trace=bool(args.html),
-                                           **settings)
+                                           sampling_of(args, generator), EOT_ID, observers)
     else:
-        result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma,
-                                      generator=generator, on_tokens=printer, gamma_max=args.gamma_max,
-                                      cost_model=cost_model, trace=bool(args.html), **settings)
+        result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, gamma_of(args, cost_model),
+                                      sampling_of(args, generator), EOT_ID, observers)
     if printer:
         printer.finish()
     if args.html:
@@ -570,7 +583,7 @@ def generate(args) -> None:
     # The same seed; for sampling the texts still differ, as the two use their random numbers
     # differently. Both follow the target's distribution.
     baseline = run_baseline(args, "the target alone", lambda: autoregressive_generate(
-        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
+        target, prompt_ids, args.max_gen, sampling_of(args, make_generator(seed, device)), EOT_ID))
 
     if args.json:
         print(to_json(args, device, target.wte.weight.dtype, seed, prompt_ids, result, baseline, drafter_line))

@@ -47,7 +47,7 @@ import torch
 from gpt2 import load_gpt2
 from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.machine_load import busy_note, load_average
-from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
+from spec_decoding import autoregressive_generate, CostModel, SamplingParams, speculative_sampling
 from spec_decoding.policies.theory import expected_tokens_by_position
 from spec_decoding.calibration import calibrate_costs
 
@@ -69,9 +69,10 @@ def generate(method, target, draft, prompt, max_gen: int, temperature: float, se
     """One generation by `method`: "plain", an int (a fixed gamma) or "auto"."""
     generator = torch.Generator(device=target.wte.weight.device).manual_seed(seed)
     if method == "plain":
-        return autoregressive_generate(target, prompt, max_gen, temperature, generator=generator)
-    return speculative_sampling(target, draft, prompt, max_gen, method, temperature=temperature,
-                                generator=generator, cost_model=costs if method == "auto" else None)
+        return autoregressive_generate(target, prompt, max_gen,
+                                       sampling=SamplingParams(temperature=temperature, generator=generator))
+    return speculative_sampling(target, draft, prompt, max_gen, costs if method == "auto" else method,
+                                SamplingParams(temperature=temperature, generator=generator))
 
 
 MIN_TIMED_S = 0.5  # seconds a method's timing in a repeat spans at least (more calls when shorter)
@@ -189,9 +190,9 @@ def round_breakdown(target, draft, costs: CostModel, prompt, max_gen: int) -> di
 
         target_timer.take(), draft_timer.take()
         marks[0] = time.perf_counter()
-        from spec_decoding import speculative_sampling_greedy
-        auto = speculative_sampling_greedy(target, draft, prompt, max_gen, "auto", cost_model=costs,
-                                           on_round=on_round)
+        from spec_decoding import Observers, speculative_sampling_greedy
+        auto = speculative_sampling_greedy(target, draft, prompt, max_gen, costs,
+                                           observers=Observers(on_round=on_round))
         auto_s = time.perf_counter() - marks[0]
         steps, step_marks = [], [time.perf_counter()]
 
@@ -202,7 +203,7 @@ def round_breakdown(target, draft, costs: CostModel, prompt, max_gen: int) -> di
 
         target_timer.take()
         step_marks[0] = time.perf_counter()
-        plain = autoregressive_generate(target, prompt, max_gen, on_tokens=on_tokens)
+        plain = autoregressive_generate(target, prompt, max_gen, observers=Observers(on_tokens=on_tokens))
         plain_s = time.perf_counter() - step_marks[0]
         plain_forwards = target_timer.take()
     finally:

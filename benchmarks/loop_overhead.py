@@ -26,7 +26,7 @@ import torch
 from gpt2.config import GPT2Config
 from gpt2.kv_cache import KVCache
 from gpt2.model import GPT2
-from spec_decoding import autoregressive_generate, speculative_sampling
+from spec_decoding import autoregressive_generate, SamplingParams, speculative_sampling
 from spec_decoding.policies.costs import CostModel
 from spec_decoding.policies.gamma import AutoGamma, GammaPolicy
 
@@ -89,19 +89,23 @@ def main(argv=None):
     def seeded():
         return torch.Generator().manual_seed(0)
 
-    loops = {"plain decoding": lambda: autoregressive_generate(target, prompt, args.max_gen, args.temperature,
-                                                               generator=seeded()),
-             "speculative, plain rounds only": lambda: speculative_sampling(
-                 target, draft, prompt, args.max_gen, NeverDraft(), args.temperature, generator=seeded())}
+    loops = {"plain decoding": lambda: autoregressive_generate(target, prompt, args.max_gen,
+                                                               sampling=SamplingParams(temperature=args.temperature, generator=seeded())),
+             "speculative, plain rounds only": lambda: speculative_sampling(target, draft, prompt,
+                                                                            args.max_gen, NeverDraft(),
+                                                                            sampling=SamplingParams(temperature=args.temperature, generator=seeded()))}
     # auto where drafting cannot pay: the draft costs a target step, so even an accepted token
     # does not repay it; it takes plain steps, with a probe now and then
     cannot_pay = CostModel(target="stub", draft="stub", draft_step_s=1e-3,
                            target_score_s=[1e-3 * (1 + 0.02 * k) for k in range(9)])
-    loops["speculative, auto (drafting cannot pay)"] = lambda: speculative_sampling(
-        target, draft, prompt, args.max_gen, AutoGamma(cannot_pay), args.temperature, generator=seeded())
+    loops["speculative, auto (drafting cannot pay)"] = lambda: speculative_sampling(target, draft, prompt,
+                                                                                    args.max_gen,
+                                                                                    AutoGamma(cannot_pay),
+                                                                                    sampling=SamplingParams(temperature=args.temperature, generator=seeded()))
     for g in args.gammas:
-        loops[f"speculative, gamma {g}"] = (lambda g=g: speculative_sampling(
-            target, draft, prompt, args.max_gen, g, args.temperature, generator=seeded()))
+        loops[f"speculative, gamma {g}"] = (lambda g=g: speculative_sampling(target, draft, prompt,
+                                                                             args.max_gen, g,
+                                                                             sampling=SamplingParams(temperature=args.temperature, generator=seeded())))
     for run in loops.values():  # warm-up
         run()
     times = {name: [] for name in loops}

@@ -78,7 +78,8 @@ def label(token: int) -> str:  # its text (GPT-2's vocabulary) or #id (a test mo
 # fewer).
 
 # %%
-from spec_decoding import logits_to_probs, modified_rejection_sampling, residual_distribution
+from spec_decoding import (logits_to_probs, modified_rejection_sampling, Observers, residual_distribution,
+                           SamplingParams)
 
 TEMPERATURE, TOP_K = 1.0, 50
 prompt_ids = encode_prompt(PROMPT, VOCAB)
@@ -203,8 +204,9 @@ from IPython.display import HTML, display
 from spec_decoding import speculative_sampling
 from spec_decoding.presentation.trace_page import iframe_html
 
-result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4, temperature=1.0,
-                              generator=torch.Generator().manual_seed(0), trace=True)
+result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4,
+                              sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                              observers=Observers(trace=True))
 trace = result.trace
 print(f"{len(trace.rounds)} rounds; alpha = {trace.alpha:.3f}; "
       f"{sum(r.next_source == 'correction' for r in trace.rounds)} rounds ended in a rejection")

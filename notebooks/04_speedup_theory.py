@@ -107,7 +107,7 @@ import json
 import statistics
 from dataclasses import asdict
 
-from spec_decoding import CostModel
+from spec_decoding import CostModel, Observers, SamplingParams
 from spec_decoding.calibration import calibrate_costs
 
 
@@ -342,9 +342,11 @@ target = load_gpt2(TARGET, device=DEVICE)
 draft = load_gpt2(DRAFT, device=DEVICE)
 GAMMA_TRACE = 6
 prompt_ids = encode(PROMPT) if target.config.vocab_size == 50257 else list(range(1, 12))
-traced = speculative_sampling(target, draft, prompt_ids, max_gen=min(120, target.config.n_positions - len(prompt_ids)),
-                              gamma=GAMMA_TRACE, temperature=1.0,
-                              generator=torch.Generator().manual_seed(0), trace=True).trace
+traced = speculative_sampling(target, draft, prompt_ids,
+                              max_gen=min(120, target.config.n_positions - len(prompt_ids)),
+                              gamma=GAMMA_TRACE,
+                              sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                              observers=Observers(trace=True)).trace
 counts = traced.acceptance_by_position()  # [(accepted, drafted)] per position
 positions = list(range(1, len(counts) + 1))
 measured = [a / d if d else float("nan") for a, d in counts]

@@ -225,13 +225,14 @@ assert target_cache.length == len(accepted) and diff < 1e-4
 # token-tree benchmark in docs/performance.md.
 
 # %%
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
+from spec_decoding import (GREEDY, autoregressive_generate, Observers, SamplingParams,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 
 N = 40
 reference = autoregressive_generate(target, prompt, N).tokens
 runs = {"chain, gamma 3": speculative_sampling_greedy(target, draft, prompt, N, 3)}
 for branching in [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1)]:
-    runs[f"tree {branching}"] = tree_speculative_sampling(target, draft, prompt, N, branching, temperature=0)
+    runs[f"tree {branching}"] = tree_speculative_sampling(target, draft, prompt, N, branching, sampling=GREEDY)
 print(f"{'':16} {'same as target':>14} {'tokens/call':>11} {'nodes/call':>10}")
 for name, result in runs.items():
     s = result.stats
@@ -303,8 +304,9 @@ from IPython.display import HTML, display
 from spec_decoding.result import FROM_DRAFT_BRANCH
 from spec_decoding.presentation.trace_page import iframe_html
 
-result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
-                                   generator=torch.Generator().manual_seed(0), trace=True)
+result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1),
+                                   sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                                   observers=Observers(trace=True))
 side = result.stats.token_sources.count(FROM_DRAFT_BRANCH)
 print(f"{len(result.trace.rounds)} rounds, {result.stats.nodes_verified} nodes verified, "
       f"{side} tokens accepted from a side branch")

@@ -57,14 +57,14 @@ BATCH_RESULTS = Path(os.environ.get("BATCH_RESULTS", ROOT / "runs" / "batched" /
 # with `autoregressive_generate` on the prompt by itself.
 
 # %%
-from spec_decoding import autoregressive_generate
+from spec_decoding import autoregressive_generate, Observers
 from spec_decoding.algorithms.batched import batched_speculative_sampling
 
 base = encode_prompt("def main():\n    args = parse_args()\n    for name in args.files:\n", V)
 prompts = [base[:3], base, base[:7], base[:1]]  # 3, 11+, 7 and 1 tokens
 rounds = []
 result = batched_speculative_sampling(target, draft, prompts, max_gen=24, gamma=3,
-                                      on_round=rounds.append)
+                                      observers=Observers(on_round=rounds.append))
 for i, (prompt, row) in enumerate(zip(prompts, result.rows)):
     alone = autoregressive_generate(target, prompt, 24).tokens
     assert row.tokens == alone, f"row {i} differs from the target alone"

@@ -19,6 +19,7 @@ from .algorithms.greedy import speculative_sampling_greedy
 from .algorithms.rejection import modified_rejection_sampling, residual_distribution
 from .algorithms.speculative import speculative_sampling
 from .algorithms.tree import tree_speculative_sampling
+from .contracts import GREEDY, Observers, SamplingParams
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from .policies.costs import CostModel
 from .policies.gamma import AutoGamma, FixedGamma, GammaPolicy, HeuristicGamma
@@ -30,5 +31,5 @@ __all__ = [
     "Drafter", "ModelDrafter", "NGramDrafter", "LayerSkipDrafter", "tree_speculative_sampling",
     "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
     "GenerationResult", "GenerationStats", "CostModel", "GammaPolicy", "FixedGamma", "HeuristicGamma",
-    "AutoGamma",
+    "AutoGamma", "SamplingParams", "Observers", "GREEDY",
 ]

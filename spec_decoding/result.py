@@ -20,7 +20,7 @@ ROOT = -1  # token trees: the parent of the depth-1 nodes (the sequence's last t
 @dataclass
 class RoundReport:
     """One round, as a generator hands it to its observers: the on_round callback, and the trace
-    recorder (spec_decoding.presentation.trace) with trace=True. The tensors are the round's own: an observer
+    recorder (spec_decoding.presentation.trace) with Observers(trace=True). The tensors are the round's own: an observer
     reads them and must not change them.
 
     A chain of g draft tokens: target_logits [g + 1, V]. A token tree of N nodes: target_logits
@@ -105,4 +105,4 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[int]  # the new tokens only (the prompt is not repeated)
     stats: GenerationStats
-    trace: "Trace | None" = None  # per-round record (spec_decoding.presentation.trace), when asked for with trace=True
+    trace: "Trace | None" = None  # per-round record (spec_decoding.presentation.trace), when asked for with Observers(trace=True)

@@ -255,15 +255,17 @@ SHORTCUTS = {
     "greedy_speculative": [
         ("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
          "from .autoregressive import autoregressive_generate\n"
-         "    return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)",
+         "    return autoregressive_generate(target, prefix, max_gen, eos_id=eos_id, observers=observers)",
          "greedy_speculates", "the target ran 30 forward passes"),
         ("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
          "from .tree import tree_speculative_sampling\n"
-         "    return tree_speculative_sampling(target, draft, prompt_ids, max_gen, (1,) * gamma, temperature=0.0, eos_id=eos_id)",
+         "    from ..contracts import GREEDY\n"
+         "    return tree_speculative_sampling(target, draft, prefix, max_gen, (1,) * gamma, GREEDY, eos_id)",
          "greedy_speculates", "removed in this assignment"),
         ("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
          "from .speculative import speculative_sampling\n"
-         "    return speculative_sampling(target, draft, prompt_ids, max_gen, gamma, temperature=1e-6, eos_id=eos_id)",
+         "    from ..contracts import SamplingParams\n"
+         "    return speculative_sampling(target, draft, prefix, max_gen, gamma, SamplingParams(1e-6), eos_id)",
          "greedy_speculates", "removed in this assignment"),
     ],
     "rejection_sampling": [

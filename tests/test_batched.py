@@ -19,7 +19,7 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+from spec_decoding import autoregressive_generate, Observers, SamplingParams, speculative_sampling_greedy
 from spec_decoding.algorithms import batched
 from spec_decoding.algorithms.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
                                               batched_speculative_sampling)
@@ -107,8 +107,8 @@ def check_caches(target, draft, settings, seed=0):
                     problems.append(f"round {rounds[0]} row {r}: {role} cache off by {diff:.2g}")
 
     generator = torch.Generator().manual_seed(seed)
-    batched_speculative_sampling(target, draft, PROMPTS, MAX_GEN, 3, eos_id=first_eos(target, PROMPTS),
-                                 generator=generator, on_round=on_round, **settings)
+    batched_speculative_sampling(target, draft, PROMPTS, MAX_GEN, 3, SamplingParams(**settings, generator=generator),
+                                 eos_id=first_eos(target, PROMPTS), observers=Observers(on_round=on_round))
     assert rounds[0] > 3
     return problems
 
@@ -191,7 +191,7 @@ def test_bad_input_gives_clear_errors(target, draft):
     run = partial(batched_speculative_sampling, target, draft, max_gen=4, gamma=2)
     with pytest.raises(ValueError, match="prompts is empty"):
         run([])
-    with pytest.raises(ValueError, match="prompt 1: prompt_ids is empty"):
+    with pytest.raises(ValueError, match="prompt 1: prefix is empty"):
         run([[1, 2], []])
     with pytest.raises(ValueError, match=f"more than the largest batch, {MAX_BATCH_SIZE}"):
         run([[1]] * (MAX_BATCH_SIZE + 1))

@@ -430,13 +430,15 @@ def test_loop_overhead_times_the_loops_with_stub_models(tmp_path):
     import torch
 
     from benchmarks.loop_overhead import NeverDraft, StubModel, main
-    from spec_decoding import speculative_sampling
+    from spec_decoding import SamplingParams, speculative_sampling
 
     target, draft = StubModel(50, seed=0), StubModel(50, seed=0)
     g = torch.Generator().manual_seed(0)
-    result = speculative_sampling(target, draft, [1, 2], 20, 4, 1.0, generator=g)
+    result = speculative_sampling(target, draft, [1, 2], 20, 4,
+                                  sampling=SamplingParams(temperature=1.0, generator=g))
     assert len(result.tokens) == 20 and result.stats.tokens_accepted == result.stats.tokens_drafted > 0
-    plain_rounds = speculative_sampling(target, draft, [1, 2], 20, NeverDraft(), 1.0, generator=g)
+    plain_rounds = speculative_sampling(target, draft, [1, 2], 20, NeverDraft(),
+                                        sampling=SamplingParams(temperature=1.0, generator=g))
     assert plain_rounds.stats.target_calls == 20 and plain_rounds.stats.tokens_drafted == 0
     main(["--quick", "--gammas", "2", "--out", str(tmp_path)])
     md = (tmp_path / "results.md").read_text()

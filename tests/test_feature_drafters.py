@@ -14,8 +14,8 @@ from test_lossless import SETTINGS
 import spec_decoding.algorithms.speculative
 import spec_decoding.algorithms.tree as tree_module
 from gpt2 import load_gpt2
-from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
-                           tree_speculative_sampling)
+from spec_decoding import (GREEDY, autoregressive_generate, Observers, SamplingParams, speculative_sampling,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.checks import (cache_difference, check_caches_after_every_round, check_greedy_matches_target,
                                   check_lossless, check_stopping)
 from gpt2 import KVCache
@@ -245,7 +245,7 @@ def test_medusa_tree_greedy_equals_target_greedy(target, baseline, branching):
     drafter = medusa(target)
     checking = FeatureChecking(drafter)  # the tree generator hands it the accepted path's features
     drafter.propose_tree = checked_propose_tree(drafter, checking)
-    result = tree_speculative_sampling(target, drafter, PROMPT, 40, branching, temperature=0)
+    result = tree_speculative_sampling(target, drafter, PROMPT, 40, branching, sampling=GREEDY)
     assert result.tokens == baseline
     s = result.stats
     assert s.gamma_by_round[0] == 0 and s.tokens_drafted > 0 and s.rejections > 0
@@ -307,7 +307,7 @@ def test_branching_from_accuracies():
 def test_medusa_tree_at_the_context_window_edge(target, branching):
     prompt = (PROMPT * 20)[:target.config.n_positions - 7]
     result = check_greedy_matches_target(partial(tree_speculative_sampling, target, medusa(target),
-                                                 branching=branching, temperature=0), target, prompt, max_gen=30)
+                                                 branching=branching, sampling=GREEDY), target, prompt, max_gen=30)
     assert result.passed, result.message
     assert len(result.tokens) == 7
 
@@ -315,7 +315,7 @@ def test_medusa_tree_at_the_context_window_edge(target, branching):
 @pytest.mark.parametrize("settings", [None, dict(temperature=1.0)])
 def test_medusa_tree_exact_max_gen_and_eos(target, settings):
     generate = partial(tree_speculative_sampling, target, medusa(target), branching=(2, 2, 1),
-                       **({} if settings else dict(temperature=0)))
+                       **({} if settings else dict(sampling=GREEDY)))
     result = check_stopping(generate, PROMPT, max_gens=range(1, 8), settings=settings, seeds=range(2))
     assert result.passed, result.message
 
@@ -339,9 +339,9 @@ def test_medusa_tree_caches_and_features_equal_a_fresh_forward(monkeypatch, targ
     drafter = medusa(target)
     checking = FeatureChecking(drafter)
     drafter.propose_tree = checked_propose_tree(drafter, checking)
-    tree_speculative_sampling(target, drafter, PROMPT, 30, branching, temperature=temperature,
-                              generator=torch.Generator().manual_seed(0),
-                              on_tokens=lambda tokens, sources: sequence.extend(tokens))
+    tree_speculative_sampling(target, drafter, PROMPT, 30, branching,
+                              sampling=SamplingParams(temperature=temperature, generator=torch.Generator().manual_seed(0)),
+                              observers=Observers(on_tokens=lambda tokens, sources: sequence.extend(tokens)))
     assert len(checked_rounds) > 4 and checking.checked > 4
     assert max(checked_rounds) > 0  # paths were accepted and moved
 
@@ -472,8 +472,8 @@ def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained
              else EagleDrafter(target, module, reloaded.draft_vocab))
     prompt = [464, 1332, 318, 257, 220]
     for drafter in (reloaded, fresh):
-        drafter.result = speculative_sampling(target, drafter, prompt, 30, 3, temperature=1.0,
-                                              generator=torch.Generator().manual_seed(0))
+        drafter.result = speculative_sampling(target, drafter, prompt, 30, 3,
+                                              sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert reloaded.result.tokens == fresh.result.tokens
     assert reloaded.result.stats.token_sources == fresh.result.stats.token_sources
     assert reloaded.result.stats.tokens_accepted > 0  # trained a little: it drafts something useful

@@ -14,9 +14,10 @@ import torch
 from conftest import TINY
 
 from gpt2 import GPT2
+from spec_decoding import GREEDY, SamplingParams
 from spec_decoding.policies.costs import CostModel, describe_model
 from spec_decoding.drafters import Drafter, ModelDrafter
-from spec_decoding.policies.gamma import AutoGamma, FixedGamma, HeuristicGamma, make_policy
+from spec_decoding.policies.gamma import DEFAULT_GAMMA_MAX, AutoGamma, FixedGamma, HeuristicGamma, make_policy
 from spec_decoding.policies.theory import (break_even_alpha, expected_tokens_by_position,
                                   expected_tokens_per_round, predicted_speedup)
 from spec_decoding.calibration import calibrate_costs
@@ -169,13 +170,14 @@ def test_no_probe_comes_too_late_to_pay_back(pair):
             self.seen.append(self.tokens_left)
             return super().next_gamma()
 
-    from spec_decoding import speculative_sampling, speculative_sampling_greedy
+    from spec_decoding import Observers, SamplingParams, speculative_sampling, speculative_sampling_greedy
     target, draft = pair
-    for generate in (speculative_sampling_greedy, partial(speculative_sampling, temperature=1.0)):
+    for generate in (speculative_sampling_greedy, partial(speculative_sampling,
+                                                          sampling=SamplingParams(temperature=1.0))):
         policy = Recorder(cost_model(0.45, 0.1, target=describe_model(target), draft=describe_model(draft)))
         policy.seen = []
         made = [0]
-        generate(target, draft, PROMPT, 20, policy, on_round=lambda report: made.append(report.n_out))
+        generate(target, draft, PROMPT, 20, policy, observers=Observers(on_round=lambda report: made.append(report.n_out)))
         assert policy.seen == [20 - m for m in made[:-1]] and made[-1] == 20
 
 
@@ -225,11 +227,11 @@ def test_seeded_auto_reproduces_its_tokens_and_gammas_with_probes(pair):
     growing after rejections, their catch-ups bounded): the same gammas and the same tokens.
     Everything the probes depend on is the CostModel and the rounds before; a wait read from the
     clock (planted: probe_every times a random factor) made the gammas differ and this test fail."""
-    from spec_decoding import speculative_sampling
+    from spec_decoding import SamplingParams, speculative_sampling
     target, draft = pair
     costs = pair_costs(target, draft, 0.45)
-    runs = [speculative_sampling(target, draft, PROMPT, 90, AutoGamma(costs, max_catch_up=16), temperature=1.5,
-                                 generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    runs = [speculative_sampling(target, draft, PROMPT, 90, AutoGamma(costs, max_catch_up=16),
+                                 sampling=SamplingParams(temperature=1.5, generator=torch.Generator().manual_seed(3))) for _ in range(2)]
     gammas = [r.stats.gamma_by_round for r in runs]
     assert gammas[0] == gammas[1] and runs[0].tokens == runs[1].tokens
     assert 0 in gammas[0] and 1 in gammas[0]  # plain steps and probes: the test could fail
@@ -363,7 +365,7 @@ def test_auto_ignores_a_busy_machines_clock_and_never_loses():
         costs = cost_model(c)
         for seed in range(8):
             rng, clock = random.Random(seed), Clock()
-            policy = make_policy("auto", cost_model=costs)
+            policy = make_policy(costs)
             if getattr(policy, "clock", None) is not None:  # a policy that reads a clock reads this one
                 policy.clock = clock
             made, spent = 0, 0.0
@@ -493,9 +495,9 @@ def test_heuristic_follows_transformers_schedule():
 
 def test_fixed_gamma_and_make_policy():
     assert make_policy(4).next_gamma() == 4 and isinstance(make_policy(4), FixedGamma)
-    assert isinstance(make_policy("heuristic", gamma_max=5), HeuristicGamma)
-    assert make_policy("heuristic", gamma_max=5).gamma_max == 5
-    auto = make_policy("auto", gamma_max=3, cost_model=cost_model(0.1))
+    assert isinstance(make_policy("heuristic"), HeuristicGamma)
+    assert make_policy("heuristic").gamma_max == DEFAULT_GAMMA_MAX
+    auto = make_policy(cost_model(0.1).up_to(3))
     assert isinstance(auto, AutoGamma) and auto.gamma_max == 3
     mine = HeuristicGamma(2)
     assert make_policy(mine) is mine
@@ -503,30 +505,34 @@ def test_fixed_gamma_and_make_policy():
 
 @pytest.mark.parametrize("gamma", ["fast", "Auto", "", 0, -1, 2.5, True, None])
 def test_bad_gamma_is_a_clear_error(gamma):
-    with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+    with pytest.raises(ValueError, match='gamma must be an int >= 1, a CostModel .AutoGamma., "heuristic" or a '
+                                         'GammaPolicy'):
         make_policy(gamma)
 
 
 @pytest.mark.parametrize("gamma_max", [0, -3, 1.5, "8"])
-@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
-def test_bad_gamma_max_is_a_clear_error(gamma, gamma_max):
+def test_bad_gamma_max_is_a_clear_error(gamma_max):
     with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
-        make_policy(gamma, gamma_max=gamma_max, cost_model=cost_model(0.1))
+        cost_model(0.1).up_to(gamma_max)
+    with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
+        HeuristicGamma(gamma_max)
 
 
 def test_gamma_max_beyond_the_cost_model_is_a_clear_error():
     with pytest.raises(ValueError, match="calibrate it with gamma_max=12"):
-        make_policy("auto", gamma_max=12, cost_model=cost_model(0.1, gamma_max=8))
+        cost_model(0.1, gamma_max=8).up_to(12)
+    with pytest.raises(ValueError, match="calibrate it with gamma_max=12"):
+        AutoGamma(cost_model(0.1, gamma_max=8), gamma_max=12)
 
 
 def test_cost_model_for_other_models_is_a_clear_error():
     target, draft, other = GPT2(TINY.with_(n_layer=4)), GPT2(TINY), GPT2(TINY.with_(n_layer=3))
     costs = cost_model(0.1, target=describe_model(target), draft=describe_model(draft))
-    make_policy("auto", cost_model=costs, target=target, draft=draft)  # the right models: fine
+    make_policy(costs, target=target, draft=draft)  # the right models: fine
     with pytest.raises(ValueError, match=r"measured with the draft GPT2\(n_layer=2.*given is GPT2\(n_layer=3"):
-        make_policy("auto", cost_model=costs, target=target, draft=other)
+        make_policy(costs, target=target, draft=other)
     with pytest.raises(ValueError, match="measured with the target"):
-        make_policy("auto", cost_model=costs, target=draft, draft=draft)
+        make_policy(costs, target=draft, draft=draft)
 
 
 def test_cost_model_save_load_print(tmp_path):
@@ -612,8 +618,8 @@ def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
     from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
     target, draft = pair
     baseline = autoregressive_generate(target, PROMPT, 40).tokens
-    result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma, gamma_max=6,
-                                         cost_model=pair_costs(target, draft, c))
+    policy = pair_costs(target, draft, c).up_to(6) if gamma == "auto" else HeuristicGamma(6)
+    result = speculative_sampling_greedy(target, draft, PROMPT, 40, policy)
     assert result.tokens == baseline
     s = result.stats
     assert len(s.gamma_by_round) == s.target_calls and sum(s.gamma_by_round) == s.draft_calls
@@ -623,8 +629,8 @@ def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
     if gamma == "auto" and c == 0.02 or gamma == "heuristic":
         assert len(set(s.gamma_by_round)) > 1  # the draft length changes during the run
     # temperature 0 in speculative_sampling is the same greedy path
-    assert speculative_sampling(target, draft, PROMPT, 40, gamma, temperature=0, gamma_max=6,
-                                cost_model=pair_costs(target, draft, c)).tokens == baseline
+    policy = pair_costs(target, draft, c).up_to(6) if gamma == "auto" else HeuristicGamma(6)
+    assert speculative_sampling(target, draft, PROMPT, 40, policy, GREEDY).tokens == baseline
 
 
 def test_auto_without_a_cost_model_says_where_costs_come_from(pair):
@@ -633,7 +639,7 @@ def test_auto_without_a_cost_model_says_where_costs_come_from(pair):
     from spec_decoding import speculative_sampling_greedy
     target, draft = pair
     with pytest.raises(ValueError, match="calibrate_costs.*kept_costs"):
-        speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3)
+        speculative_sampling_greedy(target, draft, PROMPT, 20, "auto")
 
 
 def test_the_scripts_keep_one_cost_model_per_machine(pair, monkeypatch, tmp_path):
@@ -659,12 +665,12 @@ def test_generators_reject_bad_gamma_and_cost_models(pair):
     from spec_decoding import speculative_sampling, speculative_sampling_greedy
     target, draft = pair
     for generate in (speculative_sampling_greedy, speculative_sampling):
-        with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+        with pytest.raises(ValueError, match='gamma must be an int >= 1, a CostModel .AutoGamma., "heuristic"'):
             generate(target, draft, PROMPT, 5, "fastest")
         with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
-            generate(target, draft, PROMPT, 5, "auto", gamma_max=0, cost_model=pair_costs(target, draft, 0.1))
+            generate(target, draft, PROMPT, 5, pair_costs(target, draft, 0.1).up_to(0))
         with pytest.raises(ValueError, match="measured with the draft"):
-            generate(target, draft, PROMPT, 5, "auto", cost_model=pair_costs(target, target, 0.1))
+            generate(target, draft, PROMPT, 5, pair_costs(target, target, 0.1))
 
 
 class Echo(Drafter):
@@ -681,15 +687,14 @@ def test_auto_with_a_model_free_drafter_that_proposes_fewer_tokens(pair):
     costs = calibrate_costs(target, Echo(), gamma_max=4, budget_s=0.1)
     assert costs.draft == "Echo()" and costs.c < 0.5  # no forward pass: far cheaper than the target
     baseline = autoregressive_generate(target, PROMPT, 30).tokens
-    result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, "auto", cost_model=costs)
+    result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, costs)
     assert result.tokens == baseline
     assert max(result.stats.gamma_by_round) <= 2 and result.stats.draft_calls == 0
-    sampled = speculative_sampling(target, Echo(), PROMPT, 30, "auto", cost_model=costs,
-                                   generator=torch.Generator().manual_seed(0))
+    sampled = speculative_sampling(target, Echo(), PROMPT, 30, costs,
+                                   SamplingParams(generator=torch.Generator().manual_seed(0)))
     assert len(sampled.tokens) == 30
     with pytest.raises(ValueError, match=r"measured with the draft GPT2.*the draft given is Echo\(\)"):
-        speculative_sampling_greedy(target, Echo(), PROMPT, 5, "auto",
-                                    cost_model=pair_costs(target, target, 0.1))
+        speculative_sampling_greedy(target, Echo(), PROMPT, 5, pair_costs(target, target, 0.1))
 
 
 def test_auto_does_not_read_the_prompts_prefill_as_a_round_cost():
@@ -748,8 +753,8 @@ def test_seeded_auto_sampling_gives_the_same_tokens_however_fast_the_machine_run
         if jitter is not None:
             now = [0.0]
             monkeypatch.setattr(time, "perf_counter", lambda: now.__setitem__(0, now[0] + jitter.random()) or now[0])
-        result = speculative_sampling(target, SlowDrafter(draft, delay), PROMPT, 60, "auto", temperature=1.5,
-                                      cost_model=costs, generator=torch.Generator().manual_seed(0))
+        result = speculative_sampling(target, SlowDrafter(draft, delay), PROMPT, 60, costs,
+                                      SamplingParams(temperature=1.5, generator=torch.Generator().manual_seed(0)))
         runs.append((result.tokens, result.stats.gamma_by_round))
     assert runs[0] == runs[1]
     assert len(set(runs[0][1])) > 1  # auto changed gamma during the run: the test could fail
@@ -846,8 +851,8 @@ def test_auto_at_a_temperature_decides_from_the_sampled_costs():
     step = 0.1
     costs = CostModel(target="T", draft="D", draft_step_s=0.05 * step,
                       target_score_s=[step * (1 + 0.1 * k) for k in range(GAMMA_MAX + 1)], sample_s=step)
-    sampled = run(make_policy("auto", cost_model=costs, sampled=True), accept=lambda i: True, rounds=40)
-    greedy = run(make_policy("auto", cost_model=costs), accept=lambda i: True, rounds=40)
+    sampled = run(make_policy(costs, sampled=True), accept=lambda i: True, rounds=40)
+    greedy = run(make_policy(costs), accept=lambda i: True, rounds=40)
     assert sum(g > 0 for g in sampled) <= 2, sampled
     assert all(g > 0 for g in greedy[1:]), greedy
     # by the sampled costs, drafting a fully accepted token is slower than a plain sampled step

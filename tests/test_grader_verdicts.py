@@ -82,7 +82,7 @@ SHORTCUTS = {
     "greedy_speculative": [
         ("plain decoding", "spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy", """
             from .autoregressive import autoregressive_generate
-            return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)
+            return autoregressive_generate(target, prefix, max_gen, eos_id=eos_id, observers=observers)
          """),
         # the issue's attack: plain decoding that removes the forward hooks the old check counted with
         ("plain decoding that clears the forward hooks", "spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy", """
@@ -90,7 +90,7 @@ SHORTCUTS = {
             for model in (target, draft):
                 model._forward_pre_hooks.clear()
                 model._forward_hooks.clear()
-            return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)
+            return autoregressive_generate(target, prefix, max_gen, eos_id=eos_id, observers=observers)
          """),
     ],
     "ngram_drafter": [
@@ -151,7 +151,7 @@ HONEST = {
     "greedy_speculative": [
         ("its own loop on the model API: no helpers, prompt and draft in one first forward",
          "spec_decoding/algorithms/greedy.py", [("speculative_sampling_greedy", """
-            tokens, out = [int(t) for t in prompt_ids], []
+            tokens, out = [int(t) for t in prefix], []
             target_cache, draft_cache = target.new_kv_cache(), draft.new_kv_cache()
             while len(out) < max_gen:
                 g = max(0, min(gamma, max_gen - len(out) - 1, target.config.n_positions - len(tokens) - 1))
@@ -167,8 +167,8 @@ HONEST = {
                 new = proposal[:n] + [choice[n]]
                 if eos_id in new:
                     new = new[:new.index(eos_id) + 1]
-                if on_tokens:
-                    on_tokens(new, ["draft"] * n + ["bonus" if n == g else "correction"])
+                if observers and observers.on_tokens:
+                    observers.on_tokens(new, ["draft"] * n + ["bonus" if n == g else "correction"])
                 tokens += new
                 out += new
                 target_cache.truncate(min(target_cache.length, len(tokens) - 1))

@@ -318,3 +318,75 @@ def test_the_gamma_policies_import_nothing_of_the_speed_package():
         assert not speed, f"{name} reaches {sorted(speed)}: a policy takes its measurements handed in"
     # the walk does reach the speed package from the code that measures
     assert any(m.startswith("gpt2.speed") for m in reachable("spec_decoding.calibration", modules))
+
+
+# ------------------------------------------------------------------ small contracts
+
+MAX_PARAMETERS = 8  # the paper's names (target, draft, prefix, max_gen, gamma) and three values
+
+
+def generators():
+    from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+                               tree_speculative_sampling)
+    from spec_decoding.algorithms.batched import batched_autoregressive_generate, batched_speculative_sampling
+    return [autoregressive_generate, speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling,
+            batched_autoregressive_generate, batched_speculative_sampling]
+
+
+@pytest.mark.parametrize("generate", generators(), ids=lambda f: f.__name__)
+def test_each_generator_takes_at_most_eight_parameters(generate):
+    """Sampling options are one value (SamplingParams), observers another (Observers): a generator
+    names what it needs, and a new option changes one class, not every signature."""
+    import inspect
+
+    parameters = list(inspect.signature(generate).parameters)
+    assert len(parameters) <= MAX_PARAMETERS, f"{generate.__name__}{inspect.signature(generate)}"
+    assert not {"temperature", "top_k", "top_p", "generator", "on_tokens", "on_round", "trace"} & set(parameters)
+
+
+def test_the_kits_greedy_speculative_student_signature_is_as_small():
+    """What the course kit hands the student is the function's own signature (make blanks the body)."""
+    import ast
+
+    from assignments.make import resolve
+    from assignments.registry import ASSIGNMENTS
+
+    (name,) = ASSIGNMENTS["greedy_speculative"].functions
+    node = resolve(name).node
+    args = node.args
+    parameters = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    assert isinstance(node, ast.FunctionDef) and node.name == "speculative_sampling_greedy"
+    assert len(parameters) <= MAX_PARAMETERS and parameters[:5] == ["target", "draft", "prefix", "max_gen", "gamma"]
+    assert "observers" in parameters
+
+
+def kit_function_paths() -> list[str]:
+    """Every dotted function path the kit's assignments name: the student's, and those removed."""
+    from assignments.registry import ASSIGNMENTS
+
+    return sorted({name for a in ASSIGNMENTS.values() for name in (*a.functions, *a.removed)})
+
+
+def test_every_function_path_the_kit_names_resolves():
+    """The kit names functions by their module's path; after a move each must still be found (and
+    be a function of that file, not of a package that re-exports it)."""
+    from assignments.make import resolve
+
+    paths = kit_function_paths()
+    assert "spec_decoding.algorithms.greedy.speculative_sampling_greedy" in paths and len(paths) > 10
+    for name in paths:
+        target = resolve(name)  # an AssignmentError names what is missing
+        assert target.node.name == name.rpartition(".")[2], name
+
+
+def test_the_bug_zoos_plants_find_their_code():
+    """find_the_bug plants a bug by replacing a piece of a file's text: every file must exist and
+    hold the piece it replaces."""
+    import json
+
+    plants = json.loads((ROOT / "assignments" / "find_the_bug" / "plants.json").read_text())["plants"]
+    assert plants
+    for bug, edits in plants.items():
+        for file, old, _new in edits:
+            assert (ROOT / file).is_file(), f"{bug}: {file} does not exist"
+            assert old in (ROOT / file).read_text(), f"{bug}: {file} no longer holds {old!r}"

@@ -147,11 +147,13 @@ def tokens_form(inputs, ref):
 def equals_probe(inputs, data, draft="draft"):
     """The output for each gamma, and where each token came from (on_tokens' sources: only to
     explain a wrong token)."""
+    from spec_decoding import Observers
+
     target, out = served_model(data), []
     for gamma in inputs["gammas"]:
         sources = []
         result = _generate(target, data, draft, inputs["prompt"], inputs["max_gen"], gamma,
-                           on_tokens=lambda tokens, where: sources.extend(str(s) for s in where))
+                           observers=Observers(on_tokens=lambda tokens, where: sources.extend(str(s) for s in where)))
         out.append({"tokens": plain_tokens(result), "sources": sources})
     return out
 

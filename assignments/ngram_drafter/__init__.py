@@ -101,12 +101,12 @@ def lossless_inputs(seed):
 
 
 def lossless_probe(inputs, data):
-    from spec_decoding import NGramDrafter, speculative_sampling
+    from spec_decoding import NGramDrafter, SamplingParams, speculative_sampling
 
     target, g = load(data, "vocab_target"), seeded(inputs["seed"])
     return [[whole_number(t, "the generator's token") for t in
              speculative_sampling(target, NGramDrafter(max_ngram=2), inputs["prompt"], inputs["n_tokens"],
-                                  inputs["gamma"], temperature=1.0, generator=g).tokens]
+                                  inputs["gamma"], sampling=SamplingParams(temperature=1.0, generator=g)).tokens]
             for _ in range(inputs["samples"])]
 
 

@@ -43,11 +43,11 @@ import torch
 
 from gpt2 import GPT2, KVCache
 from gpt2.speed.kernels import linear
-from ..contracts import check_positive_int
+from ..contracts import GREEDY, Observers, SamplingParams, check_observers, check_positive_int, check_sampling
 from ..drafters.drafter import model_facts
 from ..result import FROM_TARGET, GenerationResult, GenerationStats
 from ..sampling import logits_to_probs, sample
-from .decoding import (check_drafter, check_sampling_args, prompt_to_list, record_round, round_gamma,
+from .decoding import (check_drafter, prompt_to_list, record_round, round_gamma,
                        round_output, take_tokens)
 from .rejection import modified_rejection_sampling
 
@@ -273,15 +273,16 @@ def _finish(results: list[GenerationResult], stops: list[str | None], start: flo
 
 
 @torch.inference_mode()
-def batched_autoregressive_generate(model: GPT2, prompts, max_gen: int, temperature: float = 0.0,
-                                    top_k: int | None = None, top_p: float | None = None,
-                                    generator: torch.Generator | None = None,
+def batched_autoregressive_generate(model: GPT2, prefixes, max_gen: int, sampling: SamplingParams = GREEDY,
                                     eos_id: int | None = None) -> BatchedResult:
     """The baseline, batched: the target alone, one batched forward per new token of every row.
-    Each row stops at eos_id (kept), max_gen or a full window, as autoregressive_generate."""
+    Each row stops at eos_id (kept), max_gen or a full window, as autoregressive_generate.
+    sampling: SamplingParams(temperature, top_k, top_p, generator); the default, GREEDY, takes
+    every row's argmax."""
     check_positive_int("max_gen", max_gen)
-    check_sampling_args(temperature, top_k, top_p)
-    sequences = check_prompts(prompts, model)
+    sampling = check_sampling(sampling)
+    temperature, top_k, top_p = sampling.filters
+    sequences = check_prompts(prefixes, model)
     results = [GenerationResult([], GenerationStats()) for _ in sequences]
     stops: list[str | None] = [None] * len(sequences)
     cache = new_batched_cache(model, sequences, max_gen, extra_slots=0)
@@ -296,7 +297,7 @@ def batched_autoregressive_generate(model: GPT2, prompts, max_gen: int, temperat
         if temperature == 0:
             choice = logits.argmax(dim=-1).tolist()
         else:
-            choice = sample(logits_to_probs(logits, temperature, top_k, top_p), generator).tolist()
+            choice = sample(logits_to_probs(logits, temperature, top_k, top_p), sampling.generator).tolist()
         for r, token in zip(active, choice):
             results[r].stats.target_calls += 1
             stops[r] = take_tokens(sequences[r], results[r].tokens, results[r].stats, [token],
@@ -344,28 +345,31 @@ def judge_rows(target_scores: list[torch.Tensor], draft_tokens, draft_probs, tem
 
 
 @torch.inference_mode()
-def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: int, gamma: int,
-                                 temperature: float = 0.0, top_k: int | None = None,
-                                 top_p: float | None = None, generator: torch.Generator | None = None,
-                                 eos_id: int | None = None, on_round=None,
-                                 max_batch_size: int = MAX_BATCH_SIZE) -> BatchedResult:
+def batched_speculative_sampling(target: GPT2, draft: GPT2, prefixes, max_gen: int, gamma: int,
+                                 sampling: SamplingParams = GREEDY, eos_id: int | None = None,
+                                 observers: Observers | None = None) -> BatchedResult:
     """Speculative decoding of B prompts at once, each row exactly as it would be decoded alone:
-    temperature 0 gives every row the target's own greedy output, temperature > 0 samples every
-    row from the target's distribution (after the same temperature / top-k / top-p).
+    sampling (SamplingParams) at temperature 0, the default, gives every row the target's own
+    greedy output; temperature > 0 samples every row from the target's distribution (after the
+    same temperature / top-k / top-p).
 
     Each round: the draft proposes up to gamma tokens for every row (one batched draft forward per
     position), the target scores every row's draft in one batched forward, every row accepts its
     own prefix and adds the target's token, and every row's caches roll back to its own length.
-    prompts: a list of prompts (lists of ints or 1-D LongTensors) of any lengths.
-    on_round(report), if given, sees every round (a BatchRoundReport: the sequences, the rows, the
-    caches), as the single-sequence generators' observers do.
+    prefixes: a list of prompts (lists of ints or 1-D LongTensors) of any lengths, at most
+    MAX_BATCH_SIZE of them.
+    observers: only on_round(report), which sees every round (a BatchRoundReport: the sequences,
+    the rows, the caches), as the single-sequence generators' observers do.
     """
     check_positive_int("max_gen", max_gen)
     check_positive_int("gamma", gamma)
-    check_sampling_args(temperature, top_k, top_p)
+    sampling = check_sampling(sampling)
+    observers = check_observers(observers, allowed=("on_round",), who="batched_speculative_sampling")
+    temperature, top_k, top_p = sampling.filters
+    generator = sampling.generator
     drafter = BatchedModelDrafter(draft)
     check_drafter(target, drafter)
-    sequences = check_prompts(prompts, target, max_batch_size)
+    sequences = check_prompts(prefixes, target)
     results = [GenerationResult([], GenerationStats(drafted_by_position=[0] * gamma,
                                                     accepted_by_position=[0] * gamma))
                for _ in sequences]
@@ -409,9 +413,9 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
         keep = [len(sequences[r]) - 1 for r in active]
         target_cache.truncate(keep)
         drafter.roll_back(keep)
-        if on_round is not None:
-            on_round(BatchRoundReport(sequences, list(active), gammas, [n for n, _ in verdicts],
-                                      target_cache, drafter.cache))
+        if observers.on_round is not None:
+            observers.on_round(BatchRoundReport(sequences, list(active), gammas, [n for n, _ in verdicts],
+                                                target_cache, drafter.cache))
 
         # 5. Finished rows leave the batch.
         active = _drop_finished(active, stops, [target_cache, drafter])

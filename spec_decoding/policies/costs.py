@@ -106,6 +106,15 @@ class CostModel(SavedAsJson):
     def gamma_max(self) -> int:
         return len(self.target_score_s) - 1
 
+    def up_to(self, gamma_max: int) -> "CostModel":
+        """These costs for gamma 0..gamma_max only: AutoGamma, handed them, drafts at most gamma_max."""
+        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+            raise ValueError(f"gamma_max must be an int >= 1, got {gamma_max!r}")
+        if gamma_max > self.gamma_max:
+            raise ValueError(f"gamma_max={gamma_max} but the CostModel covers gamma up to {self.gamma_max}: "
+                             f"calibrate it with gamma_max={gamma_max}")
+        return replace(self, target_score_s=self.target_score_s[:gamma_max + 1])
+
     @property
     def target_step_s(self) -> float:
         return self.target_score_s[0]

@@ -425,33 +425,26 @@ def nonnegative_least_squares_2(xx, xy) -> tuple[float, float] | None:
     return d, s
 
 
-def make_policy(gamma, gamma_max: int | None = None, cost_model: CostModel | None = None,
-                target=None, draft=None, sampled: bool = False) -> GammaPolicy:
-    """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma),
-    "auto" (AutoGamma, deciding from fixed costs: a seeded run reproduces; its CostModel is
-    cost_model, which must be for target and draft, or else the pair's CostModel kept on this
-    machine, spec_decoding.cli.kept_costs: measured the first time, with one line on stderr saying so),
-    "heuristic" (HeuristicGamma), or a
-    GammaPolicy (used as it is). gamma_max bounds "auto" and "heuristic" (default: the
-    CostModel's, or 8). sampled: the rounds sample (temperature > 0), so "auto" decides from the
-    costs with the sampling a round does (CostModel.sampled)."""
-    if gamma_max is not None:
-        check_positive_int("gamma_max", gamma_max)
+def make_policy(gamma, target=None, draft=None, sampled: bool = False) -> GammaPolicy:
+    """The policy the generators use for their `gamma` argument: an int >= 1 (FixedGamma), a
+    CostModel (AutoGamma deciding from those costs, which must be for target and draft: a seeded
+    run reproduces; cost_model.up_to(g) bounds it at g), "heuristic" (HeuristicGamma up to
+    DEFAULT_GAMMA_MAX), or a GammaPolicy (used as it is). sampled: the rounds sample
+    (temperature > 0), so AutoGamma decides from the costs with the sampling a round does
+    (CostModel.sampled)."""
     if isinstance(gamma, GammaPolicy):
         return gamma
-    if isinstance(gamma, str):
-        if gamma == "heuristic":
-            return HeuristicGamma(gamma_max or DEFAULT_GAMMA_MAX)
-        if gamma == "auto":
-            if cost_model is None:
-                raise ValueError('gamma="auto" decides from measured costs: pass cost_model='
-                                 'spec_decoding.calibration.calibrate_costs(target, draft) (or a saved '
-                                 'one, CostModel.load(path); the scripts keep one per machine: '
-                                 'spec_decoding.cli.kept_costs)')
-            if target is not None:
-                cost_model.check_models(target, draft)
-            return AutoGamma(cost_model.sampled() if sampled else cost_model, gamma_max)
+    if isinstance(gamma, CostModel):
+        if target is not None:
+            gamma.check_models(target, draft)
+        return AutoGamma(gamma.sampled() if sampled else gamma)
+    if gamma == "heuristic":
+        return HeuristicGamma(DEFAULT_GAMMA_MAX)
+    if gamma == "auto":
+        raise ValueError('gamma="auto" decides from measured costs: pass the CostModel itself as gamma, '
+                         'e.g. gamma=spec_decoding.calibration.calibrate_costs(target, draft) (or a saved one, '
+                         'CostModel.load(path); the scripts keep one per machine: spec_decoding.cli.kept_costs)')
     if isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1:
         return FixedGamma(gamma)
-    raise ValueError(f"gamma must be an int >= 1, \"auto\" or \"heuristic\" (or a GammaPolicy); "
+    raise ValueError(f"gamma must be an int >= 1, a CostModel (AutoGamma), \"heuristic\" or a GammaPolicy; "
                      f"got {gamma!r}")

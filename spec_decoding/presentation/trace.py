@@ -1,9 +1,9 @@
 """A per-round record of speculative decoding (the page that shows it: spec_decoding.presentation.trace_page).
 
-    result = speculative_sampling(target, draft, prompt_ids, 60, gamma=4, trace=True)
+    result = speculative_sampling(target, draft, prefix, 60, gamma=4, observers=Observers(trace=True))
     write_html(result.trace, "trace.html")        # spec_decoding.presentation.trace_page: open it in a browser
 
-The generators never call the trace: with trace=True a Trace subscribes to their rounds as an
+The generators never call the trace: with Observers(trace=True) a Trace subscribes to their rounds as an
 observer (spec_decoding.algorithms.decoding.round_observers), and each round's RoundReport
 (spec_decoding.result) carries what the rejection step decided. Nothing is recomputed here.
 
@@ -14,7 +14,7 @@ residual norm(max(0, p - q)) (its most likely tokens are kept), or a bonus drawn
 all-accepted round. In greedy decoding (temperature 0) a draft token is accepted exactly when it is
 the target's argmax; p and q are then shown at temperature 1 for information.
 
-Token trees (tree_speculative_sampling(..., trace=True)) are traced too: every node of the round's
+Token trees (tree_speculative_sampling(..., observers=Observers(trace=True))) are traced too: every node of the round's
 tree with its parent and depth, p(x) of the target after the node's parent, q(x) of the draft
 there, and, for the children the walk down the tree judged, the acceptance probability the
 multi-draft rule used and its draw; then the accepted path and the target's token.

@@ -1,6 +1,6 @@
 """The web page of a trace (spec_decoding.presentation.trace): one self-contained HTML file.
 
-    result = speculative_sampling(target, draft, prompt_ids, 60, gamma=4, trace=True)
+    result = speculative_sampling(target, draft, prefix, 60, gamma=4, observers=Observers(trace=True))
     write_html(result.trace, "trace.html")        # open it in a browser
 
 The page: the text coloured by where each token came from (as the terminal does), one row per round
