@@ -1,6 +1,6 @@
 """benchmark.py on a tiny agreeing pair with GPT-2's vocabulary: the grid run end to end, as
-`python benchmark.py ...` (through tests/warm_python.py: a process that has torch imported
-already); the other runs through main() in the test's process (the same code, one start-up less)."""
+`python benchmark.py ...` in one real process (what a shell sees: the files it writes, its exit
+status); the other runs through main() in the test's process (the same code, one start-up less)."""
 
 import contextlib
 import csv
@@ -8,12 +8,12 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 
 import pytest
 from PIL import Image
 
-import warm_python
 from conftest import ROOT
 from spec_decoding.policies.theory import predicted_speedup
 
@@ -38,8 +38,8 @@ def run_in_process(*args) -> str:
 
 def run_benchmark(*args, timeout=120):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    return warm_python.run([sys.executable, str(ROOT / "benchmark.py"), *map(str, args)], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(ROOT / "benchmark.py"), *map(str, args)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ text_pair checkpoints (GPT-2's real vocabulary), plus in-process checks of its p
 Starting Python + torch costs seconds, so the subprocess runs are started together (they overlap)
 by the `runs` fixture, and the cheaper checks call main() in-process."""
 
+import contextlib
 import inspect
 import io
 import json
@@ -20,7 +21,6 @@ from pathlib import Path
 import pytest
 
 import spec_decoding_generate as script
-import warm_python
 from gpt2 import EOT_ID, decode, encode
 from spec_decoding import autoregressive_generate
 
@@ -55,9 +55,9 @@ class Run:
             os.close(slave)
             self.reader = threading.Thread(target=self._read_pty, args=(master,), daemon=True)
             self.reader.start()
-        else:  # started by tests/warm_python.py: a process that has torch imported already
-            self.proc = warm_python.WarmPopen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, env=env)
+        else:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env)
             self.reader = None
         self._result = None
 
@@ -83,23 +83,42 @@ class Run:
         return self._result
 
 
+def main_in_this_process(argv) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of script.main(argv) run here, in the environment script_env
+    gives a real run (no NO_COLOR)."""
+    out, err = io.StringIO(), io.StringIO()
+    no_color = os.environ.pop("NO_COLOR", None)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = script.main([str(a) for a in argv])
+            except SystemExit as e:
+                code = e.code
+    finally:
+        if no_color is not None:
+            os.environ["NO_COLOR"] = no_color
+    return code, out.getvalue(), err.getvalue()
+
+
 def start_and_finish_runs(text_pair_dirs, folder) -> dict:
-    """{name: (returncode, stdout, stderr)} of the runs the tests read, started together."""
+    """{name: (returncode, stdout, stderr)} of the runs the tests read. What the output says is
+    main()'s, run in this process; what a shell sees (a terminal's colours, an error's exit status
+    and no traceback, a machine without the hub) comes from real processes, started together."""
     target, draft = text_pair_dirs
     pair = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", MAX_GEN]
     empty_hf_home = folder / "empty-hf-home"
     empty_hf_home.mkdir()
     offline_env = script_env(HF_HOME=str(empty_hf_home), HF_HUB_CACHE=str(empty_hf_home / "hub"))
     started = {
-        "json": Run([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
-        "plain": Run([*pair, "--gamma", 3, "--compare-baseline"]),
         "terminal": Run([*pair, "--max-gen", 8], terminal=True),
         "missing_folder": Run(["--target", "/nonexistent/folder", "--draft", draft]),
         "offline": Run(["--target", "gpt2-large", "--draft", draft], env=offline_env),
         "gamma0": Run([*pair, "--gamma", 0]),  # argparse's error, through the real exit path
     }
     try:
-        return {name: run.result() for name, run in started.items()}
+        results = {"json": main_in_this_process([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
+                   "plain": main_in_this_process([*pair, "--gamma", 3, "--compare-baseline"])}
+        return results | {name: run.result() for name, run in started.items()}
     finally:
         for run in started.values():
             if run.proc.poll() is None:
