@@ -83,7 +83,7 @@ def never_agreeing_generation(policy, costs, max_gen=32):
 
 # (c, verify slope, max_gen, k): the cost shapes of a draft that cannot pay when it never agrees
 CANNOT_PAY = [(0.4, 0.05, 48, 3), (0.4, 0.05, 200, 5),  # gpt2-large-like: a 12-block draft of a 36-block target
-              (0.45, 0.1, 48, 1), (0.45, 0.1, 200, 3),  # a draft too dear for the prior's 0.5
+              (0.45, 0.1, 48, 2), (0.45, 0.1, 200, 4),  # a draft too dear for the prior's 0.5
               (0.05, 0.1, 48, 6), (0.05, 0.1, 200, 8)]  # a cheap draft: it takes more rejections to tell
 
 
@@ -92,11 +92,10 @@ def test_with_a_draft_that_never_agrees_auto_drafts_in_at_most_k_rounds(c, verif
     """With a draft that never agrees, auto drafts in at most k rounds of a generation, k being
     the opening plus the probes:
     - the opening: a round of g = 1 pays from an acceptance of c + verify_cost(1) - 1 (here 0.45,
-      0.55, 0.15). Where the prior's 0.5 is below that, auto drafts no opening, only a probe at
-      once (one round; rejected, it leaves nothing for optimism to hold on to); otherwise it drafts
-      until even the estimate two posterior standard deviations up is below break-even: 2 rounds
-      at 0.45 (after one rejection 0.22 + 2 x 0.21 = 0.64 still beats it, after two 0.13 + 2 x
-      0.15 = 0.42 does not), 4 at 0.15;
+      0.55, 0.15). Whatever the prior, auto drafts one token at once, then goes on until even the
+      estimate two posterior standard deviations up is below break-even: 2 rounds at 0.45 and at
+      0.55 (after one rejection 0.22 + 2 x 0.21 = 0.64 still beats both, after two 0.13 + 2 x
+      0.15 = 0.42 neither), 4 at 0.15;
     - the probes: the next after the fewest plain rounds whose 2% pays for one (23, 28 and 8
       rounds here), each later wait twice the one before (the estimate is far below break-even),
       at most max_catch_up - 1 = 63, and none once fewer tokens are left than the wait: 1, 0 and 2
@@ -156,7 +155,9 @@ def test_no_probe_comes_too_late_to_pay_back(pair):
     wait = AutoGamma(costs).probe_every
     for left, probes in ((wait, True), (wait - 1, False)):
         policy = AutoGamma(costs)
-        policy.next_gamma(), policy.update(1, 0)  # the opening probe, rejected
+        for _ in range(2):  # the opening: two rounds of one token, both rejected
+            assert policy.next_gamma() == 1
+            policy.update(1, 0)
         policy.rejected_probes = 0  # the wait as computed, not doubled
         chosen = []
         for i in range(wait + 1):

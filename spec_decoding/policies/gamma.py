@@ -125,9 +125,11 @@ class AutoGamma(GammaPolicy):
     The opening. Before the first round the estimates are the prior's alone, and the costs already
     say from which acceptance a round of g = 1 pays: (1 + a) / round_seconds(1) > 1 /
     round_seconds(0), i.e. a > c + verify_cost(1) - 1. If the prior's a does not reach that, it
-    does not draft on the prior: its first round is a probe (below), due at once, since before any
-    evidence a probe tells the most and the draft has only the prompt to read; if it does, the
-    first round drafts one token, the cheapest way to learn whether the draft agrees at all. After
+    does not draft on the prior, but its first round still drafts one token, at once, since before
+    any evidence one token tells the most and the draft has only the prompt to read (if the prior
+    does reach it, the first round drafts one token too: the cheapest way to learn whether the
+    draft agrees at all). That first round opens a spell of drafting, not a probe: one rejected
+    token leaves the optimistic estimates their say. After
     that, drafting goes on while the estimates, or optimistic ones (each a_i `optimism` = 2
     posterior standard deviations higher, the deviations from all the rounds judged so far, so
     they shrink as the generation goes on), say some g beats a plain step, and stops as soon as
@@ -332,10 +334,10 @@ class AutoGamma(GammaPolicy):
         if not (opening or self.losing) and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
             return best
         wait = self.probe_every if self.clock is not None or self.could_pay() else None
-        # The first probe is due at once: before any evidence a probe tells the most, and the
-        # draft has only the prompt to read (it catches up over more rows the longer it waits).
+        # The first round drafts one token at once: before any evidence it tells the most, and the
+        # draft has only the prompt to read. It opens a spell rather than probing one: a single
+        # token rejected is no measure of a spell, so the optimistic estimates keep their say.
         if opening and (wait is not None or self.could_pay()):
-            self._probe_round = True
             return 1
         # A later probe comes after `wait` plain rounds whose probe_budget share pays for it, and
         # only while at least as many tokens are left to make: what it finds needs rounds to pay back.
