@@ -142,7 +142,7 @@ class PastDependentGamma(GammaPolicy):
 def marginal_auto_gamma(target, draft):
     """AutoGamma with costs at which drafting barely pays for this pair: it switches on and off."""
     return AutoGamma(CostModel(target=describe_model(target), draft=describe_model(draft),
-                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]), clock=None)
+                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]))
 
 
 @pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2}),

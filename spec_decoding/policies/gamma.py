@@ -7,9 +7,9 @@ sees only past rounds, so whatever it chooses, speculative sampling stays lossle
   FixedGamma(4)       gamma=4: the same g every round (the paper's setting).
   HeuristicGamma      gamma="heuristic": transformers' schedule, +2 after a round whose draft
                       tokens were all accepted, -1 (never below 1) otherwise. Blind to costs.
-  AutoGamma           gamma="auto": the g with the most expected tokens per second, from the
-                      acceptance seen so far and the measured costs (CostModel); g = 0 when
-                      speculation does not pay, with a cheap probe now and then.
+  AutoGamma           gamma=a CostModel (the scripts' --gamma auto): the g with the most expected
+                      tokens per second, from the acceptance seen so far and the measured costs;
+                      g = 0 when speculation does not pay, with a cheap probe now and then.
 
 AutoGamma's rule. Let a_i be the chance that draft token i is accepted given that the ones before
 it were (estimated per position, see acceptance_by_position). A round drafting g tokens yields
@@ -27,23 +27,15 @@ rounds, fall below a plain step's rate ends it (measured_speedup); then only a p
 drafts, until the estimates say drafting pays again. The seconds are the CostModel's (below), so
 what this cannot see is a CostModel that is itself wrong, e.g. measured in a busy moment.
 
-Costs, and what a seed reproduces. gamma="auto" decides from a CostModel and the tokens accepted,
-nothing else: the same costs, prompt, models and seed give the same gammas, so the same random
-draws and the same tokens, however fast the machine runs this time. Without a cost_model, it takes
-the pair's costs kept on this machine (spec_decoding.cli.kept_costs: measured the first time, then read from
-the kernel cache), so a seeded run reproduces in every process on this machine; after `python -m
-gpt2.speed.kernel_report --remeasure`, or on another machine, the costs, so the gammas and the sampled
-tokens, may differ, while their distribution stays the target's exactly (a CostModel saved to a
-file, --cost-model FILE in the scripts, carries the costs to another machine).
-With clock= (e.g. time.perf_counter), AutoGamma instead re-estimates the costs from the rounds'
-own wall time as it goes, which corrects a CostModel from another machine or a busy moment: a
-round drafting g tokens takes about t(g) = g d + s V(g), with V(g) the CostModel's
-target_score_s[g], and it fits d (a draft step) and s (how much slower or faster the target runs
-than when calibrated) by least squares to the timed rounds (recent ones weigh more), the
-CostModel a prior worth a few rounds at first. Then the gammas follow the machine's load, and a
-seed no longer reproduces a sampled run (the output still follows the target exactly: the gammas
-only ever depend on past rounds). On a busy machine the timings are noisy enough to keep a
-losing draft on: that is why the default is clock=None.
+Costs, and what a seed reproduces. AutoGamma decides from the CostModel it is handed and the
+tokens accepted, nothing else, and measures nothing itself: the same costs, prompt, models and seed
+give the same gammas, so the same random draws and the same tokens, however fast the machine runs
+this time. The scripts hand it the pair's costs kept on this machine (spec_decoding.cli.kept_costs:
+measured the first time, then read from the kernel cache), so a seeded run reproduces in every
+process on this machine; after `python -m gpt2.speed.kernel_report --remeasure`, or on another
+machine, the costs, so the gammas and the sampled tokens, may differ, while their distribution stays
+the target's exactly (a CostModel saved to a file, --cost-model FILE in the scripts, carries the
+costs to another machine).
 
 To write your own policy, subclass GammaPolicy and pass an instance as gamma=; the generators
 need no change.
@@ -113,65 +105,55 @@ class HeuristicGamma(GammaPolicy):
 
 
 class AutoGamma(GammaPolicy):
-    """The g in 0..gamma_max with the most expected tokens per second (see the module docstring).
+    """The g in 0..gamma_max with the most expected tokens per second (see the module docstring),
+    from the CostModel handed in (its gamma_max unless a smaller one is given) and the acceptance
+    so far, plus a schedule of probes while speculation is off.
 
     Acceptance estimates: per draft position i, a_i = (accepted_i + s * a) / (judged_i + s), where
     judged_i counts rounds in which the target judged position i (all tokens before it accepted),
     and the prior a = (all accepted + s * prior_alpha) / (all judged + s) pools every position, so
-    positions rarely drafted borrow from the others. s = prior_strength is small, so the first few
-    rounds already move the estimates. Every drafting round multiplies the old counts by `decay`:
-    the estimates follow the text as it changes (an effective memory of 1 / (1 - decay) rounds).
+    positions rarely drafted borrow from the others (s = PRIOR_STRENGTH). Every drafting round
+    multiplies the old counts by DECAY: the estimates follow the text as it changes.
 
-    The opening. Before the first round the estimates are the prior's alone, and the costs already
-    say from which acceptance a round of g = 1 pays: (1 + a) / round_seconds(1) > 1 /
-    round_seconds(0), i.e. a > c + verify_cost(1) - 1. If the prior's a does not reach that, it
-    does not draft on the prior, but its first round still drafts one token, at once, since before
-    any evidence one token tells the most and the draft has only the prompt to read (if the prior
-    does reach it, the first round drafts one token too: the cheapest way to learn whether the
-    draft agrees at all). That first round opens a spell of drafting, not a probe: one rejected
-    token leaves the optimistic estimates their say. After
-    that, drafting goes on while the estimates, or optimistic ones (each a_i `optimism` = 2
-    posterior standard deviations higher, the deviations from all the rounds judged so far, so
-    they shrink as the generation goes on), say some g beats a plain step, and stops as soon as
-    neither does: with a draft that never agrees that is after one to a few rounds, fewer the
-    dearer the draft (what learning must cost: a round of g = 1 costs c + verify_cost(1) - 1
-    target steps more than a plain one, and it takes fewer rejections to show the acceptance is
-    below that). The target scoring k tokens is taken as never cheaper than scoring fewer, whatever
-    a CostModel from a busy moment says. A spell of drafting whose tokens
-    per second, after min_evidence rounds, fall below a plain step's (measured_speedup() < 1) ends
-    too, however optimistic the estimates, and optimism then counts for nothing until a probe is
-    accepted (the estimates alone can still switch it on).
+    The opening. The costs already say from which acceptance a round of g = 1 pays: (1 + a) /
+    round_seconds(1) > 1 / round_seconds(0), i.e. a > c + verify_cost(1) - 1 (g1_break_even).
+    Whatever the prior says, the first round drafts one token, at once: before any evidence one
+    token tells the most, and the draft has only the prompt to read. Drafting goes on while the
+    estimates, or optimistic ones (each a_i `optimism` posterior standard deviations higher, the
+    deviations from all the rounds judged so far, so they shrink as the generation goes on), say
+    some g beats a plain step, and stops as soon as neither does: with a draft that never agrees
+    after one to a few rounds, fewer the dearer the draft. A spell of drafting whose tokens per
+    second, in the CostModel's seconds over MIN_EVIDENCE rounds or more, fall below a plain step's
+    (measured_speedup() < 1) ends too, however optimistic the estimates, and optimism then counts
+    for nothing until a probe is accepted. The target scoring k tokens is taken as never cheaper
+    than scoring fewer, whatever a CostModel from a busy moment says.
 
     Probes. While it is off, plain rounds add nothing to the estimates, so now and then it drafts one
     token anyway (a probe), which costs a round of g = 1 more than a plain step, plus the draft's
-    catch-up: its cache has not seen the tokens of the plain rounds, and it reads them all in one
-    forward (CostModel.catch_up_seconds). The probe comes after the fewest plain rounds whose
-    probe_budget share pays for it (probe_every), and never after so many that the draft would
-    read more than max_catch_up rows of output (the plain rounds' tokens and the one or two the
-    last drafting round left unseen); where no such wait pays for a probe, none is made after the
-    first. A rejected probe leaves optimism nothing to hold on to (plain steps again, unless the
-    estimates themselves say drafting pays); each rejected probe in a row that leaves the estimate
-    of a_1 below half of g = 1's break-even doubles the wait (up to that bound), so a draft that
-    never agrees costs a few probes per generation, not one every probe_every rounds, while one
-    near break-even keeps its probes. No probe comes while fewer tokens are left to make (the
-    generator sets tokens_left) than the wait that paid for it. Accepted probes can switch
-    speculation back on. Where no acceptance could pay (could_pay), it never probes, unless a
-    clock may show the costs wrong.
-    Once it has chosen a plain step, later plain rounds cost it a comparison until a probe is due.
+    catch-up over the plain rounds' tokens (CostModel.catch_up_seconds). The probe comes after the
+    fewest plain rounds whose probe_budget share pays for it (probe_every), never after so many that
+    the draft would read more than max_catch_up rows at once, and not while fewer tokens are left
+    to make (the generator sets tokens_left) than that wait. Each rejected probe in a row that
+    leaves the estimate of a_1 below half of g = 1's break-even doubles the wait, so a draft that
+    never agrees costs a few probes per generation, while one near break-even keeps its probes.
+    Where no acceptance could pay (could_pay), it never probes.
 
-    Costs (see the module docstring): clock=None (the default) decides from the CostModel's
-    costs as they are, so a seeded run reproduces. With a clock (e.g. time.perf_counter), each
-    round's wall time, from next_gamma() returning to update(), refits the draft step d and the
-    target's scale s (all but the first round, which also holds the prompt's prefill: make a new
-    AutoGamma for each generation, as gamma="auto" does), and the drafting spells are measured in
-    those seconds; cost_prior_rounds is how many rounds the CostModel counts as at first,
-    cost_decay how fast old rounds (and the prior) fade.
+    The parameters, each default explained once:
+      prior_alpha = 0.5    the acceptance assumed before any round: no lean either way.
+      optimism = 2.0       posterior standard deviations added while unsure: about a one-sided 98%
+                           bound, so a draft that could pay is rarely dropped on bad luck.
+      probe_budget = 0.02  the share of the plain rounds' time probes may cost: a draft that never
+                           agrees slows plain decoding by about 2% at most.
+      max_catch_up = 64    the most rows of skipped output a probe's draft forward reads at once:
+                           beyond it a catch-up forward costs more than a step, whatever the wait.
     """
 
+    PRIOR_STRENGTH = 2.0  # the prior counts as two judged tokens: the first rounds already move it
+    DECAY = 0.95  # old counts fade by 5% a drafting round: a memory of about 20 rounds
+    MIN_EVIDENCE = 4  # rounds before a spell's measured rate may end it (fewer are one or two tokens' luck)
+
     def __init__(self, cost_model: CostModel, gamma_max: int | None = None, prior_alpha: float = 0.5,
-                 prior_strength: float = 2.0, decay: float = 0.95, probe_budget: float = 0.02,
-                 optimism: float = 2.0, clock=None, cost_prior_rounds: float = 2.0,
-                 cost_decay: float = 0.95, min_evidence: int = 4, max_catch_up: int = 64):
+                 optimism: float = 2.0, probe_budget: float = 0.02, max_catch_up: int = 64):
         if not isinstance(cost_model, CostModel):
             raise ValueError(f"AutoGamma needs a CostModel, got {type(cost_model).__name__}")
         gamma_max = cost_model.gamma_max if gamma_max is None else gamma_max
@@ -179,55 +161,35 @@ class AutoGamma(GammaPolicy):
         if gamma_max > cost_model.gamma_max:
             raise ValueError(f"gamma_max={gamma_max} but the CostModel covers gamma up to "
                              f"{cost_model.gamma_max}: calibrate it with gamma_max={gamma_max}")
-        if not (0 <= prior_alpha <= 1 and prior_strength > 0 and 0 < decay <= 1 and probe_budget > 0):
-            raise ValueError("AutoGamma needs 0 <= prior_alpha <= 1, prior_strength > 0, "
-                             "0 < decay <= 1 and probe_budget > 0")
+        if not (0 <= prior_alpha <= 1 and optimism >= 0 and probe_budget > 0):
+            raise ValueError("AutoGamma needs 0 <= prior_alpha <= 1, optimism >= 0 and probe_budget > 0")
         check_positive_int("max_catch_up", max_catch_up)
         self.costs, self.gamma_max = cost_model, gamma_max
+        self.prior_alpha, self.optimism = prior_alpha, optimism
+        self.probe_budget, self.max_catch_up = probe_budget, max_catch_up
         # The target scoring k tokens, as measured but never cheaper than scoring fewer: a
         # CostModel measured on a busy machine can say otherwise, and a longer draft would then
-        # look cheaper than a shorter one (in seconds; the fit below refits only a scale).
+        # look cheaper than a shorter one.
         self.target_score_s = list(itertools.accumulate(cost_model.target_score_s, max))
-        self.prior_alpha, self.prior_strength, self.decay = prior_alpha, prior_strength, decay
-        self.optimism = optimism
         self.judged = [0.0] * gamma_max  # decayed counts per draft position
         self.judged_ever = [0] * gamma_max  # the same, not decayed: how sure the estimates are
         self.accepted = [0.0] * gamma_max
-        self.probe_budget, self.max_catch_up = probe_budget, max_catch_up
         self.plain_rounds = 0  # plain rounds chosen since the last drafting round
         self.rejected_probes = 0  # probes rejected in a row (each doubles the wait for the next)
-        self._probe_every = {}  # probe_every's base by draft_behind, as last computed (cleared when the costs change)
-        self._plain_until = 0  # plain steps, with nothing to decide, while plain_rounds is below it
         self._probe_round = False  # the round under way is a probe
         # Tokens the draft has not seen after the last drafting round: the round's last one, and
         # after a fully accepted round also the draft's own last proposal (it never fed it).
         self.draft_behind = 1
-        # What the current spell of drafting (the rounds since the last plain one) has given:
-        # tokens made (accepted + 1 a round), seconds spent (as costed, or as clocked), rounds;
-        # losing: a spell measured slower than plain decoding, until a probe is accepted.
-        self.min_evidence = min_evidence
+        # The current spell of drafting (the rounds since the last plain one): tokens made, seconds
+        # spent (as costed), rounds; losing: the spell measured slower than plain decoding.
         self.made, self.spent, self.evidence = 0, 0.0, 0
         self.plain_rounds_before, self.losing = False, False
-        # Costs: a round of g tokens takes g * draft_step_s + target_scale * target_score_s[g].
-        self.clock, self.cost_decay = clock, cost_decay
-        self.draft_step_s, self.target_scale = cost_model.draft_step_s, 1.0
-        # Least-squares sums over timed rounds, x = (g, target_score_s[g]), y = seconds: the
-        # CostModel enters as cost_prior_rounds rounds of g = 0 and of g = 1, as it predicts them.
-        self._prior = [((0.0, self.target_score_s[0]), self.round_seconds(0), cost_prior_rounds),
-                       ((1.0, self.target_score_s[1]), self.round_seconds(1), cost_prior_rounds)]
-        self._xx, self._xy = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0]
-        self._round_start = None
-        self.timed_rounds = 0
-        # tokens_per_second(optimism) as last computed: a plain round judges no draft token and
-        # changes no estimate, so the next round reuses the rates (cleared whenever one changes)
-        self._rates: dict[float, list[float]] = {}
-        # The first round also feeds the whole prompt to both models (their prefill): its time is
-        # not a round's cost, and fitted as one it would make the draft look expensive.
-        self._prefill_round = True
+        self._rates: dict[float, list[float]] = {}  # tokens_per_second by optimism, until an estimate moves
+        self._plain_until = 0  # plain steps with nothing to decide while plain_rounds is below it
 
     def round_seconds(self, gamma: int) -> float:
-        """The expected wall time of a round drafting gamma tokens, as estimated now."""
-        return gamma * self.draft_step_s + self.target_scale * self.target_score_s[gamma]
+        """The expected wall time of a round drafting gamma tokens."""
+        return gamma * self.costs.draft_step_s + self.target_score_s[gamma]
 
     def probe_extra_seconds(self, plain_rounds: int) -> float:
         """What a probe after `plain_rounds` plain rounds costs more than a plain step: a round of
@@ -239,44 +201,17 @@ class AutoGamma(GammaPolicy):
     def probe_every(self) -> int | None:
         """Plain rounds before a probe: the fewest n whose probe_budget share of n plain steps pays
         for the probe's extra time (catch-up included), doubled for each rejected probe in a row,
-        and never more than max_catch_up - draft_behind (the probe then feeds the draft
-        max_catch_up rows). None where no such n pays for it (the draft's catch-up costs more a
-        row than the budget gives a plain round): then it probes no more."""
+        and never more than max_catch_up - draft_behind. None where no such n pays for it."""
         bound = max(1, self.max_catch_up - self.draft_behind)
-        if self.draft_behind not in self._probe_every:
-            plain = self.round_seconds(0)
-            self._probe_every[self.draft_behind] = next(
-                (n for n in range(1, bound + 1) if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), None)
-        base = self._probe_every[self.draft_behind]
+        plain = self.round_seconds(0)
+        base = next((n for n in range(1, bound + 1)
+                     if self.probe_extra_seconds(n) <= self.probe_budget * n * plain), None)
         return None if base is None else min(base * 2 ** min(self.rejected_probes, 16), bound)
-
-    def observe_round(self, drafted: int, seconds: float) -> None:
-        """A round that drafted `drafted` tokens took `seconds`: refit draft_step_s and target_scale."""
-        x = (float(drafted), self.target_score_s[drafted])
-        for i in range(2):
-            self._xy[i] = self.cost_decay * self._xy[i] + x[i] * seconds
-            for j in range(2):
-                self._xx[i][j] = self.cost_decay * self._xx[i][j] + x[i] * x[j]
-        # The prior fades like old rounds do (down to a tenth of a round, which keeps the fit
-        # defined while the rounds are all of one g).
-        fade = max(self.cost_decay ** (self.timed_rounds + 1), 0.1 / max(w for _, _, w in self._prior))
-        xx, xy = [row[:] for row in self._xx], self._xy[:]
-        for p, y, w in self._prior:
-            for i in range(2):
-                xy[i] += fade * w * p[i] * y
-                for j in range(2):
-                    xx[i][j] += fade * w * p[i] * p[j]
-        fit = nonnegative_least_squares_2(xx, xy)
-        if fit is not None:
-            self.draft_step_s, self.target_scale = fit
-            self._rates.clear()
-            self._probe_every.clear()
-        self.timed_rounds += 1
 
     def acceptance_by_position(self, optimism: float = 0.0) -> list[float]:
         """[gamma_max]: the current estimate of a_i for each draft position: the mean of its Beta
         posterior, plus `optimism` posterior standard deviations (capped at 1)."""
-        s = self.prior_strength
+        s = self.PRIOR_STRENGTH
         pooled = (sum(self.accepted) + s * self.prior_alpha) / (sum(self.judged) + s)
         alphas = []
         for accepted, judged, ever in zip(self.accepted, self.judged, self.judged_ever):
@@ -285,62 +220,45 @@ class AutoGamma(GammaPolicy):
         return alphas
 
     def tokens_per_second(self, optimism: float = 0.0) -> list[float]:
-        """[gamma_max + 1]: expected tokens per second of a round drafting g = 0..gamma_max."""
+        """[gamma_max + 1]: expected tokens per second of a round drafting g = 0..gamma_max:
+        E(g) / round_seconds(g), E(g) = E(g - 1) + a_1 ... a_g (theory.expected_tokens_by_position)."""
         if optimism not in self._rates:
-            self._rates[optimism] = self._tokens_per_second(optimism)
+            expected, all_accepted = [1.0], 1.0
+            for a in self.acceptance_by_position(optimism):
+                all_accepted *= a
+                expected.append(expected[-1] + all_accepted)
+            self._rates[optimism] = [expected[g] / self.round_seconds(g) for g in range(self.gamma_max + 1)]
         return self._rates[optimism]
 
-    def _tokens_per_second(self, optimism: float) -> list[float]:
-        alphas = self.acceptance_by_position(optimism)
-        # E(g) = expected_tokens_by_position(alphas[:g]) for every g in one pass (it runs every
-        # round): E(g) = E(g - 1) + a_1 ... a_g, the chance that all g draft tokens are accepted.
-        expected, all_accepted = [1.0], 1.0
-        for a in alphas:
-            all_accepted *= a
-            expected.append(expected[-1] + all_accepted)
-        return [expected[g] / self.round_seconds(g) for g in range(self.gamma_max + 1)]
-
-    def next_gamma(self) -> int:
-        g = self._choose()
-        self._round_start = self.clock() if self.clock is not None else None
-        return g
-
     def measured_speedup(self) -> float | None:
-        """Tokens per second of the current spell of drafting rounds (since the last plain round)
-        over a plain step's rate: below 1, speculation has been losing. Each round's seconds are
-        its costs (round_seconds), or its wall time with a clock. None before min_evidence rounds."""
-        if self.evidence < self.min_evidence:
+        """Tokens per second of the current spell of drafting rounds over a plain step's rate, in
+        the CostModel's seconds: below 1, speculation has been losing. None before MIN_EVIDENCE rounds."""
+        if self.evidence < self.MIN_EVIDENCE:
             return None
         return self.made / self.spent * self.round_seconds(0)
 
-    def _choose(self) -> int:
+    def next_gamma(self) -> int:
         if self.plain_rounds < self._plain_until:
-            # Off, and nothing has changed since it decided so (a plain round changes no estimate
-            # and no cost): a plain step, with no more work than a plain step's, until a probe is due.
+            # Off, and nothing has changed since it decided so (a plain round changes no estimate):
+            # a plain step, with no more work than a plain step's, until a probe is due.
             self.plain_rounds += 1
             return 0
         rates = self.tokens_per_second()
-        # Until the target has judged a first draft token, the estimates are the prior's alone:
-        # draft one token (if the prior says it pays), the cheapest way to learn whether the draft
-        # agrees at all.
-        opening = not self.judged_ever[0]
+        opening = not self.judged_ever[0]  # no draft token judged yet: the estimates are the prior's
         best = max(range(1, 2 if opening else self.gamma_max + 1), key=rates.__getitem__)
         if rates[best] > rates[0]:  # the estimates say drafting pays
             return best
-        # Not sure yet: optimistic estimates keep it drafting (once there is evidence to be unsure
-        # about), unless a spell has been losing (then only an accepted probe gives them another chance).
         if (measured := self.measured_speedup()) is not None and measured < 1:
             self.losing = True
-        if not (opening or self.losing) and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
-            return best
-        wait = self.probe_every if self.clock is not None or self.could_pay() else None
-        # The first round drafts one token at once: before any evidence it tells the most, and the
-        # draft has only the prompt to read. It opens a spell rather than probing one: a single
-        # token rejected is no measure of a spell, so the optimistic estimates keep their say.
-        if opening and (wait is not None or self.could_pay()):
+        # The first round drafts one token whatever the prior says; later, optimistic estimates
+        # keep it drafting while unsure, unless the spell has been losing.
+        if opening and self.could_pay():
             return 1
-        # A later probe comes after `wait` plain rounds whose probe_budget share pays for it, and
-        # only while at least as many tokens are left to make: what it finds needs rounds to pay back.
+        if not self.losing and max(self.tokens_per_second(self.optimism)[1:]) > rates[0]:
+            return best
+        wait = self.probe_every if self.could_pay() else None
+        # A probe comes after `wait` plain rounds whose probe_budget share pays for it, and only
+        # while at least as many tokens are left to make: what it finds needs rounds to pay back.
         if wait is not None and self.tokens_left is not None and self.tokens_left < wait:
             wait = None
         if wait is not None and self.plain_rounds >= wait:
@@ -352,33 +270,23 @@ class AutoGamma(GammaPolicy):
         return 0
 
     def update(self, drafted: int, accepted: int) -> None:
-        seconds = None  # this round's wall time, where it was clocked
-        if self._round_start is not None and 0 <= drafted <= self.gamma_max and not self._prefill_round:
-            seconds = self.clock() - self._round_start
-            self.observe_round(drafted, seconds)
-        self._round_start, self._prefill_round = None, False
-        if seconds is not None:
-            self._plain_until = 0  # the costs moved: decide afresh
         if drafted == 0:
             self.plain_rounds_before = True  # the next drafting round starts a new spell
             return
         self._plain_until = 0  # the estimates move: decide afresh
-        # a probe, or a spell's first round after plain ones
         probe, self._probe_round = self.plain_rounds_before or self._probe_round, False
-        if probe:
+        if probe:  # a probe, or a spell's first round after plain ones
             self.made, self.spent, self.evidence = 0, 0.0, 0
             self.plain_rounds_before = False
             self.losing = accepted < drafted  # a rejected probe leaves optimism nothing to hold on to
         self.plain_rounds = 0
         self.draft_behind = 2 if accepted == drafted else 1
-        if seconds is None:
-            seconds = self.round_seconds(min(drafted, self.gamma_max))
         self.made += accepted + 1
-        self.spent += seconds
+        self.spent += self.round_seconds(min(drafted, self.gamma_max))
         self.evidence += 1
         self._rates.clear()
-        self.judged = [j * self.decay for j in self.judged]
-        self.accepted = [a * self.decay for a in self.accepted]
+        self.judged = [j * self.DECAY for j in self.judged]
+        self.accepted = [a * self.DECAY for a in self.accepted]
         for i in range(min(accepted + 1, drafted)):  # positions the target judged
             self.judged[i] += 1
             self.judged_ever[i] += 1
@@ -393,8 +301,7 @@ class AutoGamma(GammaPolicy):
 
     def could_pay(self) -> bool:
         """Whether some g would beat a plain step were every draft token accepted. If not (a draft
-        as slow as the target), probing cannot find anything to use, and with fixed costs
-        (clock=None) it never probes; with a clock, its probes also time the rounds."""
+        as slow as the target), probing cannot find anything to use, and it never probes."""
         return any((g + 1) / self.round_seconds(g) > 1 / self.round_seconds(0) for g in range(1, self.gamma_max + 1))
 
     def g1_break_even(self) -> float:
@@ -405,26 +312,7 @@ class AutoGamma(GammaPolicy):
 
     def __repr__(self):
         alphas = ", ".join(f"{a:.2f}" for a in self.acceptance_by_position())
-        return (f"AutoGamma(gamma_max={self.gamma_max}, acceptance by position [{alphas}], "
-                f"c now {self.draft_step_s / self.round_seconds(0):.3f} after {self.timed_rounds} timed rounds)")
-
-
-def nonnegative_least_squares_2(xx, xy) -> tuple[float, float] | None:
-    """(d, s) minimising sum w (y - d x0 - s x1)^2, given the sums xx = [[sum w x_i x_j]] and
-    xy = [sum w x_i y], with d >= 0 and s > 0 (a draft step costs something or nothing, the target
-    always something): where the free solution breaks that, the other term alone fits the rounds.
-    None if the sums cannot say (all rounds alike)."""
-    det = xx[0][0] * xx[1][1] - xx[0][1] * xx[1][0]
-    if det <= 0:
-        return None
-    d = (xy[0] * xx[1][1] - xy[1] * xx[0][1]) / det
-    s = (xx[0][0] * xy[1] - xx[1][0] * xy[0]) / det
-    if d < 0:
-        return 0.0, xy[1] / xx[1][1]
-    if s <= 0:
-        s = 1e-3 * xy[1] / xx[1][1]
-        return max(0.0, (xy[0] - s * xx[0][1]) / xx[0][0]), s
-    return d, s
+        return f"AutoGamma(gamma_max={self.gamma_max}, acceptance by position [{alphas}])"
 
 
 def make_policy(gamma, target=None, draft=None, sampled: bool = False) -> GammaPolicy:
