@@ -80,7 +80,7 @@ from gpt2.speed.device import dtype_note, note_once, resolve_device, resolve_dty
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.speed.machine_load import busy_note
 from spec_decoding import (HeuristicGamma, SamplingParams, autoregressive_generate, speculative_sampling,
-                           speculative_sampling_greedy, tree_speculative_sampling)
+                           tree_speculative_sampling)
 from spec_decoding.algorithms.batched import MAX_BATCH_SIZE
 from spec_decoding.drafters.token_tree import branching_label, parse_branching, tree_size
 from spec_decoding.algorithms.decoding import check_drafter

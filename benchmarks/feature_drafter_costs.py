@@ -17,7 +17,6 @@ import torch
 
 from gpt2 import GPT2, OFFICIAL_CONFIGS
 from gpt2.speed.kernels import attach_kernels
-from spec_decoding.policies.costs import CostModel
 from spec_decoding.drafters import LayerSkipDrafter
 from spec_decoding.drafters.eagle import EagleDrafter, EagleNet
 from spec_decoding.drafters.medusa import MedusaDrafter, MedusaHeads

@@ -86,26 +86,21 @@ def main(argv=None):
     target, draft = StubModel(args.vocab, seed=0), StubModel(args.vocab, seed=0)  # q = p: all accepted
     prompt = [1, 2, 3]
 
-    def seeded():
-        return torch.Generator().manual_seed(0)
+    def seeded() -> SamplingParams:
+        return SamplingParams(args.temperature, generator=torch.Generator().manual_seed(0))
 
-    loops = {"plain decoding": lambda: autoregressive_generate(target, prompt, args.max_gen,
-                                                               sampling=SamplingParams(temperature=args.temperature, generator=seeded())),
-             "speculative, plain rounds only": lambda: speculative_sampling(target, draft, prompt,
-                                                                            args.max_gen, NeverDraft(),
-                                                                            sampling=SamplingParams(temperature=args.temperature, generator=seeded()))}
+    loops = {"plain decoding": lambda: autoregressive_generate(target, prompt, args.max_gen, seeded()),
+             "speculative, plain rounds only": lambda: speculative_sampling(target, draft, prompt, args.max_gen,
+                                                                            NeverDraft(), seeded())}
     # auto where drafting cannot pay: the draft costs a target step, so even an accepted token
     # does not repay it; it takes plain steps, with a probe now and then
     cannot_pay = CostModel(target="stub", draft="stub", draft_step_s=1e-3,
                            target_score_s=[1e-3 * (1 + 0.02 * k) for k in range(9)])
-    loops["speculative, auto (drafting cannot pay)"] = lambda: speculative_sampling(target, draft, prompt,
-                                                                                    args.max_gen,
-                                                                                    AutoGamma(cannot_pay),
-                                                                                    sampling=SamplingParams(temperature=args.temperature, generator=seeded()))
+    loops["speculative, auto (drafting cannot pay)"] = lambda: speculative_sampling(
+        target, draft, prompt, args.max_gen, AutoGamma(cannot_pay), seeded())
     for g in args.gammas:
-        loops[f"speculative, gamma {g}"] = (lambda g=g: speculative_sampling(target, draft, prompt,
-                                                                             args.max_gen, g,
-                                                                             sampling=SamplingParams(temperature=args.temperature, generator=seeded())))
+        loops[f"speculative, gamma {g}"] = (lambda g=g: speculative_sampling(target, draft, prompt, args.max_gen,
+                                                                             g, seeded()))
     for run in loops.values():  # warm-up
         run()
     times = {name: [] for name in loops}

@@ -33,10 +33,9 @@ from tqdm import tqdm
 
 import gpt2.speed.kernels
 from gpt2 import OFFICIAL_CONFIGS, load_gpt2
-from spec_decoding import (autoregressive_generate, CostModel, SamplingParams, speculative_sampling,
-                           speculative_sampling_greedy)
-from spec_decoding.policies.theory import predicted_speedup
+from spec_decoding import SamplingParams, autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.calibration import calibrate_costs
+from spec_decoding.policies.theory import predicted_speedup
 
 from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table, median, random_prompt,
                      standin_pair, timed, transformers_missing, write_results)
@@ -106,9 +105,8 @@ def make_jobs(target, draft, hf_target, hf_draft, gammas, new_tokens, with_hf):
     for g in gammas:
         jobs[f"spec greedy g={g}"] = lambda p, s, g=g: _ours(
             speculative_sampling_greedy(target, draft, p, new_tokens, g))
-        jobs[f"spec T=1 g={g}"] = lambda p, s, g=g: _ours(speculative_sampling(target, draft, p, new_tokens,
-                                                                               g,
-                                                                               sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(s))))
+        jobs[f"spec T=1 g={g}"] = lambda p, s, g=g: _ours(speculative_sampling(
+            target, draft, p, new_tokens, g, SamplingParams(1.0, generator=torch.Generator().manual_seed(s))))
     if with_hf:
         jobs["HF greedy"] = lambda p, s: (hf_generate(hf_target, p, new_tokens), None)
         for g in gammas:

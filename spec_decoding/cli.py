@@ -211,5 +211,5 @@ def kept_costs(target: GPT2, draft, gamma_max: int = 8) -> CostModel:
             "measures": "forwards, catch-up, sampling, sampled round"}  # a CostModel kept before sampling was timed is measured again
     kept, _ = kernel_cache.decide_once(
         "gamma costs", what, lambda: asdict(calibrate_costs(target, draft, gamma_max)),
-        f"this pair's per-call costs for gamma=\"auto\" (a few seconds)")
+        "this pair's per-call costs for gamma=\"auto\" (a few seconds)")
     return CostModel(**kept)

@@ -623,7 +623,6 @@ def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, s
 def test_the_cost_model_times_a_real_feature_drafter_step(target, name):
     """calibrate_costs hands the drafter the context's features, as the generators do: without
     them a feature drafter proposes nothing and its 'step' would time an empty call."""
-    from spec_decoding.policies.costs import CostModel
 
     drafter = DRAFTERS[name](target)
     cost = calibrate_costs(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)

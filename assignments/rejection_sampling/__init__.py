@@ -221,7 +221,7 @@ def lossless_probe(inputs, data):
     g = seeded(inputs["seed"])
     return [[whole_number(t, "the generator's token") for t in
              speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], inputs["gamma"],
-                                  sampling=SamplingParams(temperature=1.0, generator=g)).tokens] for _ in range(inputs["samples"])]
+                                  SamplingParams(temperature=1.0, generator=g)).tokens] for _ in range(inputs["samples"])]
 
 
 def lossless_judge(inputs, ref, got):

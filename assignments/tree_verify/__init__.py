@@ -136,9 +136,9 @@ def lossless_probe(inputs, data):
 
     target, draft, g = load(data, "vocab_target"), load(data, "vocab_draft"), seeded(inputs["seed"])
     return [[whole_number(t, "the generator's token") for t in
-             tree_speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"],
-                                       tuple(inputs["branching"]),
-                                       sampling=SamplingParams(temperature=1.0, generator=g)).tokens] for _ in range(inputs["samples"])]
+             tree_speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], tuple(inputs["branching"]),
+                                       SamplingParams(temperature=1.0, generator=g)).tokens]
+            for _ in range(inputs["samples"])]
 
 
 def lossless_judge(inputs, ref, got):
