@@ -191,7 +191,7 @@ plt.show()
 # %% [markdown]
 # ## A whole generation, round by round
 #
-# `trace=True` records every round: the drafted tokens with p(x), q(x), the acceptance probability
+# `observers=Observers(trace=True)` records every round: the drafted tokens with p(x), q(x), the acceptance probability
 # min(1, p/q) and the uniform draw r it was tested with, the verdict, and the token the target
 # added (from the residual after a rejection, from p as a bonus). The same page as
 # `python spec_decoding_generate.py --html runs/trace.html`: hover (or click) a token for its numbers.

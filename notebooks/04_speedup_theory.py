@@ -329,7 +329,7 @@ for name, gs in chosen.items():
 #
 # The theory above assumes every draft token is accepted independently with the same chance
 # alpha, so the i-th token of a round is accepted (with all before it) with probability alpha^i.
-# Measure it: sample with `trace=True` and count, for each position i, how often the i-th draft
+# Measure it: sample with `Observers(trace=True)` and count, for each position i, how often the i-th draft
 # token of a round was accepted. Real text is not i.i.d.: easy stretches (indentation, a closing
 # bracket, a common word) are accepted in long runs and hard ones fail early, so the measured
 # curve usually decays more slowly than alpha^i after the first position.

@@ -291,7 +291,7 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 # %% [markdown]
 # ## Every round of a tree run, on one page
 #
-# `trace=True` records each round's tree: every node with p(x) and q(x) at its parent, the
+# `Observers(trace=True)` records each round's tree: every node with p(x) and q(x) at its parent, the
 # target it was tested against after its elder siblings were rejected (p'), min(1, p'/q), the
 # uniform draw and the verdict, then the accepted path and the target's own token. The page draws
 # each tree left to right (accepted green, rejected struck through, never judged grey); hover or
