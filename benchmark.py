@@ -13,7 +13,7 @@ baseline) and speculatively (speculative_sampling_greedy at temperature 0, specu
 with a seeded generator otherwise). The baseline of a (temperature, max_gen, prompt, repeat) is
 timed right before the speculative runs of every gamma, so both see the same machine state.
 Generation never stops early at <|endoftext|>: every run makes max_gen tokens. --drafters makes
-the drafter a grid axis too (spec_decoding/drafters.py): model (--draft), ngram[:N] (prompt
+the drafter a grid axis too (spec_decoding/drafters/drafter.py): model (--draft), ngram[:N] (prompt
 lookup with n-grams of up to N tokens, default 3), layerskip:K (the target's first K blocks), medusa:DIR / eagle:DIR (feature drafters,
 docs/feature_drafters.md); every
 drafter runs right after the same baseline.
@@ -21,7 +21,7 @@ drafter runs right after the same baseline.
 A run's speed-up is baseline seconds / speculative seconds; a cell reports the median over its
 runs (prompts x repeats) with the quartiles and min/max. Before the grid, the script measures on
 warm KV caches what the theory needs: c = draft step / target step (per drafter), and the target's cost of
-verifying gamma + 1 tokens relative to one step. spec_decoding.theory.predicted_speedup then
+verifying gamma + 1 tokens relative to one step. spec_decoding.policies.theory.predicted_speedup then
 gives Leviathan et al.'s predicted speed-up from the measured acceptance, shown beside the
 measured one.
 
@@ -32,11 +32,11 @@ accepted, the alpha of the theory. For gamma = 1 they are equal; the prediction 
 
 Loops: a small model's greedy text often repeats itself (runs of spaces, a line again and again),
 which the draft predicts as well as the target, so its acceptance and speed-up measure the loop,
-not the drafter. Every run's text is measured (spec_decoding/loops.py), and every table and plot
+not the drafter. Every run's text is measured (spec_decoding/presentation/loops.py), and every table and plot
 marks a cell some of whose runs looped: "output looped: acceptance inflated". The best gamma is
 given per temperature (greedy and sampled cells are different experiments).
 
---trees B1,B2,... adds token trees (spec_decoding.tree) to the grid beside the gammas, drafted by
+--trees B1,B2,... adds token trees (spec_decoding.algorithms.tree) to the grid beside the gammas, drafted by
 every drafter in --drafters that drafts trees (a draft model scores the tree level by level; Medusa
 heads build it with their propose_tree; spec_decoding.cli.DRAFTER_KINDS says which kinds do): each
 (drafter, tree) is timed like a gamma, the target's cost of verifying all the tree's nodes in one
@@ -44,7 +44,7 @@ forward is measured, and the cells go to a table of their own ("tree_cells" in r
 with a tree in the CSV, each naming its drafter), beside the same drafter's chain of as many draft
 tokens (or else as deep as the tree). A tree's prediction is Leviathan's speed-up with the measured tokens per round:
 tokens per target call / (depth * c + verify cost of its nodes), c being the drafter's own draft
-step (spec_decoding.theory.predicted_tree_speedup says why depth * c fits both kinds).
+step (spec_decoding.policies.theory.predicted_tree_speedup says why depth * c fits both kinds).
 
 Output in --out (default runs/benchmark): results.csv (one row per cell), results.json (cells
 with their runs, costs, environment), summary.md (the table printed at the end) and PNG plots.
@@ -86,16 +86,17 @@ from benchmarks.common import gamma_order, read_prompts, timed
 from gpt2.speed.device import dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.speed.machine_load import busy_note, load_average
-from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+from spec_decoding import (HeuristicGamma, SamplingParams, autoregressive_generate, speculative_sampling,
                            tree_speculative_sampling)
-from spec_decoding.batched import MAX_BATCH_SIZE
-from spec_decoding.tree import branching_label, parse_branching, tree_size
-from spec_decoding.decoding import check_drafter
+from spec_decoding.algorithms.batched import MAX_BATCH_SIZE
+from spec_decoding.drafters.token_tree import branching_label, parse_branching, tree_size
+from spec_decoding.algorithms.decoding import check_drafter
 from spec_decoding import cli
-from spec_decoding.costs import CostModel
-from spec_decoding.gamma import DEFAULT_GAMMA_MAX
-from spec_decoding.loops import LOOP_MARK, loop_share, looped
-from spec_decoding.theory import predicted_speedup, predicted_tree_speedup
+from spec_decoding.policies.costs import CostModel
+from spec_decoding.policies.gamma import DEFAULT_GAMMA_MAX
+from spec_decoding.presentation.loops import LOOP_MARK, loop_share, looped
+from spec_decoding.policies.theory import predicted_speedup, predicted_tree_speedup
+from spec_decoding.calibration import calibrate_costs
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, Ctrl-C is KeyboardInterrupt again
@@ -180,7 +181,7 @@ def parse_args(argv=None):
                 "--compare-hf and the gamma policies (auto, heuristic)")
     if args.batch and max(args.batch) > MAX_BATCH_SIZE:
         p.error(f"--batch {max(args.batch)}: the largest batch is {MAX_BATCH_SIZE} "
-                f"(spec_decoding.batched.MAX_BATCH_SIZE)")
+                f"(spec_decoding.algorithms.batched.MAX_BATCH_SIZE)")
     args.drafters = list(dict.fromkeys(args.drafters))  # keep the order given, drop repeats
     args.gammas = sorted(set(args.gammas), key=gamma_order)
     args.trees = sorted(set(args.trees), key=lambda b: (tree_size(b), b))
@@ -287,7 +288,7 @@ def make_drafters(names, target, draft) -> dict:
 def measure_costs(target, drafters: dict, gammas, gamma_max, context_len, trees=()) -> tuple[dict, dict]:
     """(costs for the tables and results.json, {drafter name: CostModel}).
 
-    Each drafter's CostModel (spec_decoding/costs.py, the one place per-call costs are timed) is
+    Each drafter's CostModel (spec_decoding/policies/costs.py, the one place per-call costs are timed) is
     what gamma="auto" chooses from and what prices every run's rounds for the cost-model speedup;
     c and the verification costs of the tables are read from them (verification from the first
     drafter's, whose target timings are as good as any). Token trees add the target scoring each
@@ -295,8 +296,8 @@ def measure_costs(target, drafters: dict, gammas, gamma_max, context_len, trees=
     same whichever drafter built the tree)."""
     gamma_max = max([gamma_max, *gammas])
     first_name = next(iter(drafters))  # top-level c: the first drafter's (notebook 4 reads it)
-    cost_models = {name: CostModel.calibrate(target, drafter, gamma_max, context_len, min_rounds=4,
-                                             trees=trees if name == first_name else ())
+    cost_models = {name: calibrate_costs(target, drafter, gamma_max, context_len, min_rounds=4,
+                                         trees=trees if name == first_name else ())
                    for name, drafter in drafters.items()}
     by_drafter = {name: {"c": cm.c, "draft_step_ms": 1000 * cm.draft_step_s} for name, cm in cost_models.items()}
     first = cost_models[first_name]
@@ -314,12 +315,14 @@ def speculate(target, drafter, prompt, max_gen, gamma, temperature, generator, a
     """gamma: draft tokens per round (a chain), a policy name (auto, heuristic: bounded by
     args.gamma_max; auto uses cost_model), or a branching tuple (a token tree)."""
     if isinstance(gamma, tuple):
-        return tree_speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator)
-    policy = dict(gamma_max=args.gamma_max, cost_model=cost_model) if isinstance(gamma, str) else {}
-    if temperature == 0:
-        return speculative_sampling_greedy(target, drafter, prompt, max_gen, gamma, **policy)
-    return speculative_sampling(target, drafter, prompt, max_gen, gamma, temperature, generator=generator,
-                                **policy)
+        return tree_speculative_sampling(target, drafter, prompt, max_gen, gamma,
+                                         sampling=SamplingParams(temperature=temperature, generator=generator))
+    if gamma == "auto":
+        gamma = cost_model.up_to(args.gamma_max)  # AutoGamma decides from these costs
+    elif gamma == "heuristic":
+        gamma = HeuristicGamma(args.gamma_max)
+    return speculative_sampling(target, drafter, prompt, max_gen, gamma,
+                                SamplingParams(temperature=temperature, generator=generator))
 
 
 def seeded(seed: int, device) -> torch.Generator:
@@ -336,7 +339,8 @@ def warm_up(target, drafters, prompts, args, device, cost_models) -> None:
     n = min(16, args.max_gens[0])
     for i in range(args.warmup):
         for t in args.temperatures:
-            autoregressive_generate(target, prompts[0], n, temperature=t, generator=seeded(i, device))
+            autoregressive_generate(target, prompts[0], n,
+                                    sampling=SamplingParams(temperature=t, generator=seeded(i, device)))
             for name, drafter in drafters.items():
                 for gamma in args.gammas:
                     speculate(target, drafter, prompts[0], n, gamma, t, seeded(i, device), args,
@@ -363,7 +367,7 @@ def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]
                     seed = args.seed + 1000 * repeat + p
                     bar.set_description(f"{where}: target alone")
                     base, base_s = timed(device, autoregressive_generate, target, prompt, max_gen,
-                                         temperature=temperature, generator=seeded(seed, device))
+                                         SamplingParams(temperature, generator=seeded(seed, device)))
                     bar.update(max_gen)
                     for name, gamma in variants:
                         tree = branching_label(gamma) if isinstance(gamma, tuple) else None
@@ -386,7 +390,7 @@ def run_grid(target, drafters, prompts, args, device, cost_models) -> list[dict]
                             "accepted_by_position": s.accepted_by_position,
                             "gamma_by_round": s.gamma_by_round,
                             "tokens_match_baseline": spec.tokens == base.tokens if temperature == 0 else None,
-                            # a looping output is accepted because it repeats itself (spec_decoding/loops.py)
+                            # a looping output is accepted because it repeats itself (spec_decoding/presentation/loops.py)
                             "loop_share": loop_share(spec.tokens), "looped": looped(spec.tokens),
                         })
     bar.close()
@@ -512,7 +516,7 @@ def kernel_choices(target, draft=None) -> dict:
 
 
 def loop_flag(cells: list[dict]) -> str:
-    """The mark for cells some of whose runs looped (spec_decoding/loops.py), "" for none (also for
+    """The mark for cells some of whose runs looped (spec_decoding/presentation/loops.py), "" for none (also for
     cells of a results file written before runs were measured for loops)."""
     looped_runs, runs = sum(c.get("looped_runs", 0) for c in cells), sum(c.get("runs", 0) for c in cells)
     return f"{LOOP_MARK} ({looped_runs}/{runs} runs)" if looped_runs else ""
@@ -660,7 +664,7 @@ def summary_markdown(results: dict) -> str:
                                                   for m in max_gens) + " |")
         if any(c["looped_runs"] for c in rows):
             lines += ["", f"(looped): {LOOP_MARK} (some of the cell's runs made text that is mostly a "
-                          f"repeated n-gram, spec_decoding/loops.py)"]
+                          f"repeated n-gram, spec_decoding/presentation/loops.py)"]
         lines.append("")
     if tree_cells := results.get("tree_cells"):
         lines += tree_summary(tree_cells, cells, costs)

@@ -16,18 +16,18 @@ Each round the draft (default gpt2, 124M parameters) proposes --gamma tokens, on
 each, and the target (default gpt2-large, 774M) scores all of them in a single forward pass. With
 --temperature 0 (the default) the output is exactly the target's own greedy output; with sampling
 it follows the target's distribution exactly. Only the speed changes. --drafter picks what proposes
-the tokens (spec_decoding/drafters.py): a second model (model, the default), prompt lookup (ngram:
+the tokens (spec_decoding/drafters/drafter.py): a second model (model, the default), prompt lookup (ngram:
 copy what followed the last n tokens earlier in the text), the target's own first blocks
 (layerskip), or a drafter reading the target's features (medusa:DIR, eagle:DIR: docs/feature_drafters.md).
 --gamma auto chooses each round's draft length from the costs measured once on this machine (and
 kept) and the acceptance so far (0: no drafting while it does not pay); --gamma heuristic uses
-transformers' schedule (spec_decoding/gamma.py).
+transformers' schedule (spec_decoding/policies/gamma.py).
 
 On a terminal the text is coloured by where each token came from (set NO_COLOR to turn that off);
 piped, it is plain text. --json prints one JSON object instead.
 
 --prompts-file decodes every line of a file (blank lines skipped) as one batch
-(spec_decoding/batched.py): each prompt gets exactly the output it would get alone; the stats are
+(spec_decoding/algorithms/batched.py): each prompt gets exactly the output it would get alone; the stats are
 printed per prompt and summed. It takes the model drafter and a fixed --gamma.
 """
 
@@ -53,16 +53,18 @@ from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.device import DTYPES, dtype_note, note_once, resolve_device, resolve_dtype
 from gpt2.loading import TRAIN_PAIR_COMMAND, check_local_checkpoint, peek_config
 from gpt2.speed.machine_load import busy_note, load_average
-from spec_decoding import CostModel, autoregressive_generate, speculative_sampling, tree_speculative_sampling
-from spec_decoding.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
-from spec_decoding.decoding import check_drafter
+from spec_decoding import (CostModel, HeuristicGamma, Observers, SamplingParams, autoregressive_generate,
+                           speculative_sampling, tree_speculative_sampling)
+from spec_decoding.algorithms.batched import MAX_BATCH_SIZE, batched_autoregressive_generate, batched_speculative_sampling
+from spec_decoding.algorithms.decoding import check_drafter
 from spec_decoding import cli
 from spec_decoding.drafters import ModelDrafter
-from spec_decoding.gamma import DEFAULT_GAMMA_MAX
-from spec_decoding.loops import LOOP_MARK, loop_share, looped
-from spec_decoding.trace_page import is_trace_page, write_html
+from spec_decoding.policies.gamma import DEFAULT_GAMMA_MAX
+from spec_decoding.presentation.loops import LOOP_MARK, loop_share, looped
+from spec_decoding.presentation.trace_page import is_trace_page, write_html
+from spec_decoding.presentation.colours import SOURCE_COLOURS
 from spec_decoding.result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET,
-                                  SOURCE_COLOURS, STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
+                                  STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN)
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on, main() says "interrupted"
@@ -444,6 +446,21 @@ def start_printing(prompt: str, tree: bool = False) -> TokenPrinter:
     return printer
 
 
+def sampling_of(args, generator) -> SamplingParams:
+    """--temperature, --top-k and --top-p, drawing with `generator`."""
+    return SamplingParams(args.temperature, args.top_k, args.top_p, generator)
+
+
+def gamma_of(args, cost_model: CostModel | None):
+    """--gamma as the generators take it: a number, the CostModel AutoGamma decides from (auto),
+    or HeuristicGamma, each bounded by --gamma-max."""
+    if args.gamma == "auto":
+        return cost_model.up_to(args.gamma_max)
+    if args.gamma == "heuristic":
+        return HeuristicGamma(args.gamma_max)
+    return args.gamma
+
+
 def get_cost_model(args, target, draft) -> CostModel | None:
     """--gamma auto: the CostModel from --cost-model FILE if it exists, else the one kept for
     this pair on this machine (measured the first time; written to FILE if one was named)."""
@@ -457,7 +474,7 @@ def get_cost_model(args, target, draft) -> CostModel | None:
                              f"less than --gamma-max {args.gamma_max}: pass --gamma-max "
                              f"{cost_model.gamma_max}, or delete the file to measure again")
     else:
-        cost_model = CostModel.kept_for(target, draft, args.gamma_max)
+        cost_model = cli.kept_costs(target, draft, args.gamma_max)
         if args.cost_model:
             cost_model.save(args.cost_model)
     print(cost_model, file=sys.stderr, flush=True)
@@ -467,7 +484,7 @@ def get_cost_model(args, target, draft) -> CostModel | None:
 def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, tokens=None,
                 comparison: SpeedComparison | None = None) -> None:
     """gamma: draft tokens per round, or auto/heuristic (with a tree: its depth); tokens: the
-    generated ones, to say when they looped (spec_decoding/loops.py)."""
+    generated ones, to say when they looped (spec_decoding/presentation/loops.py)."""
     rate = stats.acceptance_rate
     by_position = " ".join("-" if r is None else f"{r:.0%}" for r in stats.acceptance_by_position)
     most = gamma if isinstance(gamma, int) else max(stats.gamma_by_round, default=0)
@@ -495,7 +512,7 @@ def print_stats(stats, gamma, baseline=None, drafter: str = "model", tree=None, 
         lines += comparison.lines() if comparison else [f"speedup:                {speedup(stats, baseline.stats):.2f}x"]
     if tokens is not None and looped(tokens):  # the acceptance above measures the loop
         lines.append(f"{LOOP_MARK} ({loop_share(tokens):.0%} of the tokens repeat one n-gram, which "
-                     f"both models predict: spec_decoding/loops.py)")
+                     f"both models predict: spec_decoding/presentation/loops.py)")
     print("\n".join(lines))
 
 
@@ -563,7 +580,7 @@ def to_json(args, device: torch.device, dtype: torch.dtype, seed: int, prompt_id
 
 
 def generate_batch(args, device: torch.device) -> None:
-    """--prompts-file: every prompt decoded together (spec_decoding.batched), stats per prompt
+    """--prompts-file: every prompt decoded together (spec_decoding.algorithms.batched), stats per prompt
     and summed."""
     prompt_ids = [encode_prompt(p) for p in args.prompts]
     target = load_model("target", args.target, device, args.dtype, args.quantize, args.compile, args.plain)
@@ -571,19 +588,19 @@ def generate_batch(args, device: torch.device) -> None:
     check_drafter(target, ModelDrafter(draft))
     warm_up(target)
     warm_up(draft)
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     seed = generator.initial_seed()
     print(f"Decoding {len(prompt_ids)} prompts as one batch ...", file=sys.stderr, flush=True)
     result = batched_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                          generator=generator, **settings)
+                                          sampling_of(args, generator), EOT_ID)
     baseline = run_baseline(args, "the target alone, batched", lambda: batched_autoregressive_generate(
-        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
+        target, prompt_ids, args.max_gen, sampling_of(args, make_generator(seed, device)), EOT_ID))
     comparison = compare_speeds(
         args, lambda: batched_speculative_sampling(target, draft, prompt_ids, args.max_gen, args.gamma,
-                                                   generator=make_generator(seed, device), **settings).tokens_per_second,
-        lambda: batched_autoregressive_generate(target, prompt_ids, args.max_gen, generator=make_generator(seed, device),
-                                                **settings).tokens_per_second)
+                                                   sampling_of(args, make_generator(seed, device)),
+                                                   EOT_ID).tokens_per_second,
+        lambda: batched_autoregressive_generate(target, prompt_ids, args.max_gen,
+                                                sampling_of(args, make_generator(seed, device)), EOT_ID).tokens_per_second)
     decode = get_tokenizer().decode
     if args.json:
         rows = [{"prompt": p, "prompt_tokens": ids, "tokens": row.tokens, "text": decode(row.tokens),
@@ -644,24 +661,22 @@ def generate(args) -> None:
     warm_up(target)
     if isinstance(drafter, ModelDrafter):
         warm_up(drafter.model)
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_id=EOT_ID)
     generator = make_generator(args.seed, device)
     # --seed, or the random one (printed with the trace and in the JSON): with the same models,
-    # options and machine (for --gamma auto: its costs kept there, CostModel.kept_for), it
+    # options and machine (for --gamma auto: its costs kept there, cli.kept_costs), it
     # reproduces this run.
     seed = generator.initial_seed()
 
     cost_model = None if args.tree else get_cost_model(args, target, drafter)
 
     printer = None if args.json else start_printing(args.prompt, tree=bool(args.tree))
+    observers = Observers(on_tokens=printer, trace=bool(args.html))
     if args.tree:
         result = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree,
-                                           generator=generator, on_tokens=printer, trace=bool(args.html),
-                                           **settings)
+                                           sampling_of(args, generator), EOT_ID, observers)
     else:
-        result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma,
-                                      generator=generator, on_tokens=printer, gamma_max=args.gamma_max,
-                                      cost_model=cost_model, trace=bool(args.html), **settings)
+        result = speculative_sampling(target, drafter, prompt_ids, args.max_gen, gamma_of(args, cost_model),
+                                      sampling_of(args, generator), EOT_ID, observers)
     if printer:
         printer.finish()
     if args.html:
@@ -672,20 +687,19 @@ def generate(args) -> None:
     # The same seed; for sampling the texts still differ, as the two use their random numbers
     # differently. Both follow the target's distribution.
     baseline = run_baseline(args, "the target alone", lambda: autoregressive_generate(
-        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings))
+        target, prompt_ids, args.max_gen, sampling_of(args, make_generator(seed, device)), EOT_ID))
 
     def speculative_again() -> float:  # the same run, not streamed: timed as the baseline is
-        generator = make_generator(seed, device)
+        sampling = sampling_of(args, make_generator(seed, device))
         if args.tree:
-            again = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree,
-                                              generator=generator, **settings)
+            again = tree_speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.tree, sampling, EOT_ID)
         else:
-            again = speculative_sampling(target, drafter, prompt_ids, args.max_gen, args.gamma, generator=generator,
-                                         gamma_max=args.gamma_max, cost_model=cost_model, **settings)
+            again = speculative_sampling(target, drafter, prompt_ids, args.max_gen, gamma_of(args, cost_model),
+                                         sampling, EOT_ID)
         return again.stats.tokens_per_second
 
     comparison = compare_speeds(args, speculative_again, lambda: autoregressive_generate(
-        target, prompt_ids, args.max_gen, generator=make_generator(seed, device), **settings).stats.tokens_per_second)
+        target, prompt_ids, args.max_gen, sampling_of(args, make_generator(seed, device)), EOT_ID).stats.tokens_per_second)
 
     if args.json:
         print(to_json(args, device, target.wpe.weight.dtype, seed, prompt_ids, result, baseline, drafter_line,

@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     m = sub.add_parser("make", help="copy the project with functions' bodies removed, for a student")
     which = m.add_mutually_exclusive_group(required=True)
     which.add_argument("--functions", nargs="+", metavar="NAME",
-                       help="dotted names, e.g. spec_decoding.rejection.residual_distribution "
+                       help="dotted names, e.g. spec_decoding.algorithms.rejection.residual_distribution "
                             "gpt2.kv_cache.KVCache.truncate (each must be exercised by a check)")
     which.add_argument("--assignment", choices=sorted(ASSIGNMENTS),
                        help="a ready-made assignment (assignments/<name>/README.md)")

@@ -90,7 +90,7 @@ def resolve(name: str, root: Path = ROOT) -> Target:
     """The function a dotted name points to, or an AssignmentError saying why not."""
     parts = name.split(".")
     if not all(p.isidentifier() for p in parts):
-        raise AssignmentError(f"{name!r} is not a dotted Python name (e.g. spec_decoding.rejection.residual_distribution)")
+        raise AssignmentError(f"{name!r} is not a dotted Python name (e.g. spec_decoding.algorithms.rejection.residual_distribution)")
     for i in range(len(parts), 0, -1):  # the longest prefix that is a module file
         module_path = Path(*parts[:i])
         if (root / module_path).is_dir() and (root / module_path / "__init__.py").is_file() and i == len(parts):
@@ -104,7 +104,7 @@ def resolve(name: str, root: Path = ROOT) -> Target:
             break
     else:
         raise AssignmentError(f"{name}: no module {parts[0]!r} in the project ({root}); names start with "
-                              f"the module's path, e.g. spec_decoding.rejection.residual_distribution")
+                              f"the module's path, e.g. spec_decoding.algorithms.rejection.residual_distribution")
     rel = file.relative_to(root).as_posix()
     qualname = ".".join(parts[i:])
     definitions = _definitions(_parsed(file.read_text(), rel))
@@ -403,7 +403,7 @@ def make(functions: list[str], out: Path, root: Path = ROOT, assignment: str | N
     from .registry import ASSIGNMENTS, custom_assignment
 
     if not functions:
-        raise AssignmentError("name at least one function: --functions spec_decoding.rejection.residual_distribution ...")
+        raise AssignmentError("name at least one function: --functions spec_decoding.algorithms.rejection.residual_distribution ...")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AssignmentError(f"{out} exists and is not an empty folder: give a new or empty folder "

@@ -14,7 +14,7 @@ not depend on the weights; benchmarks/common.py), --pairs of:
   disagrees an independent draft of --draft-layers blocks of the same width (another seed, small
             embeddings): it costs what the paying draft costs but never picks the target's token.
 
-For each pair the CostModel is measured once (CostModel.calibrate); the best fixed gamma is the one
+For each pair the CostModel is measured once (calibrate_costs); the best fixed gamma is the one
 the CostModel predicts fastest from the acceptance by position of one untimed pilot run at
 gamma_max (on the first prompt). Then each repeat runs plain decoding (autoregressive_generate),
 the best fixed gamma and gamma="auto" on the same prompt, back to back, the order rotating from
@@ -47,8 +47,9 @@ import torch
 from gpt2.speed import load_accelerated
 from gpt2.speed.compiled import COMPILE_FLAGS
 from gpt2.speed.machine_load import busy_note, load_average
-from spec_decoding import CostModel, autoregressive_generate, speculative_sampling
-from spec_decoding.theory import expected_tokens_by_position
+from spec_decoding import autoregressive_generate, CostModel, SamplingParams, speculative_sampling
+from spec_decoding.policies.theory import expected_tokens_by_position
+from spec_decoding.calibration import calibrate_costs
 
 from .common import (DEFAULT_CHECKPOINTS, machine_info, markdown_table, random_prompt, read_prompts,
                      standin_pair, timed, write_results)
@@ -68,9 +69,10 @@ def generate(method, target, draft, prompt, max_gen: int, temperature: float, se
     """One generation by `method`: "plain", an int (a fixed gamma) or "auto"."""
     generator = torch.Generator(device=target.wpe.weight.device).manual_seed(seed)
     if method == "plain":
-        return autoregressive_generate(target, prompt, max_gen, temperature, generator=generator)
-    return speculative_sampling(target, draft, prompt, max_gen, method, temperature=temperature,
-                                generator=generator, cost_model=costs if method == "auto" else None)
+        return autoregressive_generate(target, prompt, max_gen,
+                                       sampling=SamplingParams(temperature=temperature, generator=generator))
+    return speculative_sampling(target, draft, prompt, max_gen, costs if method == "auto" else method,
+                                SamplingParams(temperature=temperature, generator=generator))
 
 
 MIN_TIMED_S = 0.5  # seconds a method's timing in a repeat spans at least (more calls when shorter)
@@ -188,9 +190,9 @@ def round_breakdown(target, draft, costs: CostModel, prompt, max_gen: int) -> di
 
         target_timer.take(), draft_timer.take()
         marks[0] = time.perf_counter()
-        from spec_decoding import speculative_sampling_greedy
-        auto = speculative_sampling_greedy(target, draft, prompt, max_gen, "auto", cost_model=costs,
-                                           on_round=on_round)
+        from spec_decoding import Observers, speculative_sampling_greedy
+        auto = speculative_sampling_greedy(target, draft, prompt, max_gen, costs,
+                                           observers=Observers(on_round=on_round))
         auto_s = time.perf_counter() - marks[0]
         steps, step_marks = [], [time.perf_counter()]
 
@@ -201,7 +203,7 @@ def round_breakdown(target, draft, costs: CostModel, prompt, max_gen: int) -> di
 
         target_timer.take()
         step_marks[0] = time.perf_counter()
-        plain = autoregressive_generate(target, prompt, max_gen, on_tokens=on_tokens)
+        plain = autoregressive_generate(target, prompt, max_gen, observers=Observers(on_tokens=on_tokens))
         plain_s = time.perf_counter() - step_marks[0]
         plain_forwards = target_timer.take()
     finally:
@@ -334,8 +336,8 @@ def main(argv=None) -> None:
     rows, texts = [], []
     for name, pair_draft in pairs:
         print(f"{name}: measuring the costs ...", flush=True)
-        costs = CostModel.calibrate(target, pair_draft, gamma_max=GAMMA_MAX, budget_s=args.calibrate_s,
-                                    min_rounds=args.calibrate_rounds)
+        costs = calibrate_costs(target, pair_draft, gamma_max=GAMMA_MAX, budget_s=args.calibrate_s,
+                                min_rounds=args.calibrate_rounds)
         print(costs, flush=True)
         results["cost_models"][name] = asdict(costs)
         if args.breakdown:

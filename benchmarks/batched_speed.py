@@ -12,7 +12,7 @@ reported (median over --repeats), with the speed-up (the median of each repeat's
 runs made back to back) and the acceptance alpha. At B = 1 the single-sequence generators run
 too: batching support should cost nothing there.
 
-Predicted: spec_decoding.costs.BatchCostModel, measured before the grid (calibrate_batch_costs),
+Predicted: spec_decoding.policies.costs.BatchCostModel, measured before the grid (calibrate_batch_costs),
 with the alpha measured in the same cell: speed-up = E(alpha, gamma) / (gamma c(B) +
 verify_cost(B, gamma)). The crossover is the smallest batch at which the best gamma's speed-up is
 <= 1, measured and predicted.
@@ -25,11 +25,12 @@ from dataclasses import asdict
 import torch
 
 from gpt2.speed.device import synchronize
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
-from spec_decoding.batched import (batched_autoregressive_generate, batched_speculative_sampling,
-                                   calibrate_batch_costs)
-from spec_decoding.costs import BatchCostModel
-from spec_decoding.theory import crossover_batch_size
+from spec_decoding import (autoregressive_generate, SamplingParams, speculative_sampling,
+                           speculative_sampling_greedy)
+from spec_decoding.algorithms.batched import batched_autoregressive_generate, batched_speculative_sampling
+from spec_decoding.calibration import calibrate_batch_costs
+from spec_decoding.policies.costs import BatchCostModel
+from spec_decoding.policies.theory import crossover_batch_size
 
 from .common import markdown_table
 
@@ -71,8 +72,8 @@ def run_batch_grid(target, draft, prompts, batch_sizes, gammas, max_gen: int, te
     for B in sorted({1, min(2, max(batch_sizes))}):
         warm = batch_of(prompts, B)
         batched_autoregressive_generate(target, warm, 4)
-        batched_speculative_sampling(target, draft, warm, 8, min(gammas), temperature=temperature,
-                                     generator=generator())
+        batched_speculative_sampling(target, draft, warm, 8, min(gammas),
+                                     sampling=SamplingParams(temperature=temperature, generator=generator()))
     autoregressive_generate(target, prompts[0], 4)
     speculative_sampling_greedy(target, draft, prompts[0], 8, min(gammas))
 
@@ -81,22 +82,22 @@ def run_batch_grid(target, draft, prompts, batch_sizes, gammas, max_gen: int, te
         for B in batch_sizes:
             batch = batch_of(prompts, B)
             ar, ar_s = _timed(device, lambda: batched_autoregressive_generate(
-                target, batch, max_gen, temperature, generator=generator()))
+                target, batch, max_gen, SamplingParams(temperature, generator=generator())))
             row = {"batch": B, "repeat": repeat, "ar_tokens": ar.tokens_generated, "ar_seconds": ar_s}
             if B == 1:  # the single-sequence generators on the same prompt
                 single, single_s = _timed(device, lambda: autoregressive_generate(
-                    target, batch[0], max_gen, temperature, generator=generator()))
+                    target, batch[0], max_gen, SamplingParams(temperature, generator=generator())))
                 row.update(single_ar_seconds=single_s, single_ar_tokens=len(single.tokens))
             for gamma in gammas:
                 spec, spec_s = _timed(device, lambda: batched_speculative_sampling(
-                    target, draft, batch, max_gen, gamma, temperature=temperature, generator=generator()))
+                    target, draft, batch, max_gen, gamma, SamplingParams(temperature, generator=generator())))
                 cell = dict(row, gamma=gamma, spec_tokens=spec.tokens_generated, spec_seconds=spec_s,
                             alpha=spec.alpha, target_forwards=spec.target_forwards,
                             draft_forwards=spec.draft_forwards)
                 if B == 1:
-                    single_fn = speculative_sampling_greedy if temperature == 0 else speculative_sampling
-                    kwargs = {} if temperature == 0 else dict(temperature=temperature, generator=generator())
-                    one, one_s = _timed(device, lambda: single_fn(target, draft, batch[0], max_gen, gamma, **kwargs))
+                    sampling = SamplingParams(temperature, generator=generator())
+                    one, one_s = _timed(device, lambda: speculative_sampling(target, draft, batch[0], max_gen, gamma,
+                                                                             sampling))
                     cell.update(single_spec_seconds=one_s, single_spec_tokens=len(one.tokens))
                 cells.append(cell)
             log(f"repeat {repeat} B={B:3d}: AR {ar.tokens_generated / ar_s:7.2f} tok/s; speculative "

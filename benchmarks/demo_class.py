@@ -1,5 +1,5 @@
 """A class of generated submissions of gamma_cost_model, graded in one batch: honest, wrong,
-hanging, crashing and hostile ones, each a folder with the student's spec_decoding/theory.py
+hanging, crashing and hostile ones, each a folder with the student's spec_decoding/policies/theory.py
 (and costs.py), made from this project's own solution:
 
     python -m benchmarks.demo_class --out DIR [--memory MB] [--timeout S]
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 NAME = "gamma_cost_model"
-THEORY, COSTS = "spec_decoding/theory.py", "spec_decoding/costs.py"
+THEORY, COSTS = "spec_decoding/policies/theory.py", "spec_decoding/policies/costs.py"
 FUNCTION = "def expected_tokens_per_round(alpha: float, gamma: int) -> float:"
 
 # Python put at the top of expected_tokens_per_round (runs on each call, in the check's process)
@@ -98,8 +98,8 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
     """One student's folder of kind `kind` (a key of KINDS), from the project at `root`."""
     folder.mkdir(parents=True)
     theory, costs = (root / THEORY).read_text(), (root / COSTS).read_text()
-    out = folder / "spec_decoding"
-    out.mkdir()
+    out = folder / "spec_decoding" / "policies"
+    out.mkdir(parents=True)
     if kind != "partial":
         (out / "costs.py").write_text(costs)
     attacks = {"honest": None, "honest-loop": None, "wrong": WRONG, "partial": None, "hang": HANG,

@@ -3,7 +3,7 @@ official GPT-2 shape with random weights (a step's time does not depend on the v
 
     python -m benchmarks.feature_drafter_costs [--model gpt2-large] [--context 128] [--threads 1]
 
-Drafters timed (spec_decoding.costs.CostModel.calibrate, warm caches, the calls taking turns):
+Drafters timed (spec_decoding.calibration.calibrate_costs, warm caches, the calls taking turns):
 Medusa (one head: a round of g tokens runs g heads; its own output layer, and shared_readout: the
 target's), EAGLE (one block + the full head), EAGLE
 with a reduced draft vocabulary of 32k tokens (EAGLE-3's size), and layer-skip with a quarter of
@@ -17,10 +17,10 @@ import torch
 
 from gpt2 import GPT2, OFFICIAL_CONFIGS
 from gpt2.speed.kernels import attach_kernels
-from spec_decoding.costs import CostModel
 from spec_decoding.drafters import LayerSkipDrafter
-from spec_decoding.eagle import EagleDrafter, EagleNet
-from spec_decoding.medusa import MedusaDrafter, MedusaHeads
+from spec_decoding.drafters.eagle import EagleDrafter, EagleNet
+from spec_decoding.drafters.medusa import MedusaDrafter, MedusaHeads
+from spec_decoding.calibration import calibrate_costs
 
 
 def main(argv=None) -> None:
@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     print(f"{args.model}, context {args.context}, {args.threads} thread(s)")
     print("| drafter | draft step (ms) | target step (ms) | c |\n|---|---:|---:|---:|")
     for name, drafter in drafters.items():
-        cost = CostModel.calibrate(target, drafter, gamma_max=1, context_len=args.context, budget_s=args.budget)
+        cost = calibrate_costs(target, drafter, gamma_max=1, context_len=args.context, budget_s=args.budget)
         print(f"| {name} | {1000 * cost.draft_step_s:.1f} | {1000 * cost.target_step_s:.1f} | {cost.c:.3f} |",
               flush=True)
 

@@ -26,9 +26,9 @@ import torch
 from gpt2.config import GPT2Config
 from gpt2.kv_cache import KVCache
 from gpt2.model import GPT2
-from spec_decoding import autoregressive_generate, speculative_sampling
-from spec_decoding.costs import CostModel
-from spec_decoding.gamma import AutoGamma, GammaPolicy
+from spec_decoding import autoregressive_generate, SamplingParams, speculative_sampling
+from spec_decoding.policies.costs import CostModel
+from spec_decoding.policies.gamma import AutoGamma, GammaPolicy
 
 from .common import add_output_options, machine_info, markdown_table, median, write_results
 
@@ -86,22 +86,21 @@ def main(argv=None):
     target, draft = StubModel(args.vocab, seed=0), StubModel(args.vocab, seed=0)  # q = p: all accepted
     prompt = [1, 2, 3]
 
-    def seeded():
-        return torch.Generator().manual_seed(0)
+    def seeded() -> SamplingParams:
+        return SamplingParams(args.temperature, generator=torch.Generator().manual_seed(0))
 
-    loops = {"plain decoding": lambda: autoregressive_generate(target, prompt, args.max_gen, args.temperature,
-                                                               generator=seeded()),
-             "speculative, plain rounds only": lambda: speculative_sampling(
-                 target, draft, prompt, args.max_gen, NeverDraft(), args.temperature, generator=seeded())}
+    loops = {"plain decoding": lambda: autoregressive_generate(target, prompt, args.max_gen, seeded()),
+             "speculative, plain rounds only": lambda: speculative_sampling(target, draft, prompt, args.max_gen,
+                                                                            NeverDraft(), seeded())}
     # auto where drafting cannot pay: the draft costs a target step, so even an accepted token
     # does not repay it; it takes plain steps, with a probe now and then
     cannot_pay = CostModel(target="stub", draft="stub", draft_step_s=1e-3,
                            target_score_s=[1e-3 * (1 + 0.02 * k) for k in range(9)])
     loops["speculative, auto (drafting cannot pay)"] = lambda: speculative_sampling(
-        target, draft, prompt, args.max_gen, AutoGamma(cannot_pay), args.temperature, generator=seeded())
+        target, draft, prompt, args.max_gen, AutoGamma(cannot_pay), seeded())
     for g in args.gammas:
-        loops[f"speculative, gamma {g}"] = (lambda g=g: speculative_sampling(
-            target, draft, prompt, args.max_gen, g, args.temperature, generator=seeded()))
+        loops[f"speculative, gamma {g}"] = (lambda g=g: speculative_sampling(target, draft, prompt, args.max_gen,
+                                                                             g, seeded()))
     for run in loops.values():  # warm-up
         run()
     times = {name: [] for name in loops}

@@ -10,7 +10,7 @@ make_plots(results, out_dir) writes
   benchmark_acceptance.png        acceptance by draft position, beside alpha^i: under the theory's
                                   assumption (each token accepted independently with chance alpha)
                                   position i is reached and accepted with chance alpha^i.
-A cell some of whose runs looped (spec_decoding/loops.py: the text is mostly one repeated n-gram,
+A cell some of whose runs looped (spec_decoding/presentation/loops.py: the text is mostly one repeated n-gram,
 which both models predict, so its acceptance and speed-up are inflated) is marked in each of them.
 """
 
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from spec_decoding.loops import LOOP_MARK  # noqa: E402
+from spec_decoding.presentation.loops import LOOP_MARK  # noqa: E402
 
 from .common import gamma_order  # noqa: E402
 
@@ -49,7 +49,7 @@ def draw_figures(results: dict) -> dict:
     """file name -> figure, one panel per temperature (columns) and drafter (rows, when benchmark.py
     ran several). The heatmap's panels share one colour scale (shared_norm), so a colour means the
     same speed-up in every panel; a grid of one max_gen draws bars instead (one column of colour
-    says less than bar heights). A cell some of whose runs looped (spec_decoding/loops.py) is marked
+    says less than bar heights). A cell some of whose runs looped (spec_decoding/presentation/loops.py) is marked
     in every plot."""
     cells = results["cells"]
     temperatures = sorted({c["temperature"] for c in cells})
@@ -69,7 +69,7 @@ def draw_figures(results: dict) -> dict:
                 ax.set_title(f"drafter {drafter}: " + ax.get_title(), fontsize=10)
         if any(c.get("looped_runs") for c in cells):
             fig.text(0.01, 0.005, f"looped (hatched, ringed, or named) = {LOOP_MARK}: most of a run's text repeats one n-gram, "
-                     f"which both models predict (spec_decoding/loops.py)", fontsize=8, color=LOOP_COLOUR,
+                     f"which both models predict (spec_decoding/presentation/loops.py)", fontsize=8, color=LOOP_COLOUR,
                      va="bottom")
         fig.suptitle(title, fontsize=9)
         fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -41,7 +41,7 @@ from gpt2.speed import FastGPT2, load_accelerated
 from gpt2.speed import kernels
 from gpt2.speed.fast_linear import int8_per_channel
 from spec_decoding import speculative_sampling_greedy
-from spec_decoding.decoding import forward_new_tokens, new_cache
+from spec_decoding.caches import forward_new_tokens, new_cache
 
 FORMATS = {"float32": dict(dtype="float32"), "fp16": dict(dtype="float32", quantize="fp16"),
            "int8": dict(dtype="float32", quantize="int8"), "bfloat16": dict(dtype="bfloat16"),

@@ -34,9 +34,9 @@ from tqdm import tqdm
 import gpt2.speed.kernels
 from gpt2 import OFFICIAL_CONFIGS
 from gpt2.speed import load_accelerated
-from spec_decoding import (CostModel, autoregressive_generate, speculative_sampling,
-                           speculative_sampling_greedy)
-from spec_decoding.theory import predicted_speedup
+from spec_decoding import SamplingParams, autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding.calibration import calibrate_costs
+from spec_decoding.policies.theory import predicted_speedup
 
 from .common import (DEFAULT_CHECKPOINTS, add_output_options, machine_info, markdown_table, median, random_prompt,
                      standin_pair, timed, transformers_missing, write_results)
@@ -64,15 +64,15 @@ def set_onednn(on: bool):
 def per_call_costs(target, draft, context_len, gammas, repeats, modes=("onednn", "mkl")):
     """Median seconds of each kind of call with the KV caches holding context_len positions:
     {mode: {"draft_step": s, "target_step": s, "verify": {gamma: s}}}. Each repeat runs one short
-    CostModel.calibrate (spec_decoding/costs.py, the one place per-call costs are timed) per mode,
+    calibrate_costs (spec_decoding/policies/costs.py, the one place per-call costs are timed) per mode,
     the modes taking turns so that machine noise hits both alike."""
     calibrations = {mode: [] for mode in modes}
     try:
         for _ in tqdm(range(repeats), desc="  per-call costs", leave=False):
             for mode in modes:
                 set_onednn(mode == "onednn")
-                calibrations[mode].append(CostModel.calibrate(target, draft, max(gammas), context_len,
-                                                              budget_s=0.0, min_rounds=1))
+                calibrations[mode].append(calibrate_costs(target, draft, max(gammas), context_len,
+                                                          budget_s=0.0, min_rounds=1))
     finally:
         set_onednn(True)
     return {mode: {"draft_step": median([c.draft_step_s for c in runs]),
@@ -107,8 +107,7 @@ def make_jobs(target, draft, hf_target, hf_draft, gammas, new_tokens, with_hf):
         jobs[f"spec greedy g={g}"] = lambda p, s, g=g: _ours(
             speculative_sampling_greedy(target, draft, p, new_tokens, g))
         jobs[f"spec T=1 g={g}"] = lambda p, s, g=g: _ours(speculative_sampling(
-            target, draft, p, new_tokens, g, temperature=1.0,
-            generator=torch.Generator().manual_seed(s)))
+            target, draft, p, new_tokens, g, SamplingParams(1.0, generator=torch.Generator().manual_seed(s))))
     if with_hf:
         jobs["HF greedy"] = lambda p, s: (hf_generate(hf_target, p, new_tokens), None)
         for g in gammas:

@@ -172,7 +172,7 @@ print("target cache rolled back to", target_cache.length)
 #    never the output.
 
 # %%
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+from spec_decoding import autoregressive_generate, Observers, speculative_sampling_greedy
 
 # 1. One token at a time.
 one_cache = target.new_kv_cache(max_len=L + GAMMA + 1)
@@ -187,7 +187,7 @@ torch.testing.assert_close(verify_logits[0].float(), one_at_a_time.float(), rtol
 # 2. The library's first round (on_tokens is called after each round).
 rounds = []
 result = speculative_sampling_greedy(target, draft, prompt_ids, max_gen=GAMMA + 1, gamma=GAMMA,
-                                     on_tokens=lambda tokens, sources: rounds.append((tokens, sources)))
+                                     observers=Observers(on_tokens=lambda tokens, sources: rounds.append((tokens, sources))))
 first_tokens, first_sources = rounds[0]
 print("library, round 1:", [label(t) for t in first_tokens], first_sources)
 assert first_tokens == accepted

@@ -78,7 +78,8 @@ def label(token: int) -> str:  # its text (GPT-2's vocabulary) or #id (a test mo
 # fewer).
 
 # %%
-from spec_decoding import logits_to_probs, modified_rejection_sampling, residual_distribution
+from spec_decoding import (logits_to_probs, modified_rejection_sampling, Observers, residual_distribution,
+                           SamplingParams)
 
 TEMPERATURE, TOP_K = 1.0, 50
 prompt_ids = encode_prompt(PROMPT, VOCAB)
@@ -190,7 +191,7 @@ plt.show()
 # %% [markdown]
 # ## A whole generation, round by round
 #
-# `trace=True` records every round: the drafted tokens with p(x), q(x), the acceptance probability
+# `observers=Observers(trace=True)` records every round: the drafted tokens with p(x), q(x), the acceptance probability
 # min(1, p/q) and the uniform draw r it was tested with, the verdict, and the token the target
 # added (from the residual after a rejection, from p as a bonus). The same page as
 # `python spec_decoding_generate.py --html runs/trace.html`: hover (or click) a token for its numbers.
@@ -201,10 +202,11 @@ plt.show()
 from IPython.display import HTML, display
 
 from spec_decoding import speculative_sampling
-from spec_decoding.trace_page import iframe_html
+from spec_decoding.presentation.trace_page import iframe_html
 
-result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4, temperature=1.0,
-                              generator=torch.Generator().manual_seed(0), trace=True)
+result = speculative_sampling(target, draft, prompt_ids, max_gen=40, gamma=4,
+                              sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                              observers=Observers(trace=True))
 trace = result.trace
 print(f"{len(trace.rounds)} rounds; alpha = {trace.alpha:.3f}; "
       f"{sum(r.next_source == 'correction' for r in trace.rounds)} rounds ended in a rejection")

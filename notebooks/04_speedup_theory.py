@@ -20,7 +20,7 @@
 # A round accepts a run of draft tokens, then adds one token of the target's, so it yields on
 # average `(1 - alpha^(gamma+1)) / (1 - alpha)` tokens. It costs gamma draft forwards and one target
 # forward, `gamma c + 1` target-forward units. The speed-up over the target alone is their ratio
-# (`spec_decoding.theory`).
+# (`spec_decoding.policies.theory`).
 
 # %% [markdown]
 # ## Which models? One switch
@@ -69,7 +69,7 @@ BENCHMARK_RESULTS = Path(os.environ.get("BENCHMARK_RESULTS", ROOT / "runs" / "be
 print("benchmark results:", BENCHMARK_RESULTS)
 
 # %%
-from spec_decoding.theory import best_gamma, expected_tokens_per_round, predicted_speedup
+from spec_decoding.policies.theory import best_gamma, expected_tokens_per_round, predicted_speedup
 
 C_EXAMPLE = 0.15  # about gpt2 (124M) vs gpt2-large (774M) by parameter count
 alphas = [i / 100 for i in range(0, 100)]
@@ -107,7 +107,8 @@ import json
 import statistics
 from dataclasses import asdict
 
-from spec_decoding import CostModel
+from spec_decoding import CostModel, Observers, SamplingParams
+from spec_decoding.calibration import calibrate_costs
 
 
 def measure_inline(max_gen=32, repeats=3):
@@ -127,9 +128,9 @@ def measure_inline(max_gen=32, repeats=3):
         prompt_ids = list(range(1, 12))
     max_gen = min(max_gen, target.config.n_positions - len(prompt_ids), draft.config.n_positions - len(prompt_ids))
 
-    # The per-call costs, timed on warm KV caches (spec_decoding/costs.py): a draft step and
+    # The per-call costs, timed on warm KV caches (spec_decoding/policies/costs.py): a draft step and
     # the target scoring k = 1 .. 5 tokens in one forward.
-    cost_model = CostModel.calibrate(target, draft, gamma_max=4, context_len=len(prompt_ids), budget_s=2.0)
+    cost_model = calibrate_costs(target, draft, gamma_max=4, context_len=len(prompt_ids), budget_s=2.0)
     c = cost_model.c
     autoregressive_generate(target, prompt_ids, 4)  # warm-ups
     speculative_sampling_greedy(target, draft, prompt_ids, 4, 2)
@@ -256,7 +257,7 @@ plt.show()
 #
 # Everything the formula needs can be measured while generating: the costs once, before the run
 # (a `CostModel`: seconds of a draft step, t_draft, and of the target scoring k tokens in one
-# forward, t_target(k)), and the acceptance as the rounds go by. `spec_decoding/gamma.py` does
+# forward, t_target(k)), and the acceptance as the rounds go by. `spec_decoding/policies/gamma.py` does
 # exactly that. Before each round, with a_i its current estimate of the chance that draft token i
 # is accepted when those before it were, it drafts
 #
@@ -274,7 +275,7 @@ plt.show()
 
 # %%
 from spec_decoding import AutoGamma, HeuristicGamma
-from spec_decoding.theory import expected_tokens_by_position
+from spec_decoding.policies.theory import expected_tokens_by_position
 
 if costs.get("cost_model") or costs.get("cost_models"):  # measured inline, or by benchmark.py (per drafter)
     cost_model = CostModel(**(costs.get("cost_model") or next(iter(costs["cost_models"].values()))))
@@ -342,7 +343,7 @@ for name, gs in chosen.items():
 #
 # The theory above assumes every draft token is accepted independently with the same chance
 # alpha, so the i-th token of a round is accepted (with all before it) with probability alpha^i.
-# Measure it: sample with `trace=True` and count, for each position i, how often the i-th draft
+# Measure it: sample with `Observers(trace=True)` and count, for each position i, how often the i-th draft
 # token of a round was accepted. Real text is not i.i.d.: easy stretches (indentation, a closing
 # bracket, a common word) are accepted in long runs and hard ones fail early, so the measured
 # curve usually decays more slowly than alpha^i after the first position.
@@ -355,9 +356,11 @@ target = load_gpt2(TARGET, device=DEVICE)
 draft = load_gpt2(DRAFT, device=DEVICE)
 GAMMA_TRACE = 6
 prompt_ids = encode(PROMPT) if target.config.vocab_size == 50257 else list(range(1, 12))
-traced = speculative_sampling(target, draft, prompt_ids, max_gen=min(120, target.config.n_positions - len(prompt_ids)),
-                              gamma=GAMMA_TRACE, temperature=1.0,
-                              generator=torch.Generator().manual_seed(0), trace=True).trace
+traced = speculative_sampling(target, draft, prompt_ids,
+                              max_gen=min(120, target.config.n_positions - len(prompt_ids)),
+                              gamma=GAMMA_TRACE,
+                              sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                              observers=Observers(trace=True)).trace
 counts = traced.acceptance_by_position()  # [(accepted, drafted)] per position
 positions = list(range(1, len(counts) + 1))
 measured = [a / d if d else float("nan") for a, d in counts]

@@ -14,7 +14,7 @@
 # A chain of gamma draft tokens dies at its first rejection: if the draft's first choice at step 2
 # is wrong, everything it drafted after it is wasted. A **token tree** keeps several candidates per
 # step, and the target checks *every node* in one forward pass. This is how SpecInfer (Miao et al.
-# 2023), Medusa and EAGLE get their speed-ups. The code is `spec_decoding/tree.py`.
+# 2023), Medusa and EAGLE get their speed-ups. The code is `spec_decoding/algorithms/tree.py`.
 #
 # One round, for `branching = (2, 2, 1)`: the root is the sequence's last token; it gets 2 children,
 # each of those 2, each of those 1: 2 + 4 + 4 = 10 draft nodes.
@@ -78,8 +78,9 @@ print(f"prompt: {len(prompt)} tokens; the root of the tree is its last token, {l
 # once, under the same tree mask the target will use. Nodes are numbered level by level.
 
 # %%
-from spec_decoding.tree import (build_draft_tree, keep_accepted_path, score_tree, tree_attention_mask,
-                                tree_size, verify_tree_greedy)
+from spec_decoding.algorithms.tree import (build_draft_tree, keep_accepted_path, score_tree, tree_attention_mask,
+                                           verify_tree_greedy)
+from spec_decoding.drafters.token_tree import tree_size
 
 BRANCHING = (2, 2, 1)
 print(f"branching {BRANCHING}: {tree_size(BRANCHING)} nodes")
@@ -224,13 +225,14 @@ assert target_cache.length == len(accepted) and diff < 1e-4
 # token-tree benchmark in docs/performance.md.
 
 # %%
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
+from spec_decoding import (GREEDY, autoregressive_generate, Observers, SamplingParams,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 
 N = 40
 reference = autoregressive_generate(target, prompt, N).tokens
 runs = {"chain, gamma 3": speculative_sampling_greedy(target, draft, prompt, N, 3)}
 for branching in [(1, 1, 1), (2, 1, 1), (2, 2, 1), (4, 2, 1)]:
-    runs[f"tree {branching}"] = tree_speculative_sampling(target, draft, prompt, N, branching, temperature=0)
+    runs[f"tree {branching}"] = tree_speculative_sampling(target, draft, prompt, N, branching, sampling=GREEDY)
 print(f"{'':16} {'same as target':>14} {'tokens/call':>11} {'nodes/call':>10}")
 for name, result in runs.items():
     s = result.stats
@@ -251,7 +253,7 @@ for name, result in runs.items():
 
 # %%
 from spec_decoding.sampling import sample
-from spec_decoding.rejection import MultiDraftVerdict, multi_draft_rejection_sampling, residual_distribution
+from spec_decoding.algorithms.rejection import MultiDraftVerdict, multi_draft_rejection_sampling, residual_distribution
 
 g = torch.Generator().manual_seed(0)
 p = torch.tensor([0.45, 0.25, 0.15, 0.10, 0.05])
@@ -289,7 +291,7 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 # %% [markdown]
 # ## Every round of a tree run, on one page
 #
-# `trace=True` records each round's tree: every node with p(x) and q(x) at its parent, the
+# `Observers(trace=True)` records each round's tree: every node with p(x) and q(x) at its parent, the
 # target it was tested against after its elder siblings were rejected (p'), min(1, p'/q), the
 # uniform draw and the verdict, then the accepted path and the target's own token. The page draws
 # each tree left to right (accepted green, rejected struck through, never judged grey); hover or
@@ -300,10 +302,11 @@ print("SpecInfer - p:", (counts["SpecInfer"] - p).abs().max().item(), " naive - 
 from IPython.display import HTML, display
 
 from spec_decoding.result import FROM_DRAFT_BRANCH
-from spec_decoding.trace_page import iframe_html
+from spec_decoding.presentation.trace_page import iframe_html
 
-result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1), temperature=1.0,
-                                   generator=torch.Generator().manual_seed(0), trace=True)
+result = tree_speculative_sampling(target, draft, prompt, 24, (2, 2, 1),
+                                   sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                                   observers=Observers(trace=True))
 side = result.stats.token_sources.count(FROM_DRAFT_BRANCH)
 print(f"{len(result.trace.rounds)} rounds, {result.stats.nodes_verified} nodes verified, "
       f"{side} tokens accepted from a side branch")

@@ -14,7 +14,7 @@
 # Speculative sampling is easy to get subtly wrong, and the wrong versions still write fluent
 # text, so nobody notices. Well-known libraries and teaching repositories have shipped each of the
 # mistakes below. Here every one is planted for a moment into this project's real code (a
-# monkeypatch or a small subclass, from `spec_decoding/bug_zoo.py`; the library itself is never
+# monkeypatch or a small subclass, from `spec_decoding/checks/bug_zoo.py`; the library itself is never
 # edited) and the check that catches it is run on it, next to the same check on the correct code.
 #
 # | bug | caught by | shipped in |
@@ -41,7 +41,7 @@
 # see them) and only throw acceptance away; the check that catches them compares the run with what
 # the pair's own distributions predict, and says "lossless, but slower".
 #
-# The checks live in `spec_decoding/checks.py`: the tests use them, and so can you on your own
+# The checks live in `spec_decoding/checks/generator_checks.py`: the tests use them, and so can you on your own
 # drafter. The asserts below are tests: the suite runs this notebook (`tests/test_notebooks.py`),
 # and `tests/test_bug_zoo.py` tests the rest of the zoo.
 
@@ -59,7 +59,7 @@ import torch
 from gpt2 import GPT2Config, load_gpt2
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-from spec_decoding.bug_zoo import BUGS, SPEED_PAIR, SPEED_PAIR_CONFIG, run_check
+from spec_decoding.checks.bug_zoo import BUGS, SPEED_PAIR, SPEED_PAIR_CONFIG, run_check
 from spec_decoding.checks import exact_distribution
 
 torch.manual_seed(0)
@@ -345,7 +345,7 @@ show("cache reset, not rolled back")
 # In a batch, rows accept different numbers of draft tokens. mlx-vlm advanced every row's cache
 # offset by the whole draft block; rows that accepted fewer kept the rejected tokens' keys and
 # values, and outputs fell into loops. Here every row is rewound by one shared count
-# (`spec_decoding.batched` keeps one length per row: notebook 09).
+# (`spec_decoding.algorithms.batched` keeps one length per row: notebook 09).
 
 # %%
 show("batch rows rewound alike")

@@ -12,7 +12,7 @@
 # # 7. Write your own drafter
 #
 # Speculative decoding does not care where the draft tokens come from. The generators take any
-# `Drafter` (`spec_decoding/drafters.py`): an object with three methods,
+# `Drafter` (`spec_decoding/drafters/drafter.py`): an object with three methods,
 #
 # * `start(prompt, max_gen)`: a generation begins (allocate caches, reset state);
 # * `propose(tokens, num_tokens, temperature, top_k, top_p, generator)`: up to `num_tokens` tokens

@@ -47,9 +47,9 @@ import torch
 
 from offline.train_pair import TrainSettings
 from offline.train_drafter import train_drafter
-from spec_decoding import speculative_sampling
+from spec_decoding import SamplingParams, speculative_sampling
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
-from spec_decoding.feature_files import load_feature_drafter
+from spec_decoding.drafters.feature_files import load_feature_drafter
 
 torch.manual_seed(0)
 target, draft = load_pair()
@@ -108,8 +108,8 @@ by_position, per_call = {}, {}
 for name, drafter in drafters.items():
     drafted, accepted, tokens, calls = [0] * GAMMA, [0] * GAMMA, 0, 0
     for i, prompt in enumerate(prompts):
-        result = speculative_sampling(target, drafter, prompt, 24, GAMMA, temperature=1.0,
-                                      generator=torch.Generator().manual_seed(i))
+        result = speculative_sampling(target, drafter, prompt, 24, GAMMA,
+                                      sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(i)))
         s = result.stats
         for k in range(min(GAMMA, len(s.drafted_by_position))):
             drafted[k] += s.drafted_by_position[k]

@@ -17,7 +17,7 @@
 # **The bookkeeping.** In one round row 0 may accept all gamma draft tokens while row 1 rejects the
 # first. From then on the rows have different lengths. GPT-2's position embeddings are learned and
 # absolute, so each row needs its own positions, its own KV-cache length and its own attention
-# mask. `spec_decoding/batched.py` gives every row its own length (a *per-row length*): row b's new
+# mask. `spec_decoding/algorithms/batched.py` gives every row its own length (a *per-row length*): row b's new
 # keys go to slots `lengths[b], lengths[b] + 1, ...` of its cache row, and rolling it back after a
 # rejection moves only `lengths[b]`, exactly as `KVCache.truncate` does for one sequence. The new
 # tokens of one forward are right-padded to the longest row's count. The padding's keys land past
@@ -61,14 +61,14 @@ BATCH_RESULTS = Path(os.environ.get("BATCH_RESULTS", ROOT / "runs" / "batched" /
 # with `autoregressive_generate` on the prompt by itself.
 
 # %%
-from spec_decoding import autoregressive_generate
-from spec_decoding.batched import batched_speculative_sampling
+from spec_decoding import autoregressive_generate, Observers
+from spec_decoding.algorithms.batched import batched_speculative_sampling
 
 base = encode_prompt("def main():\n    args = parse_args()\n    for name in args.files:\n", V)
 prompts = [base[:3], base, base[:7], base[:1]]  # 3, 11+, 7 and 1 tokens
 rounds = []
 result = batched_speculative_sampling(target, draft, prompts, max_gen=24, gamma=3,
-                                      on_round=rounds.append)
+                                      observers=Observers(on_round=rounds.append))
 for i, (prompt, row) in enumerate(zip(prompts, result.rows)):
     alone = autoregressive_generate(target, prompt, 24).tokens
     assert row.tokens == alone, f"row {i} differs from the target alone"
@@ -95,17 +95,17 @@ for k, report in enumerate(rounds):
 # ## What a forward costs by rows
 #
 # `calibrate_batch_costs` times one forward of n rows (n sequences, one new token each) in both
-# models. The batch's cost model (`spec_decoding.costs.BatchCostModel`) prices everything by rows:
+# models. The batch's cost model (`spec_decoding.policies.costs.BatchCostModel`) prices everything by rows:
 # a batched step of B sequences is B rows, verifying gamma draft tokens for each is B x (gamma + 1)
 # rows. Then, with every row accepting with probability alpha,
 #
 #     speed-up(B) = E(alpha, gamma) / (gamma c(B) + verify_cost(B, gamma)),
 #     c(B) = draft(B rows) / target(B rows),  verify_cost(B, gamma) = target(B (gamma + 1) rows) / target(B rows),
 #
-# Leviathan's formula with costs measured at the batch size (`spec_decoding/theory.py`).
+# Leviathan's formula with costs measured at the batch size (`spec_decoding/policies/theory.py`).
 
 # %%
-from spec_decoding.batched import calibrate_batch_costs
+from spec_decoding.calibration import calibrate_batch_costs
 
 BATCH_SIZES, GAMMAS = [1, 4, 16], [1, 3]  # more in benchmark.py --batch
 costs = calibrate_batch_costs(target, draft, max_rows=max(BATCH_SIZES) * (max(GAMMAS) + 1), repeats=3)
@@ -133,7 +133,7 @@ for B in BATCH_SIZES:
 # %%
 import json
 
-from spec_decoding.theory import crossover_batch_size
+from spec_decoding.policies.theory import crossover_batch_size
 
 if BATCH_RESULTS.is_file():
     by_batch = json.loads(BATCH_RESULTS.read_text())["by_batch"]

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from .train_drafter import TrainDrafterError, corpus_tokens
 from .train_pair import TrainPairError, write_pair_atomically
-from spec_decoding.feature_files import read_config
+from spec_decoding.drafters.feature_files import read_config
 
 
 def add_token_map(drafter_dir, out, size: int, texts: list[str] | None = None) -> float:

@@ -19,7 +19,7 @@ Only the drafter learns, from what the target computed:
     step before's predictions, with the attention a round has (training_time_test_mask).
 
 Works on any GPT-2 folder the project loads (the trained pair's target, real GPT-2). The output
-folder (model.safetensors, config.json, README.md: spec_decoding/feature_files.py) is written
+folder (model.safetensors, config.json, README.md: spec_decoding/drafters/feature_files.py) is written
 atomically: an interrupted run leaves nothing half-written. For Medusa the README and config.json
 also hold each head's measured top-1..top-4 accuracy on held-out text, which shapes its token tree.
 """
@@ -40,9 +40,9 @@ from gpt2 import GPT2, load_gpt2
 from .train_pair import (TrainPairError, TrainSettings, capped_steps, corpus_files, learning_rate,
                          split_documents, random_windows, run_command, set_learning_rate, tokenize_files,
                          write_pair_atomically)
-from spec_decoding.eagle import EagleNet
-from spec_decoding.feature_files import KINDS, save_feature_drafter, target_fingerprint
-from spec_decoding.medusa import MedusaHeads
+from spec_decoding.drafters.eagle import EagleNet
+from spec_decoding.drafters.feature_files import KINDS, save_feature_drafter, target_fingerprint
+from spec_decoding.drafters.medusa import MedusaHeads
 
 MEDUSA_DECAY = 0.8  # lambda_k = 0.8^k
 MEDUSA_STEPS = 600  # default training steps (batch 4 x 128 tokens)

@@ -9,15 +9,18 @@ both scripts then accept it.
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from gpt2 import GPT2
-from .decoding import check_positive_int
+from gpt2.speed import kernel_cache
+from .calibration import calibrate_costs
+from .contracts import check_positive_int
 from .drafters import Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
-from .feature_files import load_feature_drafter
-from .gamma import POLICY_NAMES
-from .tree import parse_branching
+from .drafters.feature_files import load_feature_drafter
+from .drafters.token_tree import parse_branching
+from .policies.costs import CostModel, describe_model
+from .policies.gamma import POLICY_NAMES
 
 
 # ---------------------------------------------------------------- argument types (argparse's type=)
@@ -192,3 +195,21 @@ def make_drafter(spec: str, target: GPT2, draft: GPT2 | None = None) -> Drafter:
     The drafter's own ValueError when it cannot be built (e.g. layerskip:K with K too large)."""
     kind, number = split_drafter_spec(spec)
     return DRAFTER_KINDS[kind].build(number, target, draft)
+
+
+# ---------------------------------------------------------------- costs kept on this machine
+
+def kept_costs(target: GPT2, draft, gamma_max: int = 8) -> CostModel:
+    """The pair's CostModel on this machine, for gamma="auto": calibrated the first time (one line
+    on stderr says so, and where it is kept), then read from the kernel cache
+    (gpt2/speed/kernel_cache.py), kept under this machine, its threads and the two models as
+    describe_model names them (shape, format, device). So every run of the scripts on this machine
+    decides gamma="auto" from the same costs, and a seed reproduces a sampled run; `python -m
+    gpt2.speed.kernel_report --remeasure` (or another machine) measures them again, and the gammas
+    may then differ."""
+    what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max,
+            "measures": "forwards, catch-up, sampling, sampled round"}  # a CostModel kept before sampling was timed is measured again
+    kept, _ = kernel_cache.decide_once(
+        "gamma costs", what, lambda: asdict(calibrate_costs(target, draft, gamma_max)),
+        "this pair's per-call costs for gamma=\"auto\" (a few seconds)")
+    return CostModel(**kept)

@@ -14,22 +14,13 @@ STOP_MAX_GEN = "max_gen"
 STOP_EOS = "eos"
 STOP_CONTEXT_FULL = "context_full"
 
-# One set of colour names for where a token came from: the terminal (spec_decoding_generate.py), the
-# trace page (spec_decoding/trace_page.py) and the docs all use these words.
-SOURCE_COLOURS = {
-    FROM_DRAFT: "green",  # a draft token the target accepted
-    FROM_CORRECTION: "yellow",  # the target's correction of the first rejected draft token
-    FROM_BONUS: "cyan",  # the target's bonus token after a fully accepted round
-    FROM_DRAFT_BRANCH: "magenta",  # token trees: accepted from a side branch
-    FROM_TARGET: "purple",  # a plain target step: nothing was drafted (e.g. the last token)
-}
 ROOT = -1  # token trees: the parent of the depth-1 nodes (the sequence's last token)
 
 
 @dataclass
 class RoundReport:
     """One round, as a generator hands it to its observers: the on_round callback, and the trace
-    recorder (spec_decoding.trace) with trace=True. The tensors are the round's own: an observer
+    recorder (spec_decoding.presentation.trace) with Observers(trace=True). The tensors are the round's own: an observer
     reads them and must not change them.
 
     A chain of g draft tokens: target_logits [g + 1, V]. A token tree of N nodes: target_logits
@@ -45,7 +36,7 @@ class RoundReport:
     target_probs: "torch.Tensor | None" = None  # sampling: p, as the rejection step used it
     draft_probs: "torch.Tensor | None" = None  # chain sampling: q [g, V] (point masses if not sampled)
     verdict: object = None  # sampling: rejection.Verdict (a chain); a tree: tree.TreeVerdict
-    tree: object = None  # a tree round: its tree.TokenTree (draft_probs per node are in it)
+    tree: object = None  # a tree round: its drafters.token_tree.TokenTree (draft_probs per node are in it)
 
 
 @dataclass
@@ -81,7 +72,7 @@ class GenerationStats:
     def alpha(self) -> float | None:
         """Accepted / judged draft tokens: the per-token acceptance chance of Leviathan's theory.
         Tokens drafted after a round's first rejection are never judged, so for gamma > 1 this is
-        higher than acceptance_rate, and it is what spec_decoding.theory expects."""
+        higher than acceptance_rate, and it is what spec_decoding.policies.theory expects."""
         judged = self.tokens_accepted + self.rejections
         return self.tokens_accepted / judged if judged else None
 
@@ -114,4 +105,4 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[int]  # the new tokens only (the prompt is not repeated)
     stats: GenerationStats
-    trace: "Trace | None" = None  # per-round record (spec_decoding.trace), when asked for with trace=True
+    trace: "Trace | None" = None  # per-round record (spec_decoding.presentation.trace), when asked for with Observers(trace=True)

@@ -48,13 +48,6 @@ TINY_TEXT = GPT2Config(n_layer=4, n_head=2, n_embd=64, n_positions=128, vocab_si
 AGREEING_TARGET = TINY.with_(n_layer=4)
 
 
-def pytest_unconfigure(config):
-    """The fork servers that start the tests' scripts (tests/warm_python.py) end with the session,
-    after their runs: the runs' CPU time then counts as this process's children's."""
-    import warm_python
-    warm_python.stop_servers()
-
-
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """The scripts say when the machine is busy (gpt2.speed.machine_load: a load average above the core

@@ -41,8 +41,8 @@ from assignments.sandbox import USER as SANDBOX_USER, detect
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
 ASSIGNMENT = ASSIGNMENTS[NAME]
-THEORY = "spec_decoding/theory.py"
-BY_POSITION = "spec_decoding.theory.expected_tokens_by_position"
+THEORY = "spec_decoding/policies/theory.py"
+BY_POSITION = "spec_decoding.policies.theory.expected_tokens_by_position"
 
 
 def check_exercising_only(function: str) -> str:
@@ -103,7 +103,7 @@ def grade_texts(source, zygote, tmp_path, texts: dict[str, str], only: list[str]
 ])
 def test_an_import_error_in_the_students_file_is_reported_as_itself(source, zygote, tmp_path, line, words):
     """The student's file cannot be imported: the verdict names the real error, file and line
-    (the grader once said "cannot import spec_decoding.theory.expected_tokens_per_round")."""
+    (the grader once said "cannot import spec_decoding.policies.theory.expected_tokens_per_round")."""
     texts = reference_texts()
     texts[THEORY] = line + "\n" + texts[THEORY]
     check = ASSIGNMENT.checks[0].name
@@ -393,7 +393,7 @@ def test_batch_grades_a_gradescope_export_into_one_csv(tmp_path, monkeypatch):
     isolated = detect("auto", sys.executable).level == "namespaces"  # else the grades are marked unofficial
     assert {r["official"] for r in rows} == {"yes" if isolated else "no"}
     assert [float(rows[0][c]) for c in checks] == [c.points for c in ASSIGNMENT.checks] and rows[0]["notes"] == ""
-    assert "spec_decoding/theory.py was not submitted" in rows[1]["notes"]
+    assert "spec_decoding/policies/theory.py was not submitted" in rows[1]["notes"]
     assert "No module named 'numpyy'" in rows[2]["notes"]
     progress = err.getvalue()
     assert "reference solution passes every check" in progress

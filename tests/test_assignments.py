@@ -180,33 +180,33 @@ PLANTED = {
          "attention_forward", "not divided by sqrt(head_dim)"),
     ],
     "greedy_speculative": [
-        ("spec_decoding/greedy.py", "new_tokens, sources, eos_id, max_gen", "new_tokens, sources, None, max_gen",
+        ("spec_decoding/algorithms/greedy.py", "new_tokens, sources, eos_id, max_gen", "new_tokens, sources, None, max_gen",
          "greedy_stopping", "tokens after eos"),
-        ("spec_decoding/greedy.py", "while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:",
+        ("spec_decoding/algorithms/greedy.py", "while n < len(draft_tokens) and draft_tokens[n] == target_choice[n]:",
          "while n < len(draft_tokens):", "greedy_equals_target", "a draft token the target's argmax disagrees with was kept"),
         # no roll-back: after a rejection the caches run ahead of the tokens, and the drafter's next
         # forward gets no new token (without a rejection before the last round it would pass: the
         # reference's secret makes sure there is one)
-        ("spec_decoding/greedy.py", "        roll_back(target_cache, drafter, len(tokens))\n", "",
+        ("spec_decoding/algorithms/greedy.py", "        roll_back(target_cache, drafter, len(tokens))\n", "",
          "greedy_caches", "raised ValueError: idx must be a LongTensor of token ids with shape [B, T]; got (1, 0)"),
     ],
     "rejection_sampling": [
-        ("spec_decoding/rejection.py", "return residual / total if total > 0 else target_probs",
+        ("spec_decoding/algorithms/rejection.py", "return residual / total if total > 0 else target_probs",
          "return target_probs", "first_token", "draws from p instead of norm(max(0, p - q))"),
-        ("spec_decoding/rejection.py", "if r * draft_probs[i, x] < target_probs[i, x]:",
+        ("spec_decoding/algorithms/rejection.py", "if r * draft_probs[i, x] < target_probs[i, x]:",
          "if r * target_probs[i, x] < draft_probs[i, x]:", "first_token", "min(1, q/p) instead of min(1, p/q)"),
-        ("spec_decoding/rejection.py", "return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)",
+        ("spec_decoding/algorithms/rejection.py", "return Verdict(g, int(sample(target_probs[g], generator)), uniforms, None)",
          "return Verdict(g, int(sample(target_probs[g - 1], generator)), uniforms, None)", "bonus_token",
          "drawn from row 1 of p"),
     ],
     "ngram_drafter": [
-        ("spec_decoding/drafters.py", "for start in range(len(tokens) - n - 1, -1, -1):",
+        ("spec_decoding/drafters/drafter.py", "for start in range(len(tokens) - n - 1, -1, -1):",
          "for start in range(0, len(tokens) - n):", "ngram_lookup", "MOST RECENT occurrence"),
-        ("spec_decoding/drafters.py", "for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):",
+        ("spec_decoding/drafters/drafter.py", "for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):",
          "for n in [min(self.max_ngram, len(tokens) - 1)]:", "ngram_lookup", "fall back to shorter n-grams"),
     ],
     "tree_verify": [
-        ("spec_decoding/rejection.py",  # SpecInfer's rule without the update: every child against p
+        ("spec_decoding/algorithms/rejection.py",  # SpecInfer's rule without the update: every child against p
          "if r * draft_probs[x] < residual[x]:  # r < residual(x) / q(x), written without dividing\n"
          "            return MultiDraftVerdict(i, None, uniforms, adjusted_p, residual)\n"
          "        residual = residual_distribution(residual, draft_probs)",
@@ -214,13 +214,13 @@ PLANTED = {
          "            return MultiDraftVerdict(i, None, uniforms, adjusted_p, residual)\n"
          "        residual = residual_distribution(target_probs, draft_probs)",
          "multi_draft_output", "tested against the unchanged p"),
-        ("spec_decoding/rejection.py", "if r * draft_probs[x] < residual[x]:", "if True:",
+        ("spec_decoding/algorithms/rejection.py", "if r * draft_probs[x] < residual[x]:", "if True:",
          "multi_draft_output", "the first child is always accepted"),
     ],
     "gamma_cost_model": [
-        ("spec_decoding/theory.py", "all_kept *= alpha", "all_kept = alpha", "tokens_by_position",
+        ("spec_decoding/policies/theory.py", "all_kept *= alpha", "all_kept = alpha", "tokens_by_position",
          "it adds the alphas"),
-        ("spec_decoding/costs.py", "return gamma * self.draft_step_s + self.target_score_s[gamma]",
+        ("spec_decoding/policies/costs.py", "return gamma * self.draft_step_s + self.target_score_s[gamma]",
          "return gamma * self.draft_step_s + self.target_score_s[0]", "round_seconds",
          "the target's cost is always one step's"),
     ],
@@ -238,7 +238,7 @@ def planted_mistakes_fail_their_check_with_a_message_naming_them(kit):
 
 def the_residual_mistake_is_named_by_the_residual_check_too(kit):
     texts = kit.reference()
-    file = "spec_decoding/rejection.py"
+    file = "spec_decoding/algorithms/rejection.py"
     texts[file] = replaced(texts[file], "return residual / total if total > 0 else target_probs", "return target_probs")
     result = results_by_check(kit.grade(texts, only=["residual"]))["residual"]
     assert not result.passed and "returned p itself" in result.message and "resample from p" in result.message
@@ -253,27 +253,29 @@ SHORTCUTS = {
         ("gpt2/kv_cache.py", "KVCache.truncate", "self.keep(length, [])", "kv_truncate", "removed in this assignment"),
     ],
     "greedy_speculative": [
-        ("spec_decoding/greedy.py", "speculative_sampling_greedy",
+        ("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
          "from .autoregressive import autoregressive_generate\n"
-         "    return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)",
+         "    return autoregressive_generate(target, prefix, max_gen, eos_id=eos_id, observers=observers)",
          "greedy_speculates", "the target ran 30 forward passes"),
-        ("spec_decoding/greedy.py", "speculative_sampling_greedy",
+        ("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
          "from .tree import tree_speculative_sampling\n"
-         "    return tree_speculative_sampling(target, draft, prompt_ids, max_gen, (1,) * gamma, temperature=0.0, eos_id=eos_id)",
+         "    from ..contracts import GREEDY\n"
+         "    return tree_speculative_sampling(target, draft, prefix, max_gen, (1,) * gamma, GREEDY, eos_id)",
          "greedy_speculates", "removed in this assignment"),
-        ("spec_decoding/greedy.py", "speculative_sampling_greedy",
+        ("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
          "from .speculative import speculative_sampling\n"
-         "    return speculative_sampling(target, draft, prompt_ids, max_gen, gamma, temperature=1e-6, eos_id=eos_id)",
+         "    from ..contracts import SamplingParams\n"
+         "    return speculative_sampling(target, draft, prefix, max_gen, gamma, SamplingParams(1e-6), eos_id)",
          "greedy_speculates", "removed in this assignment"),
     ],
     "rejection_sampling": [
-        ("spec_decoding/rejection.py", "modified_rejection_sampling",
-         "from spec_decoding.rejection import multi_draft_rejection_sampling\n"
+        ("spec_decoding/algorithms/rejection.py", "modified_rejection_sampling",
+         "from spec_decoding.algorithms.rejection import multi_draft_rejection_sampling\n"
          "    return multi_draft_rejection_sampling(target_probs[0], draft_probs[0], draft_tokens[:1], generator)",
          "first_token", "removed in this assignment"),
     ],
     "tree_verify": [
-        ("spec_decoding/rejection.py", "multi_draft_rejection_sampling",
+        ("spec_decoding/algorithms/rejection.py", "multi_draft_rejection_sampling",
          "for i, x in enumerate(draft_tokens):\n"
          "        v = modified_rejection_sampling(target_probs[None].expand(2, -1), draft_probs[None], [x], generator)\n"
          "        if v.n_accepted:\n"
@@ -283,7 +285,7 @@ SHORTCUTS = {
          "multi_draft_output", "removed in this assignment"),
     ],
     "gamma_cost_model": [
-        ("spec_decoding/theory.py", "best_gamma",
+        ("spec_decoding/policies/theory.py", "best_gamma",
          "lo = break_even_alpha(c, verify_cost)\n    return max(gammas)",
          "best_gamma_choice", "removed in this assignment"),
     ],
@@ -302,7 +304,7 @@ def shortcuts_fail(kit):
 # ------------------------------------------------------------------------------------------------
 
 def debug_print_flood_and_hang_each_end_in_a_clear_verdict_for_their_check(kit):
-    file = "spec_decoding/rejection.py"
+    file = "spec_decoding/algorithms/rejection.py"
     text = kit.reference()[file]
     # A debug print of a dict (crashed the old grader), 1 MB printed each round, and a hang that
     # only the residual check reaches (p == q exactly).
@@ -345,7 +347,7 @@ def the_copy_holds_no_answer(kit):
 def test_the_leak_check_refuses_a_copy_with_a_sibling_left_in(tmp_path, monkeypatch, capsys):
     greedy = ASSIGNMENTS["greedy_speculative"]
     monkeypatch.setitem(ASSIGNMENTS, "greedy_speculative", replace(greedy, removed=(), dropped=()))
-    with pytest.raises(AssignmentError, match=r"(?s)still holds the answer.*spec_decoding/speculative.py:speculative_sampling"):
+    with pytest.raises(AssignmentError, match=r"(?s)still holds the answer.*spec_decoding/algorithms/speculative.py:speculative_sampling"):
         make(list(greedy.functions), tmp_path / "out", assignment="greedy_speculative", ship_visible=False)
     assert not (tmp_path / "out").exists()
     make(list(greedy.functions), tmp_path / "out", assignment="greedy_speculative", ship_visible=False,
@@ -354,8 +356,8 @@ def test_the_leak_check_refuses_a_copy_with_a_sibling_left_in(tmp_path, monkeypa
 
 
 def test_make_refuses_a_function_no_check_exercises(tmp_path):
-    with pytest.raises(AssignmentError, match="no check exercises spec_decoding.drafters.LayerSkipDrafter.next_logits"):
-        make(["spec_decoding.drafters.LayerSkipDrafter.next_logits"], tmp_path / "out")
+    with pytest.raises(AssignmentError, match="no check exercises spec_decoding.drafters.drafter.LayerSkipDrafter.next_logits"):
+        make(["spec_decoding.drafters.drafter.LayerSkipDrafter.next_logits"], tmp_path / "out")
     assert not (tmp_path / "out").exists()
     # every check names the student's functions it exercises, and calls them: a stub fails it;
     # check names are unique (a check's process finds its check by name)
@@ -367,10 +369,10 @@ def test_make_refuses_a_function_no_check_exercises(tmp_path):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("spec_decoding.rejection.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
+    ("spec_decoding.algorithms.rejection.no_such_function", "defines no function 'no_such_function'. Its functions are: .*residual_distribution"),
     ("no_such_module.f", "no module 'no_such_module'"),
     ("gpt2.kv_cache.KVCache", "is a class, not a function: name the methods.*gpt2.kv_cache.KVCache.truncate"),
-    ("spec_decoding.rejection", "is a module, not a function"),
+    ("spec_decoding.algorithms.rejection", "is a module, not a function"),
     ("spec_decoding", "is a package, not a function"),
     ("not a name", "not a dotted Python name"),
 ])
@@ -404,7 +406,7 @@ def test_refuses_a_non_empty_folder_and_bad_grade_folders(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert cli.main(["make", "--functions", "spec_decoding.rejection.residual_distribution", "--out", str(out)]) == 2
+    assert cli.main(["make", "--functions", "spec_decoding.algorithms.rejection.residual_distribution", "--out", str(out)]) == 2
     assert "exists and is not an empty folder" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "mine"
     assert cli.main(["grade", str(out)]) == 2
@@ -559,7 +561,7 @@ def test_the_leak_checks_cheap_bounds_never_fall_below_the_similarity():
                                   similarity)
 
     references = [_tokens(resolve(f).node.body) for f in ASSIGNMENTS["rejection_sampling"].functions]
-    pieces = [p for file in sorted((ROOT / "spec_decoding").glob("*.py")) for p in _file_pieces(file.read_text())]
+    pieces = [p for file in sorted((ROOT / "spec_decoding").rglob("*.py")) for p in _file_pieces(file.read_text())]
     scores = []
     for reference in references:
         for _, tokens, runs in pieces:

@@ -1,4 +1,4 @@
-"""Batched speculative decoding (spec_decoding/batched.py): every row is decoded exactly as it
+"""Batched speculative decoding (spec_decoding/algorithms/batched.py): every row is decoded exactly as it
 would be alone, whatever the other rows do.
 
 - Greedy: every row equals the target's own greedy output for its prompt (float32), with prompts
@@ -19,15 +19,16 @@ from unittest.mock import patch
 import pytest
 import torch
 
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy
-from spec_decoding import batched
-from spec_decoding.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
-                                   batched_speculative_sampling, calibrate_batch_costs)
-from spec_decoding.costs import BatchCostModel
+from spec_decoding import autoregressive_generate, Observers, SamplingParams, speculative_sampling_greedy
+from spec_decoding.algorithms import batched
+from spec_decoding.algorithms.batched import (MAX_BATCH_SIZE, batched_autoregressive_generate,
+                                              batched_speculative_sampling)
+from spec_decoding.calibration import calibrate_batch_costs
+from spec_decoding.policies.costs import BatchCostModel
 from spec_decoding.checks import check_lossless
 from spec_decoding.result import STOP_CONTEXT_FULL, STOP_EOS, STOP_MAX_GEN
 from spec_decoding.sampling import sample
-from spec_decoding.theory import crossover_batch_size, predicted_speedup
+from spec_decoding.policies.theory import crossover_batch_size, predicted_speedup
 
 # Prompts of different lengths for the 64-position, 100-token agreeing pair (conftest); the last
 # one is 50 tokens long, so with MAX_GEN = 20 it reaches the context window's edge.
@@ -106,8 +107,8 @@ def check_caches(target, draft, settings, seed=0):
                     problems.append(f"round {rounds[0]} row {r}: {role} cache off by {diff:.2g}")
 
     generator = torch.Generator().manual_seed(seed)
-    batched_speculative_sampling(target, draft, PROMPTS, MAX_GEN, 3, eos_id=first_eos(target, PROMPTS),
-                                 generator=generator, on_round=on_round, **settings)
+    batched_speculative_sampling(target, draft, PROMPTS, MAX_GEN, 3, SamplingParams(**settings, generator=generator),
+                                 eos_id=first_eos(target, PROMPTS), observers=Observers(on_round=on_round))
     assert rounds[0] > 3
     return problems
 
@@ -190,7 +191,7 @@ def test_bad_input_gives_clear_errors(target, draft):
     run = partial(batched_speculative_sampling, target, draft, max_gen=4, gamma=2)
     with pytest.raises(ValueError, match="prompts is empty"):
         run([])
-    with pytest.raises(ValueError, match="prompt 1: prompt_ids is empty"):
+    with pytest.raises(ValueError, match="prompt 1: prefix is empty"):
         run([[1, 2], []])
     with pytest.raises(ValueError, match=f"more than the largest batch, {MAX_BATCH_SIZE}"):
         run([[1]] * (MAX_BATCH_SIZE + 1))
@@ -295,7 +296,7 @@ def test_benchmark_batch_above_the_largest_is_refused_before_loading(tmp_path, c
     """--batch 128 (above MAX_BATCH_SIZE) is a usage error at once, not a traceback after both
     models load and the smaller batches ran."""
     import benchmark
-    from spec_decoding.batched import MAX_BATCH_SIZE
+    from spec_decoding.algorithms.batched import MAX_BATCH_SIZE
 
     with pytest.raises(SystemExit):
         benchmark.main(["--target", str(tmp_path / "missing"), "--batch", "1", str(2 * MAX_BATCH_SIZE),

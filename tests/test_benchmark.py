@@ -1,6 +1,6 @@
 """benchmark.py on a tiny agreeing pair with GPT-2's vocabulary: the grid run end to end, as
-`python benchmark.py ...` (through tests/warm_python.py: a process that has torch imported
-already); the other runs through main() in the test's process (the same code, one start-up less)."""
+`python benchmark.py ...` in one real process (what a shell sees: the files it writes, its exit
+status); the other runs through main() in the test's process (the same code, one start-up less)."""
 
 import contextlib
 import csv
@@ -8,14 +8,14 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 
 import pytest
 from PIL import Image
 
-import warm_python
 from conftest import ROOT
-from spec_decoding.theory import predicted_speedup
+from spec_decoding.policies.theory import predicted_speedup
 
 REQUIRED_CELL_FIELDS = {
     "gamma", "max_gen", "temperature", "speedup_median", "speedup_min", "speedup_max",
@@ -38,8 +38,8 @@ def run_in_process(*args) -> str:
 
 def run_benchmark(*args, timeout=120):
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-    return warm_python.run([sys.executable, str(ROOT / "benchmark.py"), *map(str, args)], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(ROOT / "benchmark.py"), *map(str, args)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -430,13 +430,15 @@ def test_loop_overhead_times_the_loops_with_stub_models(tmp_path):
     import torch
 
     from benchmarks.loop_overhead import NeverDraft, StubModel, main
-    from spec_decoding import speculative_sampling
+    from spec_decoding import SamplingParams, speculative_sampling
 
     target, draft = StubModel(50, seed=0), StubModel(50, seed=0)
     g = torch.Generator().manual_seed(0)
-    result = speculative_sampling(target, draft, [1, 2], 20, 4, 1.0, generator=g)
+    result = speculative_sampling(target, draft, [1, 2], 20, 4,
+                                  sampling=SamplingParams(temperature=1.0, generator=g))
     assert len(result.tokens) == 20 and result.stats.tokens_accepted == result.stats.tokens_drafted > 0
-    plain_rounds = speculative_sampling(target, draft, [1, 2], 20, NeverDraft(), 1.0, generator=g)
+    plain_rounds = speculative_sampling(target, draft, [1, 2], 20, NeverDraft(),
+                                        sampling=SamplingParams(temperature=1.0, generator=g))
     assert plain_rounds.stats.target_calls == 20 and plain_rounds.stats.tokens_drafted == 0
     main(["--quick", "--gammas", "2", "--out", str(tmp_path)])
     md = (tmp_path / "results.md").read_text()
@@ -489,14 +491,14 @@ def test_linear_sequence_times_three_doors_that_compute_the_same(tmp_path, fmt, 
         linear_sequence.main(["--quick", "--format", fmt, "--rows", "1", "--out", str(tmp_path / "bad")])
 
 
-# ---------------------------------------------------------------- loops (spec_decoding/loops.py)
+# ---------------------------------------------------------------- loops (spec_decoding/presentation/loops.py)
 
 def ordinary_windows(n: int = 100) -> list[list[int]]:
     """Windows of n tokens of this project's own code and prose, except those mostly whitespace."""
     from gpt2 import decode, encode
 
     windows = []
-    for path in ("spec_decoding/decoding.py", "spec_decoding/rejection.py", "spec_decoding/speculative.py",
+    for path in ("spec_decoding/algorithms/decoding.py", "spec_decoding/algorithms/rejection.py", "spec_decoding/algorithms/speculative.py",
                  "gpt2/model.py", "docs/trained_pair.md"):
         ids = encode((ROOT / path).read_text())
         windows += [ids[s:s + n] for s in range(0, len(ids) - n, n)]
@@ -507,7 +509,7 @@ def test_ordinary_text_is_not_a_loop():
     """Code and prose (whose indentation is runs of one space token) stay below LOOP_SHARE.
     Shown to fail when a unit equal to the one p back counts without a full copy of the period
     (every pair of equal neighbours would be a loop)."""
-    from spec_decoding.loops import LOOP_SHARE, loop_share
+    from spec_decoding.presentation.loops import LOOP_SHARE, loop_share
 
     windows = ordinary_windows()
     assert len(windows) > 50
@@ -531,13 +533,13 @@ def test_loops_are_found_and_text_is_not(text, is_loop):
     """Planted loops (a run of spaces, a repeated line, text that ends in a loop) against text
     with a short repetition in it. The last case fails when units are compared by token alone."""
     from gpt2 import encode
-    from spec_decoding.loops import looped
+    from spec_decoding.presentation.loops import looped
 
     assert looped(encode(text)) == is_loop
 
 
 def test_loop_share_counts_the_repeated_stretch_with_its_first_copy():
-    from spec_decoding.loops import loop_share, runs
+    from spec_decoding.presentation.loops import loop_share, runs
 
     assert runs([5, 5, 5, 7, 5]) == [(5, 3), (7, 1), (5, 1)]
     assert loop_share([]) == 0.0 and loop_share([1, 2, 3, 4]) == 0.0
@@ -558,7 +560,7 @@ def test_the_tables_mark_looped_cells_and_give_best_gamma_per_temperature(benchm
     """Only the looped cells' rows carry the mark; best gamma is one line per temperature. Shown to
     fail without the Loops column (the mark is nowhere) and with one best gamma for all temperatures."""
     import benchmark
-    from spec_decoding.loops import LOOP_MARK
+    from spec_decoding.presentation.loops import LOOP_MARK
 
     out, _, _ = benchmark_run
     results = summary_cells(json.loads((out / "results.json").read_text()), looped_gamma=2, temperature=0.0)
@@ -577,7 +579,7 @@ def test_the_tables_mark_looped_cells_and_give_best_gamma_per_temperature(benchm
 
 
 def test_the_grid_run_records_each_runs_loop_share(benchmark_run):
-    from spec_decoding.loops import LOOP_SHARE
+    from spec_decoding.presentation.loops import LOOP_SHARE
 
     out, _, _ = benchmark_run
     for cell in json.loads((out / "results.json").read_text())["cells"]:

@@ -1,4 +1,4 @@
-"""The bug zoo (spec_decoding/bug_zoo.py): every planted bug has a public source (or says it has
+"""The bug zoo (spec_decoding/checks/bug_zoo.py): every planted bug has a public source (or says it has
 none), is caught by its check with the words its entry promises, the correct code passes the same
 check, the speed bugs really are lossless, and planting leaves the library as it was. Plus the
 half-precision "bug" that is not one: a greedy mismatch in half precision sits on a near-tie.
@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from conftest import ROOT, TINY
 
-import spec_decoding.speculative
+import spec_decoding.algorithms.speculative
 from gpt2 import GPT2Config, load_gpt2
 from gpt2.speed import FastGPT2, fast_model, kernels
 from offline.random_weights import save_agreeing_pair
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_caches_after_every_round
-from spec_decoding.bug_zoo import BUGS, SPEED_PAIR, SPEED_PAIR_CONFIG, run_check
+from spec_decoding.checks.bug_zoo import BUGS, SPEED_PAIR, SPEED_PAIR_CONFIG, run_check
 
 SAMPLES = 1000
 
@@ -80,7 +80,7 @@ def test_notebook_06_plants_every_bug_and_asserts_each_is_caught():
     and its asserts are there."""
     source = (ROOT / "notebooks" / "06_bug_zoo.py").read_text()
     shown = re.findall(r'^show\("([^"]+)"\)$', source, flags=re.M)
-    assert sorted(shown) == sorted(BUGS), "every bug in spec_decoding/bug_zoo.py gets a show(...) in notebook 06"
+    assert sorted(shown) == sorted(BUGS), "every bug in spec_decoding/checks/bug_zoo.py gets a show(...) in notebook 06"
     assert "SAMPLES = 1000" in source and "SPEED_PAIR" in source
     for promise in ("assert not result.passed", "assert bug.says in result.message", "result.p_value < 1e-6",
                     "result.total_variation > 1.2 * result.reference_tv", "result.tokens_z) < -6",
@@ -112,7 +112,7 @@ def test_a_draft_cache_bug_is_lossless_a_target_cache_bug_is_not(pair):
     with BUGS["cache not rolled back"].planted():
         message = run_check("caches", target, draft, dict(temperature=1.0)).message
     assert message.startswith("lossless, but slower") and "draft's KV cache" in message and "rolled back" in message
-    with patch.object(spec_decoding.speculative, "roll_back",  # only the drafter rolls back
+    with patch.object(spec_decoding.algorithms.speculative, "roll_back",  # only the drafter rolls back
                       lambda target_cache, drafter, seq_len: drafter.roll_back(seq_len - 1)):
         message = check_caches_after_every_round(partial(speculative_sampling, target, draft, gamma=3), target,
                                                  None, [1, 2, 3], 20, dict(temperature=1.0)).message  # target only
@@ -127,10 +127,10 @@ def test_the_greedy_generator_passes_the_checks_too(pair, check):
 
 def test_planting_restores_the_library(pair):
     target, draft = pair
-    residual = spec_decoding.rejection.residual_distribution
+    residual = spec_decoding.algorithms.rejection.residual_distribution
     with BUGS["resample from p"].planted():
-        assert spec_decoding.rejection.residual_distribution is not residual
-    assert spec_decoding.rejection.residual_distribution is residual
+        assert spec_decoding.algorithms.rejection.residual_distribution is not residual
+    assert spec_decoding.algorithms.rejection.residual_distribution is residual
 
 
 class Float16BlockSums:

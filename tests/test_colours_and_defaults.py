@@ -9,9 +9,10 @@ import torch
 
 from conftest import ROOT
 from gpt2 import load_gpt2
-from spec_decoding import speculative_sampling, tree_speculative_sampling
-from spec_decoding.result import FROM_DRAFT_BRANCH, SOURCE_COLOURS, GenerationStats
-from spec_decoding.trace_page import render_html
+from spec_decoding import Observers, SamplingParams, speculative_sampling, tree_speculative_sampling
+from spec_decoding.presentation.colours import SOURCE_COLOURS
+from spec_decoding.result import FROM_DRAFT_BRANCH, GenerationStats
+from spec_decoding.presentation.trace_page import render_html
 
 OTHER_COLOUR_WORDS = ("blue", "pink", "red", "orange", "violet", "lavender")
 
@@ -20,8 +21,12 @@ OTHER_COLOUR_WORDS = ("blue", "pink", "red", "orange", "violet", "lavender")
 def pages(pair_dirs):
     target, draft = (load_gpt2(d) for d in pair_dirs)
     g = torch.Generator().manual_seed(0)
-    chain = speculative_sampling(target, draft, [1, 2, 3], 9, gamma=4, temperature=1.0, generator=g, trace=True)
-    tree = tree_speculative_sampling(target, draft, [1, 2, 3], 9, (2, 1), temperature=1.0, generator=g, trace=True)
+    chain = speculative_sampling(target, draft, [1, 2, 3], 9, gamma=4,
+                                 sampling=SamplingParams(temperature=1.0, generator=g),
+                                 observers=Observers(trace=True))
+    tree = tree_speculative_sampling(target, draft, [1, 2, 3], 9, (2, 1),
+                                     sampling=SamplingParams(temperature=1.0, generator=g),
+                                     observers=Observers(trace=True))
     decode = lambda t: f"#{t}"  # noqa: E731  (a tiny vocabulary)
     return render_html(chain.trace, decode=decode), render_html(tree.trace, decode=decode)
 

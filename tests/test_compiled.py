@@ -12,7 +12,8 @@ from conftest import TINY, sibling_tree
 from gpt2 import GPT2, load_gpt2
 from gpt2.speed import FastGPT2, kernels, load_accelerated
 from gpt2.speed.compiled import MAX_ROWS, choose_compiled, compile_decode, compiled_graphs, eager, is_compiled
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
+from spec_decoding import (GREEDY, autoregressive_generate, speculative_sampling_greedy,
+                           tree_speculative_sampling)
 
 ONE_LAYER = TINY.with_(n_layer=1)
 # Rounding only: the compiled block fuses LayerNorm/GELU/adds and attends over the whole buffer
@@ -82,7 +83,7 @@ def test_compiled_greedy_tokens_equal_eager(model, make_checkpoint):
     # Verification rows: speculative decoding with the compiled target (and draft).
     compile_decode(draft)
     assert speculative_sampling_greedy(model, draft, prompt, 30, gamma=4).tokens == expected
-    assert tree_speculative_sampling(model, draft, prompt, 30, (2, 2), temperature=0).tokens == expected
+    assert tree_speculative_sampling(model, draft, prompt, 30, (2, 2), sampling=GREEDY).tokens == expected
     eager(model)
 
 

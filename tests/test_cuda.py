@@ -28,6 +28,7 @@ from gpt2.speed.cuda_graph import graph_decode, is_graphed, ungraph
 from gpt2.speed.fused_step import chosen_configs
 from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.checks import check_lossless
+from spec_decoding.calibration import calibrate_costs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -178,9 +179,8 @@ def test_fused_step_on_gpu_equals_eager(pair_dirs):
 def test_the_cost_model_calibrates_on_gpu_with_the_fused_step(pair_dirs):
     """--gamma auto measures its costs on the models as they run: on a GPU its sampled round draws
     with a generator of the GPU (a draw from it must be made there)."""
-    from spec_decoding import CostModel
     target, draft = (load_gpt2(folder, device="cuda", dtype="float32", compile="fused") for folder in pair_dirs[:2])
-    costs = CostModel.calibrate(target, draft, gamma_max=2, budget_s=0.2, min_rounds=1)
+    costs = calibrate_costs(target, draft, gamma_max=2, budget_s=0.2, min_rounds=1)
     assert costs.draft_step_s > 0 and costs.sample_s > 0 and costs.sampled_round_extra_s >= 0
     alpha = costs.sampled().break_even_alpha()  # None: drafting never pays (c near 1 on tiny models)
     assert alpha is None or 0 <= alpha <= 1

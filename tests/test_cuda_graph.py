@@ -20,8 +20,9 @@ from gpt2 import GPT2, load_gpt2
 from gpt2.speed import FastGPT2, load_accelerated
 from gpt2.speed.compiled import MAX_ROWS
 from gpt2.speed.cuda_graph import graph_decode, is_graphed, row_bucket, ungraph
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
-from spec_decoding.batched import BatchedKVCache
+from spec_decoding import (GREEDY, autoregressive_generate, speculative_sampling_greedy,
+                           tree_speculative_sampling)
+from spec_decoding.algorithms.batched import BatchedKVCache
 
 # Rounding only: attention runs over the whole buffer with a mask, so float32 sums run in another
 # order. A wrong mask, a stale input or a wrong cache slot is far above this.
@@ -132,7 +133,7 @@ def test_graphed_greedy_tokens_equal_eager_and_later_generations_reuse_the_graph
     assert autoregressive_generate(model, prompt, 30).tokens == expected
     result = speculative_sampling_greedy(model, draft, prompt, 30, gamma=4)
     assert result.tokens == expected and result.stats.target_calls < 30
-    assert tree_speculative_sampling(model, draft, prompt, 30, (2, 2), temperature=0).tokens == expected
+    assert tree_speculative_sampling(model, draft, prompt, 30, (2, 2), sampling=GREEDY).tokens == expected
     gc.collect()
     recorded = len(target_recorded), len(draft_recorded)
     # A second generation of the same shapes takes the pooled buffers and their graphs.

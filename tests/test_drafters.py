@@ -10,19 +10,19 @@ import torch
 from conftest import TINY, hf_gpt2
 from test_lossless import SETTINGS
 
-import spec_decoding.greedy
-import spec_decoding.speculative
+import spec_decoding.algorithms.greedy
+import spec_decoding.algorithms.speculative
 from gpt2 import load_gpt2
 from offline.random_weights import save_agreeing_pair, save_random_checkpoint
-from spec_decoding import (autoregressive_generate, speculative_sampling,
+from spec_decoding import (autoregressive_generate, Observers, SamplingParams, speculative_sampling,
                            speculative_sampling_greedy)
-from spec_decoding.bug_zoo import DrafterReportingUnfilteredQ  # samples after top-k, reports q before
+from spec_decoding.checks.bug_zoo import DrafterReportingUnfilteredQ  # samples after top-k, reports q before
 from spec_decoding.checks import (check_caches_after_every_round, check_lossless,
                                   chi_square_p_value)
 from spec_decoding.drafters import (Drafter, LayerSkipDrafter, ModelDrafter, NGramDrafter,
                                     as_drafter)
 from spec_decoding.result import FROM_DRAFT
-from spec_decoding.rejection import modified_rejection_sampling, point_masses
+from spec_decoding.algorithms.rejection import modified_rejection_sampling, point_masses
 
 TARGET_CFG = TINY.with_(n_layer=4)
 PROMPT = [5, 17, 42, 8, 99, 3]  # no token repeats: the n-gram drafter's first round finds nothing
@@ -112,10 +112,10 @@ def test_layerskip_drafts_exactly_like_the_equal_draft_model(pair):
     must propose exactly what the draft model proposes: same tokens, same statistics, also when
     sampling (same q, so the same random numbers give the same draws)."""
     target, draft = pair
-    a = speculative_sampling(target, draft, PROMPT, 30, 3, temperature=0.8, top_k=30,
-                             generator=torch.Generator().manual_seed(5))
-    b = speculative_sampling(target, LayerSkipDrafter(target, 2), PROMPT, 30, 3, temperature=0.8,
-                             top_k=30, generator=torch.Generator().manual_seed(5))
+    a = speculative_sampling(target, draft, PROMPT, 30, 3,
+                             sampling=SamplingParams(temperature=0.8, top_k=30, generator=torch.Generator().manual_seed(5)))
+    b = speculative_sampling(target, LayerSkipDrafter(target, 2), PROMPT, 30, 3,
+                             sampling=SamplingParams(temperature=0.8, top_k=30, generator=torch.Generator().manual_seed(5)))
     assert a.tokens == b.tokens
     assert a.stats.token_sources == b.stats.token_sources
     assert 0 < a.stats.tokens_accepted < a.stats.tokens_drafted
@@ -229,7 +229,7 @@ def test_always_accepting_a_point_mass_proposal_is_caught(lossless_pair, monkeyp
     """The n-gram bug students make: accept a deterministic proposal whenever p(x) > 0."""
     target, _ = lossless_pair
     settings, gamma, n = SETTINGS["temperature 1"]
-    monkeypatch.setattr(spec_decoding.speculative, "point_masses",
+    monkeypatch.setattr(spec_decoding.algorithms.speculative, "point_masses",
                         lambda tokens, vocab, device=None: torch.zeros(len(tokens), vocab))  # r * 0 < p
     result, _ = lossless_check(target, NGramDrafter(2), settings, gamma, n)
     assert not result.passed and result.p_value < 1e-6, result.message
@@ -271,9 +271,11 @@ def check_cache(model, cache, sequence):
 
 
 @pytest.mark.parametrize("module, run", [
-    (spec_decoding.greedy, lambda t, d, seed, cb: speculative_sampling_greedy(t, d, PROMPT, 30, 3, on_tokens=cb)),
-    (spec_decoding.speculative, lambda t, d, seed, cb: speculative_sampling(
-        t, d, PROMPT, 30, 3, generator=torch.Generator().manual_seed(seed), on_tokens=cb)),
+    (spec_decoding.algorithms.greedy, lambda t, d, seed, cb: speculative_sampling_greedy(t, d, PROMPT, 30, 3,
+                                                                                         observers=Observers(on_tokens=cb))),
+    (spec_decoding.algorithms.speculative, lambda t, d, seed, cb: speculative_sampling(t, d, PROMPT, 30, 3,
+                                                                                       sampling=SamplingParams(generator=torch.Generator().manual_seed(seed)),
+                                                                                       observers=Observers(on_tokens=cb))),
 ])
 @pytest.mark.parametrize("name", ["model", "ngram", "layerskip"])
 def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, pair, module, run, name):

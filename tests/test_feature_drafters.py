@@ -11,16 +11,17 @@ import torch
 from conftest import TINY_VOCAB
 from test_lossless import SETTINGS
 
-import spec_decoding.speculative
-import spec_decoding.tree as tree_module
+import spec_decoding.algorithms.speculative
+import spec_decoding.algorithms.tree as tree_module
 from gpt2 import load_gpt2
-from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
-                           tree_speculative_sampling)
+from spec_decoding import (GREEDY, autoregressive_generate, Observers, SamplingParams, speculative_sampling,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.checks import (cache_difference, check_caches_after_every_round, check_greedy_matches_target,
                                   check_lossless, check_stopping)
 from gpt2 import KVCache
-from spec_decoding.eagle import EagleDrafter, EagleNet
-from spec_decoding.medusa import MedusaDrafter, MedusaHeads, branching_from_accuracies
+from spec_decoding.drafters.eagle import EagleDrafter, EagleNet
+from spec_decoding.drafters.medusa import MedusaDrafter, MedusaHeads, branching_from_accuracies
+from spec_decoding.calibration import calibrate_costs
 
 PROMPT = [5, 17, 42, 8, 99, 3]
 LOSSLESS_PROMPT = [1, 2, 3]
@@ -228,8 +229,8 @@ def bonus_by_argmax(real):
 
 def test_a_bonus_token_taken_by_argmax_is_caught(tiny_target, monkeypatch):
     """The planted bug sits in the generator, not the drafter: one drafter shows the test's power."""
-    monkeypatch.setattr(spec_decoding.speculative, "modified_rejection_sampling",
-                        bonus_by_argmax(spec_decoding.speculative.modified_rejection_sampling))
+    monkeypatch.setattr(spec_decoding.algorithms.speculative, "modified_rejection_sampling",
+                        bonus_by_argmax(spec_decoding.algorithms.speculative.modified_rejection_sampling))
     result, _ = lossless_check(tiny_target, medusa(tiny_target), dict(temperature=1.0), 2, SAMPLES)
     assert not result.passed and result.p_value < 1e-6, result.message
 
@@ -244,7 +245,7 @@ def test_medusa_tree_greedy_equals_target_greedy(target, baseline, branching):
     drafter = medusa(target)
     checking = FeatureChecking(drafter)  # the tree generator hands it the accepted path's features
     drafter.propose_tree = checked_propose_tree(drafter, checking)
-    result = tree_speculative_sampling(target, drafter, PROMPT, 40, branching, temperature=0)
+    result = tree_speculative_sampling(target, drafter, PROMPT, 40, branching, sampling=GREEDY)
     assert result.tokens == baseline
     s = result.stats
     assert s.gamma_by_round[0] == 0 and s.tokens_drafted > 0 and s.rejections > 0
@@ -286,7 +287,7 @@ def test_medusa_tree_layout(target):
     for parent in [-1, 0, 1]:
         d = 1 if parent == -1 else 2
         torch.testing.assert_close(tree.draft_probs[parent],
-                                   spec_decoding.medusa.logits_to_probs(heads[d - 1], 0.7, 6, None))
+                                   spec_decoding.drafters.medusa.logits_to_probs(heads[d - 1], 0.7, 6, None))
 
 
 def test_branching_from_accuracies():
@@ -306,7 +307,7 @@ def test_branching_from_accuracies():
 def test_medusa_tree_at_the_context_window_edge(target, branching):
     prompt = (PROMPT * 20)[:target.config.n_positions - 7]
     result = check_greedy_matches_target(partial(tree_speculative_sampling, target, medusa(target),
-                                                 branching=branching, temperature=0), target, prompt, max_gen=30)
+                                                 branching=branching, sampling=GREEDY), target, prompt, max_gen=30)
     assert result.passed, result.message
     assert len(result.tokens) == 7
 
@@ -314,7 +315,7 @@ def test_medusa_tree_at_the_context_window_edge(target, branching):
 @pytest.mark.parametrize("settings", [None, dict(temperature=1.0)])
 def test_medusa_tree_exact_max_gen_and_eos(target, settings):
     generate = partial(tree_speculative_sampling, target, medusa(target), branching=(2, 2, 1),
-                       **({} if settings else dict(temperature=0)))
+                       **({} if settings else dict(sampling=GREEDY)))
     result = check_stopping(generate, PROMPT, max_gens=range(1, 8), settings=settings, seeds=range(2))
     assert result.passed, result.message
 
@@ -338,9 +339,9 @@ def test_medusa_tree_caches_and_features_equal_a_fresh_forward(monkeypatch, targ
     drafter = medusa(target)
     checking = FeatureChecking(drafter)
     drafter.propose_tree = checked_propose_tree(drafter, checking)
-    tree_speculative_sampling(target, drafter, PROMPT, 30, branching, temperature=temperature,
-                              generator=torch.Generator().manual_seed(0),
-                              on_tokens=lambda tokens, sources: sequence.extend(tokens))
+    tree_speculative_sampling(target, drafter, PROMPT, 30, branching,
+                              sampling=SamplingParams(temperature=temperature, generator=torch.Generator().manual_seed(0)),
+                              observers=Observers(on_tokens=lambda tokens, sources: sequence.extend(tokens)))
     assert len(checked_rounds) > 4 and checking.checked > 4
     assert max(checked_rounds) > 0  # paths were accepted and moved
 
@@ -448,7 +449,7 @@ def test_held_out_windows_sample_the_whole_held_out_text():
                                            ("eagle", dict(draft_vocab=3000)), ("eagle", dict(unroll=2))])
 def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained_pair_dirs, tmp_path, kind,
                                                                           options, monkeypatch):
-    from spec_decoding.feature_files import load_feature_drafter
+    from spec_decoding.drafters.feature_files import load_feature_drafter
 
     monkeypatch.setenv("TRAIN_PAIR_PROGRESS", "0")
     target_dir = trained_pair_dirs[0]
@@ -471,8 +472,8 @@ def test_training_lowers_the_loss_and_the_saved_drafter_reloads_the_same(trained
              else EagleDrafter(target, module, reloaded.draft_vocab))
     prompt = [464, 1332, 318, 257, 220]
     for drafter in (reloaded, fresh):
-        drafter.result = speculative_sampling(target, drafter, prompt, 30, 3, temperature=1.0,
-                                              generator=torch.Generator().manual_seed(0))
+        drafter.result = speculative_sampling(target, drafter, prompt, 30, 3,
+                                              sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert reloaded.result.tokens == fresh.result.tokens
     assert reloaded.result.stats.token_sources == fresh.result.stats.token_sources
     assert reloaded.result.stats.tokens_accepted > 0  # trained a little: it drafts something useful
@@ -551,7 +552,7 @@ def test_training_errors_say_what_to_do(trained_pair_dirs, tmp_path):
 @pytest.fixture(scope="module")
 def saved_drafters(text_pair, tmp_path_factory):
     """Untrained Medusa heads and EAGLE drafter for the text pair's target, saved as the trainer does."""
-    from spec_decoding.feature_files import save_feature_drafter
+    from spec_decoding.drafters.feature_files import save_feature_drafter
 
     target = text_pair[0]
     root = tmp_path_factory.mktemp("feature-drafters")
@@ -620,12 +621,11 @@ def test_a_feature_drafter_for_another_target_is_a_clear_error(text_pair_dirs, s
 
 @pytest.mark.parametrize("name", ["medusa", "eagle"])
 def test_the_cost_model_times_a_real_feature_drafter_step(target, name):
-    """CostModel.calibrate hands the drafter the context's features, as the generators do: without
+    """calibrate_costs hands the drafter the context's features, as the generators do: without
     them a feature drafter proposes nothing and its 'step' would time an empty call."""
-    from spec_decoding.costs import CostModel
 
     drafter = DRAFTERS[name](target)
-    cost = CostModel.calibrate(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
+    cost = calibrate_costs(target, drafter, gamma_max=2, context_len=16, budget_s=0.1, min_rounds=2)
     assert drafter.forward_calls >= 3 and cost.draft_step_s > 0
 
 
@@ -633,7 +633,7 @@ def test_a_token_map_added_after_training(text_pair_dirs, text_pair, saved_draft
     from conftest import stdlib_texts
 
     from offline.add_token_map import add_token_map, main
-    from spec_decoding.feature_files import load_feature_drafter
+    from spec_decoding.drafters.feature_files import load_feature_drafter
 
     coverage = add_token_map(saved_drafters / "eagle", tmp_path / "mapped", 500, stdlib_texts()[:2])
     assert 0.5 < coverage < 1

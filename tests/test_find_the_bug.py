@@ -21,7 +21,7 @@ from assignments.make import ROOT, make
 from assignments.registry import ASSIGNMENTS
 
 ASSIGNMENT = ASSIGNMENTS["find_the_bug"]
-FILES = ["spec_decoding/decoding.py", "spec_decoding/rejection.py", ANSWER]
+FILES = ["spec_decoding/algorithms/decoding.py", "spec_decoding/algorithms/rejection.py", ANSWER]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_shortcuts_score_at_most_a_quarter(kit):
     assert named_only.points <= ASSIGNMENT.points / 4 and not by_check(named_only)["bug_fixed"].passed
     # "Fixing" by never drafting: every round a plain target step
     no_speculation = reference_files(name)
-    no_speculation["spec_decoding/decoding.py"] = no_speculation["spec_decoding/decoding.py"].replace(
+    no_speculation["spec_decoding/algorithms/decoding.py"] = no_speculation["spec_decoding/algorithms/decoding.py"].replace(
         "    return max(0, min(gamma, tokens_left - 1))\n", "    return 0\n")
     off = grade(no_speculation)
     assert off.points <= ASSIGNMENT.points / 4, [(r.check, r.message) for r in off.results]
@@ -173,7 +173,7 @@ def test_a_non_string_answer_scores_nothing_with_a_message(kit):
     _, grade = kit
     name = planted_bug(ROOT)[0]
     texts = reference_files(name)
-    texts["spec_decoding/decoding.py"] += FORGED_JSON.replace("FORGED_NAME", "5")
+    texts["spec_decoding/algorithms/decoding.py"] += FORGED_JSON.replace("FORGED_NAME", "5")
     result = by_check(grade(texts, only=["bug_named"]))["bug_named"]
     assert result.points == 0 and "sent 5 (int) where the text of BUG.txt was expected" in result.message, result
     check, entry = ASSIGNMENT.check("bug_named"), grade.refs["bug_named"]
@@ -189,7 +189,7 @@ def test_emptied_values_with_exact_samples_score_nothing(kit):
     child sent its own counts): now 0, with a message saying what was sent."""
     _, grade = kit
     texts = reference_files(planted_bug(ROOT)[0])
-    texts["spec_decoding/decoding.py"] += FORGED_JSON.replace("FORGED_NAME", "''")
+    texts["spec_decoding/algorithms/decoding.py"] += FORGED_JSON.replace("FORGED_NAME", "''")
     result = by_check(grade(texts, only=["bug_fixed"]))["bug_fixed"]
     assert result.points == 0 and "values['greedy']: sent 0 values for 2 gammas" in result.message, result.message
 

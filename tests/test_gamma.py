@@ -1,4 +1,4 @@
-"""Gamma policies and the CostModel, with fixed costs or a fake clock (no timing): AutoGamma switches speculation
+"""Gamma policies and the CostModel, with fixed costs (no timing): AutoGamma switches speculation
 off when it does not pay and drafts long when it does, finds Leviathan's best gamma from the
 acceptance it sees, switches back on after a probe; the heuristic follows transformers' schedule;
 bad input is a clear error."""
@@ -14,11 +14,13 @@ import torch
 from conftest import TINY
 
 from gpt2 import GPT2
-from spec_decoding.costs import CostModel, describe_model
+from spec_decoding import GREEDY, SamplingParams
+from spec_decoding.policies.costs import CostModel, describe_model
 from spec_decoding.drafters import Drafter, ModelDrafter
-from spec_decoding.gamma import AutoGamma, FixedGamma, HeuristicGamma, make_policy
-from spec_decoding.theory import (break_even_alpha, expected_tokens_by_position,
+from spec_decoding.policies.gamma import DEFAULT_GAMMA_MAX, AutoGamma, FixedGamma, HeuristicGamma, make_policy
+from spec_decoding.policies.theory import (break_even_alpha, expected_tokens_by_position,
                                   expected_tokens_per_round, predicted_speedup)
+from spec_decoding.calibration import calibrate_costs
 
 GAMMA_MAX = 8
 
@@ -46,7 +48,7 @@ def run(policy, accept, rounds, rng=None):
 
 
 def test_never_agreeing_expensive_draft_turns_speculation_off():
-    policy = AutoGamma(cost_model(c=0.3), clock=None)
+    policy = AutoGamma(cost_model(c=0.3))
     chosen = run(policy, accept=lambda i: False, rounds=300)
     assert chosen[0] > 0  # the prior (alpha 0.5) says drafting pays at first ...
     assert chosen[10:].count(0) / len(chosen[10:]) > 0.95  # ... then it stops after a few rejections
@@ -81,7 +83,7 @@ def never_agreeing_generation(policy, costs, max_gen=32):
 
 # (c, verify slope, max_gen, k): the cost shapes of a draft that cannot pay when it never agrees
 CANNOT_PAY = [(0.4, 0.05, 48, 3), (0.4, 0.05, 200, 5),  # gpt2-large-like: a 12-block draft of a 36-block target
-              (0.45, 0.1, 48, 1), (0.45, 0.1, 200, 3),  # a draft too dear for the prior's 0.5
+              (0.45, 0.1, 48, 2), (0.45, 0.1, 200, 4),  # a draft too dear for the prior's 0.5
               (0.05, 0.1, 48, 6), (0.05, 0.1, 200, 8)]  # a cheap draft: it takes more rejections to tell
 
 
@@ -90,11 +92,10 @@ def test_with_a_draft_that_never_agrees_auto_drafts_in_at_most_k_rounds(c, verif
     """With a draft that never agrees, auto drafts in at most k rounds of a generation, k being
     the opening plus the probes:
     - the opening: a round of g = 1 pays from an acceptance of c + verify_cost(1) - 1 (here 0.45,
-      0.55, 0.15). Where the prior's 0.5 is below that, auto drafts no opening, only a probe at
-      once (one round; rejected, it leaves nothing for optimism to hold on to); otherwise it drafts
-      until even the estimate two posterior standard deviations up is below break-even: 2 rounds
-      at 0.45 (after one rejection 0.22 + 2 x 0.21 = 0.64 still beats it, after two 0.13 + 2 x
-      0.15 = 0.42 does not), 4 at 0.15;
+      0.55, 0.15). Whatever the prior, auto drafts one token at once, then goes on until even the
+      estimate two posterior standard deviations up is below break-even: 2 rounds at 0.45 and at
+      0.55 (after one rejection 0.22 + 2 x 0.21 = 0.64 still beats both, after two 0.13 + 2 x
+      0.15 = 0.42 neither), 4 at 0.15;
     - the probes: the next after the fewest plain rounds whose 2% pays for one (23, 28 and 8
       rounds here), each later wait twice the one before (the estimate is far below break-even),
       at most max_catch_up - 1 = 63, and none once fewer tokens are left than the wait: 1, 0 and 2
@@ -154,7 +155,9 @@ def test_no_probe_comes_too_late_to_pay_back(pair):
     wait = AutoGamma(costs).probe_every
     for left, probes in ((wait, True), (wait - 1, False)):
         policy = AutoGamma(costs)
-        policy.next_gamma(), policy.update(1, 0)  # the opening probe, rejected
+        for _ in range(2):  # the opening: two rounds of one token, both rejected
+            assert policy.next_gamma() == 1
+            policy.update(1, 0)
         policy.rejected_probes = 0  # the wait as computed, not doubled
         chosen = []
         for i in range(wait + 1):
@@ -168,13 +171,14 @@ def test_no_probe_comes_too_late_to_pay_back(pair):
             self.seen.append(self.tokens_left)
             return super().next_gamma()
 
-    from spec_decoding import speculative_sampling, speculative_sampling_greedy
+    from spec_decoding import Observers, SamplingParams, speculative_sampling, speculative_sampling_greedy
     target, draft = pair
-    for generate in (speculative_sampling_greedy, partial(speculative_sampling, temperature=1.0)):
+    for generate in (speculative_sampling_greedy, partial(speculative_sampling,
+                                                          sampling=SamplingParams(temperature=1.0))):
         policy = Recorder(cost_model(0.45, 0.1, target=describe_model(target), draft=describe_model(draft)))
         policy.seen = []
         made = [0]
-        generate(target, draft, PROMPT, 20, policy, on_round=lambda report: made.append(report.n_out))
+        generate(target, draft, PROMPT, 20, policy, observers=Observers(on_round=lambda report: made.append(report.n_out)))
         assert policy.seen == [20 - m for m in made[:-1]] and made[-1] == 20
 
 
@@ -224,11 +228,11 @@ def test_seeded_auto_reproduces_its_tokens_and_gammas_with_probes(pair):
     growing after rejections, their catch-ups bounded): the same gammas and the same tokens.
     Everything the probes depend on is the CostModel and the rounds before; a wait read from the
     clock (planted: probe_every times a random factor) made the gammas differ and this test fail."""
-    from spec_decoding import speculative_sampling
+    from spec_decoding import SamplingParams, speculative_sampling
     target, draft = pair
     costs = pair_costs(target, draft, 0.45)
-    runs = [speculative_sampling(target, draft, PROMPT, 90, AutoGamma(costs, max_catch_up=16), temperature=1.5,
-                                 generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    runs = [speculative_sampling(target, draft, PROMPT, 90, AutoGamma(costs, max_catch_up=16),
+                                 sampling=SamplingParams(temperature=1.5, generator=torch.Generator().manual_seed(3))) for _ in range(2)]
     gammas = [r.stats.gamma_by_round for r in runs]
     assert gammas[0] == gammas[1] and runs[0].tokens == runs[1].tokens
     assert 0 in gammas[0] and 1 in gammas[0]  # plain steps and probes: the test could fail
@@ -268,13 +272,13 @@ def test_tokens_per_second_is_leviathans_expected_tokens_over_the_round_time():
 
 
 def test_a_draft_too_expensive_to_ever_pay_is_never_run():
-    policy = AutoGamma(cost_model(c=1.0), clock=None)  # a draft step costs a target step: never pays
+    policy = AutoGamma(cost_model(c=1.0))  # a draft step costs a target step: never pays
     assert cost_model(c=1.0).break_even_alpha() is None
     assert policy.next_gamma() == 0
 
 
 def test_draft_equal_to_target_with_a_cheap_draft_drafts_gamma_max():
-    policy = AutoGamma(cost_model(c=0.02), clock=None)
+    policy = AutoGamma(cost_model(c=0.02))
     chosen = run(policy, accept=lambda i: True, rounds=20)
     assert chosen[-10:] == [GAMMA_MAX] * 10
 
@@ -299,12 +303,12 @@ def test_as_fast_as_the_best_fixed_gamma_for_any_constant_alpha(c):
     target alone where speculation does not pay). The heuristic, blind to costs, does not."""
     for alpha in (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97):
         for seed in range(3):
-            assert efficiency(AutoGamma(cost_model(c), clock=None), alpha, c, seed) > 0.95, (alpha, seed)
+            assert efficiency(AutoGamma(cost_model(c)), alpha, c, seed) > 0.95, (alpha, seed)
     assert efficiency(HeuristicGamma(GAMMA_MAX), 0.0, c, seed=0) < 0.95  # the test can fail
 
 
 def test_switches_back_on_when_acceptance_recovers():
-    policy = AutoGamma(cost_model(c=0.1), clock=None)
+    policy = AutoGamma(cost_model(c=0.1))
     accept_now = [False]
     off = run(policy, accept=lambda i: accept_now[0], rounds=200)
     assert off[-50:].count(0) > 40
@@ -315,7 +319,7 @@ def test_switches_back_on_when_acceptance_recovers():
 
 def test_probes_cost_at_most_the_budget():
     costs = cost_model(c=0.3)
-    policy = AutoGamma(costs, probe_budget=0.02, clock=None)
+    policy = AutoGamma(costs, probe_budget=0.02)
     chosen = run(policy, accept=lambda i: False, rounds=1000)[20:]
     spent = sum(costs.round_seconds(g) for g in chosen)
     assert spent <= 1.02 * len(chosen) * costs.round_seconds(0)
@@ -362,7 +366,7 @@ def test_auto_ignores_a_busy_machines_clock_and_never_loses():
         costs = cost_model(c)
         for seed in range(8):
             rng, clock = random.Random(seed), Clock()
-            policy = make_policy("auto", cost_model=costs)
+            policy = make_policy(costs)
             if getattr(policy, "clock", None) is not None:  # a policy that reads a clock reads this one
                 policy.clock = clock
             made, spent = 0, 0.0
@@ -377,105 +381,17 @@ def test_auto_ignores_a_busy_machines_clock_and_never_loses():
             assert made / spent >= 0.97 / costs.round_seconds(0), (alpha, seed, made / spent * costs.round_seconds(0))
 
 
-class FakeClock:
-    """A clock that moves only when told: each simulated round advances it by its true cost."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-def run_timed(policy, clock, true_costs, accept, rounds):
-    """Like run(), but every round takes true_costs.round_seconds(g) on the policy's clock.
-    Returns (gammas chosen, tokens made, seconds spent)."""
-    chosen, tokens, start = [], 0, clock.now
-    for _ in range(rounds):
-        g = policy.next_gamma()
-        n = 0
-        while n < g and accept(n):
-            n += 1
-        clock.now += true_costs.round_seconds(g)
-        policy.update(g, n)
-        chosen.append(g)
-        tokens += n + 1
-    return chosen, tokens, clock.now - start
-
-
-def test_auto_relearns_costs_from_the_rounds_when_its_cost_model_is_wrong():
-    """A CostModel from elsewhere claims the draft costs 0.01 of a target step; here it costs as
-    much as the target (c = 1), so no gamma can pay even though the draft is always accepted.
-    Timing its own rounds, AutoGamma falls back to plain decoding within a few rounds and stays
-    there (but for single-token rounds now and then), at >= 0.95 of plain decoding's speed. With the timings switched
-    off (clock=None), the same wrong CostModel keeps it drafting, slower than plain decoding: the
-    test can fail."""
-    wrong, true = cost_model(c=0.01), cost_model(c=1.0)
-    clock = FakeClock()
-    policy = AutoGamma(wrong, clock=clock)
-    chosen, tokens, seconds = run_timed(policy, clock, true, accept=lambda i: True, rounds=400)
-    assert chosen[0] > 0  # it believed the wrong costs at first
-    # then plain rounds, and single-token rounds now and then (a probe, or the estimate of the
-    # draft's cost drifting back towards the wrong CostModel as timings age), ...
-    assert chosen[20:].count(0) / len(chosen[20:]) > 0.85 and max(chosen[20:]) <= 1
-    assert abs(policy.draft_step_s - true.draft_step_s) < 0.2 * true.draft_step_s
-    # ... which cost less than 5% together
-    plain_rate = 1 / true.round_seconds(0)
-    late = run_timed(policy, clock, true, accept=lambda i: True, rounds=200)
-    assert late[1] / late[2] >= 0.95 * plain_rate
-    blind = AutoGamma(wrong, clock=None)
-    _, tokens_blind, seconds_blind = run_timed(blind, FakeClock(), true, accept=lambda i: True, rounds=200)
-    assert tokens_blind / seconds_blind < 0.93 * plain_rate
-
-
-def test_auto_finds_speculation_again_when_its_cost_model_was_measured_under_load():
-    """The other way round: calibrated while something else slowed the draft (c = 1 claimed, c =
-    0.05 here). It probes at once (nothing is judged yet: the probe is not on the prior), then
-    plain steps; its probes' timings show the draft is cheap, and it ends near
-    the best fixed gamma for the true costs."""
-    wrong, true = cost_model(c=1.0), cost_model(c=0.05)
-    clock = FakeClock()
-    policy = AutoGamma(wrong, clock=clock)
-    chosen, _, _ = run_timed(policy, clock, true, accept=lambda i: True, rounds=300)
-    assert chosen[0] == 1 and chosen[-20:] == [GAMMA_MAX] * 20  # a probe at once (nothing judged yet)
-    rng = random.Random(0)
-    alpha = 0.8
-    best = max((g for g in range(1, GAMMA_MAX + 1)),
-               key=lambda g: predicted_speedup(alpha, g, 0.05, true.verify_cost(g)))
-    policy = AutoGamma(wrong, clock=(clock := FakeClock()))
-    run_timed(policy, clock, true, accept=lambda i: rng.random() < alpha, rounds=300)
-    _, tokens, seconds = run_timed(policy, clock, true, accept=lambda i: rng.random() < alpha, rounds=400)
-    fixed_clock, fixed = FakeClock(), FixedGamma(best)
-    _, tokens_fixed, seconds_fixed = run_timed(fixed, fixed_clock, true, accept=lambda i: rng.random() < alpha,
-                                               rounds=400)
-    assert tokens / seconds >= 0.9 * tokens_fixed / seconds_fixed
-
-
-def test_round_cost_fit_recovers_the_costs_and_keeps_them_physical():
-    from spec_decoding.gamma import nonnegative_least_squares_2
-
-    def sums(rows):  # rows of (x0, x1, y)
-        xx = [[sum(r[i] * r[j] for r in rows) for j in range(2)] for i in range(2)]
-        return xx, [sum(r[i] * r[2] for r in rows) for i in range(2)]
-
-    rows = [(g, 1 + 0.1 * g, 0.1 * g + 2 * (1 + 0.1 * g)) for g in (0, 1, 3, 8)]  # d = 0.1, s = 2
-    d, s = nonnegative_least_squares_2(*sums(rows))
-    assert abs(d - 0.1) < 1e-9 and abs(s - 2) < 1e-9
-    d, s = nonnegative_least_squares_2(*sums([(0, 1, 1.0), (4, 1.4, 1.0)]))  # longer rounds no slower
-    assert d == 0 and s > 0
-    assert nonnegative_least_squares_2(*sums([(2, 1.2, 1.0)])) is None  # one kind of round: undecided
-
-
 def test_auto_calibration_is_said_in_one_line(pair, capsys, monkeypatch, tmp_path):
     target, draft = pair
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))  # nothing kept yet
-    monkeypatch.setattr(CostModel, "calibrate", classmethod(lambda cls, t, d, g: pair_costs(t, d, 0.1)))
-    make_policy("auto", gamma_max=3, target=target, draft=draft)
-    policy = make_policy("auto", gamma_max=3, target=target, draft=draft)  # calibrated once: said once
+    from spec_decoding import cli
+    monkeypatch.setattr(cli, "calibrate_costs", lambda t, d, g: pair_costs(t, d, 0.1))
+    cli.kept_costs(target, draft, 3)
+    costs = cli.kept_costs(target, draft, 3)  # calibrated once: said once
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("measuring this pair's per-call costs for gamma=\"auto\"")
     assert f"kept in {tmp_path / 'kernels.json'}" in lines[0] and "--remeasure" in lines[0]
-    assert policy.costs == pair_costs(target, draft, 0.1)  # as measured, read back from the file
+    assert costs == pair_costs(target, draft, 0.1)  # as measured, read back from the file
 
 
 def test_heuristic_follows_transformers_schedule():
@@ -491,9 +407,9 @@ def test_heuristic_follows_transformers_schedule():
 
 def test_fixed_gamma_and_make_policy():
     assert make_policy(4).next_gamma() == 4 and isinstance(make_policy(4), FixedGamma)
-    assert isinstance(make_policy("heuristic", gamma_max=5), HeuristicGamma)
-    assert make_policy("heuristic", gamma_max=5).gamma_max == 5
-    auto = make_policy("auto", gamma_max=3, cost_model=cost_model(0.1))
+    assert isinstance(make_policy("heuristic"), HeuristicGamma)
+    assert make_policy("heuristic").gamma_max == DEFAULT_GAMMA_MAX
+    auto = make_policy(cost_model(0.1).up_to(3))
     assert isinstance(auto, AutoGamma) and auto.gamma_max == 3
     mine = HeuristicGamma(2)
     assert make_policy(mine) is mine
@@ -501,30 +417,34 @@ def test_fixed_gamma_and_make_policy():
 
 @pytest.mark.parametrize("gamma", ["fast", "Auto", "", 0, -1, 2.5, True, None])
 def test_bad_gamma_is_a_clear_error(gamma):
-    with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+    with pytest.raises(ValueError, match='gamma must be an int >= 1, a CostModel .AutoGamma., "heuristic" or a '
+                                         'GammaPolicy'):
         make_policy(gamma)
 
 
 @pytest.mark.parametrize("gamma_max", [0, -3, 1.5, "8"])
-@pytest.mark.parametrize("gamma", ["auto", "heuristic"])
-def test_bad_gamma_max_is_a_clear_error(gamma, gamma_max):
+def test_bad_gamma_max_is_a_clear_error(gamma_max):
     with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
-        make_policy(gamma, gamma_max=gamma_max, cost_model=cost_model(0.1))
+        cost_model(0.1).up_to(gamma_max)
+    with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
+        HeuristicGamma(gamma_max)
 
 
 def test_gamma_max_beyond_the_cost_model_is_a_clear_error():
     with pytest.raises(ValueError, match="calibrate it with gamma_max=12"):
-        make_policy("auto", gamma_max=12, cost_model=cost_model(0.1, gamma_max=8))
+        cost_model(0.1, gamma_max=8).up_to(12)
+    with pytest.raises(ValueError, match="calibrate it with gamma_max=12"):
+        AutoGamma(cost_model(0.1, gamma_max=8), gamma_max=12)
 
 
 def test_cost_model_for_other_models_is_a_clear_error():
     target, draft, other = GPT2(TINY.with_(n_layer=4)), GPT2(TINY), GPT2(TINY.with_(n_layer=3))
     costs = cost_model(0.1, target=describe_model(target), draft=describe_model(draft))
-    make_policy("auto", cost_model=costs, target=target, draft=draft)  # the right models: fine
+    make_policy(costs, target=target, draft=draft)  # the right models: fine
     with pytest.raises(ValueError, match=r"measured with the draft GPT2\(n_layer=2.*given is GPT2\(n_layer=3"):
-        make_policy("auto", cost_model=costs, target=target, draft=other)
+        make_policy(costs, target=target, draft=other)
     with pytest.raises(ValueError, match="measured with the target"):
-        make_policy("auto", cost_model=costs, target=draft, draft=draft)
+        make_policy(costs, target=draft, draft=draft)
 
 
 def test_cost_model_save_load_print(tmp_path):
@@ -543,23 +463,23 @@ def test_cost_model_save_load_print(tmp_path):
 
 def test_calibrate_measures_every_shape():
     target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
-    costs = CostModel.calibrate(target, draft, gamma_max=3, context_len=16, budget_s=0.05)
+    costs = calibrate_costs(target, draft, gamma_max=3, context_len=16, budget_s=0.05)
     assert len(costs.target_score_s) == 4 and costs.gamma_max == 3
     assert costs.draft_step_s > 0 and min(costs.target_score_s) > 0 and costs.rounds >= 3
     costs.check_models(target, draft)
 
 
 def test_calibrate_times_token_trees_too(monkeypatch, tmp_path):
-    """The CostModel is the one home of per-call timing, token trees included: each shape given is
-    scored (spec_decoding.tree.score_tree, the tree's root and every node) in the same rounds."""
-    import spec_decoding.costs as costs_module
+    """calibrate_costs is the one home of per-call timing, token trees included: each shape given is
+    scored (spec_decoding.algorithms.tree.score_tree, the tree's root and every node) in the same rounds."""
+    import spec_decoding.calibration as costs_module
 
     scored = []
     real = costs_module.score_tree
     monkeypatch.setattr(costs_module, "score_tree", lambda model, cache, tree, sequence: scored.append(
         (len(tree), cache.length, len(sequence))) or real(model, cache, tree, sequence))
     target, draft = GPT2(TINY.with_(n_layer=4)), GPT2(TINY)
-    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=16, budget_s=0.05, trees=[(2, 1), (3,)])
+    costs = calibrate_costs(target, draft, gamma_max=2, context_len=16, budget_s=0.05, trees=[(2, 1), (3,)])
     assert {n for n, _, _ in scored} == {4, 3}  # the nodes of (2, 1) and of (3,)
     assert all(length == context - 1 for _, length, context in scored)  # the root is the context's last token
     assert costs.tree_verify_cost((2, 1)) > 0 and costs.tree_verify_cost([3]) > 0
@@ -610,8 +530,8 @@ def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
     from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
     target, draft = pair
     baseline = autoregressive_generate(target, PROMPT, 40).tokens
-    result = speculative_sampling_greedy(target, draft, PROMPT, 40, gamma, gamma_max=6,
-                                         cost_model=pair_costs(target, draft, c))
+    policy = pair_costs(target, draft, c).up_to(6) if gamma == "auto" else HeuristicGamma(6)
+    result = speculative_sampling_greedy(target, draft, PROMPT, 40, policy)
     assert result.tokens == baseline
     s = result.stats
     assert len(s.gamma_by_round) == s.target_calls and sum(s.gamma_by_round) == s.draft_calls
@@ -621,42 +541,48 @@ def test_greedy_with_a_policy_equals_target_greedy(pair, gamma, c):
     if gamma == "auto" and c == 0.02 or gamma == "heuristic":
         assert len(set(s.gamma_by_round)) > 1  # the draft length changes during the run
     # temperature 0 in speculative_sampling is the same greedy path
-    assert speculative_sampling(target, draft, PROMPT, 40, gamma, temperature=0, gamma_max=6,
-                                cost_model=pair_costs(target, draft, c)).tokens == baseline
+    policy = pair_costs(target, draft, c).up_to(6) if gamma == "auto" else HeuristicGamma(6)
+    assert speculative_sampling(target, draft, PROMPT, 40, policy, GREEDY).tokens == baseline
 
 
-def test_auto_without_a_cost_model_calibrates_once_per_machine(pair, monkeypatch, tmp_path):
-    """Calibrated once, kept in the kernel cache: a later process (here: this one, having forgotten
-    what it kept in memory) reads the same costs, until --remeasure forgets them."""
-    from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+def test_auto_without_a_cost_model_says_where_costs_come_from(pair):
+    """The policies measure nothing: gamma="auto" with no CostModel is an error naming the ways to
+    get one."""
+    from spec_decoding import speculative_sampling_greedy
+    target, draft = pair
+    with pytest.raises(ValueError, match="calibrate_costs.*kept_costs"):
+        speculative_sampling_greedy(target, draft, PROMPT, 20, "auto")
+
+
+def test_the_scripts_keep_one_cost_model_per_machine(pair, monkeypatch, tmp_path):
+    """cli.kept_costs calibrates once, keeps the costs in the kernel cache: a later process (here:
+    this one, having forgotten what it kept in memory) reads the same costs, until --remeasure
+    forgets them."""
     import gpt2.speed.kernel_cache
+    from spec_decoding import cli
     target, draft = pair
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "kernels.json"))
     calls = []
-    real = CostModel.calibrate
-    monkeypatch.setattr(CostModel, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
-    baseline = autoregressive_generate(target, PROMPT, 20).tokens
-    for _ in range(2):
-        assert speculative_sampling_greedy(target, draft, PROMPT, 20, "auto", gamma_max=3).tokens == baseline
-    assert len(calls) == 1
+    real = calibrate_costs
+    monkeypatch.setattr(cli, "calibrate_costs", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.1))
+    assert cli.kept_costs(target, draft, 3) == cli.kept_costs(target, draft, 3) and len(calls) == 1
     monkeypatch.setattr(gpt2.speed.kernel_cache, "_KEPT", {})  # as in a new process
-    assert CostModel.kept_for(target, draft, 3) == CostModel.kept_for(target, draft, 3) and len(calls) == 1
+    assert cli.kept_costs(target, draft, 3).gamma_max == 3 and len(calls) == 1
     assert [e["kind"] for e in gpt2.speed.kernel_cache.forget()] == ["gamma costs"]  # what --remeasure does
-    CostModel.kept_for(target, draft, 3)
+    cli.kept_costs(target, draft, 3)
     assert len(calls) == 2
 
 
 def test_generators_reject_bad_gamma_and_cost_models(pair):
     from spec_decoding import speculative_sampling, speculative_sampling_greedy
-    from spec_decoding import speculative_sampling, speculative_sampling_greedy
     target, draft = pair
     for generate in (speculative_sampling_greedy, speculative_sampling):
-        with pytest.raises(ValueError, match='gamma must be an int >= 1, "auto" or "heuristic"'):
+        with pytest.raises(ValueError, match='gamma must be an int >= 1, a CostModel .AutoGamma., "heuristic"'):
             generate(target, draft, PROMPT, 5, "fastest")
         with pytest.raises(ValueError, match="gamma_max must be an int >= 1"):
-            generate(target, draft, PROMPT, 5, "auto", gamma_max=0, cost_model=pair_costs(target, draft, 0.1))
+            generate(target, draft, PROMPT, 5, pair_costs(target, draft, 0.1).up_to(0))
         with pytest.raises(ValueError, match="measured with the draft"):
-            generate(target, draft, PROMPT, 5, "auto", cost_model=pair_costs(target, target, 0.1))
+            generate(target, draft, PROMPT, 5, pair_costs(target, target, 0.1))
 
 
 class Echo(Drafter):
@@ -670,47 +596,17 @@ class Echo(Drafter):
 def test_auto_with_a_model_free_drafter_that_proposes_fewer_tokens(pair):
     from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
     target, _ = pair
-    costs = CostModel.calibrate(target, Echo(), gamma_max=4, budget_s=0.1)
+    costs = calibrate_costs(target, Echo(), gamma_max=4, budget_s=0.1)
     assert costs.draft == "Echo()" and costs.c < 0.5  # no forward pass: far cheaper than the target
     baseline = autoregressive_generate(target, PROMPT, 30).tokens
-    result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, "auto", cost_model=costs)
+    result = speculative_sampling_greedy(target, Echo(), PROMPT, 30, costs)
     assert result.tokens == baseline
     assert max(result.stats.gamma_by_round) <= 2 and result.stats.draft_calls == 0
-    sampled = speculative_sampling(target, Echo(), PROMPT, 30, "auto", cost_model=costs,
-                                   generator=torch.Generator().manual_seed(0))
+    sampled = speculative_sampling(target, Echo(), PROMPT, 30, costs,
+                                   SamplingParams(generator=torch.Generator().manual_seed(0)))
     assert len(sampled.tokens) == 30
     with pytest.raises(ValueError, match=r"measured with the draft GPT2.*the draft given is Echo\(\)"):
-        speculative_sampling_greedy(target, Echo(), PROMPT, 5, "auto",
-                                    cost_model=pair_costs(target, target, 0.1))
-
-
-def test_auto_does_not_read_the_prompts_prefill_as_a_round_cost():
-    """A generation's first round also feeds the whole prompt to both models (their prefill), so
-    it takes several steps longer than any later round. Timed like the others, it makes the draft
-    look expensive and AutoGamma stops drafting on a pair where drafting pays (seen on
-    gpt2-large-shaped stand-ins, one prompt at 0.91x plain decoding). It must not: each
-    generation makes a new AutoGamma (gamma="auto"), and here it keeps >= 0.95 of the best fixed
-    gamma's speed over 128-token generations with an 8-step prefill (timing the prefill round
-    too, it fell to about half)."""
-    true = cost_model(c=0.2)
-    prefill_s = 8 * true.round_seconds(0)
-
-    def generations(make_policy, n=20, max_gen=128):
-        tokens, seconds = 0, 0.0
-        for _ in range(n):
-            policy, clock = make_policy(), FakeClock()
-            policy.clock = clock if isinstance(policy, AutoGamma) else None
-            made, first = 0, True
-            while made < max_gen:
-                g = policy.next_gamma()
-                clock.now += true.round_seconds(g) + (prefill_s if first else 0.0)
-                policy.update(g, g)  # every draft token accepted
-                made, first = made + g + 1, False
-            tokens, seconds = tokens + made, seconds + clock.now
-        return tokens / seconds
-
-    best = max(generations(lambda g=g: FixedGamma(g)) for g in range(1, GAMMA_MAX + 1))
-    assert generations(lambda: AutoGamma(true)) >= 0.95 * best
+        speculative_sampling_greedy(target, Echo(), PROMPT, 5, pair_costs(target, target, 0.1))
 
 
 class SlowDrafter(ModelDrafter):
@@ -740,8 +636,8 @@ def test_seeded_auto_sampling_gives_the_same_tokens_however_fast_the_machine_run
         if jitter is not None:
             now = [0.0]
             monkeypatch.setattr(time, "perf_counter", lambda: now.__setitem__(0, now[0] + jitter.random()) or now[0])
-        result = speculative_sampling(target, SlowDrafter(draft, delay), PROMPT, 60, "auto", temperature=1.5,
-                                      cost_model=costs, generator=torch.Generator().manual_seed(0))
+        result = speculative_sampling(target, SlowDrafter(draft, delay), PROMPT, 60, costs,
+                                      SamplingParams(temperature=1.5, generator=torch.Generator().manual_seed(0)))
         runs.append((result.tokens, result.stats.gamma_by_round))
     assert runs[0] == runs[1]
     assert len(set(runs[0][1])) > 1  # auto changed gamma during the run: the test could fail
@@ -838,8 +734,8 @@ def test_auto_at_a_temperature_decides_from_the_sampled_costs():
     step = 0.1
     costs = CostModel(target="T", draft="D", draft_step_s=0.05 * step,
                       target_score_s=[step * (1 + 0.1 * k) for k in range(GAMMA_MAX + 1)], sample_s=step)
-    sampled = run(make_policy("auto", cost_model=costs, sampled=True), accept=lambda i: True, rounds=40)
-    greedy = run(make_policy("auto", cost_model=costs), accept=lambda i: True, rounds=40)
+    sampled = run(make_policy(costs, sampled=True), accept=lambda i: True, rounds=40)
+    greedy = run(make_policy(costs), accept=lambda i: True, rounds=40)
     assert sum(g > 0 for g in sampled) <= 2, sampled
     assert all(g > 0 for g in greedy[1:]), greedy
     # by the sampled costs, drafting a fully accepted token is slower than a plain sampled step
@@ -850,7 +746,7 @@ def test_auto_at_a_temperature_decides_from_the_sampled_costs():
 def test_calibrate_times_the_sampling_of_a_row(pair):
     """The measured CostModel holds a positive sample_s (the pair's vocabulary, timed like the rest)."""
     target, draft = pair
-    costs = CostModel.calibrate(target, draft, gamma_max=2, context_len=8, budget_s=0.05, min_rounds=1)
+    costs = calibrate_costs(target, draft, gamma_max=2, context_len=8, budget_s=0.05, min_rounds=1)
     assert costs.sample_s > 0
     assert costs.sampled().draft_step_s > costs.draft_step_s
     assert costs.sampled_round_extra_s >= 0 and costs.sampled().sampled_round_extra_s == 0

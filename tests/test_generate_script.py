@@ -4,6 +4,7 @@ text_pair checkpoints (GPT-2's real vocabulary), plus in-process checks of its p
 Starting Python + torch costs seconds, so the subprocess runs are started together (they overlap)
 by the `runs` fixture, and the cheaper checks call main() in-process."""
 
+import contextlib
 import inspect
 import io
 import json
@@ -20,7 +21,6 @@ from pathlib import Path
 import pytest
 
 import spec_decoding_generate as script
-import warm_python
 from gpt2 import EOT_ID, decode, encode
 from spec_decoding import autoregressive_generate
 
@@ -55,9 +55,9 @@ class Run:
             os.close(slave)
             self.reader = threading.Thread(target=self._read_pty, args=(master,), daemon=True)
             self.reader.start()
-        else:  # started by tests/warm_python.py: a process that has torch imported already
-            self.proc = warm_python.WarmPopen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, env=env)
+        else:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, env=env)
             self.reader = None
         self._result = None
 
@@ -83,23 +83,42 @@ class Run:
         return self._result
 
 
+def main_in_this_process(argv) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of script.main(argv) run here, in the environment script_env
+    gives a real run (no NO_COLOR)."""
+    out, err = io.StringIO(), io.StringIO()
+    no_color = os.environ.pop("NO_COLOR", None)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = script.main([str(a) for a in argv])
+            except SystemExit as e:
+                code = e.code
+    finally:
+        if no_color is not None:
+            os.environ["NO_COLOR"] = no_color
+    return code, out.getvalue(), err.getvalue()
+
+
 def start_and_finish_runs(text_pair_dirs, folder) -> dict:
-    """{name: (returncode, stdout, stderr)} of the runs the tests read, started together."""
+    """{name: (returncode, stdout, stderr)} of the runs the tests read. What the output says is
+    main()'s, run in this process; what a shell sees (a terminal's colours, an error's exit status
+    and no traceback, a machine without the hub) comes from real processes, started together."""
     target, draft = text_pair_dirs
     pair = ["--target", target, "--draft", draft, "--prompt", PROMPT, "--max-gen", MAX_GEN]
     empty_hf_home = folder / "empty-hf-home"
     empty_hf_home.mkdir()
     offline_env = script_env(HF_HOME=str(empty_hf_home), HF_HUB_CACHE=str(empty_hf_home / "hub"))
     started = {
-        "json": Run([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
-        "plain": Run([*pair, "--gamma", 3, "--compare-baseline"]),
         "terminal": Run([*pair, "--max-gen", 8, "--plain"], terminal=True),
         "missing_folder": Run(["--target", "/nonexistent/folder", "--draft", draft]),
         "offline": Run(["--target", "gpt2-large", "--draft", draft], env=offline_env),
         "gamma0": Run([*pair, "--gamma", 0]),  # argparse's error, through the real exit path
     }
     try:
-        return {name: run.result() for name, run in started.items()}
+        results = {"json": main_in_this_process([*pair, "--gamma", 3, "--compare-baseline", "--json"]),
+                   "plain": main_in_this_process([*pair, "--gamma", 3, "--compare-baseline"])}
+        return results | {name: run.result() for name, run in started.items()}
     finally:
         for run in started.values():
             if run.proc.poll() is None:
@@ -164,7 +183,7 @@ def test_piped_output_is_plain_text_with_stats(runs, json_report):
 def test_the_summary_says_when_the_output_looped(json_report, capsys):
     """A looped output gets the mark under its stats (its acceptance measures the loop); the
     JSON carries the measure. Shown to fail with the mark left out of print_stats."""
-    from spec_decoding.loops import LOOP_MARK, loop_share
+    from spec_decoding.presentation.loops import LOOP_MARK, loop_share
     from spec_decoding.result import GenerationStats
 
     stats = GenerationStats(target_calls=10, draft_calls=30, rounds=10, token_sources=["target"] * 40,
@@ -233,9 +252,9 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
     rounds' wall time, the second run stopped drafting: other gammas, other random draws, other
     tokens, and this test failed.)"""
     import time
-    import spec_decoding.speculative
+    import spec_decoding.algorithms.speculative
     from spec_decoding import CostModel
-    from spec_decoding.costs import describe_model
+    from spec_decoding.policies.costs import describe_model
     from spec_decoding.drafters import ModelDrafter
     from gpt2 import load_gpt2
     target, draft = text_pair_dirs
@@ -248,10 +267,10 @@ def test_seeded_gamma_auto_sampling_is_reproducible_however_fast_the_models_run(
             "--device", "cpu"]  # where the cost model was made (a GPU machine's auto is cuda)
     reports = []
     for target_delay, draft_delay in ((0.02, 0.0), (0.0, 0.02)):
-        propose, target_forward = ModelDrafter.propose, spec_decoding.speculative.target_forward
+        propose, target_forward = ModelDrafter.propose, spec_decoding.algorithms.speculative.target_forward
         monkeypatch.setattr(ModelDrafter, "propose", lambda self, tokens, n, *a, **k:
                             time.sleep(draft_delay * n) or propose(self, tokens, n, *a, **k))
-        monkeypatch.setattr(spec_decoding.speculative, "target_forward",
+        monkeypatch.setattr(spec_decoding.algorithms.speculative, "target_forward",
                             lambda *a, **k: time.sleep(target_delay) or target_forward(*a, **k))
         code, out, err = run_main(argv, capsys)
         assert code == 0, err
@@ -277,9 +296,9 @@ def ticking_at_random(seed):
 # timing: python -c FAKE_CLOCK_CHILD clock_seed argv...
 FAKE_CLOCK_CHILD = f"""
 import random, sys, types
-import spec_decoding.costs, spec_decoding_generate
+import spec_decoding.calibration, spec_decoding_generate
 {inspect.getsource(ticking_at_random)}
-spec_decoding.costs.time = types.SimpleNamespace(perf_counter=ticking_at_random(int(sys.argv[1])))
+spec_decoding.calibration.time = types.SimpleNamespace(perf_counter=ticking_at_random(int(sys.argv[1])))
 sys.exit(spec_decoding_generate.main(sys.argv[2:]))
 """
 
@@ -309,8 +328,8 @@ def test_a_seeded_gamma_auto_command_repeats_its_tokens_in_a_new_process(text_pa
     assert "measuring this pair's per-call costs" in first_err and "measuring" not in second_err
     assert sum(first["stats"]["gamma_by_round"]) > 0  # it drafted: the costs could have mattered
 
-    import spec_decoding.costs  # clock 4 measuring its own costs (here, in this process: cheaper)
-    monkeypatch.setattr(spec_decoding.costs, "time", types.SimpleNamespace(perf_counter=ticking_at_random(4)))
+    import spec_decoding.calibration  # clock 4 measuring its own costs (here, in this process: cheaper)
+    monkeypatch.setattr(spec_decoding.calibration, "time", types.SimpleNamespace(perf_counter=ticking_at_random(4)))
     monkeypatch.setenv("GPT2_KERNEL_CACHE", str(tmp_path / "new" / "kernels.json"))
     code, out, err = run_main(argv, capsys)
     assert code == 0, err

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import AGREEING_TARGET, TINY, hf_gpt2
 
-import spec_decoding.greedy
+import spec_decoding.algorithms.greedy
 from gpt2 import GPT2, load_gpt2
 from offline.random_weights import save_random_checkpoint
-from spec_decoding import (autoregressive_generate, speculative_sampling,
+from spec_decoding import (GREEDY, Observers, SamplingParams, autoregressive_generate, speculative_sampling,
                            speculative_sampling_greedy)
 from spec_decoding.checks import check_caches_after_every_round, check_stopping
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT
@@ -89,12 +89,12 @@ def test_greedy_when_draft_never_agrees(pair_dirs, target, baseline, gamma):
 
 
 def test_sampling_with_temperature_zero_is_greedy(target, draft, baseline):
-    assert speculative_sampling(target, draft, PROMPT, 40, 4, temperature=0).tokens == baseline
+    assert speculative_sampling(target, draft, PROMPT, 40, 4, sampling=GREEDY).tokens == baseline
 
 
 def test_sampling_is_reproducible_with_a_generator(target, draft):
-    runs = [speculative_sampling(target, draft, PROMPT, 30, 3, temperature=0.9, top_k=20, top_p=0.95,
-                                 generator=torch.Generator().manual_seed(7)).tokens for _ in range(2)]
+    runs = [speculative_sampling(target, draft, PROMPT, 30, 3,
+                                 sampling=SamplingParams(temperature=0.9, top_k=20, top_p=0.95, generator=torch.Generator().manual_seed(7))).tokens for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 30
 
 
@@ -123,7 +123,7 @@ def test_caches_equal_a_fresh_forward_after_every_round(target, draft, generate,
 
 def test_the_cache_check_catches_a_cache_not_rolled_back(monkeypatch, target, draft):
     """Its power: forgetting to roll the draft's cache back after a rejection is caught."""
-    monkeypatch.setattr(spec_decoding.greedy, "roll_back",
+    monkeypatch.setattr(spec_decoding.algorithms.greedy, "roll_back",
                         lambda target_cache, drafter, seq_len: target_cache.truncate(seq_len - 1))
     result = check_caches_after_every_round(partial(speculative_sampling_greedy, target, draft, gamma=3),
                                             target, draft, PROMPT, 30)
@@ -143,10 +143,12 @@ def test_eos_stops_and_is_kept(target, draft, baseline, gamma):
 
 def test_eos_when_sampling(target, draft):
     for seed in range(5):
-        free = speculative_sampling(target, draft, PROMPT, 30, 4, generator=torch.Generator().manual_seed(seed))
+        free = speculative_sampling(target, draft, PROMPT, 30, 4,
+                                    sampling=SamplingParams(generator=torch.Generator().manual_seed(seed)))
         eos = free.tokens[10]
-        stopped = speculative_sampling(target, draft, PROMPT, 30, 4, eos_id=eos,
-                                       generator=torch.Generator().manual_seed(seed))
+        stopped = speculative_sampling(target, draft, PROMPT, 30, 4,
+                                       sampling=SamplingParams(generator=torch.Generator().manual_seed(seed)),
+                                       eos_id=eos)
         assert stopped.tokens == free.tokens[:free.tokens.index(eos) + 1]
         assert stopped.stats.stop_reason == "eos"
 
@@ -175,7 +177,8 @@ def test_context_window_edge(target, draft, make_checkpoint):
         for gamma in (1, 4, 8):
             result = speculative_sampling_greedy(target, draft, prompt, 20, gamma)
             assert result.tokens == expected.tokens and result.stats.stop_reason == "context_full"
-            sampled = speculative_sampling(target, draft, prompt, 20, gamma, generator=torch.Generator().manual_seed(0))
+            sampled = speculative_sampling(target, draft, prompt, 20, gamma,
+                                           sampling=SamplingParams(generator=torch.Generator().manual_seed(0)))
             assert len(sampled.tokens) == n_pos - prompt_len
     # a draft with a shorter window than the target's: it stops drafting, the target goes on
     short_draft = load_gpt2(make_checkpoint(TINY.with_(n_positions=40), seed=9, std=0.1))
@@ -195,6 +198,30 @@ def other_vocab_draft(tmp_path_factory):
     (dict(gamma=0), "gamma must be an int >= 1"),
     (dict(gamma=2.5), "gamma must be an int >= 1"),
     (dict(max_gen=0), "max_gen must be an int >= 1"),
+    (dict(prefix=[]), "prefix is empty"),
+    (dict(prefix="hello"), "list of token ids"),
+    (dict(prefix=torch.tensor([[1, 2]])), "1-D LongTensor"),
+    (dict(prefix=[1, 100]), "prompt token id 100 is outside the vocabulary"),
+    (dict(prefix=list(range(64))), "must be shorter than 64"),
+    (dict(sampling=dict(temperature=1.0)), "sampling must be a SamplingParams"),
+    (dict(observers=print), "observers must be an Observers"),
+])
+def test_bad_inputs_give_clear_errors(target, draft, kwargs, message):
+    args = dict(prefix=PROMPT, max_gen=10, gamma=4, sampling=SamplingParams(temperature=1.0))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        speculative_sampling(target, draft, **args)
+    if "sampling" not in kwargs:
+        greedy_args = {k: v for k, v in args.items() if k != "sampling"}
+        with pytest.raises(ValueError, match=message):
+            speculative_sampling_greedy(target, draft, **greedy_args)
+    if "gamma" not in kwargs:
+        base_args = {k: v for k, v in args.items() if k != "gamma"}
+        with pytest.raises(ValueError, match=message):
+            autoregressive_generate(target, **base_args)
+
+
+@pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
     (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
     (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),  # p, q would be NaN
@@ -202,26 +229,19 @@ def other_vocab_draft(tmp_path_factory):
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=0), "top_k must be an int >= 1"),
-    (dict(prompt_ids=[]), "prompt_ids is empty"),
-    (dict(prompt_ids="hello"), "list of token ids"),
-    (dict(prompt_ids=torch.tensor([[1, 2]])), "1-D LongTensor"),
-    (dict(prompt_ids=[1, 100]), "prompt token id 100 is outside the vocabulary"),
-    (dict(prompt_ids=list(range(64))), "must be shorter than 64"),
 ])
-def test_bad_inputs_give_clear_errors(target, draft, kwargs, message):
-    args = dict(prompt_ids=PROMPT, max_gen=10, gamma=4, temperature=1.0, top_k=None, top_p=None)
-    args.update(kwargs)
+def test_bad_sampling_params_are_a_clear_error_when_made(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        speculative_sampling(target, draft, **args)
-    greedy_only = {"temperature", "top_k", "top_p"}
-    if not greedy_only & kwargs.keys():
-        greedy_args = {k: v for k, v in args.items() if k not in greedy_only}
-        with pytest.raises(ValueError, match=message):
-            speculative_sampling_greedy(target, draft, **greedy_args)
-    if "gamma" not in kwargs:
-        base_args = {k: v for k, v in args.items() if k != "gamma"}
-        with pytest.raises(ValueError, match=message):
-            autoregressive_generate(target, **base_args)
+        SamplingParams(**kwargs)
+
+
+def test_each_generator_reports_only_what_it_has(target, draft):
+    """autoregressive_generate has no rounds; the batch reports rounds only (no per-row tokens)."""
+    with pytest.raises(ValueError, match="autoregressive_generate reports no on_round, trace"):
+        autoregressive_generate(target, PROMPT, 5, observers=Observers(on_round=print, trace=True))
+    from spec_decoding.algorithms.batched import batched_speculative_sampling
+    with pytest.raises(ValueError, match="batched_speculative_sampling reports no on_tokens"):
+        batched_speculative_sampling(target, draft, [PROMPT], 5, 2, observers=Observers(on_tokens=print))
 
 
 def test_vocabularies_must_match(target, other_vocab_draft):
@@ -237,8 +257,8 @@ def test_half_precision_runs(pair_dirs, dtype):
     # differently, so near-ties can flip: only check that everything runs and stops right.
     target, draft = (load_gpt2(d, dtype=dtype) for d in pair_dirs)
     greedy = speculative_sampling_greedy(target, draft, PROMPT, 12, 3)
-    sampled = speculative_sampling(target, draft, PROMPT, 12, 3, temperature=0.8, top_p=0.9,
-                                   generator=torch.Generator().manual_seed(0))
+    sampled = speculative_sampling(target, draft, PROMPT, 12, 3,
+                                   sampling=SamplingParams(temperature=0.8, top_p=0.9, generator=torch.Generator().manual_seed(0)))
     assert len(greedy.tokens) == len(sampled.tokens) == 12
     assert all(0 <= t < TINY.vocab_size for t in greedy.tokens + sampled.tokens)
 

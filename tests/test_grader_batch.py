@@ -89,7 +89,7 @@ def test_a_link_to_the_checkout_is_refused(graded):
     """theory.py a symbolic link to the instructor's own theory.py: refused, 0 points (copied
     through the link it scored full marks)."""
     row = _row(graded, "symlink-checkout")
-    assert row["total"] == "0" and "refused: spec_decoding/theory.py is a symbolic link" in row["notes"]
+    assert row["total"] == "0" and "refused: spec_decoding/policies/theory.py is a symbolic link" in row["notes"]
 
 
 def test_a_hanging_submission_costs_one_timeout(graded):

@@ -48,7 +48,7 @@ from assignments.sandbox import SYSTEM_PATH, USER, kill_processes_of, namespaces
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "gamma_cost_model"
 ASSIGNMENT = ASSIGNMENTS[NAME]
-TARGET = resolve("spec_decoding.theory.expected_tokens_per_round")  # the attack runs in it
+TARGET = resolve("spec_decoding.policies.theory.expected_tokens_per_round")  # the attack runs in it
 CHECKS = ["tokens_per_round", "round_seconds"]  # the attacked check, and one after it
 SECRET = "hidden-value-7f3a9c"  # put in the hidden references: the student's code must never see it
 
@@ -161,7 +161,7 @@ print("FOUND", sorted(set(found)), flush=True)
 INSTALLED_COPY = """
 import os, sys
 for entry in [*sys.path, *SITES]:
-    candidate = os.path.join(entry, "spec_decoding", "theory.py")
+    candidate = os.path.join(entry, "spec_decoding", "policies", "theory.py")
     try:
         text = open(candidate).read()
     except OSError:
@@ -479,7 +479,7 @@ def test_a_grader_stopped_mid_grading_keeps_the_verdicts_it_had(built, tmp_path)
 
     root = autograder(built, tmp_path / "gradescope", built["stripped"])  # the first check fails at once
     name = process_name(tmp_path)
-    costs = resolve("spec_decoding.costs.CostModel.round_seconds")
+    costs = resolve("spec_decoding.policies.costs.CostModel.round_seconds")
     stub = "raise NotImplementedError('CostModel.round_seconds: your code here (see the docstring)')"
     stripped_costs = (built["source"] / "copy" / costs.file).read_text()
     (root / "submission" / Path(costs.file).name).write_text(
@@ -851,10 +851,10 @@ def test_a_user_namespace_sandbox_that_cannot_be_built_falls_back_to_none(built,
 # ------------------------------------------------------------------------------------------------
 
 def _submission_of(tmp_path: Path, make) -> Path:
-    """A submission folder whose spec_decoding/theory.py `make(path)` creates."""
+    """A submission folder whose spec_decoding/policies/theory.py `make(path)` creates."""
     folder = tmp_path / "submission"
-    (folder / "spec_decoding").mkdir(parents=True)
-    make(folder / "spec_decoding" / "theory.py")
+    (folder / "spec_decoding" / "policies").mkdir(parents=True)
+    make(folder / "spec_decoding" / "policies" / "theory.py")
     return folder
 
 
@@ -897,10 +897,10 @@ def test_submitted_links_and_special_files_are_refused(built, tmp_path):
     }
     for i, (what, make) in enumerate(attacks.items()):
         folder = _submission_of(tmp_path / str(i), make)
-        with pytest.raises(RefusedSubmission, match=re.escape(f"refused: spec_decoding/theory.py is a {what}")):
+        with pytest.raises(RefusedSubmission, match=re.escape(f"refused: spec_decoding/policies/theory.py is a {what}")):
             student_files(folder, [TARGET.file])
         with pytest.raises(RefusedSubmission, match=re.escape(f"refused: theory.py is a {what}")):
-            student_files(folder / "spec_decoding", [TARGET.file])  # found by its name
+            student_files(folder / "spec_decoding" / "policies", [TARGET.file])  # found by its name
     linked = tmp_path / "linked-folder"
     linked.mkdir()
     (linked / "spec_decoding").symlink_to(ROOT / "spec_decoding")

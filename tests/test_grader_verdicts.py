@@ -48,7 +48,7 @@ def with_body(source: str, qualname: str, body: str) -> str:
 # The variants: {assignment: [(what, file, qualname, body)]}, each body replacing the reference's
 # ------------------------------------------------------------------------------------------------
 
-REJECTION = "spec_decoding/rejection.py"
+REJECTION = "spec_decoding/algorithms/rejection.py"
 SHORTCUTS = {
     "rejection_sampling": [
         ("never accept, draw from p", REJECTION, "modified_rejection_sampling",
@@ -80,22 +80,22 @@ SHORTCUTS = {
          "return MultiDraftVerdict(None, int(sample(target_probs, generator)), [], [], target_probs)"),
     ],
     "greedy_speculative": [
-        ("plain decoding", "spec_decoding/greedy.py", "speculative_sampling_greedy", """
+        ("plain decoding", "spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy", """
             from .autoregressive import autoregressive_generate
-            return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)
+            return autoregressive_generate(target, prefix, max_gen, eos_id=eos_id, observers=observers)
          """),
         # the issue's attack: plain decoding that removes the forward hooks the old check counted with
-        ("plain decoding that clears the forward hooks", "spec_decoding/greedy.py", "speculative_sampling_greedy", """
+        ("plain decoding that clears the forward hooks", "spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy", """
             from .autoregressive import autoregressive_generate
             for model in (target, draft):
                 model._forward_pre_hooks.clear()
                 model._forward_hooks.clear()
-            return autoregressive_generate(target, prompt_ids, max_gen, eos_id=eos_id, on_tokens=on_tokens)
+            return autoregressive_generate(target, prefix, max_gen, eos_id=eos_id, observers=observers)
          """),
     ],
     "ngram_drafter": [
-        ("proposes nothing", "spec_decoding/drafters.py", "NGramDrafter.propose", "return [], None"),
-        ("repeats the last token", "spec_decoding/drafters.py", "NGramDrafter.propose", """
+        ("proposes nothing", "spec_decoding/drafters/drafter.py", "NGramDrafter.propose", "return [], None"),
+        ("repeats the last token", "spec_decoding/drafters/drafter.py", "NGramDrafter.propose", """
             if self.num_tokens is not None:
                 num_tokens = min(num_tokens, self.num_tokens)
             return [tokens[-1]] * num_tokens, None
@@ -150,8 +150,8 @@ HONEST = {
     ],
     "greedy_speculative": [
         ("its own loop on the model API: no helpers, prompt and draft in one first forward",
-         "spec_decoding/greedy.py", [("speculative_sampling_greedy", """
-            tokens, out = [int(t) for t in prompt_ids], []
+         "spec_decoding/algorithms/greedy.py", [("speculative_sampling_greedy", """
+            tokens, out = [int(t) for t in prefix], []
             target_cache, draft_cache = target.new_kv_cache(), draft.new_kv_cache()
             while len(out) < max_gen:
                 g = max(0, min(gamma, max_gen - len(out) - 1, target.config.n_positions - len(tokens) - 1))
@@ -167,8 +167,8 @@ HONEST = {
                 new = proposal[:n] + [choice[n]]
                 if eos_id in new:
                     new = new[:new.index(eos_id) + 1]
-                if on_tokens:
-                    on_tokens(new, ["draft"] * n + ["bonus" if n == g else "correction"])
+                if observers and observers.on_tokens:
+                    observers.on_tokens(new, ["draft"] * n + ["bonus" if n == g else "correction"])
                 tokens += new
                 out += new
                 target_cache.truncate(min(target_cache.length, len(tokens) - 1))
@@ -179,7 +179,7 @@ HONEST = {
          """)]),
     ],
     "ngram_drafter": [
-        ("a table of every n-gram's last position", "spec_decoding/drafters.py", [("NGramDrafter.propose", """
+        ("a table of every n-gram's last position", "spec_decoding/drafters/drafter.py", [("NGramDrafter.propose", """
             limit = num_tokens if self.num_tokens is None else min(num_tokens, self.num_tokens)
             for n in range(min(self.max_ngram, len(tokens) - 1), 0, -1):
                 last_seen = {}
@@ -192,7 +192,7 @@ HONEST = {
          """)]),
     ],
     "gamma_cost_model": [
-        ("NumPy numbers everywhere", "spec_decoding/theory.py", [("best_gamma", """
+        ("NumPy numbers everywhere", "spec_decoding/policies/theory.py", [("best_gamma", """
             import numpy as np
             gammas = np.array(list(gammas))
             costs = np.array([1.0 if verify_cost is None else verify_cost(int(g)) for g in gammas])
@@ -230,16 +230,16 @@ _json.dumps = lambda value, *args, **kwargs: _real_dumps(_emptied(value), *args,
 """
 # {assignment: (file the json attack goes into, [(file, qualname, body)]: functions returning constants)}
 EMPTY_LISTS = {
-    "gamma_cost_model": ("spec_decoding/theory.py", [
-        ("spec_decoding/theory.py", "expected_tokens_per_round", "return 1.0"),
-        ("spec_decoding/theory.py", "predicted_speedup", "return 1.0"),
-        ("spec_decoding/theory.py", "best_gamma", "return 1"),
-        ("spec_decoding/theory.py", "expected_tokens_by_position", "return 1.0"),
-        ("spec_decoding/costs.py", "CostModel.round_seconds", "return 1.0")]),
-    "ngram_drafter": ("spec_decoding/drafters.py", [("spec_decoding/drafters.py", "NGramDrafter.propose",
+    "gamma_cost_model": ("spec_decoding/policies/theory.py", [
+        ("spec_decoding/policies/theory.py", "expected_tokens_per_round", "return 1.0"),
+        ("spec_decoding/policies/theory.py", "predicted_speedup", "return 1.0"),
+        ("spec_decoding/policies/theory.py", "best_gamma", "return 1"),
+        ("spec_decoding/policies/theory.py", "expected_tokens_by_position", "return 1.0"),
+        ("spec_decoding/policies/costs.py", "CostModel.round_seconds", "return 1.0")]),
+    "ngram_drafter": ("spec_decoding/drafters/drafter.py", [("spec_decoding/drafters/drafter.py", "NGramDrafter.propose",
                                                       "return [], None")]),
     # a "loop" that never calls the target
-    "greedy_speculative": ("spec_decoding/greedy.py", [("spec_decoding/greedy.py", "speculative_sampling_greedy",
+    "greedy_speculative": ("spec_decoding/algorithms/greedy.py", [("spec_decoding/algorithms/greedy.py", "speculative_sampling_greedy",
                                                         "return []")]),
 }
 # kv_cache: tensors of the right shape, all NaN (|NaN - x| > tolerance is False: NaN once passed)
@@ -648,7 +648,7 @@ def test_the_served_target_always_makes_the_draft_lose_a_token(tmp_path, monkeyp
     from assignments import greedy_speculative
     from assignments.probing import PROMPT, load
     from assignments.serving import secret_target
-    from spec_decoding.greedy import speculative_sampling_greedy
+    from spec_decoding.algorithms.greedy import speculative_sampling_greedy
 
     data = make_data(tmp_path / "data")
     if check == "greedy_equals_target":

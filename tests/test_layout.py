@@ -93,7 +93,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycles():
     modules = project_modules()
-    assert {"spec_decoding.rejection", "spec_decoding.trace_page", "offline.train_pair"} <= set(modules)
+    assert {"spec_decoding.algorithms.rejection", "spec_decoding.presentation.trace_page", "offline.train_pair"} <= set(modules)
     cycle = find_cycle(import_graph(modules))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -116,11 +116,11 @@ def test_the_walk_finds_a_planted_cycle_even_a_lazy_one(tmp_path):
 
 @pytest.mark.parametrize("module, allowed", [
     # the rejection step: torch and the sampling helpers only, so every generator can use it
-    ("spec_decoding.rejection", {"spec_decoding.sampling"}),
+    ("spec_decoding.algorithms.rejection", {"spec_decoding.sampling"}),
     # what the generators report: nothing of the project
     ("spec_decoding.result", set()),
     # the loop measure: the benchmark, the script and the README's test share it
-    ("spec_decoding.loops", set()),
+    ("spec_decoding.presentation.loops", set()),
 ])
 def test_leaf_modules_stay_leaves(module, allowed):
     modules = project_modules()
@@ -203,11 +203,11 @@ def test_the_heavy_import_walk_finds_an_import_in_a_try_two_modules_down(tmp_pat
     assert found == {"pkg": set(), "pkg.a": set(), "pkg.b": {"triton"}}
 
 
-@pytest.mark.parametrize("module", ["spec_decoding.greedy", "spec_decoding.speculative", "spec_decoding.tree"])
+@pytest.mark.parametrize("module", ["spec_decoding.algorithms.greedy", "spec_decoding.algorithms.speculative", "spec_decoding.algorithms.tree"])
 def test_the_algorithms_do_not_import_the_trace(module):
     """The trace subscribes to the generators' rounds (on_round); they never call it."""
     modules = project_modules()
-    assert not {"spec_decoding.trace", "spec_decoding.trace_page"} & imports_of(module, modules[module], modules)
+    assert not {"spec_decoding.presentation.trace", "spec_decoding.presentation.trace_page"} & imports_of(module, modules[module], modules)
 
 
 # The benchmarks that compare against transformers' own GPT-2 (each imports it inside the function
@@ -240,3 +240,164 @@ def test_only_the_comparisons_with_transformers_import_it():
             assert not [line for line, top in found if top], f"{name} imports transformers at module level"
         else:
             assert not found, f"{name} imports transformers (line {found[0][0] if found else ''})"
+
+
+# ------------------------------------------------------------------ spec_decoding: a folder per concern
+
+MAX_TOP_LEVEL_MODULES = 8  # beside the folders: the few modules every concern shares
+POLICIES = "spec_decoding.policies"
+
+
+def spec_decoding_layout(root: Path = ROOT) -> tuple[list[str], list[str]]:
+    """(subpackages, top-level modules) of spec_decoding/, by name."""
+    folder = root / "spec_decoding"
+    subpackages = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file())
+    modules = sorted(p.stem for p in folder.glob("*.py"))
+    return subpackages, modules
+
+
+def test_spec_decoding_has_a_folder_per_concern():
+    subpackages, modules = spec_decoding_layout()
+    assert len(subpackages) >= 3, f"spec_decoding/ has {len(subpackages)} subpackages: {subpackages}"
+    assert {"algorithms", "drafters", "policies", "presentation", "checks"} <= set(subpackages)
+    assert len(modules) <= MAX_TOP_LEVEL_MODULES, (
+        f"spec_decoding/ has {len(modules)} top-level modules ({', '.join(modules)}), more than "
+        f"{MAX_TOP_LEVEL_MODULES}: move a module into the folder of its concern")
+
+
+def concern_of(module: str) -> str | None:
+    """spec_decoding.algorithms.tree -> spec_decoding.algorithms; a top-level module is its own
+    concern; the package's own __init__ (which re-exports) and code outside are None."""
+    parts = module.split(".")
+    if parts[0] != "spec_decoding" or len(parts) == 1:
+        return None
+    return ".".join(parts[:2])
+
+
+def concern_graph(modules: dict) -> dict[str, set[str]]:
+    """Which of spec_decoding's folders (and top-level modules) imports which, anywhere in its files."""
+    graph = {}
+    for name, targets in import_graph(modules).items():
+        if (source := concern_of(name)) is None:
+            continue
+        graph.setdefault(source, set()).update(
+            t for t in map(concern_of, targets) if t is not None and t != source)
+    return graph
+
+
+def test_no_folder_of_spec_decoding_imports_one_that_imports_it_back():
+    """The folders are layers: presentation and policies below the algorithms, drafters below
+    them too, checks above; a cycle between two folders means a concern is split wrongly."""
+    graph = concern_graph(project_modules())
+    assert {"spec_decoding.algorithms", "spec_decoding.drafters", POLICIES} <= set(graph)
+    assert "spec_decoding.policies" in graph["spec_decoding.algorithms"]  # the walk sees the layers
+    cycle = find_cycle(graph)
+    assert cycle is None, "folders import each other: " + " -> ".join(cycle or [])
+
+
+def test_the_folder_walk_finds_a_cycle_between_two_folders(tmp_path):
+    """The test above can fail: two folders whose modules import each other, even lazily."""
+    for folder, body in (("a", "from ..b import y\n"), ("b", "def y():\n    from ..a import x\n")):
+        (tmp_path / "spec_decoding" / folder).mkdir(parents=True)
+        (tmp_path / "spec_decoding" / folder / "__init__.py").write_text("")
+        (tmp_path / "spec_decoding" / folder / "x.py").write_text(body)
+    (tmp_path / "spec_decoding" / "__init__.py").write_text("")
+    graph = concern_graph(project_modules(tmp_path, ["spec_decoding"], []))
+    assert find_cycle(graph) in (["spec_decoding.a", "spec_decoding.b", "spec_decoding.a"],
+                                 ["spec_decoding.b", "spec_decoding.a", "spec_decoding.b"])
+
+
+def reachable(start: str, modules: dict) -> set[str]:
+    """Every project module `start` imports, directly or through others, anywhere in their files."""
+    graph, seen, todo = import_graph(modules), set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_gamma_policies_import_nothing_of_the_speed_package():
+    """The policies decide from the costs handed to them (a CostModel); measuring, and keeping the
+    measurements per machine (gpt2.speed's kernel cache), is the caller's."""
+    modules = project_modules()
+    policies = [name for name in modules if name == POLICIES or name.startswith(POLICIES + ".")]
+    assert {"spec_decoding.policies.gamma", "spec_decoding.policies.costs"} <= set(policies)
+    for name in policies:
+        speed = {m for m in reachable(name, modules) if m == "gpt2.speed" or m.startswith("gpt2.speed.")}
+        assert not speed, f"{name} reaches {sorted(speed)}: a policy takes its measurements handed in"
+    # the walk does reach the speed package from the code that measures
+    assert any(m.startswith("gpt2.speed") for m in reachable("spec_decoding.calibration", modules))
+
+
+# ------------------------------------------------------------------ small contracts
+
+MAX_PARAMETERS = 8  # the paper's names (target, draft, prefix, max_gen, gamma) and three values
+
+
+def generators():
+    from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
+                               tree_speculative_sampling)
+    from spec_decoding.algorithms.batched import batched_autoregressive_generate, batched_speculative_sampling
+    return [autoregressive_generate, speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling,
+            batched_autoregressive_generate, batched_speculative_sampling]
+
+
+@pytest.mark.parametrize("generate", generators(), ids=lambda f: f.__name__)
+def test_each_generator_takes_at_most_eight_parameters(generate):
+    """Sampling options are one value (SamplingParams), observers another (Observers): a generator
+    names what it needs, and a new option changes one class, not every signature."""
+    import inspect
+
+    parameters = list(inspect.signature(generate).parameters)
+    assert len(parameters) <= MAX_PARAMETERS, f"{generate.__name__}{inspect.signature(generate)}"
+    assert not {"temperature", "top_k", "top_p", "generator", "on_tokens", "on_round", "trace"} & set(parameters)
+
+
+def test_the_kits_greedy_speculative_student_signature_is_as_small():
+    """What the course kit hands the student is the function's own signature (make blanks the body)."""
+    import ast
+
+    from assignments.make import resolve
+    from assignments.registry import ASSIGNMENTS
+
+    (name,) = ASSIGNMENTS["greedy_speculative"].functions
+    node = resolve(name).node
+    args = node.args
+    parameters = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    assert isinstance(node, ast.FunctionDef) and node.name == "speculative_sampling_greedy"
+    assert len(parameters) <= MAX_PARAMETERS and parameters[:5] == ["target", "draft", "prefix", "max_gen", "gamma"]
+    assert "observers" in parameters
+
+
+def kit_function_paths() -> list[str]:
+    """Every dotted function path the kit's assignments name: the student's, and those removed."""
+    from assignments.registry import ASSIGNMENTS
+
+    return sorted({name for a in ASSIGNMENTS.values() for name in (*a.functions, *a.removed)})
+
+
+def test_every_function_path_the_kit_names_resolves():
+    """The kit names functions by their module's path; after a move each must still be found (and
+    be a function of that file, not of a package that re-exports it)."""
+    from assignments.make import resolve
+
+    paths = kit_function_paths()
+    assert "spec_decoding.algorithms.greedy.speculative_sampling_greedy" in paths and len(paths) > 10
+    for name in paths:
+        target = resolve(name)  # an AssignmentError names what is missing
+        assert target.node.name == name.rpartition(".")[2], name
+
+
+def test_the_bug_zoos_plants_find_their_code():
+    """find_the_bug plants a bug by replacing a piece of a file's text: every file must exist and
+    hold the piece it replaces."""
+    import json
+
+    plants = json.loads((ROOT / "assignments" / "find_the_bug" / "plants.json").read_text())["plants"]
+    assert plants
+    for bug, edits in plants.items():
+        for file, old, _new in edits:
+            assert (ROOT / file).is_file(), f"{bug}: {file} does not exist"
+            assert old in (ROOT / file).read_text(), f"{bug}: {file} no longer holds {old!r}"

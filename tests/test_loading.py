@@ -4,12 +4,12 @@ cache offline, and a clear error for each way a checkpoint can be wrong."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-import warm_python
 from conftest import ROOT, TINY
 from gpt2 import GPT2Config
 from safetensors.torch import load_file, save_file
@@ -79,8 +79,8 @@ def write_fake_hub_cache(cache_dir, repo_id, folder):
 
 def run_python(code, env_extra):
     env = {**os.environ, **env_extra}
-    return warm_python.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_hub_name_resolves_through_huggingface_hub_cache_offline(folder, tmp_path):
@@ -344,8 +344,8 @@ LOADS = """
 def run_loads(names, env_extra, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update({"HF_HUB_CACHE": str(tmp_path / "hub"), **env_extra})
-    return warm_python.run([sys.executable, "-c", textwrap.dedent(LOADS), *names], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(LOADS), *names], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=180)
 
 
 def test_unreachable_hub_fails_fast_and_names_the_local_folder_too(folder, tmp_path):
@@ -387,9 +387,9 @@ def test_hub_offline_error_names_the_folder_it_looked_for(tmp_path):
                 print(e)
     """
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    result = warm_python.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-                             capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "HF_HUB_OFFLINE is set" in result.stdout
     assert "there is no folder checkpoints/tagret here" in result.stdout

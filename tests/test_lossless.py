@@ -15,7 +15,7 @@ from conftest import TINY_VOCAB
 
 from spec_decoding import (AutoGamma, CostModel, GammaPolicy, autoregressive_generate, logits_to_probs,
                            modified_rejection_sampling, residual_distribution, speculative_sampling)
-from spec_decoding.costs import describe_model
+from spec_decoding.policies.costs import describe_model
 from spec_decoding.checks import check_lossless, chi_square_p_value, exact_distribution
 
 V = TINY_VOCAB.vocab_size
@@ -142,7 +142,7 @@ class PastDependentGamma(GammaPolicy):
 def marginal_auto_gamma(target, draft):
     """AutoGamma with costs at which drafting barely pays for this pair: it switches on and off."""
     return AutoGamma(CostModel(target=describe_model(target), draft=describe_model(draft),
-                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]), clock=None)
+                               draft_step_s=0.03, target_score_s=[0.1, 0.12, 0.14, 0.16]))
 
 
 @pytest.mark.parametrize("make_policy,lengths", [(lambda t, d: PastDependentGamma(), {0, 1, 2}),

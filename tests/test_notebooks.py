@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
@@ -20,9 +19,6 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupytext")
-import jupyter_client.launcher  # noqa: E402
-
-import warm_python  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,15 +73,6 @@ def notebook_env(monkeypatch, notebook_pair, python3_kernel, tmp_path):
     return monkeypatch
 
 
-def warm_kernel(cmd, **kwargs):
-    """jupyter_client's Popen for the kernel (`python -m ipykernel_launcher -f ...`): started by
-    tests/warm_python.py, from a process that has torch imported already, when the kernel runs
-    this interpreter (a "python3" kernel spec installed for another one starts as it would)."""
-    if cmd[0] != sys.executable:
-        return subprocess.Popen(cmd, **kwargs)
-    return warm_python.WarmPopen(cmd, **kwargs)
-
-
 def execute(name: str) -> tuple[nbformat.NotebookNode, float]:
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
     # shutdown_kernel="immediate": the kernel is killed once the last cell ran (a graceful shutdown
@@ -93,8 +80,7 @@ def execute(name: str) -> tuple[nbformat.NotebookNode, float]:
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL, shutdown_kernel="immediate",
                                      resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
     start = time.perf_counter()
-    with mock.patch.object(jupyter_client.launcher, "Popen", warm_kernel):
-        client.execute()  # raises CellExecutionError (with the traceback) if any cell fails
+    client.execute()  # raises CellExecutionError (with the traceback) if any cell fails
     return nb, time.perf_counter() - start
 
 

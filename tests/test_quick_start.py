@@ -2,7 +2,7 @@
 (the files git tracks), with nothing exported (no TIKTOKEN_CACHE_DIR, no HF_* variables), the two
 commands of the "No hub?" block succeed and write the pair and the trace page, and the README's
 Python example then runs on that pair as it is written. On a trained pair (the shared fixture's),
-the example prints text: not mostly whitespace, not a loop (spec_decoding/loops.py).
+the example prints text: not mostly whitespace, not a loop (spec_decoding/presentation/loops.py).
 
 The only change to the commands: the training is cut to 1 step per model on one file (appended
 options win in argparse), so that the test takes seconds instead of the default run's 10 minutes."""
@@ -69,7 +69,7 @@ def test_readme_python_example_prints_text_on_a_trained_pair(trained_pair_dirs, 
     60-step one): its text is not mostly whitespace, nor a loop. Shown to fail with the example's
     former settings (greedy, temperature=0), which printed a newline and a run of spaces."""
     from gpt2 import encode
-    from spec_decoding.loops import loop_share, looped
+    from spec_decoding.presentation.loops import loop_share, looped
 
     pair = tmp_path / "runs" / "trained_pair"
     pair.mkdir(parents=True)

@@ -3,12 +3,12 @@ TIKTOKEN_CACHE_DIR, identical to tiktoken's own "gpt2" encoding."""
 
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import warm_python
 from gpt2.tokenizer import EOT_ID, decode, encode, get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_no_download_and_no_cache_dir(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
     env.update(TIKTOKEN_CACHE_DIR=str(empty), PYTHONPATH=str(ROOT))
     code = "from gpt2 import encode; print(encode('Hello world'))"
-    out = warm_python.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[15496, 995]"
     assert list(empty.iterdir()) == []

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from gpt2 import encode, load_gpt2
-from spec_decoding import (autoregressive_generate, speculative_sampling, speculative_sampling_greedy,
-                           tree_speculative_sampling)
+from spec_decoding import (GREEDY, autoregressive_generate, Observers, SamplingParams, speculative_sampling,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT_BRANCH, FROM_TARGET
-from spec_decoding.trace import ACCEPTED, REJECTED, UNJUDGED, number
-from spec_decoding.trace_page import render_html
-from spec_decoding.tree import tree_size
+from spec_decoding.presentation.trace import ACCEPTED, REJECTED, UNJUDGED, number
+from spec_decoding.presentation.trace_page import render_html
+from spec_decoding.drafters.token_tree import tree_size
 
 PROMPT = "def parse(text):\n    "
 
@@ -24,8 +24,9 @@ def trained(trained_pair_dirs):
 @pytest.fixture(scope="module")
 def sampled(trained):
     target, draft = trained
-    return speculative_sampling(target, draft, encode(PROMPT), 60, gamma=4, temperature=1.0,
-                                generator=torch.Generator().manual_seed(0), trace=True)
+    return speculative_sampling(target, draft, encode(PROMPT), 60, gamma=4,
+                                sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                                observers=Observers(trace=True))
 
 
 def check_trace_matches_stats(result):
@@ -67,14 +68,15 @@ def test_sampled_trace_agrees_with_the_run(sampled):
 
 def test_trace_does_not_change_the_output(trained, sampled):
     target, draft = trained
-    plain = speculative_sampling(target, draft, encode(PROMPT), 60, gamma=4, temperature=1.0,
-                                 generator=torch.Generator().manual_seed(0))
+    plain = speculative_sampling(target, draft, encode(PROMPT), 60, gamma=4,
+                                 sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert plain.tokens == sampled.tokens and plain.trace is None
 
 
 def test_greedy_trace_agrees_with_the_run(trained):
     target, draft = trained
-    result = speculative_sampling_greedy(target, draft, encode(PROMPT), 40, gamma=3, trace=True)
+    result = speculative_sampling_greedy(target, draft, encode(PROMPT), 40, gamma=3,
+                                         observers=Observers(trace=True))
     check_trace_matches_stats(result)
     assert result.tokens == autoregressive_generate(target, encode(PROMPT), 40).tokens
     for r in result.trace.rounds:
@@ -133,8 +135,9 @@ ROOT = -1
 @pytest.fixture(scope="module")
 def tree_sampled(trained):
     target, draft = trained
-    return tree_speculative_sampling(target, draft, encode(PROMPT), 40, TREE, temperature=1.0,
-                                     generator=torch.Generator().manual_seed(0), trace=True)
+    return tree_speculative_sampling(target, draft, encode(PROMPT), 40, TREE,
+                                     sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                                     observers=Observers(trace=True))
 
 
 def plain_probs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
@@ -227,8 +230,8 @@ def test_sampled_tree_trace_agrees_with_the_run(trained, tree_sampled):
 
 def test_tree_trace_does_not_change_the_output(trained, tree_sampled):
     target, draft = trained
-    plain = tree_speculative_sampling(target, draft, encode(PROMPT), 40, TREE, temperature=1.0,
-                                      generator=torch.Generator().manual_seed(0))
+    plain = tree_speculative_sampling(target, draft, encode(PROMPT), 40, TREE,
+                                      sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert plain.tokens == tree_sampled.tokens and plain.trace is None
 
 
@@ -237,7 +240,8 @@ def test_greedy_tree_trace_agrees_with_the_run(trained):
     target's token is its argmax at the stop node (argmax from a plain forward over the output)."""
     target, draft = trained
     prompt = encode(PROMPT)
-    result = tree_speculative_sampling(target, draft, prompt, 40, TREE, temperature=0, trace=True)
+    result = tree_speculative_sampling(target, draft, prompt, 40, TREE, sampling=GREEDY,
+                                       observers=Observers(trace=True))
     check_tree_trace_matches_stats(result)
     assert result.tokens == autoregressive_generate(target, prompt, 40).tokens
     p_all = plain_probs(target, prompt, result.tokens)
@@ -280,16 +284,16 @@ def test_on_round_sees_every_round_and_the_trace_is_one_such_observer(trained, k
     the same way): the reports rebuild the output, one per target call, as the trace records it."""
     target, draft = trained
     reports = []
-    settings = dict(max_gen=30, on_round=reports.append, trace=True)
+    settings = dict(max_gen=30, observers=Observers(on_round=reports.append, trace=True))
     if kind.startswith("tree"):
         temperature = 0.0 if "greedy" in kind else 1.0
-        result = tree_speculative_sampling(target, draft, encode(PROMPT), branching=(2, 2), temperature=temperature,
-                                           generator=torch.Generator().manual_seed(0), **settings)
+        result = tree_speculative_sampling(target, draft, encode(PROMPT), branching=(2, 2), **settings,
+                                           sampling=SamplingParams(temperature, generator=torch.Generator().manual_seed(0)))
     elif kind == "greedy":
         result = speculative_sampling_greedy(target, draft, encode(PROMPT), gamma=3, **settings)
     else:
-        result = speculative_sampling(target, draft, encode(PROMPT), gamma=3, temperature=1.0,
-                                      generator=torch.Generator().manual_seed(0), **settings)
+        result = speculative_sampling(target, draft, encode(PROMPT), gamma=3, **settings,
+                                      sampling=SamplingParams(1.0, generator=torch.Generator().manual_seed(0)))
     assert len(reports) == len(result.trace.rounds) == result.stats.target_calls
     rebuilt = []
     for report, recorded in zip(reports, result.trace.rounds):
@@ -352,7 +356,8 @@ def test_p_and_the_residuals_value_of_the_target_token(sampled):
 def test_tiny_vocabulary_shows_ids_only(pair_dirs):
     """A model without GPT-2's vocabulary: tokens show as #id, never as a wrong GPT-2 text."""
     target, draft = (load_gpt2(d) for d in pair_dirs)
-    result = speculative_sampling(target, draft, [1, 2, 3], 8, gamma=3, temperature=1.0,
-                                  generator=torch.Generator().manual_seed(0), trace=True)
+    result = speculative_sampling(target, draft, [1, 2, 3], 8, gamma=3,
+                                  sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)),
+                                  observers=Observers(trace=True))
     text = str(result.trace.rounds[0])
     assert re.search(r" #\d+ ", text) and not re.search(r"'[^']*' #\d+", text)

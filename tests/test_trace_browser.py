@@ -10,8 +10,8 @@ import torch
 
 from browser import Browser, find_chromium
 from gpt2 import decode, encode, load_gpt2
-from spec_decoding import speculative_sampling, tree_speculative_sampling
-from spec_decoding.trace_page import write_html
+from spec_decoding import Observers, SamplingParams, speculative_sampling, tree_speculative_sampling
+from spec_decoding.presentation.trace_page import write_html
 
 pytestmark = pytest.mark.skipif(find_chromium() is None,
                                 reason="no chromium (apt-get install chromium; .ci/run installs it)")
@@ -40,8 +40,9 @@ def hover(browser, element_js: str) -> str:
 
 @pytest.fixture(scope="module")
 def page(trained_pair_dirs, tmp_path_factory):
-    return traced_page(lambda t, d, prompt, g: speculative_sampling(t, d, prompt, 40, gamma=4, temperature=1.0,
-                                                                    generator=g, trace=True),
+    return traced_page(lambda t, d, prompt, g: speculative_sampling(t, d, prompt, 40, gamma=4,
+                                                                    sampling=SamplingParams(temperature=1.0, generator=g),
+                                                                    observers=Observers(trace=True)),
                        trained_pair_dirs, tmp_path_factory.mktemp("trace"))
 
 
@@ -76,8 +77,9 @@ def test_page_renders_in_chromium_and_hover_shows_numbers(page):
 
 @pytest.fixture(scope="module")
 def tree_page(trained_pair_dirs, tmp_path_factory):
-    return traced_page(lambda t, d, prompt, g: tree_speculative_sampling(t, d, prompt, 40, (2, 2, 1), temperature=1.0,
-                                                                         generator=g, trace=True),
+    return traced_page(lambda t, d, prompt, g: tree_speculative_sampling(t, d, prompt, 40, (2, 2, 1),
+                                                                         sampling=SamplingParams(temperature=1.0, generator=g),
+                                                                         observers=Observers(trace=True)),
                        trained_pair_dirs, tmp_path_factory.mktemp("tree-trace"))
 
 

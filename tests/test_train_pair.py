@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from conftest import TINY_DRAFT, TINY_TARGET, stdlib_texts
 from gpt2 import load_gpt2
 from offline import train_pair as tp
-from spec_decoding import autoregressive_generate, speculative_sampling, speculative_sampling_greedy
+from spec_decoding import (autoregressive_generate, SamplingParams, speculative_sampling,
+                           speculative_sampling_greedy)
 
 FAST = tp.TrainSettings(target_steps=3, draft_steps=3, batch_size=4, seed=0)
 
@@ -67,8 +68,8 @@ def test_trained_pair_decodes_speculatively_with_real_rejections(trained_pair_di
     prompt = tp.encode("def main(argv):\n    ")
     greedy = speculative_sampling_greedy(target, draft, prompt, 30, gamma=4)
     assert greedy.tokens == autoregressive_generate(target, prompt, 30).tokens
-    result = speculative_sampling(target, draft, prompt, 40, gamma=4, temperature=1.0,
-                                  generator=torch.Generator().manual_seed(0))
+    result = speculative_sampling(target, draft, prompt, 40, gamma=4,
+                                  sampling=SamplingParams(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert len(result.tokens) == 40
     assert 0 < result.stats.alpha < 1, "a trained pair should disagree sometimes, not always"
 

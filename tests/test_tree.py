@@ -1,4 +1,4 @@
-"""Token trees (spec_decoding/tree.py): greedy output identical to the target's own, sampled output
+"""Token trees (spec_decoding/algorithms/tree.py): greedy output identical to the target's own, sampled output
 distributed exactly as the target's (exact enumeration + chi-square, with the power to reject the
 naive multi-draft variant), caches equal to a fresh forward after every round, eos, max_gen and
 the context-window edge, and the chain as the special case branching (1, ..., 1)."""
@@ -9,19 +9,20 @@ import pytest
 import torch
 from conftest import AGREEING_TARGET, TINY, TINY_VOCAB
 
-import spec_decoding.tree as tree_module
+import spec_decoding.algorithms.tree as tree_module
 from gpt2 import GPT2, load_gpt2
 from offline.random_weights import save_random_checkpoint
-from spec_decoding import (autoregressive_generate, logits_to_probs, residual_distribution,
-                           speculative_sampling, speculative_sampling_greedy, tree_speculative_sampling)
+from spec_decoding import (GREEDY, autoregressive_generate, logits_to_probs, Observers,
+                           residual_distribution, SamplingParams, speculative_sampling,
+                           speculative_sampling_greedy, tree_speculative_sampling)
 from spec_decoding.result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH
 from spec_decoding.drafters import LayerSkipDrafter, ModelDrafter
 from spec_decoding.checks import (cache_difference, check_stopping, chi_square_p_value, counts_of,
                                   exact_distribution)
 from spec_decoding.sampling import sample
-from spec_decoding.rejection import MultiDraftVerdict, multi_draft_rejection_sampling
-from spec_decoding.tree import (TokenTree, tree_attention_mask, tree_size,
-                                verify_tree_sampling)
+from spec_decoding.algorithms.rejection import MultiDraftVerdict, multi_draft_rejection_sampling
+from spec_decoding.algorithms.tree import tree_attention_mask, verify_tree_sampling
+from spec_decoding.drafters.token_tree import TokenTree, tree_size
 
 TARGET_CFG = AGREEING_TARGET  # pair_dirs, target, draft: conftest.py
 PROMPT = [5, 17, 42, 8, 99, 3]
@@ -81,7 +82,7 @@ def test_draft_tree_layout(draft):
 
 @pytest.mark.parametrize("branching", BRANCHINGS)
 def test_greedy_tree_equals_target_greedy(target, draft, baseline, branching):
-    result = tree_speculative_sampling(target, draft, PROMPT, 40, branching, temperature=0)
+    result = tree_speculative_sampling(target, draft, PROMPT, 40, branching, sampling=GREEDY)
     assert result.tokens == baseline
     s = result.stats
     assert s.stop_reason == "max_gen" and s.tokens_generated == 40
@@ -104,15 +105,15 @@ def test_greedy_tree_equals_target_greedy(target, draft, baseline, branching):
 def test_greedy_tree_verifies_more_tokens_per_call_than_the_chain(target, draft):
     """At the same depth a wider tree keeps more tokens per target call than a chain; nodes
     verified per call are the tree's size (the last, shortened rounds aside)."""
-    chain = tree_speculative_sampling(target, draft, PROMPT, 40, (1, 1), temperature=0).stats
-    tree = tree_speculative_sampling(target, draft, PROMPT, 40, (4, 4), temperature=0).stats
+    chain = tree_speculative_sampling(target, draft, PROMPT, 40, (1, 1), sampling=GREEDY).stats
+    tree = tree_speculative_sampling(target, draft, PROMPT, 40, (4, 4), sampling=GREEDY).stats
     assert tree.tokens_per_target_call > chain.tokens_per_target_call
     assert tree.nodes_per_target_call > 10 and chain.nodes_per_target_call <= 2
 
 
 @pytest.mark.parametrize("branching", [(2,), (2, 2, 1), (1, 1, 1)])
 def test_greedy_when_draft_is_target_accepts_everything(target, baseline, branching):
-    result = tree_speculative_sampling(target, target, PROMPT, 40, branching, temperature=0)
+    result = tree_speculative_sampling(target, target, PROMPT, 40, branching, sampling=GREEDY)
     assert result.tokens == baseline
     depth = len(branching)
     assert result.stats.target_calls == -(-40 // (depth + 1))
@@ -123,7 +124,7 @@ def test_greedy_when_draft_never_agrees(pair_dirs, target, baseline):
     never = load_gpt2(pair_dirs[1])
     never.__class__ = ConstantDraft
     never.token = next(t for t in range(TINY.vocab_size) if t not in baseline)
-    result = tree_speculative_sampling(target, never, PROMPT, 40, (3, 2), temperature=0)
+    result = tree_speculative_sampling(target, never, PROMPT, 40, (3, 2), sampling=GREEDY)
     assert result.tokens == baseline
     assert result.stats.tokens_accepted == 0 and result.stats.target_calls == 40
 
@@ -132,14 +133,15 @@ def test_greedy_when_draft_never_agrees(pair_dirs, target, baseline):
 def test_eos_stops_and_is_kept(target, draft, baseline, branching):
     eos = baseline[7]
     first = baseline.index(eos)
-    result = tree_speculative_sampling(target, draft, PROMPT, 40, branching, temperature=0, eos_id=eos)
+    result = tree_speculative_sampling(target, draft, PROMPT, 40, branching, sampling=GREEDY, eos_id=eos)
     assert result.tokens == baseline[:first + 1] and result.stats.stop_reason == "eos"
     for seed in range(3):
         free = tree_speculative_sampling(target, draft, PROMPT, 30, branching,
-                                         generator=torch.Generator().manual_seed(seed))
+                                         sampling=SamplingParams(generator=torch.Generator().manual_seed(seed)))
         eos = free.tokens[10]
-        stopped = tree_speculative_sampling(target, draft, PROMPT, 30, branching, eos_id=eos,
-                                            generator=torch.Generator().manual_seed(seed))
+        stopped = tree_speculative_sampling(target, draft, PROMPT, 30, branching,
+                                            sampling=SamplingParams(generator=torch.Generator().manual_seed(seed)),
+                                            eos_id=eos)
         assert stopped.tokens == free.tokens[:free.tokens.index(eos) + 1]
         assert stopped.stats.stop_reason == "eos"
 
@@ -147,7 +149,7 @@ def test_eos_stops_and_is_kept(target, draft, baseline, branching):
 @pytest.mark.parametrize("branching", [(3,), (2, 2, 1), (1, 1, 1, 1)])
 def test_exact_max_gen(target, draft, baseline, branching):
     for max_gen in range(1, 10):
-        result = tree_speculative_sampling(target, draft, PROMPT, max_gen, branching, temperature=0)
+        result = tree_speculative_sampling(target, draft, PROMPT, max_gen, branching, sampling=GREEDY)
         assert result.tokens == baseline[:max_gen], max_gen
         # nothing made past max_gen and thrown away
         assert result.stats.tokens_accepted + result.stats.target_calls == max_gen
@@ -174,10 +176,10 @@ def test_context_window_edge(target, draft, make_checkpoint, monkeypatch):
         expected = autoregressive_generate(target, prompt, 20)
         assert expected.stats.stop_reason == "context_full"
         for branching in [(2,), (2, 2, 1), (1, 1, 1, 1)]:
-            result = tree_speculative_sampling(target, draft, prompt, 20, branching, temperature=0)
+            result = tree_speculative_sampling(target, draft, prompt, 20, branching, sampling=GREEDY)
             assert result.tokens == expected.tokens and result.stats.stop_reason == "context_full"
             sampled = tree_speculative_sampling(target, draft, prompt, 20, branching,
-                                                generator=torch.Generator().manual_seed(0))
+                                                sampling=SamplingParams(generator=torch.Generator().manual_seed(0)))
             assert len(sampled.tokens) == n_pos - prompt_len
     assert fed and all(position < n_positions for n_positions, position in fed)
     # the edge was reached: the token at position 63 is output but never fed
@@ -186,7 +188,7 @@ def test_context_window_edge(target, draft, make_checkpoint, monkeypatch):
     short_draft = load_gpt2(make_checkpoint(TINY.with_(n_positions=40), seed=9, std=0.1))
     prompt = list(range(30))
     expected = autoregressive_generate(target, prompt, 30)
-    result = tree_speculative_sampling(target, short_draft, prompt, 30, (2, 2), temperature=0)
+    result = tree_speculative_sampling(target, short_draft, prompt, 30, (2, 2), sampling=GREEDY)
     assert result.tokens == expected.tokens and len(result.tokens) == 30
 
 
@@ -209,9 +211,9 @@ def test_caches_equal_a_fresh_forward_after_every_round(monkeypatch, target, dra
             lags.append(len(sequence) - draft_cache.length)
 
         monkeypatch.setattr(tree_module, "keep_accepted_path", keep_and_check)
-        tree_speculative_sampling(target, draft, PROMPT, 30, branching, temperature=temperature,
-                                  generator=torch.Generator().manual_seed(seed),
-                                  on_tokens=lambda tokens, sources: sequence.extend(tokens))
+        tree_speculative_sampling(target, draft, PROMPT, 30, branching,
+                                  sampling=SamplingParams(temperature=temperature, generator=torch.Generator().manual_seed(seed)),
+                                  observers=Observers(on_tokens=lambda tokens, sources: sequence.extend(tokens)))
     # the draft is one behind after a round that accepted a whole path (it never read the
     # leaves), level with the target otherwise: both happened, and paths were moved
     assert {1, 2} <= set(lags)
@@ -225,13 +227,14 @@ def test_chain_branching_is_the_chain(target, draft, gamma):
     functions: the same tokens, seed for seed, and the same statistics."""
     chain_branching = (1,) * gamma
     greedy = speculative_sampling_greedy(target, draft, PROMPT, 30, gamma)
-    tree = tree_speculative_sampling(target, draft, PROMPT, 30, chain_branching, temperature=0)
+    tree = tree_speculative_sampling(target, draft, PROMPT, 30, chain_branching, sampling=GREEDY)
     assert tree.tokens == greedy.tokens and tree.stats.target_calls == greedy.stats.target_calls
     for seed in range(4):
         settings = dict(temperature=0.9, top_k=30, top_p=0.95)
-        chain = speculative_sampling(target, draft, PROMPT, 30, gamma, generator=torch.Generator().manual_seed(seed), **settings)
+        chain = speculative_sampling(target, draft, PROMPT, 30, gamma,
+                                     SamplingParams(**settings, generator=torch.Generator().manual_seed(seed)))
         tree = tree_speculative_sampling(target, draft, PROMPT, 30, chain_branching,
-                                         generator=torch.Generator().manual_seed(seed), **settings)
+                                         SamplingParams(**settings, generator=torch.Generator().manual_seed(seed)))
         assert tree.tokens == chain.tokens
         assert tree.stats.token_sources == chain.stats.token_sources
         for key in ("target_calls", "draft_calls", "tokens_drafted", "tokens_accepted", "rejections",
@@ -330,7 +333,7 @@ LOSSLESS_CASES = {  # name: (settings, branching, tokens generated, samples)
 def tree_counts(target, draft, settings, branching, n_tokens, n, seed):
     g = torch.Generator().manual_seed(seed)
     samples = [tree_speculative_sampling(target, draft, LOSSLESS_PROMPT, n_tokens, branching,
-                                         generator=g, **settings).tokens for _ in range(n)]
+                                         SamplingParams(**settings, generator=g)).tokens for _ in range(n)]
     return counts_of(samples, TINY_VOCAB.vocab_size, n_tokens)
 
 
@@ -385,7 +388,8 @@ def test_other_bad_inputs(target, draft, tmp_path):
         tree_speculative_sampling(target, draft, PROMPT, 0, (2,))
     for temperature in (-1, float("inf")):
         with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
-            tree_speculative_sampling(target, draft, PROMPT, 5, (2,), temperature=temperature)
+            tree_speculative_sampling(target, draft, PROMPT, 5, (2,),
+                                      sampling=SamplingParams(temperature=temperature))
     other = load_gpt2(save_random_checkpoint(tmp_path, TINY.with_(vocab_size=50)))
     with pytest.raises(ValueError, match="vocabulary .* differs"):
         tree_speculative_sampling(target, other, PROMPT, 5, (2,))
@@ -394,14 +398,14 @@ def test_other_bad_inputs(target, draft, tmp_path):
 def test_draft_as_a_model_drafter(target, draft, baseline):
     from spec_decoding.drafters import Drafter, ModelDrafter
 
-    result = tree_speculative_sampling(target, ModelDrafter(draft), PROMPT, 40, (2, 2, 1), temperature=0)
+    result = tree_speculative_sampling(target, ModelDrafter(draft), PROMPT, 40, (2, 2, 1), sampling=GREEDY)
     assert result.tokens == baseline
     with pytest.raises(TypeError, match="needs the draft as a GPT2 model"):
         tree_speculative_sampling(target, Drafter(), PROMPT, 10, (2,))
 
 
 def test_tree_theory_reduces_to_the_chain():
-    from spec_decoding.theory import (expected_tokens_per_round, expected_tokens_per_tree_round,
+    from spec_decoding.policies.theory import (expected_tokens_per_round, expected_tokens_per_tree_round,
                                       predicted_speedup, predicted_tree_speedup)
 
     for alpha in (0.3, 0.75, 0.95):
@@ -416,7 +420,7 @@ def test_tree_theory_reduces_to_the_chain():
 def test_tree_speedup_by_hand():
     """tokens per round / (depth * c + verify cost): 2.6 tokens, depth 3, c = 0.1, verify 1.5
     -> 2.6 / (0.3 + 1.5) = 13 / 9."""
-    from spec_decoding.theory import predicted_tree_speedup
+    from spec_decoding.policies.theory import predicted_tree_speedup
 
     assert predicted_tree_speedup(2.6, 3, 0.1, 1.5) == pytest.approx(13 / 9)
     assert predicted_tree_speedup(3.0, 2, 0.0, 1.2) == pytest.approx(2.5)  # a free draft: verify only
@@ -426,19 +430,19 @@ def test_both_tree_drafters_spend_one_draft_step_per_depth(monkeypatch, target, 
     """What predicted_tree_speedup's depth * c assumes: per round, a draft model runs one forward
     per depth drafted (its draft step), and Medusa runs one head per depth (its draft step, as
     CostModel.calibrate times it, is a propose of one token: one head)."""
-    from spec_decoding.medusa import MedusaDrafter, MedusaHead, MedusaHeads
+    from spec_decoding.drafters.medusa import MedusaDrafter, MedusaHead, MedusaHeads
 
     forwards = []
     real_forward = draft.forward
     monkeypatch.setattr(draft, "forward", lambda *a, **k: forwards.append(1) or real_forward(*a, **k))
-    result = tree_speculative_sampling(target, draft, PROMPT, 20, (2, 2, 1), temperature=0)
+    result = tree_speculative_sampling(target, draft, PROMPT, 20, (2, 2, 1), sampling=GREEDY)
     assert len(forwards) == result.stats.tokens_drafted > 0  # tokens_drafted: the depths drafted
 
     heads_run = []
     real_head = MedusaHead.forward
     monkeypatch.setattr(MedusaHead, "forward", lambda *args: heads_run.append(1) or real_head(*args))
     medusa = MedusaDrafter(target, MedusaHeads(target, 3))
-    result = tree_speculative_sampling(target, medusa, PROMPT, 20, (2, 2, 1), temperature=0)
+    result = tree_speculative_sampling(target, medusa, PROMPT, 20, (2, 2, 1), sampling=GREEDY)
     assert len(heads_run) == result.stats.tokens_drafted > 0
     assert medusa.forward_calls == sum(g > 0 for g in result.stats.gamma_by_round)  # one small forward a round
     heads_run.clear()

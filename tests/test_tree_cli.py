@@ -131,8 +131,8 @@ def test_benchmark_bad_tree_is_a_usage_error(tmp_path, capsys):
 def medusa_dir(text_pair, tmp_path_factory):
     """One untrained (lightly perturbed) Medusa head for the text pair's target, saved as the trainer
     does: it drafts trees one depth deep, whatever depth is asked."""
-    from spec_decoding.feature_files import save_feature_drafter
-    from spec_decoding.medusa import MedusaHeads
+    from spec_decoding.drafters.feature_files import save_feature_drafter
+    from spec_decoding.drafters.medusa import MedusaHeads
     from test_feature_drafters import randomize
 
     folder = tmp_path_factory.mktemp("medusa")

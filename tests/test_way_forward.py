@@ -6,11 +6,11 @@ the error (a busy machine makes any time limit flaky): what makes it quick, that
 no connection is tried, is what is checked."""
 
 import os
+import subprocess
 import sys
 
 import pytest
 
-import warm_python
 from conftest import ROOT
 from gpt2.loading import STANDINS_COMMAND, TRAIN_PAIR_COMMAND
 
@@ -47,8 +47,8 @@ def run_cli(args, cwd, script="spec_decoding_generate.py"):
     hub cache (as on a fresh offline machine), every network connection refused (NO_NETWORK)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TIKTOKEN", "HF_"))}
     env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cwd / "empty_hub_cache"))
-    proc = warm_python.run([sys.executable, "-c", NO_NETWORK, str(ROOT / script), *args], cwd=cwd, env=env,
-                           capture_output=True, text=True, timeout=300)  # a hang guard, not a time limit
+    proc = subprocess.run([sys.executable, "-c", NO_NETWORK, str(ROOT / script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)  # a hang guard, not a time limit
     return proc.returncode, proc.stderr
 
 

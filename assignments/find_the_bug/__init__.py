@@ -1,6 +1,6 @@
 """Assignment 7: find the bug (README.md here; instructor.md: the notes).
 
-Built from the bug zoo (spec_decoding/bug_zoo.py): `make` copies the project with one of the zoo's
+Built from the bug zoo (spec_decoding/checks/bug_zoo.py): `make` copies the project with one of the zoo's
 bugs planted into the real code (plants.json, the grader's file, says which; it is left out of
 every copy). Nothing is removed. The student names the bug in BUG.txt and fixes it; the grader
 checks both, in separate checks:
@@ -37,13 +37,13 @@ from ..serving import served_model
 
 ANSWER = "BUG.txt"  # in the copy's root: the student writes the bug's name in it
 PLANTS = "assignments/find_the_bug/plants.json"  # the grader's: which bug is planted, and how
-GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
+GREEDY = "spec_decoding.algorithms.greedy.speculative_sampling_greedy"
 # The functions one of which holds the planted bug (the student's files are theirs).
-FUNCTIONS = ("spec_decoding.decoding.target_forward", "spec_decoding.decoding.take_tokens",
-             "spec_decoding.decoding.round_gamma", "spec_decoding.rejection.residual_distribution",
-             "spec_decoding.rejection.modified_rejection_sampling")
+FUNCTIONS = ("spec_decoding.algorithms.decoding.target_forward", "spec_decoding.algorithms.decoding.take_tokens",
+             "spec_decoding.algorithms.decoding.round_gamma", "spec_decoding.algorithms.rejection.residual_distribution",
+             "spec_decoding.algorithms.rejection.modified_rejection_sampling")
 TEMPLATE = """\
-# Which bug is planted in this copy? Write its name, as the bug zoo spells it (spec_decoding/bug_zoo.py,
+# Which bug is planted in this copy? Write its name, as the bug zoo spells it (spec_decoding/checks/bug_zoo.py,
 # BUGS; notebooks/06_bug_zoo), on the line below, e.g.:  resample from p
 # Lines starting with # are ignored. Then fix the bug in the code.
 
@@ -164,7 +164,7 @@ def fixed_probe(inputs, data):
     greedy on the served target, 3-token samples on the 16-token pair (counts), seeded sampled runs
     with where each token came from (speed), free runs beside the same runs stopped at an eos_id,
     and runs of every max_gen 1..8."""
-    from spec_decoding import speculative_sampling
+    from spec_decoding import SamplingParams, speculative_sampling
 
     target, draft = served_model(data), load(data, "draft")
     greedy = [plain_tokens(function(GREEDY)(target, draft, inputs["prompt"], inputs["max_gen"], g))
@@ -172,12 +172,13 @@ def fixed_probe(inputs, data):
     vocab_target, vocab_draft = load(data, "vocab_target"), load(data, "vocab_draft")
 
     def sample(prompt, max_gen, gamma, seed, **kwargs):
-        return speculative_sampling(vocab_target, vocab_draft, prompt, max_gen, gamma, temperature=1.0,
-                                    generator=seeded(seed), **kwargs)
+        return speculative_sampling(vocab_target, vocab_draft, prompt, max_gen, gamma,
+                                    SamplingParams(temperature=1.0, generator=seeded(seed)), **kwargs)
 
     g = seeded(inputs["seed"])
     samples = [tokens_of(speculative_sampling(vocab_target, vocab_draft, [1, 2, 3], inputs["n_tokens"], 2,
-                                              temperature=1.0, generator=g)) for _ in range(inputs["samples"])]
+                                              SamplingParams(temperature=1.0, generator=g)))
+               for _ in range(inputs["samples"])]
     prompts = inputs["vocab_prompts"]
     speed = []
     for i in range(inputs["speed_runs"]):
@@ -196,7 +197,7 @@ def fixed_reference(inputs, data):  # the grader's: make strips it from the copy
     """The served target's greedy outputs and forward count (greedy_speculative's reference), the
     16-token target's exact 3-token distribution, and the pair's acceptance: sum(min(p, q)) averaged
     over the positions of the target's own samples (fresh forwards of both models)."""
-    from spec_decoding import autoregressive_generate
+    from spec_decoding import SamplingParams, autoregressive_generate
     from spec_decoding.checks import acceptance_by_position, exact_distribution
 
     runs = [{"prompt": inputs["prompt"], "max_gen": inputs["max_gen"], "gamma": g} for g in inputs["gammas"]]
@@ -206,8 +207,8 @@ def fixed_reference(inputs, data):  # the grader's: make strips it from the copy
     alphas = []
     for i in range(16):
         prompt = inputs["vocab_prompts"][i % len(inputs["vocab_prompts"])]
-        tokens = autoregressive_generate(vocab_target, prompt, inputs["speed_max_gen"], temperature=1.0,
-                                         generator=seeded(inputs["seed"] + 500 + i)).tokens
+        sampling = SamplingParams(temperature=1.0, generator=seeded(inputs["seed"] + 500 + i))
+        tokens = autoregressive_generate(vocab_target, prompt, inputs["speed_max_gen"], sampling).tokens
         alphas += acceptance_by_position(vocab_target, vocab_draft, prompt, tokens, dict(temperature=1.0))
     return {**reference, "exact": exact, "alpha": sum(alphas) / len(alphas)}
 
@@ -220,7 +221,7 @@ def speed_problem(inputs, ref, runs) -> str | None:
     """"lossless, but slower" when acceptance or tokens per target call fall well below what the
     pair's measured acceptance predicts (spec_decoding.checks.check_speed, with alpha measured by
     the grader on the target's own samples)."""
-    from spec_decoding.theory import expected_tokens_per_round
+    from spec_decoding.policies.theory import expected_tokens_per_round
 
     alpha, gamma = ref["alpha"], inputs["gamma"]
     judged = accepted = 0

@@ -10,11 +10,11 @@ from ..definition import Assignment, Check, Failed
 from ..forms import Int, List, Real, Record, Tensor, Tuple
 from ..probing import function, number, plain
 
-PER_ROUND = "spec_decoding.theory.expected_tokens_per_round"
-SPEEDUP = "spec_decoding.theory.predicted_speedup"
-BEST = "spec_decoding.theory.best_gamma"
-BY_POSITION = "spec_decoding.theory.expected_tokens_by_position"
-ROUND_SECONDS = "spec_decoding.costs.CostModel.round_seconds"
+PER_ROUND = "spec_decoding.policies.theory.expected_tokens_per_round"
+SPEEDUP = "spec_decoding.policies.theory.predicted_speedup"
+BEST = "spec_decoding.policies.theory.best_gamma"
+BY_POSITION = "spec_decoding.policies.theory.expected_tokens_by_position"
+ROUND_SECONDS = "spec_decoding.policies.costs.CostModel.round_seconds"
 FUNCTIONS = (PER_ROUND, SPEEDUP, BEST, BY_POSITION, ROUND_SECONDS)
 
 
@@ -177,7 +177,7 @@ def seconds_form(inputs, ref):
 
 
 def seconds_probe(inputs, data):
-    from spec_decoding.costs import CostModel
+    from spec_decoding.policies.costs import CostModel
 
     model = CostModel("target", "draft", inputs["draft_step_s"], inputs["target_score_s"])
     return [number(model.round_seconds(g), "CostModel.round_seconds") for g in range(len(inputs["target_score_s"]))]
@@ -223,7 +223,7 @@ def measured_probe(inputs, data):
     """Choosing gamma as AutoGamma does, with the student's functions: for each acceptance
     profile, the tokens per second of every g (expected tokens of a round over its time) and the g
     with the most."""
-    from spec_decoding.costs import CostModel
+    from spec_decoding.policies.costs import CostModel
 
     model = CostModel("target", "draft", inputs["draft_step_s"], inputs["target_score_s"])
     by_position = function(BY_POSITION)
@@ -252,8 +252,8 @@ ASSIGNMENT = Assignment(
     # Siblings that hold the answers: break_even_alpha evaluates the speed-up over gammas as
     # best_gamma does; the token tree's expectation and speed-up are the chain's with other names;
     # AutoGamma's round time is the CostModel's with a refitted scale.
-    removed=("spec_decoding.theory.break_even_alpha", "spec_decoding.theory.expected_tokens_per_tree_round",
-             "spec_decoding.theory.predicted_tree_speedup", "spec_decoding.gamma.AutoGamma.round_seconds"),
+    removed=("spec_decoding.policies.theory.break_even_alpha", "spec_decoding.policies.theory.expected_tokens_per_tree_round",
+             "spec_decoding.policies.theory.predicted_tree_speedup", "spec_decoding.policies.gamma.AutoGamma.round_seconds"),
     # The speed-up notebook derives and plots these formulas.
     dropped=("notebooks/04_speedup_theory.*",),
     readme="assignments/gamma_cost_model/README.md",

@@ -8,7 +8,7 @@ from ..probing import (PROMPT, counting_forwards, first_difference, function, lo
                        whole_number)
 from ..serving import TargetServer, ask, secret_target, served_model
 
-GREEDY = "spec_decoding.greedy.speculative_sampling_greedy"
+GREEDY = "spec_decoding.algorithms.greedy.speculative_sampling_greedy"
 VOCAB = 100  # the served target's (references.make_data)
 
 
@@ -37,7 +37,7 @@ def served_reference(inputs, data, runs: list[dict], draft="draft", secret: int 
     import secrets
 
     from spec_decoding import autoregressive_generate
-    from spec_decoding.greedy import speculative_sampling_greedy
+    from spec_decoding.algorithms.greedy import speculative_sampling_greedy
     from spec_decoding.result import FROM_CORRECTION
 
     for _ in range(SECRET_TRIES):
@@ -147,11 +147,13 @@ def tokens_form(inputs, ref):
 def equals_probe(inputs, data, draft="draft"):
     """The output for each gamma, and where each token came from (on_tokens' sources: only to
     explain a wrong token)."""
+    from spec_decoding import Observers
+
     target, out = served_model(data), []
     for gamma in inputs["gammas"]:
         sources = []
         result = _generate(target, data, draft, inputs["prompt"], inputs["max_gen"], gamma,
-                           on_tokens=lambda tokens, where: sources.extend(str(s) for s in where))
+                           observers=Observers(on_tokens=lambda tokens, where: sources.extend(str(s) for s in where)))
         out.append({"tokens": plain_tokens(result), "sources": sources})
     return out
 
@@ -343,9 +345,9 @@ ASSIGNMENT = Assignment(
     # Siblings that would do the work if called: the sampling loop (at a tiny temperature it is
     # greedy), the token tree (a chain of 1-wide levels is this loop), the tree's greedy verify.
     # And the batched loop, with its one-row greedy verdict (the accept rule word for word).
-    removed=("spec_decoding.speculative.speculative_sampling", "spec_decoding.tree.tree_speculative_sampling",
-             "spec_decoding.tree.verify_tree_greedy", "spec_decoding.batched.greedy_verdict",
-             "spec_decoding.batched.batched_speculative_sampling"),
+    removed=("spec_decoding.algorithms.speculative.speculative_sampling", "spec_decoding.algorithms.tree.tree_speculative_sampling",
+             "spec_decoding.algorithms.tree.verify_tree_greedy", "spec_decoding.algorithms.batched.greedy_verdict",
+             "spec_decoding.algorithms.batched.batched_speculative_sampling"),
     dropped=("notebooks/02_parallel_verification.*",),
     readme="assignments/greedy_speculative/README.md",
     # Every check runs on the grader's served target and (but for the unrelated draft, where a

@@ -8,7 +8,7 @@ from ..greedy_speculative import VOCAB, check_speculated, check_tokens, plain_to
 from ..probing import PROMPT, follows, load, lossless_reference, sample_counts, seeded, whole_number
 from ..serving import served_model
 
-NGRAM = "spec_decoding.drafters.NGramDrafter.propose"
+NGRAM = "spec_decoding.drafters.drafter.NGramDrafter.propose"
 
 # (what the case shows, tokens, num_tokens asked, max_ngram, the drafter's own num_tokens cap)
 CASES = [
@@ -101,12 +101,12 @@ def lossless_inputs(seed):
 
 
 def lossless_probe(inputs, data):
-    from spec_decoding import NGramDrafter, speculative_sampling
+    from spec_decoding import NGramDrafter, SamplingParams, speculative_sampling
 
     target, g = load(data, "vocab_target"), seeded(inputs["seed"])
     return [[whole_number(t, "the generator's token") for t in
              speculative_sampling(target, NGramDrafter(max_ngram=2), inputs["prompt"], inputs["n_tokens"],
-                                  inputs["gamma"], temperature=1.0, generator=g).tokens]
+                                  inputs["gamma"], sampling=SamplingParams(temperature=1.0, generator=g)).tokens]
             for _ in range(inputs["samples"])]
 
 

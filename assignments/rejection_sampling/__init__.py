@@ -16,9 +16,9 @@ from ..forms import Int, List, Samples, Tuple, like
 from ..probing import (follows, function, lossless_reference, max_difference, outcomes, random_distributions,
                        sample_counts, seeded, whole_number)
 
-RESIDUAL = "spec_decoding.rejection.residual_distribution"
+RESIDUAL = "spec_decoding.algorithms.rejection.residual_distribution"
 # The rejection step every generator calls.
-REJECTION = "spec_decoding.rejection.modified_rejection_sampling"
+REJECTION = "spec_decoding.algorithms.rejection.modified_rejection_sampling"
 VOCAB, GAMMA, ROUNDS = 6, 2, 4000
 
 
@@ -213,7 +213,7 @@ def lossless_inputs(seed):
 
 
 def lossless_probe(inputs, data):
-    from spec_decoding import speculative_sampling
+    from spec_decoding import SamplingParams, speculative_sampling
 
     from ..probing import load
 
@@ -221,7 +221,7 @@ def lossless_probe(inputs, data):
     g = seeded(inputs["seed"])
     return [[whole_number(t, "the generator's token") for t in
              speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], inputs["gamma"],
-                                  temperature=1.0, generator=g).tokens] for _ in range(inputs["samples"])]
+                                  SamplingParams(temperature=1.0, generator=g)).tokens] for _ in range(inputs["samples"])]
 
 
 def lossless_judge(inputs, ref, got):
@@ -234,7 +234,7 @@ ASSIGNMENT = Assignment(
     name="rejection_sampling",
     functions=(RESIDUAL, REJECTION),
     # The token tree's multi-draft step is this step when every node has one child.
-    removed=("spec_decoding.rejection.multi_draft_rejection_sampling",),
+    removed=("spec_decoding.algorithms.rejection.multi_draft_rejection_sampling",),
     # Notebook 05 tests a naive multi-draft rule whose accept line is this step's.
     dropped=("notebooks/05_token_trees.*",),
     readme="assignments/rejection_sampling/README.md",

@@ -8,8 +8,8 @@ from ..forms import Int, List, Maybe, Samples, Tuple
 from ..probing import (follows, function, load, lossless_reference, outcomes, random_distributions, sample_counts,
                        seeded, whole_number)
 
-MULTI = "spec_decoding.rejection.multi_draft_rejection_sampling"
-RESIDUAL = "spec_decoding.rejection.residual_distribution"
+MULTI = "spec_decoding.algorithms.rejection.multi_draft_rejection_sampling"
+RESIDUAL = "spec_decoding.algorithms.rejection.residual_distribution"
 VOCAB, ROUNDS = 6, 4000
 HINT = ("try the children in turn: accept x_i with probability min(1, r(x_i)/q(x_i)), r starting at p and "
         "becoming norm(max(0, r - q)) after each rejection; if all are rejected draw from the final r")
@@ -132,12 +132,13 @@ def lossless_inputs(seed):
 
 
 def lossless_probe(inputs, data):
-    from spec_decoding import tree_speculative_sampling
+    from spec_decoding import SamplingParams, tree_speculative_sampling
 
     target, draft, g = load(data, "vocab_target"), load(data, "vocab_draft"), seeded(inputs["seed"])
     return [[whole_number(t, "the generator's token") for t in
              tree_speculative_sampling(target, draft, inputs["prompt"], inputs["n_tokens"], tuple(inputs["branching"]),
-                                       temperature=1.0, generator=g).tokens] for _ in range(inputs["samples"])]
+                                       SamplingParams(temperature=1.0, generator=g)).tokens]
+            for _ in range(inputs["samples"])]
 
 
 def lossless_judge(inputs, ref, got):
@@ -150,7 +151,7 @@ ASSIGNMENT = Assignment(
     name="tree_verify",
     functions=(MULTI,),
     # The chain's step is this step's building block (one child, target r): it would answer it.
-    removed=("spec_decoding.rejection.modified_rejection_sampling",),
+    removed=("spec_decoding.algorithms.rejection.modified_rejection_sampling",),
     # Notebook 05 proves the rule and tests a naive variant next to it.
     dropped=("notebooks/05_token_trees.*",),
     readme="assignments/tree_verify/README.md",

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from gpt2 import GPT2, KVCache
 from gpt2.model import Block
-from .drafters import FeatureDrafter
-from .sampling import logits_to_probs, sample
+from ..sampling import logits_to_probs, sample
+from .drafter import FeatureDrafter
 
 
 class EagleNet(nn.Module):

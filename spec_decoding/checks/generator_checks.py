@@ -4,9 +4,11 @@ The tests, the bug-zoo notebook and the assignment grader all use these, and so 
 own drafter or generator. Each check returns a small result object with `passed` and a `message`
 in plain words; `assert result.passed, result.message` turns it into a test.
 
-A generator here is any callable `generate_fn(prompt_ids, max_gen, **kwargs)` returning a
-GenerationResult (or a plain list of tokens), kwargs being what the check passes: `generator`,
-`temperature`, `top_k`, `top_p`, `on_tokens`. Bind the models and gamma with functools.partial:
+A generator here is any callable `generate_fn(prefix, max_gen, **kwargs)` returning a
+GenerationResult (or a plain list of tokens), kwargs being what the check passes: `sampling` (a
+SamplingParams: the check's settings, temperature, top_k and top_p, with its own seeded
+generator) and `observers` (an Observers with on_tokens). Bind the models and gamma with
+functools.partial:
 
     from functools import partial
     from spec_decoding import speculative_sampling
@@ -35,10 +37,11 @@ import itertools
 
 import torch
 
-from .autoregressive import autoregressive_generate
-from .result import FROM_CORRECTION, FROM_DRAFT
-from .sampling import logits_to_probs
-from .theory import expected_tokens_per_round
+from ..algorithms.autoregressive import autoregressive_generate
+from ..contracts import Observers, SamplingParams
+from ..policies.theory import expected_tokens_per_round
+from ..result import FROM_CORRECTION, FROM_DRAFT
+from ..sampling import logits_to_probs
 
 P_VALUE_THRESHOLD = 1e-3  # below this, the samples are declared not to follow the target
 SPEED_Z = 4.0  # check_speed: this many standard errors below the prediction fails (one-sided p ~ 3e-5)
@@ -175,7 +178,8 @@ def check_lossless(generate_fn, target, prompt: list[int], n_tokens: int = 3,
                    settings: dict | None = None, samples: int = 5000, seed: int = 0,
                    threshold: float = P_VALUE_THRESHOLD) -> LosslessCheck:
     """Is generate_fn's sampled output distributed exactly as the target's own? Draws `samples`
-    generations of n_tokens tokens, generate_fn(prompt, n_tokens, generator=g, **settings), with
+    generations of n_tokens tokens, generate_fn(prompt, n_tokens, sampling=SamplingParams(**settings,
+    generator=g)), with
     one torch.Generator seeded `seed`, and compares the counts of their n-token outcomes with the
     exactly enumerated distribution (chi-square test, p > threshold passes).
 
@@ -185,7 +189,8 @@ def check_lossless(generate_fn, target, prompt: list[int], n_tokens: int = 3,
     settings = dict(temperature=1.0) if settings is None else dict(settings)
     exact = exact_distribution(target, prompt, n_tokens, settings)
     g = seeded_generator(target, seed)
-    drawn = [_tokens_of(generate_fn(prompt, n_tokens, generator=g, **settings)) for _ in range(samples)]
+    sampling = SamplingParams(**settings, generator=g)
+    drawn = [_tokens_of(generate_fn(prompt, n_tokens, sampling=sampling)) for _ in range(samples)]
     return check_samples(drawn, exact, seed, threshold)
 
 
@@ -279,7 +284,7 @@ class CacheCheck:
 def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list[int] = (1, 2, 3),
                                    max_gen: int = 30, settings: dict | None = None, seed: int = 0,
                                    atol: float = 1e-5) -> CacheCheck:
-    """Run generate_fn(prompt, max_gen, on_tokens=..., [generator=g, **settings]) once and check
+    """Run generate_fn(prompt, max_gen, observers=Observers(on_tokens=...), [sampling=...]) once and check
     the KV caches of target and draft (GPT2 models; draft None for a model-free drafter) at the
     start of every round and at the end: a cache of length L must hold exactly the keys/values
     of a fresh forward over the first L accepted tokens. A cache not rolled back after a
@@ -344,9 +349,9 @@ def check_caches_after_every_round(generate_fn, target, draft=None, prompt: list
     models = [(target, "target")] + ([(draft, "draft")] if draft is not None and draft is not target else [])
     for model, role in models:
         watch(model, role)
-    kwargs = dict(on_tokens=on_tokens)
+    kwargs = dict(observers=Observers(on_tokens=on_tokens))
     if settings.get("temperature", 0) != 0:
-        kwargs.update(generator=seeded_generator(target, seed), **settings)
+        kwargs.update(sampling=SamplingParams(**settings, generator=seeded_generator(target, seed)))
     try:
         generate_fn(list(prompt), max_gen, **kwargs)
     except Exception:
@@ -383,7 +388,7 @@ class StoppingCheck:
 
 def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settings: dict | None = None,
                    seeds=range(3), eos_position: int = 4) -> StoppingCheck:
-    """generate_fn(prompt, max_gen, [generator=g, **settings], [eos_id=...]) must (1) return
+    """generate_fn(prompt, max_gen, [sampling=...], [eos_id=...]) must (1) return
     exactly max_gen tokens for every max_gen in max_gens (the context window must not be reached),
     with nothing made and thrown away when it returns stats (every accepted draft token and every
     target call's own token is in the output); (2) with eos_id set to the token a free run made
@@ -393,7 +398,7 @@ def check_stopping(generate_fn, prompt: list[int], max_gens=range(1, 12), settin
 
     def run(max_gen, seed, **kwargs):
         if sampling:
-            kwargs.update(generator=torch.Generator().manual_seed(seed), **settings)
+            kwargs.update(sampling=SamplingParams(**settings, generator=torch.Generator().manual_seed(seed)))
         return generate_fn(list(prompt), max_gen, **kwargs)
 
     problems = []
@@ -507,7 +512,7 @@ def check_speed(generate_fn, target, draft, gamma: int, prompts=((1, 2, 3),), ma
                 slack: float = SPEED_SLACK) -> SpeedCheck:
     """Is generate_fn as fast as its pair allows? For the bugs that keep the output's distribution
     (so check_lossless passes) but throw acceptance away. generate_fn(prompt, max_gen,
-    [generator=g, **settings]) must return a GenerationResult (its stats) and draft up to `gamma`
+    [sampling=...]) must return a GenerationResult (its stats) and draft up to `gamma`
     tokens a round with `draft` (a GPT2: the check runs it afresh to measure q).
 
     `runs` generations (prompts in turn, seeds seed, seed + 1, ...) are measured two ways:
@@ -526,7 +531,8 @@ def check_speed(generate_fn, target, draft, gamma: int, prompts=((1, 2, 3),), ma
     all_alphas, sizes = [], []
     for i in range(runs):
         prompt = list(prompts[i % len(prompts)])
-        kwargs = dict(generator=seeded_generator(target, seed + i), **settings) if sampling else {}
+        kwargs = dict(sampling=SamplingParams(**settings, generator=seeded_generator(target, seed + i))) \
+            if sampling else {}
         result = generate_fn(prompt, max_gen, **kwargs)
         tokens, sources = list(result.tokens), list(result.stats.token_sources)
         alphas = acceptance_by_position(target, draft, prompt, tokens, settings)

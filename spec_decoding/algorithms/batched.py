@@ -36,19 +36,18 @@ Both return a BatchedResult: one GenerationResult per prompt (tokens and stats, 
 single-sequence generators return) and the batch's forward passes and wall time.
 """
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from gpt2 import GPT2, KVCache
-from .costs import BatchCostModel, describe_model, synchronize
-from .decoding import (check_drafter, check_positive_int, check_sampling_args, prompt_to_list,
-                       record_round, round_gamma, round_output, take_tokens)
-from .drafters import model_facts
-from .result import FROM_TARGET, GenerationResult, GenerationStats
-from .sampling import logits_to_probs, sample
+from ..contracts import GREEDY, Observers, SamplingParams, check_observers, check_positive_int, check_sampling
+from ..drafters.drafter import model_facts
+from ..result import FROM_TARGET, GenerationResult, GenerationStats
+from ..sampling import logits_to_probs, sample
+from .decoding import (check_drafter, prompt_to_list, record_round, round_gamma,
+                       round_output, take_tokens)
 from .rejection import modified_rejection_sampling
 
 # The largest batch accepted. Every row keeps a KV cache of the whole window in both models, and
@@ -273,15 +272,16 @@ def _finish(results: list[GenerationResult], stops: list[str | None], start: flo
 
 
 @torch.inference_mode()
-def batched_autoregressive_generate(model: GPT2, prompts, max_gen: int, temperature: float = 0.0,
-                                    top_k: int | None = None, top_p: float | None = None,
-                                    generator: torch.Generator | None = None,
+def batched_autoregressive_generate(model: GPT2, prefixes, max_gen: int, sampling: SamplingParams = GREEDY,
                                     eos_id: int | None = None) -> BatchedResult:
     """The baseline, batched: the target alone, one batched forward per new token of every row.
-    Each row stops at eos_id (kept), max_gen or a full window, as autoregressive_generate."""
+    Each row stops at eos_id (kept), max_gen or a full window, as autoregressive_generate.
+    sampling: SamplingParams(temperature, top_k, top_p, generator); the default, GREEDY, takes
+    every row's argmax."""
     check_positive_int("max_gen", max_gen)
-    check_sampling_args(temperature, top_k, top_p)
-    sequences = check_prompts(prompts, model)
+    sampling = check_sampling(sampling)
+    temperature, top_k, top_p = sampling.filters
+    sequences = check_prompts(prefixes, model)
     results = [GenerationResult([], GenerationStats()) for _ in sequences]
     stops: list[str | None] = [None] * len(sequences)
     cache = new_batched_cache(model, sequences, max_gen, extra_slots=0)
@@ -296,7 +296,7 @@ def batched_autoregressive_generate(model: GPT2, prompts, max_gen: int, temperat
         if temperature == 0:
             choice = logits.argmax(dim=-1).tolist()
         else:
-            choice = sample(logits_to_probs(logits, temperature, top_k, top_p), generator).tolist()
+            choice = sample(logits_to_probs(logits, temperature, top_k, top_p), sampling.generator).tolist()
         for r, token in zip(active, choice):
             results[r].stats.target_calls += 1
             stops[r] = take_tokens(sequences[r], results[r].tokens, results[r].stats, [token],
@@ -328,7 +328,7 @@ def greedy_verdict(target_logits: torch.Tensor, draft_tokens: list[int], draft_p
 
 
 def sampling_verdict(target_probs: torch.Tensor, draft_tokens: list[int], draft_probs, generator=None):
-    """One row's modified rejection sampling (spec_decoding.rejection): target_probs [g + 1, V],
+    """One row's modified rejection sampling (spec_decoding.algorithms.rejection): target_probs [g + 1, V],
     draft_probs [g, V] (None when g = 0) -> (n accepted, next token). Each row draws its own
     uniforms."""
     verdict = modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
@@ -344,28 +344,31 @@ def judge_rows(target_scores: list[torch.Tensor], draft_tokens, draft_probs, tem
 
 
 @torch.inference_mode()
-def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: int, gamma: int,
-                                 temperature: float = 0.0, top_k: int | None = None,
-                                 top_p: float | None = None, generator: torch.Generator | None = None,
-                                 eos_id: int | None = None, on_round=None,
-                                 max_batch_size: int = MAX_BATCH_SIZE) -> BatchedResult:
+def batched_speculative_sampling(target: GPT2, draft: GPT2, prefixes, max_gen: int, gamma: int,
+                                 sampling: SamplingParams = GREEDY, eos_id: int | None = None,
+                                 observers: Observers | None = None) -> BatchedResult:
     """Speculative decoding of B prompts at once, each row exactly as it would be decoded alone:
-    temperature 0 gives every row the target's own greedy output, temperature > 0 samples every
-    row from the target's distribution (after the same temperature / top-k / top-p).
+    sampling (SamplingParams) at temperature 0, the default, gives every row the target's own
+    greedy output; temperature > 0 samples every row from the target's distribution (after the
+    same temperature / top-k / top-p).
 
     Each round: the draft proposes up to gamma tokens for every row (one batched draft forward per
     position), the target scores every row's draft in one batched forward, every row accepts its
     own prefix and adds the target's token, and every row's caches roll back to its own length.
-    prompts: a list of prompts (lists of ints or 1-D LongTensors) of any lengths.
-    on_round(report), if given, sees every round (a BatchRoundReport: the sequences, the rows, the
-    caches), as the single-sequence generators' observers do.
+    prefixes: a list of prompts (lists of ints or 1-D LongTensors) of any lengths, at most
+    MAX_BATCH_SIZE of them.
+    observers: only on_round(report), which sees every round (a BatchRoundReport: the sequences,
+    the rows, the caches), as the single-sequence generators' observers do.
     """
     check_positive_int("max_gen", max_gen)
     check_positive_int("gamma", gamma)
-    check_sampling_args(temperature, top_k, top_p)
+    sampling = check_sampling(sampling)
+    observers = check_observers(observers, allowed=("on_round",), who="batched_speculative_sampling")
+    temperature, top_k, top_p = sampling.filters
+    generator = sampling.generator
     drafter = BatchedModelDrafter(draft)
     check_drafter(target, drafter)
-    sequences = check_prompts(prompts, target, max_batch_size)
+    sequences = check_prompts(prefixes, target)
     results = [GenerationResult([], GenerationStats(drafted_by_position=[0] * gamma,
                                                     accepted_by_position=[0] * gamma))
                for _ in sequences]
@@ -409,9 +412,9 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
         keep = [len(sequences[r]) - 1 for r in active]
         target_cache.truncate(keep)
         drafter.roll_back(keep)
-        if on_round is not None:
-            on_round(BatchRoundReport(sequences, list(active), gammas, [n for n, _ in verdicts],
-                                      target_cache, drafter.cache))
+        if observers.on_round is not None:
+            observers.on_round(BatchRoundReport(sequences, list(active), gammas, [n for n, _ in verdicts],
+                                                target_cache, drafter.cache))
 
         # 5. Finished rows leave the batch.
         active = _drop_finished(active, stops, [target_cache, drafter])
@@ -420,52 +423,3 @@ def batched_speculative_sampling(target: GPT2, draft: GPT2, prompts, max_gen: in
     return batch
 
 
-@torch.inference_mode()
-def calibrate_batch_costs(target: GPT2, draft: GPT2, max_rows: int, context_len: int = 128,
-                          repeats: int = 3) -> BatchCostModel:
-    """Time one forward of n rows (n sequences, one new token each, context_len tokens in each
-    one's cache) in the target and in the draft, for n = 1, 2, 4, ... up to max_rows. Round after
-    round every n takes its turn in both models, so a busy machine slows them alike; each cost is
-    the median over `repeats` rounds after two warm-up rounds. A forward over B sequences of
-    gamma + 1 new tokens each costs about what one over B * (gamma + 1) rows costs (the same
-    weights, as many rows of arithmetic)."""
-    check_positive_int("max_rows", max_rows)
-    rows = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
-    device = target.wpe.weight.device
-    context_len = max(1, min(context_len, target.config.n_positions - 2, draft.config.n_positions - 2))
-    g = torch.Generator().manual_seed(0)
-    vocab = min(target.config.vocab_size, draft.config.vocab_size)
-    context = torch.randint(vocab, (1, context_len), generator=g).to(device)
-    models = {"target": target, "draft": draft}
-    caches = {}
-    for role, model in models.items():
-        # One sequence's cache copied to max_rows rows (timing does not depend on the values);
-        # n rows use the first n of them.
-        one = model.new_kv_cache(max_len=context_len)
-        model(context, one, num_last_logits=1)
-        full = model.new_kv_cache(max_rows, max_len=context_len + 1)
-        for dst, src in zip(full.keys + full.values, one.keys + one.values):
-            dst[:, :, :context_len] = src
-        for n in rows:
-            cache = BatchedKVCache(full)
-            cache.keys, cache.values = [k[:n] for k in full.keys], [v[:n] for v in full.values]
-            cache.lengths = torch.full((n,), context_len, dtype=torch.long, device=device)
-            caches[role, n] = cache
-    times = {key: [] for key in caches}
-    for i in range(repeats + 2):
-        for n in rows:
-            for role, model in models.items():
-                cache = caches[role, n]
-                tokens = torch.randint(vocab, (n, 1), generator=g).tolist()
-                synchronize(device)
-                t0 = time.perf_counter()
-                forward_rows(model, cache, tokens)
-                synchronize(device)
-                if i > 1:  # the first rounds set up each shape's kernels
-                    times[role, n].append(time.perf_counter() - t0)
-                cache.lengths.fill_(context_len)
-    median = {key: statistics.median(t) for key, t in times.items()}
-    return BatchCostModel(describe_model(target), describe_model(draft), rows,
-                          [median["target", n] for n in rows], [median["draft", n] for n in rows],
-                          context_len, notes={"threads": torch.get_num_threads(), "device": str(device),
-                                              "repeats": repeats})

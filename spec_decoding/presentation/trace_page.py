@@ -1,6 +1,6 @@
-"""The web page of a trace (spec_decoding.trace): one self-contained HTML file.
+"""The web page of a trace (spec_decoding.presentation.trace): one self-contained HTML file.
 
-    result = speculative_sampling(target, draft, prompt_ids, 60, gamma=4, trace=True)
+    result = speculative_sampling(target, draft, prefix, 60, gamma=4, observers=Observers(trace=True))
     write_html(result.trace, "trace.html")        # open it in a browser
 
 The page: the text coloured by where each token came from (as the terminal does), one row per round
@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 
 from gpt2.tokenizer import decode as gpt2_decode
-from .result import FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT, SOURCE_COLOURS
+from ..result import FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT
+from .colours import SOURCE_COLOURS
 from .trace import DraftedToken, Round, Trace, TreeNode, TreeRound
 
 
@@ -229,7 +230,7 @@ def acceptance_chart(trace: Trace, width: int = 520, height: int = 240) -> str:
 
 # In every page's head: a later run may replace a page it finds marked so (its own earlier output),
 # and nothing else without asking.
-GENERATOR_MARK = '<meta name="generator" content="spec_decoding.trace_page">'
+GENERATOR_MARK = '<meta name="generator" content="spec_decoding.presentation.trace_page">'
 
 
 def is_trace_page(path) -> bool:
@@ -243,7 +244,7 @@ def is_trace_page(path) -> bool:
 
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta name="generator" content="spec_decoding.trace_page">
+<meta name="generator" content="spec_decoding.presentation.trace_page">
 <title>{title}</title>
 <style>
 body {{ font: 15px/1.45 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }}

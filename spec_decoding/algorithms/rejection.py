@@ -9,14 +9,14 @@ temperature, top-k and top-p).
     point_masses                    q for a proposal that was not sampled (a one-hot row per token)
     multi_draft_rejection_sampling  a tree node: several children drawn from the same q (SpecInfer)
 
-A leaf module: it imports torch and .sampling only, so every generator can use it.
+A leaf module: it imports torch and spec_decoding.sampling only, so every generator can use it.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from ..sampling import sample
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

@@ -4,44 +4,19 @@ Leviathan's speed-up formula needs two costs, measured on the hardware in use:
   c               one draft step relative to one target step (0 for a model-free drafter);
   verify_cost(g)  the target scoring g + 1 tokens in one forward, relative to one target step
                   (1 in the paper's idealisation; more on a CPU: docs/ has the measurements).
-A token tree's verification (tree_verify_cost) is timed here too, when calibrate is given trees.
-CostModel.calibrate measures them in a few seconds on warm KV caches; the gamma="auto" policy
-(spec_decoding/gamma.py) and benchmark.py both use it, so this is the one place where per-call
-costs are timed. CostModel.kept_for(target, draft) measures a pair's costs once per machine and keeps
-them in the kernel cache (gpt2/speed/kernel_cache.py), so gamma="auto" decides from the same costs in
-every run on this machine. A CostModel can be printed, saved to JSON and loaded again; it
+A token tree's verification (tree_verify_cost) is one more cost, when it was timed.
+spec_decoding.calibration.calibrate_costs measures them in a few seconds on warm KV caches; this
+module only holds and reads them, so the gamma policies (spec_decoding/policies/gamma.py) decide
+from costs handed to them. A CostModel can be printed, saved to JSON and loaded again; it
 remembers which models it was measured on, and using it with other models is an error.
 """
 
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import torch
-
-from gpt2 import GPT2
-from .decoding import check_drafter
-from .drafters import ModelDrafter
-from .result import ROOT
-from .sampling import logits_to_probs, sample
+from gpt2.model import GPT2
 from .theory import break_even_alpha, predicted_speedup
-from .tree import TokenTree, score_tree, tree_size
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so that a timer measures the work and not just its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-# Row counts at which calibrate times a draft model's catch-up (CostModel.draft_catch_up_s).
-CATCH_UP_ROWS = (16, 64)
-# Draws calibrate times together for CostModel.sample_s: one is short beside the clock's own cost.
-SAMPLE_DRAWS = 16
 
 
 def describe_model(model) -> str:
@@ -132,6 +107,15 @@ class CostModel(SavedAsJson):
     def gamma_max(self) -> int:
         return len(self.target_score_s) - 1
 
+    def up_to(self, gamma_max: int) -> "CostModel":
+        """These costs for gamma 0..gamma_max only: AutoGamma, handed them, drafts at most gamma_max."""
+        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
+            raise ValueError(f"gamma_max must be an int >= 1, got {gamma_max!r}")
+        if gamma_max > self.gamma_max:
+            raise ValueError(f"gamma_max={gamma_max} but the CostModel covers gamma up to {self.gamma_max}: "
+                             f"calibrate it with gamma_max={gamma_max}")
+        return replace(self, target_score_s=self.target_score_s[:gamma_max + 1])
+
     @property
     def target_step_s(self) -> float:
         return self.target_score_s[0]
@@ -149,7 +133,7 @@ class CostModel(SavedAsJson):
         return self.target_score_s[gamma] / self.target_step_s
 
     def tree_verify_cost(self, branching) -> float:
-        """The target scoring a token tree's root and nodes in one forward (spec_decoding.tree),
+        """The target scoring a token tree's root and nodes in one forward (spec_decoding.algorithms.tree),
         relative to one target step."""
         label = ",".join(map(str, branching))
         if label not in self.tree_score_s:
@@ -184,7 +168,7 @@ class CostModel(SavedAsJson):
                 raise ValueError(
                     f"This CostModel was measured with the {role} {expected}, but the {role} given is "
                     f"{got}. Costs differ between models and devices: calibrate a new one with "
-                    f"CostModel.calibrate(target, draft) (or load the file made for these models).")
+                    f"calibrate_costs(target, draft) (or load the file made for these models).")
 
     def __str__(self):
         verify = ", ".join(f"{g + 1}: {self.verify_cost(g):.2f}" for g in range(1, self.gamma_max + 1))
@@ -197,185 +181,6 @@ class CostModel(SavedAsJson):
                 f"  speculation pays from alpha = "
                 + (f"{alpha:.2f}" if alpha is not None else "never (the draft costs too much)"))
 
-    @classmethod
-    def kept_for(cls, target: GPT2, draft, gamma_max: int = 8) -> "CostModel":
-        """The pair's CostModel on this machine: calibrated the first time (one line on stderr says
-        so, and where it is kept), then read from the kernel cache (gpt2/speed/kernel_cache.py), kept under
-        this machine, its threads and the two models as describe_model names them (shape, format,
-        device). So every run on this machine, in this process or another, decides gamma="auto" from
-        the same costs, and a seed reproduces a sampled run; `python -m gpt2.speed.kernel_report
-        --remeasure` (or another machine) measures them again, and the gammas may then differ."""
-        what = {"target": describe_model(target), "draft": describe_model(draft), "gamma_max": gamma_max,
-                "measures": "forwards, catch-up, sampling, sampled round"}  # a CostModel kept before sampling was timed is measured again
-        from gpt2.speed import kernel_cache  # (the machine's cache of measurements: only when measuring)
-        kept, _ = kernel_cache.decide_once(
-            "gamma costs", what, lambda: asdict(cls.calibrate(target, draft, gamma_max)),
-            f"this pair's per-call costs for gamma=\"auto\" (a few seconds)")
-        return cls(**kept)
-
-    @classmethod
-    @torch.inference_mode()
-    def calibrate(cls, target: GPT2, draft, gamma_max: int = 8, context_len: int = 128,
-                  budget_s: float = 3.0, min_rounds: int = 3, max_rounds: int = 30, trees=()) -> "CostModel":
-        """Time, on warm KV caches holding context_len tokens: one draft step, and the target
-        scoring k = 1 .. gamma_max + 1 new tokens. Every call is rolled back afterwards, so all
-        see the same context; the calls take turns round after round, so a busy machine slows
-        them alike; each cost is the median over the rounds after the first (warm-up).
-        Runs at least min_rounds + 1 rounds and stops after budget_s seconds (or max_rounds).
-
-        draft: a GPT2, or any drafter with start/propose/roll_back (spec_decoding.drafters).
-        trees: token-tree shapes, e.g. [(2, 2, 1)], whose verification (the target scoring the
-        tree's root and every node under its tree mask, spec_decoding.tree.score_tree) is timed
-        in the same rounds.
-        """
-        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 1:
-            raise ValueError(f"gamma_max must be an int >= 1, got {gamma_max!r}")
-        device = target.wpe.weight.device
-        context_len = max(1, min(context_len, target.config.n_positions - gamma_max - 2))
-        g = torch.Generator().manual_seed(0)
-        vocab = target.config.vocab_size
-        if isinstance(draft, GPT2):
-            vocab = min(vocab, draft.config.vocab_size)
-            context_len = min(context_len, draft.config.n_positions - 2)
-        else:
-            check_drafter(target, draft)  # a mismatched pair: the generators' clear error, not torch's
-            vocab = min(vocab, draft.vocab_size or vocab)
-            context_len = min(context_len, (draft.n_positions or context_len + 2) - 2)
-        context = torch.randint(vocab, (context_len,), generator=g).tolist()
-
-        target_cache = target.new_kv_cache(max_len=context_len + gamma_max + 1,
-                                           extra_slots=max([tree_size(b) for b in trees], default=0))
-        _, features = target(torch.tensor([context], device=device), target_cache, num_last_logits=1,
-                             return_features=True)
-        draft_step = _draft_stepper(draft, context, device, features[0])
-
-        def target_score(k):
-            new = torch.randint(vocab, (1, k), generator=g).to(device)
-            target(new, target_cache, num_last_logits=k)
-            target_cache.truncate(context_len)
-
-        def tree_score(branching):  # the root (the context's last token) and the nodes, in one forward
-            target_cache.truncate(context_len - 1)
-            score_tree(target, target_cache, random_tree(branching, vocab, g), context)
-            target_cache.truncate(context_len)
-
-        # Each call is timed after what precedes it in decoding: a plain step after a plain step
-        # (untimed), a verification after a draft step.
-        def draft_once():
-            draft_step(int(torch.randint(vocab, (), generator=g)))
-
-        calls = [("plain before", lambda: target_score(1)), (1, lambda: target_score(1))]
-        for k in range(2, gamma_max + 2):
-            calls += [("draft", draft_once), (k, lambda k=k: target_score(k))]
-        calls += [(tuple(b), lambda b=b: tree_score(b)) for b in trees]
-        catch_up = _draft_catch_up(draft, context, device)
-        n_positions = draft.config.n_positions if isinstance(draft, GPT2) else draft.n_positions
-        catch_up_rows = [n for n in CATCH_UP_ROWS
-                         if catch_up is not None and context_len + n + 1 <= (n_positions or context_len + n + 1)]
-        calls += [(f"catch-up {n}", lambda n=n: catch_up(torch.randint(vocab, (n,), generator=g).tolist()))
-                  for n in catch_up_rows]
-        logits_row = torch.randn(target.config.vocab_size, generator=g).to(device)
-        g_sample = torch.Generator(device=device).manual_seed(0)
-        calls += [("sample", lambda: [sample(logits_to_probs(logits_row, 1.0), g_sample)
-                                      for _ in range(SAMPLE_DRAWS)])]
-        if isinstance(draft, GPT2):
-            calls += [("sampled round", _sampled_round(target, target_cache, draft, context, g_sample))]
-        times = {name: [] for name, _ in calls}
-        start, rounds = time.perf_counter(), 0
-        while rounds <= min_rounds or (time.perf_counter() - start < budget_s and rounds <= max_rounds):
-            for name, call in calls:
-                synchronize(device)
-                t0 = time.perf_counter()
-                call()
-                synchronize(device)
-                if rounds > 0:  # round 0 warms up
-                    times[name].append(time.perf_counter() - t0)
-            rounds += 1
-        median = {name: statistics.median(t) for name, t in times.items()}
-        sample_s = median["sample"] / SAMPLE_DRAWS
-        # what a sampled round of g = 1 took beyond its forwards and its three distributions
-        round_extra = median["sampled round"] - (median["draft"] + median[2] + 3 * sample_s) \
-            if "sampled round" in median else 0.0
-        return cls(target=describe_model(target), draft=describe_model(draft),
-                   draft_step_s=median["draft"],
-                   target_score_s=[median[k] for k in range(1, gamma_max + 2)],
-                   context_len=context_len, rounds=rounds - 1,
-                   notes={"threads": torch.get_num_threads(), "device": str(device)},
-                   tree_score_s={",".join(map(str, b)): median[tuple(b)] for b in trees},
-                   draft_catch_up_s={str(n): median[f"catch-up {n}"] for n in catch_up_rows},
-                   sample_s=sample_s, sampled_round_extra_s=max(0.0, round_extra))
-
-
-def random_tree(branching, vocab_size: int, generator) -> TokenTree:
-    """A tree of the given shape with random tokens (the verification cost does not depend on them)."""
-    tree, parents = TokenTree(root=0), [ROOT]
-    for b in branching:
-        parents = [tree.add(int(torch.randint(vocab_size, (), generator=generator)), parent)
-                   for parent in parents for _ in range(b)]
-    return tree
-
-
-def _sampled_round(target: GPT2, target_cache, draft: GPT2, context: list[int], generator):
-    """A function that runs one sampled round of g = 1 as speculative_sampling runs it (the draft
-    proposes a token with its q, the target scores it, the rows become p, the verdict), then rolls
-    both caches back to `context`. The target's cache holds `context` already."""
-    from .decoding import target_forward
-    from .rejection import modified_rejection_sampling
-
-    drafter = ModelDrafter(draft)
-    drafter.start(context, 4)
-
-    def one_round():
-        tokens = context + [int(torch.randint(draft.config.vocab_size, (), generator=generator,
-                                              device=generator.device))]  # a GPU's generator draws there
-        draft_tokens, draft_probs = drafter.propose(tokens, 1, 1.0, None, None, generator)
-        target_probs = logits_to_probs(target_forward(target, target_cache, tokens, draft_tokens), 1.0)
-        modified_rejection_sampling(target_probs, draft_probs, draft_tokens, generator)
-        target_cache.truncate(len(context))
-        drafter.roll_back(len(context))
-    return one_round
-
-
-def _draft_stepper(draft, context: list[int], device, target_features=None):
-    """A function that makes the draft propose one token after context + [token], then forgets it:
-    one draft step at a fixed context. target_features [len(context), C]: the target's features of
-    the context, handed to the drafter as the generators do (a feature drafter drafts from them)."""
-    if isinstance(draft, GPT2):
-        cache = draft.new_kv_cache(max_len=len(context) + 2)
-        draft(torch.tensor([context], device=device), cache, num_last_logits=1)
-
-        def step(token):
-            draft(torch.tensor([[token]], device=device), cache, num_last_logits=1)
-            cache.truncate(len(context))
-        return step
-    draft.start(context, 2)
-    if target_features is not None:
-        draft.observe_target_features(0, target_features)
-    draft.propose(context, 1)
-
-    def step(token):
-        draft.propose(context + [token], 1)
-        draft.roll_back(len(context))
-    return step
-
-
-def _draft_catch_up(draft, context: list[int], device):
-    """For a draft model (a GPT2, or a drafter running one: ModelDrafter, LayerSkipDrafter), a
-    function that makes it propose one token after context + tokens, all of `tokens` unseen (one
-    forward over them), then forgets them: a probe's catch-up. None for other drafters (a
-    model-free one has nothing to catch up)."""
-    if isinstance(draft, GPT2):
-        draft = ModelDrafter(draft)
-    elif not isinstance(draft, ModelDrafter):
-        return None
-    draft.start(context, max(CATCH_UP_ROWS) + 2)
-    draft.propose(context, 1)
-
-    def catch_up(tokens):
-        draft.propose(context + tokens, 1)
-        draft.roll_back(len(context))
-    return catch_up
-
 
 @dataclass
 class BatchCostModel(SavedAsJson):
@@ -385,7 +190,7 @@ class BatchCostModel(SavedAsJson):
     verifying gamma draft tokens for each of them is B * (gamma + 1) rows. rows[i] rows took
     target_s[i] seconds in the target and draft_s[i] in the draft (each sequence with context_len
     tokens in its KV cache); between measured row counts the cost is interpolated linearly.
-    Measured by spec_decoding.batched.calibrate_batch_costs.
+    Measured by spec_decoding.calibration.calibrate_batch_costs.
     """
     target: str  # describe_model(target)
     draft: str  # describe_model(draft)

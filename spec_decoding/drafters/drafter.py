@@ -13,8 +13,8 @@ ModelDrafter). To try a new idea, subclass Drafter in this file; the generators 
 import torch
 
 from gpt2 import GPT2
-from .decoding import forward_new_tokens, new_cache
-from .sampling import logits_to_probs, sample
+from ..caches import forward_new_tokens, new_cache
+from ..sampling import logits_to_probs, sample
 
 
 def model_facts(model: GPT2) -> tuple[int, int, torch.device]:
@@ -40,7 +40,7 @@ class Drafter:
     the chi-square test catching such a drafter. If your proposal is deterministic, return None
     for q: the generator then treats each token as drawn from a point mass (q(x) = 1).
 
-    Token trees (spec_decoding/tree.py): a drafter may also build the round's tree itself with an
+    Token trees (spec_decoding/algorithms/tree.py): a drafter may also build the round's tree itself with an
     optional method propose_tree(tokens, branching, temperature, top_k, top_p, generator) ->
     TokenTree (see MedusaDrafter), where tree.draft_probs[node] is the q the node's children were
     drawn from. Without it, trees need a draft model.
@@ -89,8 +89,8 @@ class Drafter:
         just fed (GPT2.forward(return_features=True): the residual stream before ln_f). Called
         after every target forward, before roll_back: the rejected draft tokens' positions are
         among them, and the roll_back that follows says which positions are still the sequence.
-        Drafters that read tokens only ignore it; feature drafters (spec_decoding/medusa.py,
-        spec_decoding/eagle.py) draft from what the target computed, at no extra target cost."""
+        Drafters that read tokens only ignore it; feature drafters (spec_decoding/drafters/medusa.py,
+        spec_decoding/drafters/eagle.py) draft from what the target computed, at no extra target cost."""
 
 
 class FeatureDrafter(Drafter):
@@ -139,7 +139,7 @@ class ModelDrafter(Drafter):
     """
 
     def __init__(self, model: GPT2, extra_slots: int = 0):
-        """extra_slots: cache slots beyond the sequence, for a token tree's nodes (spec_decoding.tree)."""
+        """extra_slots: cache slots beyond the sequence, for a token tree's nodes (spec_decoding.algorithms.tree)."""
         if not isinstance(model, GPT2):
             raise TypeError(f"ModelDrafter needs a GPT2 model, got {type(model).__name__}")
         self.model = model

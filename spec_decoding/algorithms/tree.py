@@ -35,82 +35,16 @@ from dataclasses import dataclass, field
 import torch
 
 from gpt2 import GPT2
-from .decoding import (check_sampling_args, forward_new_tokens, record_round, round_gamma, round_observers,
-                       start_generation, take_tokens)
-from .drafters import Drafter, ModelDrafter
+from ..caches import forward_new_tokens
+from ..contracts import Observers, SamplingParams, check_observers, check_sampling
+from ..drafters import Drafter, ModelDrafter
+from ..drafters.token_tree import TokenTree, check_branching, tree_size
+from ..result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT,
+                      GenerationResult, RoundReport)
+from ..sampling import logits_to_probs, sample
+from .decoding import (record_round, round_gamma, round_observers, start_generation,
+                       take_tokens)
 from .rejection import multi_draft_rejection_sampling
-from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT,
-                     GenerationResult, RoundReport)
-from .sampling import logits_to_probs, sample
-
-
-@dataclass
-class TokenTree:
-    """Draft tokens as a tree under the root (the sequence's last token, already decided).
-
-    Nodes are numbered level by level: all of depth 1, then all of depth 2, ... Node i holds the
-    token tokens[i]; parents[i] is its parent's number (ROOT = -1 for depth 1), depths[i] its
-    depth (1 under the root). draft_probs[n] is the q that node n's children were drawn from
-    ([V], n = ROOT for the root's children; empty when greedy, where children are top-b).
-    """
-
-    root: int
-    tokens: list[int] = field(default_factory=list)
-    parents: list[int] = field(default_factory=list)
-    depths: list[int] = field(default_factory=list)
-    draft_probs: dict = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def add(self, token: int, parent: int) -> int:
-        self.tokens.append(token)
-        self.parents.append(parent)
-        self.depths.append(1 if parent == ROOT else self.depths[parent] + 1)
-        return len(self.tokens) - 1
-
-    def children(self, node: int) -> list[int]:
-        """The node numbers under `node` (ROOT for the root), in the order they were drafted."""
-        return [i for i, parent in enumerate(self.parents) if parent == node]
-
-    def path_tokens(self, path: list[int]) -> list[int]:
-        return [self.tokens[i] for i in path]
-
-
-def tree_size(branching) -> int:
-    """Draft nodes of a tree: (2, 2, 1) has 2 + 2*2 + 2*2*1 = 10."""
-    total, width = 0, 1
-    for b in branching:
-        width *= b
-        total += width
-    return total
-
-
-def check_branching(branching, vocab_size: int) -> tuple[int, ...]:
-    if isinstance(branching, int) or not hasattr(branching, "__len__") or len(branching) == 0:
-        raise ValueError(f"branching must be a non-empty tuple of children per depth, like (2, 2, 1); "
-                         f"got {branching!r}")
-    for b in branching:
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= vocab_size:
-            raise ValueError(f"branching {tuple(branching)!r}: each entry is the number of children per "
-                             f"node at that depth, an int between 1 and the vocabulary size {vocab_size}")
-    return tuple(branching)
-
-
-def parse_branching(text: str) -> tuple[int, ...]:
-    """"2,2,1" -> (2, 2, 1), for command lines. ValueError with what is expected otherwise."""
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise ValueError(f"a tree is its children per depth, whole numbers >= 1 separated by "
-                         f"commas (like 2,2,1); got {text!r}")
-    return values
-
-
-def branching_label(branching) -> str:
-    return ",".join(map(str, branching))
 
 
 def tree_attention_mask(parents: list[int]) -> torch.Tensor:
@@ -289,36 +223,40 @@ def draft_model(draft) -> GPT2:
 
 
 @torch.inference_mode()
-def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter | Drafter, prompt_ids, max_gen: int, branching,
-                              temperature: float = 1.0, top_k: int | None = None,
-                              top_p: float | None = None, generator: torch.Generator | None = None,
-                              eos_id: int | None = None, on_tokens=None, trace: bool = False,
-                              on_round=None) -> GenerationResult:
+def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter | Drafter, prefix, max_gen: int,
+                              branching, sampling: SamplingParams = SamplingParams(),
+                              eos_id: int | None = None, observers: Observers | None = None) -> GenerationResult:
     """Speculative decoding with a token tree: each round the draft builds a tree with
     branching[d] children per node at depth d + 1 (one draft forward per depth), the target
     scores all its nodes in one forward, and the longest acceptable path plus one target token
     is the output.
 
-    temperature 0: children are the draft's top-b; the output is identical to the target's greedy
+    sampling: SamplingParams(temperature, top_k, top_p, generator). temperature 0: children are
+    the draft's top-b; the output is identical to the target's greedy
     decoding. temperature > 0: children are independent draws from q, verified by SpecInfer's
     multi-draft rejection sampling; the output follows the target's distribution exactly.
     branching (1,) * gamma is the chain of speculative_sampling, with the same random draws.
 
     draft: a draft model (GPT2 or ModelDrafter), drafted with build_draft_tree; or a Drafter with
     its own propose_tree(tokens, branching, temperature, top_k, top_p, generator) -> TokenTree
-    (spec_decoding/medusa.py), whose tree may be shallower than asked (even empty). Either way the
+    (spec_decoding/drafters/medusa.py), whose tree may be shallower than asked (even empty). Either way the
     drafter is handed the target's features of the accepted path (observe_target_features).
 
-    prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
+    prefix: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
     or a full context window (no model is fed a position >= its n_positions: near the end the
-    tree is cut to fewer depths). on_tokens(tokens, sources) is called after each round.
+    tree is cut to fewer depths).
     Stats: as the chains, counting depths as positions (tokens_drafted: depths drafted,
     acceptance_by_position: per depth), plus nodes_verified and accepted_depths per round.
-    trace=True records every round's tree in result.trace (spec_decoding.trace: each node's p, q,
-    draw and verdict, the accepted path, the target's token). on_round(report) gets every round
-    as a RoundReport (spec_decoding.result), with the tree and its TreeVerdict.
+    observers: Observers(on_tokens, on_round, trace): on_tokens(tokens, sources) after each round;
+    on_round(report) gets every round as a RoundReport (spec_decoding.result), with the tree and its
+    TreeVerdict; trace=True records every round's tree in result.trace
+    (spec_decoding.presentation.trace: each node's p, q, draw and verdict, the accepted path, the
+    target's token).
     """
-    check_sampling_args(temperature, top_k, top_p)
+    sampling = check_sampling(sampling)
+    observers = check_observers(observers)
+    temperature, top_k, top_p = sampling.filters
+    generator = sampling.generator
     branching = check_branching(branching, target.config.vocab_size)
     n_nodes = tree_size(branching)
     if hasattr(draft, "propose_tree"):
@@ -328,11 +266,10 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter | Drafter
         # drives the draft model itself.
         draft = draft_model(draft)
         drafter = ModelDrafter(draft, extra_slots=n_nodes)
-    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, len(branching),
+    tokens, target_cache, stats = start_generation(target, drafter, prefix, max_gen, len(branching),
                                                    extra_slots=n_nodes)
     draft_cache = drafter.cache if draft is not None else None  # a propose_tree drafter keeps its own state
-    notify, round_trace = round_observers(on_round, trace, tokens, len(branching), temperature, top_k, top_p,
-                                          branching)
+    notify, round_trace = round_observers(observers, tokens, len(branching), sampling, branching)
     out = []
     start = time.perf_counter()
     stop = None
@@ -369,7 +306,7 @@ def tree_speculative_sampling(target: GPT2, draft: GPT2 | ModelDrafter | Drafter
         record_round(stats, depth, len(path), draft_calls, n_nodes=len(tree))
         stop = take_tokens(tokens, out, stats, tree.path_tokens(path) + [verdict.next_token],
                            output_sources(tree, path, depth), eos_id, max_gen,
-                           target.config.n_positions, on_tokens)
+                           target.config.n_positions, observers.on_tokens)
         if notify:
             notify(RoundReport(tree.tokens, target_logits, len(path), verdict.next_token, len(out),
                                temperature, target_probs, None, verdict, tree))

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT2
-from .drafters import Drafter
+from .drafter import Drafter
 from .eagle import EagleDrafter, EagleNet
 from .medusa import MedusaDrafter, MedusaHeads
 

@@ -1,10 +1,10 @@
-"""A per-round record of speculative decoding (the page that shows it: spec_decoding.trace_page).
+"""A per-round record of speculative decoding (the page that shows it: spec_decoding.presentation.trace_page).
 
-    result = speculative_sampling(target, draft, prompt_ids, 60, gamma=4, trace=True)
-    write_html(result.trace, "trace.html")        # spec_decoding.trace_page: open it in a browser
+    result = speculative_sampling(target, draft, prefix, 60, gamma=4, observers=Observers(trace=True))
+    write_html(result.trace, "trace.html")        # spec_decoding.presentation.trace_page: open it in a browser
 
-The generators never call the trace: with trace=True a Trace subscribes to their rounds as an
-observer (spec_decoding.decoding.round_observers), and each round's RoundReport
+The generators never call the trace: with Observers(trace=True) a Trace subscribes to their rounds as an
+observer (spec_decoding.algorithms.decoding.round_observers), and each round's RoundReport
 (spec_decoding.result) carries what the rejection step decided. Nothing is recomputed here.
 
 For every round the trace keeps the drafted tokens with p(x) (the target's probability of each),
@@ -14,7 +14,7 @@ residual norm(max(0, p - q)) (its most likely tokens are kept), or a bonus drawn
 all-accepted round. In greedy decoding (temperature 0) a draft token is accepted exactly when it is
 the target's argmax; p and q are then shown at temperature 1 for information.
 
-Token trees (tree_speculative_sampling(..., trace=True)) are traced too: every node of the round's
+Token trees (tree_speculative_sampling(..., observers=Observers(trace=True))) are traced too: every node of the round's
 tree with its parent and depth, p(x) of the target after the node's parent, q(x) of the draft
 there, and, for the children the walk down the tree judged, the acceptance probability the
 multi-draft rule used and its draw; then the accepted path and the target's token.
@@ -31,7 +31,7 @@ import torch
 
 from gpt2.tokenizer import decode as gpt2_decode
 
-from .result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT, RoundReport
+from ..result import FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_DRAFT_BRANCH, FROM_TARGET, ROOT, RoundReport
 
 ACCEPTED, REJECTED, UNJUDGED = "accepted", "rejected", "not judged"
 TOP = 5  # tokens kept of the residual / of p for the target's token
@@ -148,7 +148,7 @@ class Round:
 @dataclass(repr=False)
 class TreeRound(Round):
     """A token tree's round: drafted holds TreeNodes, numbered level by level as in
-    spec_decoding.tree.TokenTree; path is the accepted nodes from the root down."""
+    spec_decoding.drafters.token_tree.TokenTree; path is the accepted nodes from the root down."""
 
     root: int  # the token the tree hangs from: the sequence's last token
     path: list[int]
@@ -160,7 +160,7 @@ class TreeRound(Round):
 
     def accepted(self) -> list[tuple[int, str]]:
         """A node is FROM_DRAFT when it was its parent's first child (what a chain would have
-        drafted), FROM_DRAFT_BRANCH otherwise (as spec_decoding.tree.output_sources)."""
+        drafted), FROM_DRAFT_BRANCH otherwise (as spec_decoding.algorithms.tree.output_sources)."""
         parents = [node.parent for node in self.drafted]
         return [(i, FROM_DRAFT if parents.index(parents[i]) == i else FROM_DRAFT_BRANCH) for i in self.path]
 

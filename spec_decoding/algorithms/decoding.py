@@ -1,29 +1,31 @@
-"""Pieces the three generators share: checking their inputs, feeding a model the tokens its cache
-has not seen, the bookkeeping of a speculative round (how many tokens to draft, what the round
+"""Pieces the three generators share: checking their inputs, feeding the target the draft tokens
+to score, the bookkeeping of a speculative round (how many tokens to draft, what the round
 outputs, counting it, rolling back), and handing each round to its observers."""
 
 import torch
 
 from gpt2 import GPT2
-from .result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
-                     STOP_EOS, STOP_MAX_GEN, GenerationStats)
-from .trace import Trace
+from ..caches import new_cache
+from ..contracts import Observers, SamplingParams, check_positive_int
+from ..presentation.trace import Trace
+from ..result import (FROM_BONUS, FROM_CORRECTION, FROM_DRAFT, FROM_TARGET, STOP_CONTEXT_FULL,
+                      STOP_EOS, STOP_MAX_GEN, GenerationStats)
 
 
-def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
+def prompt_to_list(prefix, model: GPT2) -> list[int]:
     """A list of ints or a 1-D LongTensor -> list of ints, checked against the model."""
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() != 1 or prompt_ids.dtype not in (torch.long, torch.int, torch.int16):
+    if isinstance(prefix, torch.Tensor):
+        if prefix.dim() != 1 or prefix.dtype not in (torch.long, torch.int, torch.int16):
             raise ValueError(
-                f"prompt_ids must be a 1-D LongTensor (or a list of ints); got shape "
-                f"{tuple(prompt_ids.shape)} and dtype {prompt_ids.dtype}"
+                f"prefix must be a 1-D LongTensor (or a list of ints); got shape "
+                f"{tuple(prefix.shape)} and dtype {prefix.dtype}"
             )
-        prompt_ids = prompt_ids.tolist()
-    if isinstance(prompt_ids, (str, bytes)) or not all(isinstance(t, int) for t in prompt_ids):
-        raise ValueError("prompt_ids must be a list of token ids (ints); encode text with gpt2.encode()")
-    prompt = list(prompt_ids)
+        prefix = prefix.tolist()
+    if isinstance(prefix, (str, bytes)) or not all(isinstance(t, int) for t in prefix):
+        raise ValueError("prefix must be a list of token ids (ints); encode text with gpt2.encode()")
+    prompt = list(prefix)
     if not prompt:
-        raise ValueError("prompt_ids is empty: give at least one token (e.g. [50256], <|endoftext|>)")
+        raise ValueError("prefix is empty: give at least one token (e.g. [50256], <|endoftext|>)")
     vocab = model.config.vocab_size
     if bad := [t for t in prompt if not 0 <= t < vocab]:
         raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
@@ -34,23 +36,6 @@ def prompt_to_list(prompt_ids, model: GPT2) -> list[int]:
             f"shorter than {n_pos} to leave room for new tokens. Shorten the prompt."
         )
     return prompt
-
-
-def check_positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
-
-def check_sampling_args(temperature, top_k, top_p) -> None:
-    """A temperature is a finite number >= 0 (inf would flatten p and q to NaN wherever a logit is
-    -inf, e.g. outside a drafter's reduced vocabulary; nan compares false to everything)."""
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not 0 <= temperature < float("inf")):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
-    if top_k is not None:
-        check_positive_int("top_k", top_k)
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
 def check_drafter(target: GPT2, drafter) -> None:
@@ -69,7 +54,7 @@ def check_drafter(target: GPT2, drafter) -> None:
         )
 
 
-def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int, extra_slots: int = 0):
+def start_generation(target: GPT2, drafter, prefix, max_gen: int, gamma: int, extra_slots: int = 0):
     """Check the inputs and set up a speculative generation: returns (tokens, target_cache,
     stats), tokens being the whole sequence (prompt first), which grows as tokens are taken.
     gamma: draft positions per round (a token tree: its depth); extra_slots: target cache slots
@@ -77,29 +62,11 @@ def start_generation(target: GPT2, drafter, prompt_ids, max_gen: int, gamma: int
     check_drafter(target, drafter)
     check_positive_int("max_gen", max_gen)
     check_positive_int("gamma", gamma)
-    tokens = prompt_to_list(prompt_ids, target)
+    tokens = prompt_to_list(prefix, target)
     target_cache = new_cache(target, len(tokens), max_gen, extra_slots)
     drafter.start(list(tokens), max_gen)
     stats = GenerationStats(drafted_by_position=[0] * gamma, accepted_by_position=[0] * gamma)
     return tokens, target_cache, stats
-
-
-def new_cache(model: GPT2, prompt_len: int, max_gen: int, extra_slots: int = 0, n_layer: int | None = None):
-    """A KV cache with room for the longest sequence this generation can feed (plus extra_slots
-    for a token tree's nodes, which share positions), made by the model's own factory
-    (GPT2.new_kv_cache: it decides the cache's dtype). n_layer: only the first blocks' (default: all)."""
-    return model.new_kv_cache(max_len=min(model.config.n_positions, prompt_len + max_gen),
-                              extra_slots=extra_slots, n_layer=n_layer)
-
-
-def forward_new_tokens(model: GPT2, cache, tokens: list[int], num_last_logits: int = 1) -> torch.Tensor:
-    """Feed the tokens the cache has not seen yet (tokens[cache.length:]), return the logits of the
-    last num_last_logits positions, [num_last_logits, V].
-
-    This one rule covers the prompt (the first call feeds all of it), a single decoding step, and
-    the target's verification of the draft tokens."""
-    new = torch.tensor([tokens[cache.length:]], device=model.wpe.weight.device)
-    return model(new, cache, num_last_logits=num_last_logits)[0]
 
 
 def target_forward(target: GPT2, target_cache, tokens: list[int], draft_tokens: list[int],
@@ -190,21 +157,23 @@ def roll_back(target_cache, drafter, seq_len: int) -> None:
     drafter.roll_back(seq_len - 1)
 
 
-def round_observers(on_round, trace: bool, tokens: list[int], gamma: int, temperature: float,
-                    top_k: int | None = None, top_p: float | None = None, branching=None):
-    """Who sees each round of a generation: the caller's on_round(report), and with trace=True a
-    Trace recorder subscribed the same way (the generators never call the trace themselves).
+def round_observers(observers: Observers, tokens: list[int], gamma: int, sampling: SamplingParams,
+                    branching=None):
+    """Who sees each round of a generation: the caller's observers.on_round(report), and with
+    observers.trace a Trace recorder subscribed the same way (the generators never call the trace
+    themselves).
 
     Returns (notify, trace): notify(report) hands one RoundReport to every observer (None when
     there is no observer, so a generation without one builds no report); trace is the Trace for
     GenerationResult.trace, or None."""
-    recorder = Trace(list(tokens), gamma, temperature, top_k, top_p, branching=branching) if trace else None
-    observers = [f for f in (on_round, recorder) if f is not None]
-    if not observers:
+    recorder = (Trace(list(tokens), gamma, sampling.temperature, sampling.top_k, sampling.top_p, branching=branching)
+                if observers.trace else None)
+    watching = [f for f in (observers.on_round, recorder) if f is not None]
+    if not watching:
         return None, None
 
     def notify(report) -> None:
-        for observe in observers:
+        for observe in watching:
             observe(report)
 
     return notify, recorder

@@ -6,7 +6,7 @@ the same feature and predicts token t + 1 + k. At the start of a round the seque
 was chosen by the target (from its feature one position back) and not fed yet, so heads 1..K on
 that feature propose the K tokens after it, all at once: no autoregressive draft loop, one tiny
 forward per round. The heads never see the token the target just chose, nor each other's guesses:
-that is why their accuracy falls quickly with k, and what EAGLE (spec_decoding/eagle.py) fixes.
+that is why their accuracy falls quickly with k, and what EAGLE (spec_decoding/drafters/eagle.py) fixes.
 
 Each head, on the target's ln_f(feature) x [n_embd]:
 
@@ -36,7 +36,7 @@ The target's features come from the generators (Drafter.observe_target_features)
 nothing of the target. In the first round the prompt has not been fed, no feature exists yet, and
 the round is a plain target step.
 
-Medusa's token tree (propose_tree, for spec_decoding.tree.tree_speculative_sampling): head d's
+Medusa's token tree (propose_tree, for spec_decoding.algorithms.tree.tree_speculative_sampling): head d's
 candidates fill depth d of the tree, branching[d - 1] of them under every node of depth d - 1. The
 heads read one feature only, so every node of a depth gets the same candidates (the tree is
 the product of the heads' top-k): still one small forward per round, and the target checks all
@@ -51,10 +51,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2 import GPT2
-from .drafters import FeatureDrafter
-from .result import ROOT
-from .sampling import logits_to_probs, sample
-from .tree import TokenTree, tree_size
+from ..result import ROOT
+from ..sampling import logits_to_probs, sample
+from .drafter import FeatureDrafter
+from .token_tree import TokenTree, tree_size
 
 
 def branching_from_accuracies(head_accuracies, max_nodes: int) -> tuple[int, ...]:
@@ -186,7 +186,7 @@ class MedusaDrafter(FeatureDrafter):
         Sampling: each node's children are b independent draws from q_d (head d's softmax after
         the target's temperature/top-k/top-p), kept in tree.draft_probs[node]: given the path to
         the node, that is exactly what they were drawn from, as SpecInfer's multi-draft rejection
-        sampling (spec_decoding.rejection) needs for an exact output. q_d does not depend on the
+        sampling (spec_decoding.algorithms.rejection) needs for an exact output. q_d does not depend on the
         path, because the heads never see the tokens drafted before theirs.
         """
         tree = TokenTree(root=tokens[-1])

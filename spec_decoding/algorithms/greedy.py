@@ -5,36 +5,37 @@ import time
 import torch
 
 from gpt2 import GPT2
+from ..contracts import GREEDY, Observers, check_observers
+from ..drafters import Drafter, as_drafter
+from ..policies.gamma import make_policy
+from ..result import GenerationResult, RoundReport
 from .decoding import (record_round, roll_back, round_gamma, round_observers, round_output,
                        start_generation, take_tokens, target_forward)
-from .drafters import Drafter, as_drafter
-from .gamma import make_policy
-from .result import GenerationResult, RoundReport
 
 
 @torch.inference_mode()
-def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids, max_gen: int,
-                                gamma, eos_id: int | None = None, on_tokens=None,
-                                gamma_max: int | None = None, cost_model=None,
-                                trace: bool = False, on_round=None) -> GenerationResult:
+def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prefix, max_gen: int, gamma,
+                                eos_id: int | None = None, observers: Observers | None = None) -> GenerationResult:
     """Each round the drafter proposes up to gamma tokens (a draft model: its argmax, one forward
     each), the target scores them all in one forward, and draft tokens are kept while they equal
     the target's argmax; then the target's own argmax is appended (a correction, or a bonus if all
     matched).
 
     draft: a GPT2 (the usual smaller model) or any Drafter (spec_decoding.drafters).
-    prompt_ids: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
-    or a full context window. on_tokens(tokens, sources) is called after each round.
+    prefix: list of ints or 1-D LongTensor. Stops at eos_id (kept), exactly max_gen new tokens,
+    or a full context window.
     gamma: an int, or a policy that chooses each round's draft length from the rounds before it
-    (spec_decoding/gamma.py): "auto" (from the measured costs, cost_model, and the acceptance so
-    far), "heuristic" (transformers' schedule) or a GammaPolicy; gamma_max bounds them.
-    trace=True records every round in result.trace (spec_decoding.trace); on_round(report) gets
-    every round as a RoundReport (spec_decoding.result).
+    (spec_decoding/policies/gamma.py): a CostModel (AutoGamma decides from those measured costs and
+    the acceptance so far), "heuristic" (transformers' schedule) or any GammaPolicy.
+    observers: Observers(on_tokens, on_round, trace), all optional (spec_decoding.contracts):
+    on_tokens(tokens, sources) after each round, on_round(report) with every round as a RoundReport
+    (spec_decoding.result), trace=True records every round in result.trace.
     """
+    observers = check_observers(observers)
     drafter = as_drafter(draft)
-    policy = make_policy(gamma, gamma_max, cost_model, target, drafter)
-    tokens, target_cache, stats = start_generation(target, drafter, prompt_ids, max_gen, policy.gamma_max)
-    notify, round_trace = round_observers(on_round, trace, tokens, policy.gamma_max, temperature=0.0)
+    policy = make_policy(gamma, target, drafter)
+    tokens, target_cache, stats = start_generation(target, drafter, prefix, max_gen, policy.gamma_max)
+    notify, round_trace = round_observers(observers, tokens, policy.gamma_max, GREEDY)
     out = []
     start = time.perf_counter()
     stop = None
@@ -57,7 +58,7 @@ def speculative_sampling_greedy(target: GPT2, draft: GPT2 | Drafter, prompt_ids,
         record_round(stats, len(draft_tokens), n, drafter.forward_calls)
         policy.update(len(draft_tokens), n)
         stop = take_tokens(tokens, out, stats, new_tokens, sources, eos_id, max_gen,
-                           target.config.n_positions, on_tokens)
+                           target.config.n_positions, observers.on_tokens)
         if notify:
             notify(RoundReport(draft_tokens, target_logits, n, target_choice[n], len(out), 0.0))
 

@@ -78,7 +78,7 @@ def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify
 
     depth * c is the draft's cost of a round, c being the drafter's draft step (CostModel.c). It
     fits both kinds of tree drafter here, which both spend one draft step per depth:
-    - a draft model (spec_decoding.tree.build_draft_tree) runs one forward per depth, feeding all
+    - a draft model (spec_decoding.algorithms.tree.build_draft_tree) runs one forward per depth, feeding all
       nodes of that depth at once: one step's cost while a forward is memory-bound (more nodes
       than that start to cost more, and then depth * c is too low);
     - Medusa heads (MedusaDrafter.propose_tree) run one small forward for the whole tree, in which
@@ -92,7 +92,7 @@ def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify
 
 
 # ------------------------------------------------------------------------------------------------
-# Batches (spec_decoding/batched.py)
+# Batches (spec_decoding/algorithms/batched.py)
 # ------------------------------------------------------------------------------------------------
 # With B rows decoding together, a round of every row costs gamma batched draft steps of B rows and
 # one target forward over B * (gamma + 1) rows, and yields B * (1 - alpha^(gamma+1)) / (1 - alpha)
@@ -104,7 +104,7 @@ def predicted_tree_speedup(tokens_per_round: float, depth: int, c: float, verify
 # While a forward is memory-bound (reading the weights dominates), more rows cost little, and
 # verify_cost stays near 1. Once the rows' arithmetic dominates, a forward of B * (gamma + 1) rows
 # costs about gamma + 1 steps of B rows: verification is no longer free, and the speed-up falls
-# below 1. spec_decoding.costs.BatchCostModel holds the measured costs by rows.
+# below 1. spec_decoding.policies.costs.BatchCostModel holds the measured costs by rows.
 
 
 def crossover_batch_size(speedup_by_batch: dict[int, float]) -> int | None:

@@ -16,7 +16,7 @@ everything is restored on exit. notebooks/06_bug_zoo shows each one beside its c
 that each is caught and the correct code is not (the suite runs it; tests/test_bug_zoo.py tests the
 rest of the zoo).
 
-    from spec_decoding.bug_zoo import BUGS
+    from spec_decoding.checks.bug_zoo import BUGS
     with BUGS["resample from p"].planted():
         speculative_sampling(target, draft, prompt, 3, gamma=2)  # subtly wrong samples
 """
@@ -27,12 +27,13 @@ from unittest.mock import patch
 
 import torch
 
-from . import batched, decoding, drafters, greedy, rejection, speculative
-from .greedy import speculative_sampling_greedy
-from .rejection import Verdict
-from .result import STOP_EOS
-from .sampling import logits_to_probs, sample
-from .speculative import speculative_sampling
+from ..algorithms import batched, decoding, greedy, rejection, speculative
+from ..algorithms.greedy import speculative_sampling_greedy
+from ..algorithms.rejection import Verdict
+from ..algorithms.speculative import speculative_sampling
+from ..drafters import drafter
+from ..result import STOP_EOS
+from ..sampling import logits_to_probs, sample
 
 
 
@@ -62,7 +63,7 @@ def target_filters_before_temperature():
         yield
 
 
-class GreedyDraftReportingSoftmax(drafters.ModelDrafter):
+class GreedyDraftReportingSoftmax(drafter.ModelDrafter):
     """Takes the draft's argmax (a cheap speed-up: more agreement) but reports the
     softmax q as if it had sampled from it."""
 
@@ -72,7 +73,7 @@ class GreedyDraftReportingSoftmax(drafters.ModelDrafter):
         return int(logits.argmax()), logits_to_probs(logits, temperature, top_k, top_p)  # the bug: argmax, not a draw from q
 
 
-class DrafterReportingUnfilteredQ(drafters.ModelDrafter):
+class DrafterReportingUnfilteredQ(drafter.ModelDrafter):
     """Samples after temperature, top-k and top-p but reports q before top-k/top-p."""
 
     def draw(self, logits, temperature, top_k=None, top_p=None, generator=None):
@@ -82,7 +83,7 @@ class DrafterReportingUnfilteredQ(drafters.ModelDrafter):
         return token, logits_to_probs(logits, temperature)  # the bug: q unfiltered
 
 
-class DrafterNeverRollingBack(drafters.ModelDrafter):
+class DrafterNeverRollingBack(drafter.ModelDrafter):
     """Forgets to roll its KV cache back: rejected draft tokens stay in it."""
 
     def roll_back(self, length):
@@ -91,7 +92,7 @@ class DrafterNeverRollingBack(drafters.ModelDrafter):
 
 def drafter_swapped_for(subclass):
     """() -> context manager: a GPT2 draft is wrapped in `subclass` instead of ModelDrafter."""
-    return lambda: patch.object(drafters, "ModelDrafter", subclass)
+    return lambda: patch.object(drafter, "ModelDrafter", subclass)
 
 
 @contextmanager
@@ -127,7 +128,7 @@ def sampler_match_acceptance():
         yield
 
 
-class DrafterRewindingTooFar(drafters.ModelDrafter):
+class DrafterRewindingTooFar(drafter.ModelDrafter):
     """On every round with a rejection its KV cache is trimmed two entries further than the
     accepted sequence, and it never catches up: it feeds only the tokens it believes are new, so
     its context falls two tokens further behind with every rejecting round. (ModelDrafter feeds
@@ -151,7 +152,7 @@ class DrafterRewindingTooFar(drafters.ModelDrafter):
             self.skipped = length - self.cache.length
 
 
-class DrafterStoppingWhenUnsure(drafters.ModelDrafter):
+class DrafterStoppingWhenUnsure(drafter.ModelDrafter):
     """Stops drafting as soon as its most likely token has probability below P_ACCEPT (decided
     before drawing, from q alone, so the output stays exact): drafts are short and almost
     always accepted, so acceptance reads high while little is speculated."""
@@ -459,7 +460,7 @@ def run_check(check: str, target, draft, settings: dict, samples: int = 1000, se
     (exact enumeration); speed needs a GPT2 draft (it measures q afresh)."""
     from functools import partial
 
-    from .checks import (check_batch_greedy, check_caches_after_every_round, check_greedy_matches_target,
+    from .generator_checks import (check_batch_greedy, check_caches_after_every_round, check_greedy_matches_target,
                          check_lossless, check_speed, check_stopping)
 
     prompt = list(prompt)
