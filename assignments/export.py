@@ -31,6 +31,7 @@ from .make import ROOT, make
 from .printable import printable
 from .registry import ASSIGNMENTS
 from .sandbox import USER as SANDBOX_USER
+from .submission_files import read_submission
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when the autograder image is built (Ubuntu base image).
@@ -73,13 +74,6 @@ def _new_folder(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AssignmentError(f"{out} exists and is not an empty folder: give a new or empty folder "
                               f"(nothing there is overwritten)")
-
-
-def reference_files(assignment, root: Path = ROOT) -> dict[str, Path]:
-    """The instructor's versions of the files the student edits."""
-    from .make import resolve
-
-    return {rel: root / rel for rel in sorted({resolve(f).file for f in assignment.functions})}
 
 
 def gradescope_source(name: str, source: Path, seed: int | list[int], root: Path = ROOT,
@@ -165,7 +159,7 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
     of a check is dead: after each check (so a killed grader leaves the verdicts it had) and at the
     end; on SIGTERM it writes what it has. zygote: a sandbox to reuse (grade.Zygote), else one is
     made at `isolation`."""
-    from .grade import Report, assignment_files, grade_tree, manifest_disagrees, student_files
+    from .grade import Report, grade_tree, manifest_disagrees
     from .make import MANIFEST
     from .registry import assignment_of
 
@@ -178,7 +172,7 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
         refs, seed = pick_references(json.loads(hidden.read_text()))
         hidden.unlink()  # in memory now; the student's code runs after this and cannot read it
         assignment = assignment_of(json.loads((source / "copy" / MANIFEST).read_text()))
-        files, notes = student_files(Path(submission), assignment_files(assignment))
+        files, notes = read_submission(Path(submission), assignment)
         disagreement = manifest_disagrees(Path(submission), assignment)
         report = Report(assignment.name, list(assignment.functions), notes=[disagreement] if disagreement else [],
                         seed=seed)

@@ -31,7 +31,7 @@ from .references import (HIDDEN_SEED, VISIBLE_SEED, for_student, make_data, offi
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
-from .submission_files import read_submitted, submitted_files
+from .submission_files import files_read, read_submission, read_submitted, submitted_files
 
 
 @dataclass
@@ -261,11 +261,8 @@ def read_manifest(student: Path) -> dict:
 
 
 def assignment_files(assignment: Assignment) -> list[str]:
-    """The files the student edits: those holding the assignment's functions, and its answer files
-    (from the grader's definition, never from the copy)."""
-    from .make import resolve
-
-    return sorted({resolve(f).file for f in assignment.functions} | set(assignment.answer_files))
+    """The files the student edits (submission_files.files_read: the one list every grading reads)."""
+    return files_read(assignment)
 
 
 def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:
@@ -308,7 +305,7 @@ def grade(student: Path, root: Path = ROOT, seed: int | None = None, timeout: fl
         unofficial.append("the assignment was read from the student's .assignment.json: pass --assignment NAME")
     if not Path(student).is_dir():
         raise AssignmentError(f"{student} is not a folder: give the student's copy or a folder of their files")
-    files, notes = student_files(Path(student), assignment_files(definition))
+    files, notes = read_submission(Path(student), definition)
     disagreement = manifest_disagrees(student, definition)
     if disagreement:
         notes.insert(0, disagreement)
