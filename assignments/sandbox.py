@@ -438,11 +438,68 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     os.setgid(config["gid"])
     os.setuid(config["uid"])  # as root: real, effective and saved ids
     _call(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    if config["level"] == "user":  # no network namespace: no socket but a Unix one
+        refuse_network()
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc/self stays its own
     os.umask(0o077)
     if os.getuid() != config["uid"] or os.geteuid() != config["uid"] or _can_become_root():
         os._exit(111)
     fresh_keyrings(clear_user=True)
+
+
+# seccomp: the child's sockets (level "user", which has no network namespace)
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+EACCES, EPERM = 13, 1
+AF_UNIX = 1
+# (audit arch, socket(2), io_uring_setup(2)) by machine: io_uring can open sockets without socket(2)
+_NETWORK_SYSCALLS = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def network_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The seccomp program (BPF: code, jump if true, jump if false, k) that refuses every socket
+    but a Unix one (socket(2) fails with EACCES), io_uring, and every call of another ABI (32-bit
+    or x32 calls on a 64-bit kernel could reach socketcall); None for a machine it does not know."""
+    if machine not in _NETWORK_SYSCALLS:
+        return None
+    arch, socket_nr, io_uring = _NETWORK_SYSCALLS[machine]
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    deny, allow = SECCOMP_RET_ERRNO | EACCES, SECCOMP_RET_ALLOW
+    return [
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, SECCOMP_RET_ERRNO | EPERM),  # another ABI: nothing
+        (load, 0, 0, 0),  # seccomp_data.nr
+        (jge, 5, 0, X32_SYSCALL_BIT),  # -> deny
+        (jeq, 4, 0, io_uring),  # -> deny
+        (jeq, 0, 2, socket_nr),  # -> load the domain, else allow
+        (load, 0, 0, 16),  # seccomp_data.args[0], its low 32 bits (little-endian)
+        (jeq, 0, 1, AF_UNIX),  # a Unix socket -> allow, else deny
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
+    ]
+
+
+def refuse_network() -> bool:
+    """In a check's child, after no_new_privs and before any student code: only Unix sockets from
+    now on, for it and every process it starts (network_filter; a seccomp filter cannot be
+    removed). False where this machine's architecture is not known here (documented)."""
+    program = network_filter(os.uname().machine)
+    if program is None:
+        return False
+    filters = (_SockFilter * len(program))(*[_SockFilter(*row) for row in program])
+    fprog = _SockFprog(len(program), filters)
+    _call(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "prctl(SET_SECCOMP)")
+    return True
 
 
 def join_memory(memory: dict | None, address_limit: bool = True) -> None:
@@ -782,16 +839,23 @@ class Sandbox:
         return self._data[key]
 
     def done_with(self, tree: Path) -> None:
-        """After a grading: no process of the sandbox user is left, its home and tmp are empty
+        """After a grading: no process of the sandbox user is left, its scratch folders are empty
         (nothing of one submission is there for the next), the tree is removed."""
         self.kill_all()
+        self.clear_scratch()
+        shutil.rmtree(tree, ignore_errors=True)
+
+    def clear_scratch(self) -> None:
+        """Once a check's processes are dead: the sandbox's home and tmp emptied and, at level
+        "user" (no mount namespace: /tmp, /var/tmp, /dev/shm are the machine's), what the sandbox
+        user left in the folders every user may write, and its System V IPC, removed. Nothing one
+        check wrote is there for the next (with namespaces each check also has tmpfs of its own)."""
         for sub in ("home", "tmp"):
             empty_for_the_next(self.folder / sub, self._mount_paths)
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
-            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+            for shared in SHARED_SCRATCH:
                 _remove_files_of(Path(shared), self.isolation.uid)
-        shutil.rmtree(tree, ignore_errors=True)
 
     # the zygote -------------------------------------------------------------------------------
     def _start_zygote(self, hidden: list[Path]):
@@ -855,6 +919,7 @@ class Sandbox:
         seconds = time.perf_counter() - start
         hung = exit_code is None
         killed = self.kill_all(pid)  # the child (if hung) and everything it started
+        self.clear_scratch()  # nothing this check wrote is there for the next one
         holders = []
         for t in threads[:2]:
             t.join(10)
@@ -917,7 +982,7 @@ class Sandbox:
         self.memory.close()
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
-            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+            for shared in SHARED_SCRATCH:
                 _remove_files_of(Path(shared), self.isolation.uid)
         shutil.rmtree(self.folder, ignore_errors=True)
         if self.isolation.user:
@@ -1011,17 +1076,26 @@ def empty_for_the_next(folder: Path, keep: set[Path] = frozenset()) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _remove_files_of(folder: Path, uid: int) -> None:
-    """Remove what user `uid` left at the top of a shared folder (/tmp: for the next submission)."""
+# The folders every user may write on a usual Linux machine (sticky, world-writable): at level
+# "user" what the sandbox user leaves there is removed after each check.
+SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue")
+
+
+def _remove_files_of(folder: Path, uid: int, depth: int = 3) -> None:
+    """Remove what user `uid` left in a shared folder (/tmp: for the next check), and in the
+    world-writable folders of others inside it (/tmp/.X11-unix), `depth` levels down."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return
     for entry in entries:
         try:
-            if entry.stat(follow_symlinks=False).st_uid != uid:
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid != uid:
+                if depth > 1 and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                    _remove_files_of(Path(entry.path), uid, depth - 1)
                 continue
-            if entry.is_dir(follow_symlinks=False):
+            if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 os.unlink(entry.path)
