@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .definition import AssignmentError
+from .export import write_private
 from .make import ROOT, make, refuse_a_students_copy
 from .registry import ASSIGNMENTS
 from .printable import printable
@@ -290,7 +291,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
             print(line if grader.sandbox.isolation.level in OFFICIAL else f"UNOFFICIAL: {line}", file=file)
             print(grader.sandbox.memory.line(grader.sandbox.isolation.level != "none"), file=file)
             if jobs > 1:
-                (tmp / "refs.json").write_text(json.dumps(refs))
+                write_private(tmp / "refs.json", json.dumps(refs))  # in a 0700 folder: 0600 besides
                 # spawned, not forked: this process has torch's threads running
                 pool = multiprocessing.get_context("spawn").Pool(
                     jobs, _start_worker, (name, pristine, data, tmp / "refs.json", timeout, isolation,
