@@ -697,3 +697,102 @@ def test_the_ngram_checks_target_always_lets_the_lookup_save_forwards(tmp_path, 
     monkeypatch.setattr(secrets, "randbits", lambda bits: next(drawn))
     chosen = greedy_reference(inputs, data)
     assert chosen["secret"] >= 10_000 and not plain_passes(chosen["secret"])
+
+
+def _renamed(tokens, order=None):
+    """tokens with each renamed by the order of its first appearance, and the renaming."""
+    order = {} if order is None else order
+    return tuple(order.setdefault(t, len(order)) for t in tokens), order
+
+
+def test_no_renaming_proof_table_of_the_visible_cases_answers_ngram_lookups_hidden_cases():
+    """ngram_lookup's hidden cases are drawn afresh, not the visible ones with their tokens
+    renamed: a table of the visible answers keyed by each case up to renaming (its answer renamed
+    back), proposing nothing for a case it does not know, scores what proposing nothing scores
+    (0) at every seed tried; on the visible inputs (the control) it scores full. (The hidden cases
+    were the visible ones renamed: such a table passed them.)"""
+    from assignments.forms import read
+    from assignments.ngram_drafter import lookup_inputs
+
+    check = ASSIGNMENTS["ngram_drafter"].check("ngram_lookup")
+    visible = lookup_inputs(VISIBLE_SEED)
+    answers = check.probe(visible, None)  # the instructor's drafter, in this process
+    table = {}
+    for (_, tokens, num_tokens, max_ngram, cap), answer in zip(visible["cases"], answers):
+        shape, order = _renamed(tokens)
+        table[shape, num_tokens, max_ngram, cap] = [order[t] for t in answer["tokens"]]
+
+    def looked_up(inputs):
+        values = []
+        for _, tokens, num_tokens, max_ngram, cap in inputs["cases"]:
+            shape, order = _renamed(tokens)
+            back = {v: k for k, v in order.items()}
+            known = table.get((shape, num_tokens, max_ngram, cap))
+            values.append({"tokens": [back[t] for t in known] if known is not None else [], "q_is_none": True})
+        return values
+
+    def passes(inputs, values):
+        reference = check.probe(inputs, None)
+        try:
+            check.judge(inputs, reference, read(check.form(inputs, reference), values))
+            return True
+        except Failed:
+            return False
+
+    assert passes(visible, looked_up(visible))
+    for seed in range(1, 301):
+        inputs = lookup_inputs(seed)
+        nothing = [{"tokens": [], "q_is_none": True} for _ in inputs["cases"]]
+        assert not passes(inputs, nothing), seed
+        assert not passes(inputs, looked_up(inputs)), seed
+        assert passes(inputs, check.probe(inputs, None)), seed
+
+
+def _drafted_by_the_draft_model(self, tokens, num_tokens, *args, **kwargs):
+    """The issue's attack on ngram_greedy: no lookup, the data folder found on the caller's stack,
+    its draft model's greedy tokens proposed (the target agrees with them most of the time)."""
+    import inspect
+
+    import torch
+
+    from assignments.probing import load
+
+    frame = inspect.currentframe()
+    while frame is not None and "data" not in frame.f_locals:
+        frame = frame.f_back
+    draft, out, proposal = load(frame.f_locals["data"], "draft"), list(tokens), []
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            proposal.append(int(draft(torch.tensor([out]))[0, -1].argmax()))
+            out.append(proposal[-1])
+    return proposal, None
+
+
+@pytest.mark.parametrize("drafter", ["the instructor's lookup", "the draft model"])
+def test_ngram_greedy_fails_a_drafter_that_drafts_with_a_model(tmp_path, monkeypatch, drafter):
+    """ngram_greedy judges each proposal against the n-gram lookup's on the same tokens: a
+    propose() that drafts with the draft model it finds on its caller's stack gives the target's
+    output with fewer forwards than the lookup (it passed, and ngram_drafter with it) and now
+    fails, naming the call; the instructor's drafter (the control) passes. In this process, on the
+    grader's own server, as failing_checks runs the reference."""
+    from assignments.forms import read
+    from spec_decoding.drafters import NGramDrafter
+
+    check = ASSIGNMENTS["ngram_drafter"].check("ngram_greedy")
+    data = make_data(tmp_path / "data")
+    inputs = check.make_inputs(3)
+    reference = json.loads(json.dumps(check.reference(inputs, data)))
+    if drafter == "the draft model":
+        monkeypatch.setattr(NGramDrafter, "propose", _drafted_by_the_draft_model)
+    server = check.serve(inputs, reference, data)
+    serve_here(server)
+    try:
+        values = json.loads(json.dumps(check.probe(inputs, data)))
+    finally:
+        serve_here(None)
+    got = read(check.form(inputs, reference), values)
+    if drafter == "the instructor's lookup":
+        check.judge(inputs, reference, got, server.record())
+        return
+    with pytest.raises(Failed, match=r"propose\(\) call \d+ .* proposed .*expected .*the n-gram lookup"):
+        check.judge(inputs, reference, got, server.record())
