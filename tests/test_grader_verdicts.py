@@ -796,3 +796,97 @@ def test_ngram_greedy_fails_a_drafter_that_drafts_with_a_model(tmp_path, monkeyp
         return
     with pytest.raises(Failed, match=r"propose\(\) call \d+ .* proposed .*expected .*the n-gram lookup"):
         check.judge(inputs, reference, got, server.record())
+
+
+STATISTICAL = {name: [c.name for c in a.checks if c.statistical] for name, a in ASSIGNMENTS.items()}
+
+
+def test_the_statistical_checks_are_those_that_test_draws_and_their_second_draw_is_independent():
+    """Every check judged by a chi-square test is marked statistical (and no exact one): its
+    references hold a second draw whose inputs share no generator seed with the first's, and at
+    no seed is a second draw's seed a first draw's (the visible inputs' included)."""
+    from assignments.references import second_seed
+
+    assert STATISTICAL == {
+        "rejection_sampling": ["first_token", "bonus_token", "acceptance_rate", "second_token", "point_mass_draft",
+                               "lossless"],
+        "tree_verify": ["multi_draft_output", "multi_draft_one_child", "multi_draft_all_rejected", "tree_lossless"],
+        "ngram_drafter": ["ngram_lossless"], "find_the_bug": ["bug_fixed"],
+        "kv_cache": [], "greedy_speculative": [], "gamma_cost_model": []}
+    firsts = set(range(MAX_SEED + 1))
+    assert not firsts & {second_seed(seed) for seed in firsts}
+    for name, checks in STATISTICAL.items():
+        for check in map(ASSIGNMENTS[name].check, checks):
+            for seed in (0, 1, 77, MAX_SEED):
+                first, second = check.make_inputs(seed), check.make_inputs(second_seed(seed))
+                seeds = lambda inputs: {v for k, v in inputs.items() if k.endswith("seed")}  # noqa: E731
+                assert seeds(first) and not seeds(first) & seeds(second), (check.name, first, second)
+
+
+def _judging(check, verdicts: dict, calls: list):
+    """check with a judge that raises verdicts[which draw] (None: passes), counting its calls."""
+    from dataclasses import replace
+
+    from assignments.references import second_seed
+
+    def judge(inputs, reference, got, *served):
+        draw = "second" if inputs == check.make_inputs(second_seed(1)) else "first"
+        calls.append(draw)
+        if verdicts[draw] is not None:
+            raise verdicts[draw](f"the {draw} draw's verdict")
+
+    return replace(check, judge=judge)
+
+
+@pytest.mark.parametrize("first, second, fails", [
+    ("Unlikely", None, False), ("Unlikely", "Unlikely", True), ("Unlikely", "Failed", True), ("Failed", None, True),
+])
+def test_a_statistical_failure_is_judged_again_on_the_second_draw(tmp_path, first, second, fails):
+    """The reference check (failing_checks, in this process) as a student is judged: an Unlikely
+    first draw is judged again on the second draw and fails only if that fails too, with both
+    messages; an exact failure (Failed) is final, the second draw never judged."""
+    from dataclasses import replace
+
+    from assignments.definition import Unlikely
+
+    kinds = {"Unlikely": Unlikely, "Failed": Failed, None: None}
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    calls = []
+    check = _judging(assignment.check("bonus_token"), {"first": kinds[first], "second": kinds[second]}, calls)
+    data = make_data(tmp_path / "data")
+    refs = references(assignment, data, 1, [assignment.check("bonus_token")])
+    failures = failing_checks(replace(assignment, checks=(check,)), data, refs)
+    assert calls == (["first", "second"] if first == "Unlikely" else ["first"])
+    assert bool(failures) == fails
+    if first == "Unlikely" and fails:
+        assert failures["bonus_token"] == ("the first draw's verdict; a second, independent draw failed too: "
+                                           "the second draw's verdict")
+
+
+def test_a_grade_passes_a_check_whose_second_draw_passes(tmp_path):
+    """Through the sandbox (grade_tree): the instructor's rejection.py graded on bonus_token with
+    a judge that finds the first draw unlikely: the second draw is run in its own child and
+    judged, the check passes with both draws counted and says the first was unlikely; where the
+    second is unlikely too it fails with both messages. (Before, the first draw decided.)"""
+    from dataclasses import replace
+
+    from assignments.definition import Unlikely
+    from assignments.grade import Zygote, grade_tree
+    from assignments.make import make
+
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    data = make_data(tmp_path / "data")
+    make(list(assignment.functions), tmp_path / "copy", assignment=assignment.name, ship_visible=False)
+    refs = references(assignment, data, 1, [assignment.check("bonus_token")])
+    files = {resolve(f).file: ROOT / resolve(f).file for f in assignment.functions}
+    with Zygote(tmp_path / "copy") as zygote:
+        for second, passed in ((None, True), (Unlikely, False)):
+            calls = []
+            check = _judging(assignment.check("bonus_token"), {"first": Unlikely, "second": second}, calls)
+            report = grade_tree(replace(assignment, checks=(check,)), tmp_path / "copy", files, data, refs,
+                                zygote=zygote)
+            (result,) = report.results
+            assert calls == ["first", "second"] and result.draws == 2 and result.passed == passed
+            assert result.points == (check.points if passed else 0)
+            assert ("ok on a second, independent draw (the first was unlikely: the first draw's verdict)"
+                    if passed else "a second, independent draw failed too: the second draw's verdict") in result.message

@@ -243,6 +243,6 @@ ASSIGNMENT = Assignment(
               serve=serve_target, about="the grader counts the served target's forwards"),
         Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, lossless_form,
               visible=False,
-              reference=lossless_reference, timeout=120),
+              reference=lossless_reference, timeout=120, statistical=True),
     ),
 )
