@@ -290,6 +290,7 @@ def grade_batch(name: str, submissions: Path, out: Path, seed: int, root: Path =
             line = grader.sandbox.isolation.line()
             print(line if grader.sandbox.isolation.level in OFFICIAL else f"UNOFFICIAL: {line}", file=file)
             print(grader.sandbox.memory.line(grader.sandbox.isolation.level != "none"), file=file)
+            print(grader.sandbox.cpu.line(), file=file)
             if jobs > 1:
                 write_private(tmp / "refs.json", json.dumps(refs))  # in a 0700 folder: 0600 besides
                 # spawned, not forked: this process has torch's threads running

@@ -34,7 +34,8 @@ started can write, spin or hold a pipe open after its verdict; between gradings 
 home and temporary folders are emptied, so one submission leaves nothing for the next.
 
 Each check's child also, before any student code (enter): joins the sandbox's memory cgroup
-(memory.SandboxMemory: one limit for all its processes, the out-of-memory killer's first choice),
+(memory.SandboxMemory: one limit for all its processes, the out-of-memory killer's first choice)
+and its cpu cgroup (cpu.SandboxCPU: one equal CPU share per sandbox, however many processes),
 gets fresh tmpfs on /tmp, its home and /dev/shm in a mount namespace of its own (with namespaces),
 and a new session keyring, the sandbox user's own keyrings emptied (fresh_keyrings).
 """
@@ -58,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cpu import SandboxCPU
 from .memory import SANDBOX_OOM_SCORE_ADJ, SandboxMemory, used_too_much_memory
 
 USER = "student-sandbox"  # the unprivileged user student code runs as (one per concurrent grader: -1, -2, ...)
@@ -411,6 +413,7 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     (root's cannot come back: no setuid programs either), or in "userns" no capabilities for good."""
     os.chdir(tree)
     join_memory(config.get("memory"), address_limit=config["level"] != "none")
+    join_cpu(config.get("cpu"))
     for fd in _open_fds():  # nothing of the zygote's: only stdin/stdout/stderr and the answer pipe
         if fd > 2 and fd not in keep_fds:
             try:
@@ -526,6 +529,16 @@ def join_memory(memory: dict | None, address_limit: bool = True) -> None:
     size = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
                 if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (size + memory["limit"], size + memory["limit"]))
+
+
+def join_cpu(cpu: dict | None) -> None:
+    """In a check's child: join the sandbox's cpu cgroup (cpu.SandboxCPU, cgroup v1; in v2 the
+    memory cgroup's join did), so its processes together get one sandbox's share of the CPU."""
+    if cpu and cpu.get("procs_fd") is not None:
+        try:
+            os.write(cpu["procs_fd"], b"0")
+        except OSError:
+            os._exit(115)  # outside its CPU share no student code runs
 
 
 SCRATCH_BYTES = 256 * 2**20  # each of a check's fresh tmpfs: /tmp, its home, /dev/shm (memory: in its limit)
@@ -766,6 +779,7 @@ class Sandbox:
         self.isolation = detect(isolation, self.python)
         # every check's processes together: at most `memory` bytes (default: memory.default_sandbox_limit)
         self.memory = SandboxMemory(memory)
+        self.cpu = SandboxCPU(self.memory)  # an equal CPU share per sandbox, however many processes a check starts
         self.folder = Path(tempfile.mkdtemp(prefix="sandbox-"))
         self.count = 0
         self._data: dict[str, Path] = {}
@@ -861,8 +875,9 @@ class Sandbox:
     def _start_zygote(self, hidden: list[Path]):
         sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"level": self.isolation.level, "uid": self.isolation.uid, "gid": self.isolation.gid,
-                  "memory": self.memory.for_child()}
-        inherited = [theirs.fileno()] + ([self.memory.procs] if self.memory.folder is not None else [])
+                  "memory": self.memory.for_child(), "cpu": self.cpu.for_child()}
+        inherited = [theirs.fileno()] + ([self.memory.procs] if self.memory.folder is not None else []) + (
+            [self.cpu.procs] if self.cpu.procs is not None else [])
         command = [self.python, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())]
         if self.isolation.level in ("namespaces", "userns"):
             spec = config["spec"] = root_spec(self.python, self.folder, hidden)
@@ -979,6 +994,7 @@ class Sandbox:
             self._remove()
 
     def _remove(self) -> None:
+        self.cpu.close()
         self.memory.close()
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)

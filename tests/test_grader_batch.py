@@ -359,3 +359,43 @@ def test_a_checks_processes_are_held_to_the_sandboxs_memory_limit():
         assert _child_allocating(memory.for_child(), 16) == (0, "1000")
     finally:
         memory.close()
+
+
+def test_a_checks_processes_join_the_sandboxs_cpu_cgroup():
+    """Each sandbox's checks share one CPU weight (cpu.SandboxCPU): a process that joins as a
+    check's child does (sandbox.join_cpu, after join_memory) is in the sandbox's own cpu cgroup,
+    whose weight is the default one (every sandbox alike), not in the grader's; the cgroup is
+    gone once closed. Where none can be made, the reason is said."""
+    from assignments.cpu import SHARES_V1, WEIGHT_V2, SandboxCPU
+    from assignments.memory import SandboxMemory
+    from assignments.sandbox import join_cpu, join_memory
+
+    memory = SandboxMemory(256 << 20)
+    cpu = SandboxCPU(memory)
+    try:
+        if cpu.folder is None:
+            pytest.skip(f"no cpu cgroup can be made here: {cpu.why_not}")
+        weight = cpu.folder / ("cpu.weight" if (cpu.folder / "cpu.weight").exists() else "cpu.shares")
+        assert int(weight.read_text()) == (WEIGHT_V2 if weight.name == "cpu.weight" else SHARES_V1)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read)
+                join_memory(memory.for_child())
+                join_cpu(cpu.for_child())
+                os.write(write, open("/proc/self/cgroup").read().encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        groups = os.read(read, 65536).decode()
+        os.waitpid(pid, 0)
+        where = {line.split(":", 2)[1]: line.split(":", 2)[2] for line in groups.splitlines()}
+        mine = next(path for controllers, path in where.items() if "cpu" in controllers.split(",") or controllers == "")
+        assert mine.rstrip("/").endswith(cpu.folder.name), (where, cpu.folder)
+        assert cpu.folder.name not in open("/proc/self/cgroup").read()  # the grader stays where it was
+    finally:
+        folder, made = cpu.folder, cpu.made
+        cpu.close()
+        memory.close()
+    assert not made or not folder.exists()
