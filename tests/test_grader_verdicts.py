@@ -890,3 +890,41 @@ def test_a_grade_passes_a_check_whose_second_draw_passes(tmp_path):
             assert result.points == (check.points if passed else 0)
             assert ("ok on a second, independent draw (the first was unlikely: the first draw's verdict)"
                     if passed else "a second, independent draw failed too: the second draw's verdict") in result.message
+
+
+def test_the_guides_false_failure_rates_are_alpha_squared_per_statistical_check():
+    """docs/instructor_guide.md states, per assignment, the checks judged on two draws and the
+    rate at which a correct solution fails one of them: exactly the checks marked statistical,
+    and their count times alpha squared (the draws are independent: the test above)."""
+    from spec_decoding.checks import P_VALUE_THRESHOLD
+
+    guide = (ROOT / "docs" / "instructor_guide.md").read_text()
+    table = guide[guide.index("| assignment | statistical checks (two draws each)"):]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        name, checks, rate = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[name] = ([c.strip() for c in checks.split("(")[0].split(",")], rate)
+    assert {name: checks for name, (checks, _) in rows.items()} == {n: c for n, c in STATISTICAL.items() if c}
+    for name, (checks, rate) in rows.items():
+        per_million = round(len(checks) * P_VALUE_THRESHOLD ** 2 * 1e6)
+        assert rate == f"about {per_million} in 1,000,000", (name, rate)
+
+
+def test_a_planted_bug_fails_both_draws_and_the_reference_neither(tmp_path):
+    """The guide's power table, one cell: with the bug zoo's "resample from p" planted in this
+    process, first_token fails the instructor's code on both draws (the message says so) at
+    two seeds; without it, it passes."""
+    from spec_decoding.bug_zoo import BUGS
+
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    check = assignment.check("first_token")
+    data = make_data(tmp_path / "data")
+    for seed in (1, 2):
+        refs = references(assignment, data, seed, [check])
+        assert "retry" in refs["first_token"]
+        assert failing_checks(assignment, data, refs) == {}
+        with BUGS["resample from p"].planted():
+            failed = failing_checks(assignment, data, refs)
+        assert "a second, independent draw failed too" in failed["first_token"], failed
