@@ -928,3 +928,57 @@ def test_a_planted_bug_fails_both_draws_and_the_reference_neither(tmp_path):
         with BUGS["resample from p"].planted():
             failed = failing_checks(assignment, data, refs)
         assert "a second, independent draw failed too" in failed["first_token"], failed
+
+
+def _is_tokens(value) -> bool:
+    return isinstance(value, list) and len(value) > 0 and all(type(v) is int for v in value)
+
+
+def _canonical(value, order: dict):
+    """`value` up to renaming the token ids in it (the integers of its lists of integers, each
+    by the order of its first appearance; a count or a length stays itself): what a
+    renaming-proof lookup table keys a case by."""
+    if _is_tokens(value):
+        return tuple(("token", order.setdefault(v, len(order))) for v in value)
+    if isinstance(value, list):
+        return tuple(_canonical(v, order) for v in value)
+    if isinstance(value, dict):
+        return tuple((key, _canonical(v, order)) for key, v in sorted(value.items()))
+    return value
+
+
+def _mapped(value, renaming: dict):
+    """`value` (an answer) with each integer that `renaming` maps replaced by its image."""
+    if isinstance(value, bool) or not isinstance(value, (int, list, dict)):
+        return value
+    if isinstance(value, int):
+        return renaming.get(value, value)
+    if isinstance(value, list):
+        return [_mapped(v, renaming) for v in value]
+    return {key: _mapped(v, renaming) for key, v in value.items()}
+
+
+@pytest.mark.parametrize("name", [n for n, a in ASSIGNMENTS.items() if any(c.visible and not c.serve for c in a.checks)])
+def test_a_renaming_proof_table_of_every_visible_check_scores_nothing_hidden(tmp_path, name):
+    """Every visible check (but the served ones, whose target is a secret drawn per grade): a
+    table of the values the instructor's code sends on the visible inputs, keyed by the inputs up
+    to renaming their integers, answers hidden inputs (seeds 1 and 2) only where their form is a
+    visible one's; its answer, renamed back, then fails the hidden judge. Elsewhere it has no
+    entry, and answers nothing (a do-nothing submission)."""
+    from assignments.forms import read
+
+    data = make_data(tmp_path / "data")
+    for check in (c for c in ASSIGNMENTS[name].checks if c.visible and not c.serve):
+        visible = check.make_inputs(VISIBLE_SEED)
+        order = {}
+        key = _canonical(visible, order)
+        answer = json.loads(json.dumps(check.probe(visible, data)))  # what the copy's shipped answers give
+        for seed in (1, 2):
+            hidden, found = check.make_inputs(seed), {}
+            if _canonical(hidden, found) != key:
+                continue  # no entry: the table answers nothing
+            back = {order_index: value for value, order_index in found.items()}
+            renamed = _mapped(answer, {value: back[index] for value, index in order.items()})
+            reference = json.loads(json.dumps((check.reference or check.probe)(hidden, data)))
+            with pytest.raises(Failed):
+                check.judge(hidden, reference, read(check.form(hidden, reference), renamed))
