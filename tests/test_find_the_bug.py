@@ -19,6 +19,7 @@ from assignments.grade import (HIDDEN_SEED, Zygote, assignment_files, grade_tree
 from assignments.references import failing_checks
 from assignments.make import ROOT, make
 from assignments.registry import ASSIGNMENTS
+from test_assignments import first_draws
 
 ASSIGNMENT = ASSIGNMENTS["find_the_bug"]
 FILES = ["spec_decoding/decoding.py", "spec_decoding/rejection.py", ANSWER]
@@ -30,7 +31,8 @@ def kit(tmp_path_factory):
     data = make_data(folder / "data")
     pristine = folder / "pristine"
     make(list(ASSIGNMENT.functions), pristine, assignment="find_the_bug", ship_visible=False)
-    refs = hidden = references(ASSIGNMENT, data, HIDDEN_SEED)
+    # first draws only: each plant is caught there (the second draw: tests/test_grader_verdicts.py)
+    refs = hidden = first_draws(references(ASSIGNMENT, data, HIDDEN_SEED))
     zygote = Zygote(pristine)
     count = [0]
 
