@@ -15,7 +15,9 @@ this machine allows, `Isolation.level`:
 - "user": root, but no namespaces (a Docker container without CAP_SYS_ADMIN, such as
   Gradescope's). Each child drops to the sandbox user: it cannot signal, trace or read the memory
   of the grader's processes, nor write any file the grader reads; it can list the machine's
-  processes and read files every user can read.
+  processes and read files every user can read (the exported run_autograder makes the grader's
+  own root's alone). A seccomp filter (refuse_network) leaves it no socket but a Unix one, and
+  after each check what the sandbox user left in the machine's shared scratch folders is removed.
 - "userns": the grader is not root, but unprivileged user namespaces work (most Linux desktops).
   The zygote starts in a new user namespace as well (its root is the grader's user outside it) and
   builds the same root folder; each child then drops every capability (bounding set included, no
