@@ -6,8 +6,9 @@ DIR holds a folder per student (the folder's name is the student's id in the CSV
 Gradescope's "Export Submissions" download (its .zip, or the folder holding its
 submission_metadata.yml): the metadata beside a folder per submission (submission_<id>/), naming
 each folder's submitters (:name, :sid, :email). Only the metadata at DIR's top is read, and only
-for DIR's own sub-folders: every sub-folder is one row, whatever a file inside it says. In each submission the assignment's files are found by
-their path, or by name when only one file has that name (as for a single grade).
+for DIR's own sub-folders: every sub-folder is one row, whatever a file inside it says. In each
+submission the assignment's files (submission_files.files_read, as for a single grade) are found
+by their path, or by name when only one file has that name.
 
 The stripped copy, the checkpoints, the hidden inputs and their reference values are built once,
 the instructor's own solution is checked on them first (a seed it fails is refused), and one
@@ -201,8 +202,8 @@ class _Grader:
 
     def grade(self, folder: Path, student: str | None = None, notes=()) -> tuple:
         """(the report, its similarity to the reference bodies) of one submission (student: whose
-        copy it is, for find_the_bug's per-student bugs; notes: the batch's about it). Nothing the submission does stops the
-        batch: whatever is raised while grading it becomes a note on its row (its checks graded so
+        copy it is, for find_the_bug's per-student bugs; notes: the batch's about it). Nothing the
+        submission does stops the batch: whatever is raised while grading it becomes a note on its row (its checks graded so
         far keep their verdicts, the others score 0), and a sandbox broken by it is replaced for
         the next one."""
         from .grade import Report, grade_tree, mark_isolation
@@ -337,6 +338,7 @@ def _write_csv(out: Path, assignment, found: list[Submission], graded, jobs: int
                  *[f"{points.get(c, 0):g}" for c in checks], f"{report.points:g}", f"{assignment.points:g}",
                  "yes" if report.official else "no", f"{report.seconds:.1f}", cell(describe(copied)), notes_of(report)])
             per = (time.perf_counter() - first) / i
-            print(f"[{i}/{len(found)}] {printable(submission.student, newlines=False)}: {report.points:g}/{assignment.points:g} "
+            print(f"[{i}/{len(found)}] {printable(submission.student, newlines=False)}: "
+                  f"{report.points:g}/{assignment.points:g} "
                   f"({_duration(report.seconds)}; about {_duration(per * (len(found) - i))} left)", file=file)
     return reports

@@ -148,7 +148,8 @@ def test_any_metadata_gives_each_folder_exactly_one_row_inside_the_export(record
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(max_size=40) | st.sampled_from(["=1+1", "+1", "-1", "@SUM(A1)", "\t=1", "\r=1", "=cmd|' /C calc'!A0"]))
+@given(text=st.text(max_size=40) | st.sampled_from(["=1+1", "+1", "-1", "@SUM(A1)", "\t=1", "\r=1",
+                                                   "=cmd|' /C calc'!A0"]))
 def test_no_csv_cell_starts_a_formula(text):
     """Any text (an id, a name, a note) becomes a cell that does not start with = + - @, a tab or
     a carriage return, holds no control character, and reads back as the escaped text, with a

@@ -62,8 +62,9 @@ def drawn_cases(r: random.Random) -> list:
         cases.append(case)
     while len(cases) < len(CASES) + RANDOM_CASES:
         alphabet = r.sample(range(100), r.randint(2, 5))
-        case = ["a sequence drawn at random: every rule above applies", [r.choice(alphabet) for _ in range(r.randint(2, 16))],
-                r.randint(1, 5), r.randint(1, 4), r.choice([None, None, r.randint(1, 4)])]
+        tokens = [r.choice(alphabet) for _ in range(r.randint(2, 16))]
+        case = ["a sequence drawn at random: every rule above applies", tokens, r.randint(1, 5), r.randint(1, 4),
+                r.choice([None, None, r.randint(1, 4)])]
         if canonical(case) not in VISIBLE_FORMS:
             cases.append(case)
     return cases
@@ -79,7 +80,8 @@ def _rule_case(rule: int, r: random.Random) -> list:
         return [fresh(r.randint(0, 3)) + x + fresh(r.randint(k, k + 2)) + fresh(r.randint(0, 2)) + x, k, 3, None]
     if rule == 1:  # two earlier occurrences: the most recent one's followers
         x = fresh(m)
-        return [fresh(r.randint(0, 2)) + x + fresh(r.randint(k, k + 2)) + x + fresh(r.randint(k, k + 2)) + x, k, m, None]
+        first, second = fresh(r.randint(k, k + 2)), fresh(r.randint(k, k + 2))
+        return [fresh(r.randint(0, 2)) + x + first + x + second + x, k, m, None]
     if rule == 2:  # no match of max_ngram tokens, a shorter one matches
         m = r.randint(2, 4)
         j = r.randint(1, m - 1)
