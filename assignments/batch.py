@@ -80,7 +80,10 @@ def _gradescope_yaml(text: str) -> dict:
 
 
 def _submitters(record) -> tuple[str, str]:
-    people = record.get(":submitters") or [] if isinstance(record, dict) else []
+    """(the submitters' ids joined with +, their names) of one metadata record; ("", "") for
+    anything not of Gradescope's form."""
+    people = record.get(":submitters") if isinstance(record, dict) else None
+    people = people if isinstance(people, list) else []
     ids = [str(p.get(":sid") or p.get(":email") or p.get(":name") or "") for p in people if isinstance(p, dict)]
     names = [str(p.get(":name") or "") for p in people if isinstance(p, dict)]
     return "+".join(i for i in ids if i), "+".join(n for n in names if n)

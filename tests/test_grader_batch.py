@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from assignments.batch import csv_cell, find_submissions, grade_batch
@@ -131,6 +131,7 @@ _VALUES = st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=8), 
 
 @settings(max_examples=60, deadline=None)
 @given(records=st.dictionaries(_KEYS, _VALUES, max_size=6), raw=st.one_of(st.none(), st.binary(max_size=200)))
+@example(records={"submission_1": {":submitters": 5}, "submission_2": {":submitters": [{":sid": [1]}, 7]}}, raw=None)
 def test_any_metadata_gives_each_folder_exactly_one_row_inside_the_export(records, raw):
     """Whatever the metadata holds (any keys and values, or any bytes): every folder of the
     export is one row, in order, and nothing outside it is ever a submission."""
