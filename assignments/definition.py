@@ -28,6 +28,13 @@ class Failed(Exception):
     """A check's verdict, in plain words for the student."""
 
 
+class Unlikely(Failed):
+    """A statistical verdict: the values drawn are unlikely under the exact law (a test's p-value
+    below its threshold). A correct solution gets one with the check's false-failure rate, so a
+    statistical check that raises it is graded again on a second, independent draw, and fails
+    only if that fails too (grade.grade_tree, references.failing_checks)."""
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -48,6 +55,9 @@ class Check:
     # (inputs, reference, student id) -> the reference for that student's own copy (find_the_bug:
     # the bug planted in it); references.for_student applies it
     personal: Callable | None = None
+    # judged by a test of its draws (its judge may raise Unlikely): the references also hold a
+    # second, independent draw (references.second_seed), graded when the first is Unlikely
+    statistical: bool = False
 
 
 def same_run(check: Check, inputs) -> tuple | str:

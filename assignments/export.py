@@ -31,6 +31,7 @@ from .make import ROOT, make
 from .printable import printable
 from .registry import ASSIGNMENTS
 from .sandbox import USER as SANDBOX_USER
+from .submission_files import read_submission
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when the autograder image is built (Ubuntu base image).
@@ -54,15 +55,24 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this as root for every submission (it copies it to /autograder/run_autograder,
 # so the paths are /autograder's, not this file's). The grader runs as root; it runs each check's
 # process as an unprivileged user and writes results.json itself, after the checks' processes ended.
+# Nothing of the grade is the student's code's to read before it is published: the grader's
+# files (source/, the submission, Gradescope's metadata, results/) are root's alone (0700 folders,
+# 0600 files); the Python in /autograder/venv stays readable, the sandbox user runs it.
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 RESULTS="$ROOT/results/results.json"
+PARTIAL="$ROOT/results/.partial.json"  # the verdicts so far, published below if the grader died
+umask 077
 mkdir -p "$ROOT/results"
-rm -f "$RESULTS"  # only what this run's grader writes counts
+chmod 700 "$ROOT/results" "$ROOT/source" "$ROOT/submission"
+[ -e "$ROOT/submission_metadata.json" ] && chmod 600 "$ROOT/submission_metadata.json"
+rm -f "$RESULTS" "$PARTIAL"  # only what this run's grader writes counts
 cd "$ROOT/source/copy"
 "${AUTOGRADER_PYTHON:-/autograder/venv/bin/python}" -m assignments autograde --source "$ROOT/source" \\
     --submission "$ROOT/submission" --results "$RESULTS"
 status=$?
-if [ ! -s "$RESULTS" ]; then
+if [ ! -s "$RESULTS" ] && [ -s "$PARTIAL" ]; then
+    mv "$PARTIAL" "$RESULTS"  # the grader died after some checks: their verdicts
+elif [ ! -s "$RESULTS" ]; then
     # The grader itself died (out of memory?): Gradescope gets a zero with a reason, not nothing.
     printf '{"score": 0, "output": "The autograder stopped before it could grade this submission (exit status %s). Resubmit, or tell your instructor.", "tests": []}\\n' "$status" > "$RESULTS"
 fi
@@ -73,13 +83,6 @@ def _new_folder(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AssignmentError(f"{out} exists and is not an empty folder: give a new or empty folder "
                               f"(nothing there is overwritten)")
-
-
-def reference_files(assignment, root: Path = ROOT) -> dict[str, Path]:
-    """The instructor's versions of the files the student edits."""
-    from .make import resolve
-
-    return {rel: root / rel for rel in sorted({resolve(f).file for f in assignment.functions})}
 
 
 def gradescope_source(name: str, source: Path, seed: int | list[int], root: Path = ROOT,
@@ -101,7 +104,7 @@ def gradescope_source(name: str, source: Path, seed: int | list[int], root: Path
         by_seed[str(one)] = refs = references(assignment, data, one)
         if check_reference:  # a check the reference fails would fail every student who computes as it does
             refuse_a_failing_seed(assignment, data, refs, one)
-    (source / "hidden.json").write_text(json.dumps(refs if isinstance(seed, int) else {"seeds": by_seed}))
+    write_private(source / "hidden.json", json.dumps(refs if isinstance(seed, int) else {"seeds": by_seed}))
     version = torch.__version__.split("+")[0]
     setup = SETUP_SH.replace("TORCH_VERSION", version).replace("SANDBOX_USER", SANDBOX_USER)
     for script, text in (("setup.sh", setup),
@@ -121,6 +124,7 @@ def pick_references(hidden: dict) -> tuple[dict, int | None]:
     return hidden["seeds"][seed], int(seed)
 
 
+PARTIAL = ".partial.json"  # beside results.json: the verdicts so far, while the checks run
 EXPORTED_SEEDS = 8  # hidden inputs an exported autograder draws from, unless --seed names one
 
 
@@ -150,11 +154,27 @@ def _on_sigterm(signum, frame):
     raise Interrupted()
 
 
+def write_private(path: Path, text: str) -> None:
+    """`text` into `path`, atomically (a temporary file renamed over it: never half written), a
+    file of the grader's alone (0600) from its first byte."""
+    temporary = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(temporary, 0o600)  # an old file of that name kept its mode
+    os.replace(temporary, path)
+
+
 def write_results(results: Path, payload: dict) -> None:
-    """results.json, atomically (a temporary file renamed over it): never half written."""
-    temporary = results.parent / f".{results.name}.{os.getpid()}.tmp"
-    temporary.write_text(json.dumps(payload, indent=2))
-    os.replace(temporary, results)
+    """results.json (write_private: atomic, 0600)."""
+    write_private(results, json.dumps(payload, indent=2))
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, made if absent, readable by its owner alone (0700): the results' folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def autograde(source: Path, submission: Path, results: Path, zygote=None, isolation: str = "auto") -> int:
@@ -162,15 +182,18 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
     writes a results.json (a failure to grade is reported in it), and returns 0. What is graded is
     the export's own assignment (source/copy/.assignment.json, written by `export`), never what
     the submission's files say. results.json is written by this process only, after every process
-    of a check is dead: after each check (so a killed grader leaves the verdicts it had) and at the
-    end; on SIGTERM it writes what it has. zygote: a sandbox to reuse (grade.Zygote), else one is
+    of a check is dead, into a folder the student's code cannot read (0700, the files 0600):
+    after each check the verdicts so far go to .partial.json beside it (run_autograder publishes
+    them if the grader is killed), and results.json is written once, after the last check; on
+    SIGTERM it writes what it has. zygote: a sandbox to reuse (grade.Zygote), else one is
     made at `isolation`."""
-    from .grade import Report, assignment_files, grade_tree, manifest_disagrees, student_files
+    from .grade import Report, grade_tree, manifest_disagrees
     from .make import MANIFEST
     from .registry import assignment_of
 
     source, results = Path(source).resolve(), Path(results).resolve()
-    results.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(results.parent)
+    partial = results.parent / PARTIAL
     report = None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -178,13 +201,13 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
         refs, seed = pick_references(json.loads(hidden.read_text()))
         hidden.unlink()  # in memory now; the student's code runs after this and cannot read it
         assignment = assignment_of(json.loads((source / "copy" / MANIFEST).read_text()))
-        files, notes = student_files(Path(submission), assignment_files(assignment))
+        files, notes = read_submission(Path(submission), assignment)
         disagreement = manifest_disagrees(Path(submission), assignment)
         report = Report(assignment.name, list(assignment.functions), notes=[disagreement] if disagreement else [],
                         seed=seed)
         grade_tree(assignment, source / "copy", files, source / "data", refs, notes=notes, zygote=zygote,
                    isolation=isolation, report=report,
-                   on_result=lambda so_far: write_results(results, _payload(so_far, complete=False)))
+                   on_result=lambda so_far: write_results(partial, _payload(so_far, complete=False)))
         payload = _payload(report, complete=True)
     except Interrupted:
         payload = _payload(report, complete=False) if report else {
@@ -199,6 +222,7 @@ def autograde(source: Path, submission: Path, results: Path, zygote=None, isolat
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_results(results, payload)
+    partial.unlink(missing_ok=True)
     if report is not None and report.isolation:
         print(report.isolation["line"], file=sys.stderr)  # for the instructor, in the platform's log
     return 0

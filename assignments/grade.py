@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .definition import Assignment, AssignmentError, Check, ChildRun, Failed, same_run
+from .definition import Assignment, AssignmentError, Check, ChildRun, Failed, Unlikely, same_run
 from .forms import parse, read
 from .make import MANIFEST, ROOT, make, refuse_a_students_copy
 from .memory import oom_kills, silent_end
@@ -31,7 +31,7 @@ from .references import (HIDDEN_SEED, VISIBLE_SEED, for_student, make_data, offi
 from .registry import assignment_of
 from .sandbox import MAX_VALUES_BYTES, OFFICIAL, OUTPUT_HEAD, Sandbox
 from .serving import NothingServed, Server, serve_in_thread
-from .submission_files import read_submitted, submitted_files
+from .submission_files import files_read, read_submission, read_submitted, submitted_files
 
 
 @dataclass
@@ -45,6 +45,7 @@ class CheckResult:
     visible: bool
     output: str = ""  # the student's code's stdout/stderr, truncated
     seconds: float = 0.0
+    draws: int = 1  # independent draws judged: 2 when a statistical check was graded again (second_draw)
 
 
 @dataclass
@@ -150,7 +151,12 @@ def run_child(tree: Path, check: Check, inputs, data: Path, timeout: float | Non
 def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
     """The verdict, decided here from the values the child sent back, once they are read against
     the check's form (assignments/forms.py): a judge never sees values of another form."""
-    passed, message = False, run.error
+    return judged(check, inputs, reference, run)[0]
+
+
+def judged(check: Check, inputs, reference, run: ChildRun) -> tuple[CheckResult, bool]:
+    """(judge's verdict, whether it was a statistical one: Unlikely draws)."""
+    passed, message, unlikely = False, run.error, False
     if run.error is None:
         try:
             got = read(check.form(inputs, reference), run.values)  # parse, don't trust: Malformed is a Failed
@@ -158,12 +164,25 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
             check.judge(inputs, reference, got, *([run.served] if check.serve else []))
             passed, message = True, "ok"
         except Failed as failure:
-            message = str(failure)
+            message, unlikely = str(failure), isinstance(failure, Unlikely)
         except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as error:
             # values of the wrong shape or type (from the student's functions' return values)
             message = f"your function returned something of the wrong type or shape ({type(error).__name__}: {error})"
     return CheckResult(check.name, list(check.exercises), check.points if passed else 0.0, check.points,
-                       passed, message, check.visible, run.output, round(run.seconds, 2))
+                       passed, message, check.visible, run.output, round(run.seconds, 2)), unlikely
+
+
+def second_draw(first: CheckResult, second: CheckResult) -> CheckResult:
+    """A statistical check's verdict from two independent draws, the first Unlikely: it passes if
+    the second passes (a correct solution fails both with the square of the check's false-failure
+    rate), and fails, with both messages, if the second fails too."""
+    seconds = round(first.seconds + second.seconds, 2)
+    if second.passed:
+        message = f"ok on a second, independent draw (the first was unlikely: {first.message})"
+    else:
+        message = f"{first.message}; a second, independent draw failed too: {second.message}"
+    return CheckResult(first.check, first.exercises, second.points, first.max_points, second.passed, message,
+                       first.visible, second.output if second.passed else first.output, seconds, draws=2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,12 +250,15 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
                     report.results.append(not_run(check, budget))
                     continue
                 entry = refs[check.name]
-                key = same_run(check, entry["inputs"])
-                if key not in runs:
-                    server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
-                    runs[key] = run_child(tree, check, entry["inputs"], data, min(timeout or check.timeout, left),
-                                          zygote, server)
-                report.results.append(judge(check, entry["inputs"], entry["reference"], runs[key]))
+                result, unlikely = judged(check, entry["inputs"], entry["reference"],
+                                          _run(tree, check, entry, data, runs, min(timeout or check.timeout, left),
+                                               zygote))
+                left = budget - (time.perf_counter() - first)
+                if unlikely and "retry" in entry and left > 0:  # a statistical failure: a second draw decides
+                    again = entry["retry"]
+                    run = _run(tree, check, again, data, runs, min(timeout or check.timeout, left), zygote)
+                    result = second_draw(result, judged(check, again["inputs"], again["reference"], run)[0])
+                report.results.append(result)
                 report.seconds = time.perf_counter() - start
                 if on_result is not None:
                     on_result(report)
@@ -246,6 +268,16 @@ def grade_tree(assignment: Assignment, pristine: Path, files: dict[str, Path], d
                 zygote.close()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _run(tree: Path, check: Check, entry: dict, data: Path, runs: dict, timeout: float, zygote) -> ChildRun:
+    """The child's run of `check` on entry's inputs, run once and kept in `runs` (checks judging
+    one run share it; a served check's runs are its own, one per inputs)."""
+    key = same_run(check, entry["inputs"]), json.dumps(entry["inputs"], sort_keys=True)
+    if key not in runs:
+        server = check.serve(entry["inputs"], entry["reference"], data) if check.serve else None
+        runs[key] = run_child(tree, check, entry["inputs"], data, timeout, zygote, server)
+    return runs[key]
 
 
 def read_manifest(student: Path) -> dict:
@@ -261,11 +293,8 @@ def read_manifest(student: Path) -> dict:
 
 
 def assignment_files(assignment: Assignment) -> list[str]:
-    """The files the student edits: those holding the assignment's functions, and its answer files
-    (from the grader's definition, never from the copy)."""
-    from .make import resolve
-
-    return sorted({resolve(f).file for f in assignment.functions} | set(assignment.answer_files))
+    """The files the student edits (submission_files.files_read: the one list every grading reads)."""
+    return files_read(assignment)
 
 
 def manifest_disagrees(student: Path, assignment: Assignment) -> str | None:
@@ -308,7 +337,7 @@ def grade(student: Path, root: Path = ROOT, seed: int | None = None, timeout: fl
         unofficial.append("the assignment was read from the student's .assignment.json: pass --assignment NAME")
     if not Path(student).is_dir():
         raise AssignmentError(f"{student} is not a folder: give the student's copy or a folder of their files")
-    files, notes = student_files(Path(student), assignment_files(definition))
+    files, notes = read_submission(Path(student), definition)
     disagreement = manifest_disagrees(student, definition)
     if disagreement:
         notes.insert(0, disagreement)

@@ -23,7 +23,9 @@ MANIFEST = ".assignment.json"  # written into the student's copy: what was remov
 SHIPPED = ".assignment"  # in the copy: the visible checks' inputs and reference values, their checkpoints
 # Left out of every copy: the instructor's tests (they re-implement and exercise the code), the
 # instructor's notes and guide.
-ALWAYS_DROPPED = ("tests", "docs/instructor_guide.md", "assignments/*/instructor.md")
+# (benchmarks/demo_class.py: the instructor's class of generated submissions, made from the
+# reference solution's own bodies)
+ALWAYS_DROPPED = ("tests", "docs/instructor_guide.md", "assignments/*/instructor.md", "benchmarks/demo_class.py")
 # Helpers of the checks' reference computations (besides each check's `reference` itself).
 REFERENCE_HELPERS = ("assignments.greedy_speculative.served_reference",)
 LEAK_THRESHOLD = 0.7  # share of a stripped body's normalised syntax found, in order, in another function

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .definition import Failed
+from .definition import Failed, Unlikely
 
 PROMPT = [5, 17, 42, 8, 99, 3]
 
@@ -137,7 +137,7 @@ def chi_square(counts, probs) -> float:
 
 
 def follows(counts, probs, mistakes: dict, what: str, hint: str) -> None:
-    """Raise Failed unless the counts follow probs (Pearson's chi-square, p-value threshold
+    """Raise Unlikely (a Failed) unless the counts follow probs (Pearson's chi-square, p-value threshold
     spec_decoding.checks.P_VALUE_THRESHOLD: the chance a correct solution fails). The message names
     a known mistake whose distribution the counts fit (mistakes: words -> probs), else gives the
     hint. It shows the counts' distance from the exact law, never the law itself."""
@@ -149,7 +149,7 @@ def follows(counts, probs, mistakes: dict, what: str, hint: str) -> None:
     tv = total_variation(torch.tensor(counts, dtype=torch.float64), torch.tensor(probs, dtype=torch.float64))
     fits = [words for words, alternative in mistakes.items() if chi_square(counts, alternative) >= P_VALUE_THRESHOLD]
     cause = f"the counts fit a known mistake: {fits[0]}" if fits else hint
-    raise Failed(f"{what}: total variation {tv:.3f} from the exact distribution, chi-square p = {p_value:.1g} "
+    raise Unlikely(f"{what}: total variation {tv:.3f} from the exact distribution, chi-square p = {p_value:.1g} "
                  f"(threshold {P_VALUE_THRESHOLD:g}; {sum(counts)} samples): {cause}")
 
 

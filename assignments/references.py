@@ -11,6 +11,13 @@ VISIBLE_SEED = 0  # the visible inputs, shipped with every copy for the student'
 MAX_SEED = 10_000  # seeds 0..MAX_SEED give valid inputs for every check (tests/test_grader_verdicts.py sweeps them)
 
 
+def second_seed(seed: int) -> int:
+    """The seed of a statistical check's second, independent draw (Check.statistical) at `seed`:
+    above MAX_SEED, so never a first draw's seed (the visible inputs' included), and another for
+    every seed."""
+    return MAX_SEED + 1 + seed
+
+
 def draw_seed() -> int:
     """A fresh seed of hidden inputs for one official grade (1..MAX_SEED): what one grade's messages
     show about its inputs does not answer the next grade's."""
@@ -53,7 +60,8 @@ def make_data(folder: Path) -> Path:
 
 def references(assignment: Assignment, data: Path, seed: int, checks=None) -> dict:
     """{check: {"inputs", "reference"}}, computed in this process with this project's code (the
-    instructor's: never the student's). Every check's inputs are made from `seed`: VISIBLE_SEED for
+    instructor's: never the student's), and for a statistical check a second draw's under "retry"
+    (second_seed). Every check's inputs are made from `seed`: VISIBLE_SEED for
     the visible inputs `make` ships with the copy, any other for an official grade's hidden inputs
     (every check, the visible ones included: a lookup table of the shipped answers earns nothing)."""
     import torch
@@ -66,10 +74,16 @@ def references(assignment: Assignment, data: Path, seed: int, checks=None) -> di
     torch.set_num_threads(1)
     out = {}
     for check in checks or assignment.checks:
-        inputs = check.make_inputs(seed)
-        reference = (check.reference or check.probe)(inputs, data)
-        out[check.name] = {"inputs": inputs, "reference": json.loads(json.dumps(reference))}
+        out[check.name] = _entry(check, data, seed)
+        if check.statistical:  # its second, independent draw (graded if the first is Unlikely)
+            out[check.name]["retry"] = _entry(check, data, second_seed(seed))
     return out
+
+
+def _entry(check, data: Path, seed: int) -> dict:
+    inputs = check.make_inputs(seed)
+    reference = (check.reference or check.probe)(inputs, data)
+    return {"inputs": inputs, "reference": json.loads(json.dumps(reference))}
 
 
 def for_student(assignment: Assignment, refs: dict, student: str | None) -> dict:
@@ -87,30 +101,49 @@ def for_student(assignment: Assignment, refs: dict, student: str | None) -> dict
 
 def failing_checks(assignment: Assignment, data: Path, refs: dict) -> dict[str, str]:
     """{check: its message} for every check in refs that the instructor's own code fails, run in
-    this process (trusted code: no child needed). At a seed where a statistical check fails the
-    reference, it fails every student who draws random numbers as the reference does."""
-    from .definition import Failed, same_run
-    from .forms import read
-    from .serving import serve_here
+    this process (trusted code: no child needed), as a student fails it: a statistical check fails
+    only if its second draw fails too. At a seed where a statistical check fails the reference
+    twice, it fails every student who draws random numbers as the reference does."""
+    from .definition import Failed, Unlikely
 
     failures, runs = {}, {}  # what each run's probe returned: checks judging one run share it, as in grading
     for check in assignment.checks:
         if check.name not in refs:
             continue
-        inputs, reference = refs[check.name]["inputs"], refs[check.name]["reference"]
-        server = check.serve(inputs, reference, data) if check.serve else None
-        serve_here(server)
+        entry = refs[check.name]
         try:
-            key = same_run(check, inputs)
-            if key not in runs:
-                runs[key] = json.loads(json.dumps(check.probe(inputs, data)))
-            got = read(check.form(inputs, reference), runs[key])
-            check.judge(inputs, reference, got, *([server.record()] if server else []))
+            _judge_here(check, data, entry, runs)
+        except Unlikely as failure:
+            if "retry" not in entry:
+                failures[check.name] = str(failure)
+                continue
+            try:
+                _judge_here(check, data, entry["retry"], runs)
+            except Failed as again:
+                failures[check.name] = f"{failure}; a second, independent draw failed too: {again}"
         except Failed as failure:
             failures[check.name] = str(failure)
-        finally:
-            serve_here(None)
     return failures
+
+
+def _judge_here(check, data: Path, entry: dict, runs: dict) -> None:
+    """Judge the instructor's code on one entry ({"inputs", "reference"}) in this process: Failed
+    if it fails."""
+    from .definition import same_run
+    from .forms import read
+    from .serving import serve_here
+
+    inputs, reference = entry["inputs"], entry["reference"]
+    server = check.serve(inputs, reference, data) if check.serve else None
+    serve_here(server)
+    try:
+        key = same_run(check, inputs), json.dumps(inputs, sort_keys=True)  # a served check's retry: a run of its own
+        if key not in runs:
+            runs[key] = json.loads(json.dumps(check.probe(inputs, data)))
+        got = read(check.form(inputs, reference), runs[key])
+        check.judge(inputs, reference, got, *([server.record()] if server else []))
+    finally:
+        serve_here(None)
 
 
 def refuse_a_failing_seed(assignment: Assignment, data: Path, refs: dict, seed: int) -> None:

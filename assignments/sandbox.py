@@ -15,7 +15,9 @@ this machine allows, `Isolation.level`:
 - "user": root, but no namespaces (a Docker container without CAP_SYS_ADMIN, such as
   Gradescope's). Each child drops to the sandbox user: it cannot signal, trace or read the memory
   of the grader's processes, nor write any file the grader reads; it can list the machine's
-  processes and read files every user can read.
+  processes and read files every user can read (the exported run_autograder makes the grader's
+  own root's alone). A seccomp filter (refuse_network) leaves it no socket but a Unix one, and
+  after each check what the sandbox user left in the machine's shared scratch folders is removed.
 - "userns": the grader is not root, but unprivileged user namespaces work (most Linux desktops).
   The zygote starts in a new user namespace as well (its root is the grader's user outside it) and
   builds the same root folder; each child then drops every capability (bounding set included, no
@@ -34,7 +36,8 @@ started can write, spin or hold a pipe open after its verdict; between gradings 
 home and temporary folders are emptied, so one submission leaves nothing for the next.
 
 Each check's child also, before any student code (enter): joins the sandbox's memory cgroup
-(memory.SandboxMemory: one limit for all its processes, the out-of-memory killer's first choice),
+(memory.SandboxMemory: one limit for all its processes, the out-of-memory killer's first choice)
+and its cpu cgroup (cpu.SandboxCPU: one equal CPU share per sandbox, however many processes),
 gets fresh tmpfs on /tmp, its home and /dev/shm in a mount namespace of its own (with namespaces),
 and a new session keyring, the sandbox user's own keyrings emptied (fresh_keyrings).
 """
@@ -58,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cpu import SandboxCPU
 from .memory import SANDBOX_OOM_SCORE_ADJ, SandboxMemory, used_too_much_memory
 
 USER = "student-sandbox"  # the unprivileged user student code runs as (one per concurrent grader: -1, -2, ...)
@@ -411,6 +415,7 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     (root's cannot come back: no setuid programs either), or in "userns" no capabilities for good."""
     os.chdir(tree)
     join_memory(config.get("memory"), address_limit=config["level"] != "none")
+    join_cpu(config.get("cpu"))
     for fd in _open_fds():  # nothing of the zygote's: only stdin/stdout/stderr and the answer pipe
         if fd > 2 and fd not in keep_fds:
             try:
@@ -438,11 +443,68 @@ def enter(config: dict, tree: str, keep_fds: tuple[int, ...]) -> None:
     os.setgid(config["gid"])
     os.setuid(config["uid"])  # as root: real, effective and saved ids
     _call(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    if config["level"] == "user":  # no network namespace: no socket but a Unix one
+        refuse_network()
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc/self stays its own
     os.umask(0o077)
     if os.getuid() != config["uid"] or os.geteuid() != config["uid"] or _can_become_root():
         os._exit(111)
     fresh_keyrings(clear_user=True)
+
+
+# seccomp: the child's sockets (level "user", which has no network namespace)
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+EACCES, EPERM = 13, 1
+AF_UNIX = 1
+# (audit arch, socket(2), io_uring_setup(2)) by machine: io_uring can open sockets without socket(2)
+_NETWORK_SYSCALLS = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI: the same calls under other numbers
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def network_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The seccomp program (BPF: code, jump if true, jump if false, k) that refuses every socket
+    but a Unix one (socket(2) fails with EACCES), io_uring, and every call of another ABI (32-bit
+    or x32 calls on a 64-bit kernel could reach socketcall); None for a machine it does not know."""
+    if machine not in _NETWORK_SYSCALLS:
+        return None
+    arch, socket_nr, io_uring = _NETWORK_SYSCALLS[machine]
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    deny, allow = SECCOMP_RET_ERRNO | EACCES, SECCOMP_RET_ALLOW
+    return [
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, SECCOMP_RET_ERRNO | EPERM),  # another ABI: nothing
+        (load, 0, 0, 0),  # seccomp_data.nr
+        (jge, 5, 0, X32_SYSCALL_BIT),  # -> deny
+        (jeq, 4, 0, io_uring),  # -> deny
+        (jeq, 0, 2, socket_nr),  # -> load the domain, else allow
+        (load, 0, 0, 16),  # seccomp_data.args[0], its low 32 bits (little-endian)
+        (jeq, 0, 1, AF_UNIX),  # a Unix socket -> allow, else deny
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
+    ]
+
+
+def refuse_network() -> bool:
+    """In a check's child, after no_new_privs and before any student code: only Unix sockets from
+    now on, for it and every process it starts (network_filter; a seccomp filter cannot be
+    removed). False where this machine's architecture is not known here (documented)."""
+    program = network_filter(os.uname().machine)
+    if program is None:
+        return False
+    filters = (_SockFilter * len(program))(*[_SockFilter(*row) for row in program])
+    fprog = _SockFprog(len(program), filters)
+    _call(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "prctl(SET_SECCOMP)")
+    return True
 
 
 def join_memory(memory: dict | None, address_limit: bool = True) -> None:
@@ -469,6 +531,16 @@ def join_memory(memory: dict | None, address_limit: bool = True) -> None:
     size = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
                 if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (size + memory["limit"], size + memory["limit"]))
+
+
+def join_cpu(cpu: dict | None) -> None:
+    """In a check's child: join the sandbox's cpu cgroup (cpu.SandboxCPU, cgroup v1; in v2 the
+    memory cgroup's join did), so its processes together get one sandbox's share of the CPU."""
+    if cpu and cpu.get("procs_fd") is not None:
+        try:
+            os.write(cpu["procs_fd"], b"0")
+        except OSError:
+            os._exit(115)  # outside its CPU share no student code runs
 
 
 SCRATCH_BYTES = 256 * 2**20  # each of a check's fresh tmpfs: /tmp, its home, /dev/shm (memory: in its limit)
@@ -709,6 +781,7 @@ class Sandbox:
         self.isolation = detect(isolation, self.python)
         # every check's processes together: at most `memory` bytes (default: memory.default_sandbox_limit)
         self.memory = SandboxMemory(memory)
+        self.cpu = SandboxCPU(self.memory)  # an equal CPU share per sandbox, however many processes a check starts
         self.folder = Path(tempfile.mkdtemp(prefix="sandbox-"))
         self.count = 0
         self._data: dict[str, Path] = {}
@@ -782,23 +855,31 @@ class Sandbox:
         return self._data[key]
 
     def done_with(self, tree: Path) -> None:
-        """After a grading: no process of the sandbox user is left, its home and tmp are empty
+        """After a grading: no process of the sandbox user is left, its scratch folders are empty
         (nothing of one submission is there for the next), the tree is removed."""
         self.kill_all()
+        self.clear_scratch()
+        shutil.rmtree(tree, ignore_errors=True)
+
+    def clear_scratch(self) -> None:
+        """Once a check's processes are dead: the sandbox's home and tmp emptied and, at level
+        "user" (no mount namespace: /tmp, /var/tmp, /dev/shm are the machine's), what the sandbox
+        user left in the folders every user may write, and its System V IPC, removed. Nothing one
+        check wrote is there for the next (with namespaces each check also has tmpfs of its own)."""
         for sub in ("home", "tmp"):
             empty_for_the_next(self.folder / sub, self._mount_paths)
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
-            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+            for shared in SHARED_SCRATCH:
                 _remove_files_of(Path(shared), self.isolation.uid)
-        shutil.rmtree(tree, ignore_errors=True)
 
     # the zygote -------------------------------------------------------------------------------
     def _start_zygote(self, hidden: list[Path]):
         sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {"level": self.isolation.level, "uid": self.isolation.uid, "gid": self.isolation.gid,
-                  "memory": self.memory.for_child()}
-        inherited = [theirs.fileno()] + ([self.memory.procs] if self.memory.folder is not None else [])
+                  "memory": self.memory.for_child(), "cpu": self.cpu.for_child()}
+        inherited = [theirs.fileno()] + ([self.memory.procs] if self.memory.folder is not None else []) + (
+            [self.cpu.procs] if self.cpu.procs is not None else [])
         command = [self.python, "-E", "-s", "-m", "assignments.zygote", str(theirs.fileno())]
         if self.isolation.level in ("namespaces", "userns"):
             spec = config["spec"] = root_spec(self.python, self.folder, hidden)
@@ -855,6 +936,7 @@ class Sandbox:
         seconds = time.perf_counter() - start
         hung = exit_code is None
         killed = self.kill_all(pid)  # the child (if hung) and everything it started
+        self.clear_scratch()  # nothing this check wrote is there for the next one
         holders = []
         for t in threads[:2]:
             t.join(10)
@@ -914,10 +996,11 @@ class Sandbox:
             self._remove()
 
     def _remove(self) -> None:
+        self.cpu.close()
         self.memory.close()
         if self.isolation.level == "user":
             _remove_ipc_of(self.isolation.uid)
-            for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+            for shared in SHARED_SCRATCH:
                 _remove_files_of(Path(shared), self.isolation.uid)
         shutil.rmtree(self.folder, ignore_errors=True)
         if self.isolation.user:
@@ -1011,17 +1094,26 @@ def empty_for_the_next(folder: Path, keep: set[Path] = frozenset()) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _remove_files_of(folder: Path, uid: int) -> None:
-    """Remove what user `uid` left at the top of a shared folder (/tmp: for the next submission)."""
+# The folders every user may write on a usual Linux machine (sticky, world-writable): at level
+# "user" what the sandbox user leaves there is removed after each check.
+SHARED_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock", "/dev/mqueue")
+
+
+def _remove_files_of(folder: Path, uid: int, depth: int = 3) -> None:
+    """Remove what user `uid` left in a shared folder (/tmp: for the next check), and in the
+    world-writable folders of others inside it (/tmp/.X11-unix), `depth` levels down."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return
     for entry in entries:
         try:
-            if entry.stat(follow_symlinks=False).st_uid != uid:
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid != uid:
+                if depth > 1 and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IWOTH:
+                    _remove_files_of(Path(entry.path), uid, depth - 1)
                 continue
-            if entry.is_dir(follow_symlinks=False):
+            if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 os.unlink(entry.path)

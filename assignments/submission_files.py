@@ -129,6 +129,22 @@ def submitted_files(submission: Path, files: list[str]) -> tuple[dict[str, Path]
     return found, notes
 
 
+def files_read(assignment) -> list[str]:
+    """What a submission is: the files of it the grader reads, as paths relative to the project:
+    those holding the assignment's functions, and its answer files (find_the_bug's BUG.txt). From
+    the grader's definition, never from the submission. The one list `grade`, batch grading and
+    the exported autograders all read (read_submission)."""
+    from .make import resolve
+
+    return sorted({resolve(f).file for f in assignment.functions} | set(assignment.answer_files))
+
+
+def read_submission(folder: Path, assignment) -> tuple[dict[str, Path], list[str]]:
+    """The student's versions of files_read(assignment) in the submission `folder`
+    (submitted_files: each a regular file inside it, else RefusedSubmission), and notes."""
+    return submitted_files(Path(folder), files_read(assignment))
+
+
 def read_submitted(path: Path, limit: int = MAX_SUBMITTED_BYTES) -> bytes:
     """The bytes of a submitted file, opened without following a link (O_NOFOLLOW: a symbolic
     link is refused by the kernel itself) and checked open (fstat): a regular file, the one

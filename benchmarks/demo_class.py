@@ -94,9 +94,49 @@ def _with_attack(reference: str, code: str, **values) -> str:
     return reference[:docstring_end] + "\n" + body + reference[docstring_end:]
 
 
-def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hogs: int = 12) -> None:
-    """One student's folder of kind `kind` (a key of KINDS), from the project at `root`."""
+CONSTANT = "return 0.0\n"  # expected_tokens_per_round knows nothing: what a lookup table earns beyond
+# A lookup table of the visible inputs' answers (the grid shipped with every copy), else CONSTANT
+LOOKUP = """
+table = TABLE
+if (round(float(alpha), 6), int(gamma)) in table:
+    return table[round(float(alpha), 6), int(gamma)]
+return 0.0
+"""
+
+
+def visible_table() -> dict:
+    """{(alpha, gamma): expected tokens per round} over the visible grid of gamma_cost_model."""
+    from assignments.gamma_cost_model import grid_inputs
+    from spec_decoding.theory import expected_tokens_per_round
+
+    grid = grid_inputs(0)
+    return {(round(a, 6), g): expected_tokens_per_round(a, g) for a in grid["alphas"] for g in grid["gammas"]}
+
+
+def hijacking_metadata(root: Path, classmates: list[str]) -> str:
+    """A submission_metadata.yml put in a student's own folder, in Gradescope's form: the
+    instructor's checkout (its solution) and a classmate's folder listed as this student's
+    submissions, under ids of its choosing. Read as the export's metadata, it graded the checkout
+    and dropped every folder it does not list from the CSV."""
+    entries = [(str(Path(root).resolve()), "hijacker"), *((f"../{name}", f"second-id-{name}") for name in classmates)]
+    return "".join(f"{key!r}:\n  :submitters:\n  - :name: Hijacker\n    :sid: {sid!r}\n" for key, sid in entries)
+
+
+def student_name(number: int, kind: str) -> str:
+    """The folder's name (the student's id in the CSV): NN-kind; a formula-id student's starts
+    with what a spreadsheet runs as a formula."""
+    name = f"{number:02d}-{kind}"
+    return f'=HYPERLINK("http:example.invalid")+{name}' if kind == "formula-id" else name
+
+
+def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hogs: int = 12,
+                     classmates: list[str] = ()) -> None:
+    """One student's folder of kind `kind` (a key of KINDS), from the project at `root`
+    (classmates: the folders before it, for the hijacking metadata)."""
     folder.mkdir(parents=True)
+    if kind == "hijack-metadata":  # nothing of the assignment's, only the metadata
+        (folder / "submission_metadata.yml").write_text(hijacking_metadata(root, classmates))
+        return
     theory, costs = (root / THEORY).read_text(), (root / COSTS).read_text()
     out = folder / "spec_decoding" / "policies"
     out.mkdir(parents=True)
@@ -105,7 +145,7 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
     attacks = {"honest": None, "honest-loop": None, "wrong": WRONG, "partial": None, "hang": HANG,
                "hang-waiting": WAIT, "crash": CRASH,
                "segfault": SEGFAULT, "deep-json": DEEP_JSON, "ansi": ANSI, "keyring": KEYRING,
-               "memory-hog": MEMORY_HOG}
+               "memory-hog": MEMORY_HOG, "formula-id": None, "constant": CONSTANT}
     if kind == "symlink-checkout":
         (out / "theory.py").symlink_to(root / THEORY)
     elif kind == "symlink-environ":
@@ -117,6 +157,8 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
     elif kind == "honest-loop":
         assert REFERENCE_BODY in theory
         (out / "theory.py").write_text(theory.replace(REFERENCE_BODY, LOOP, 1))
+    elif kind == "lookup-table":
+        (out / "theory.py").write_text(_with_attack(theory, LOOKUP, TABLE=visible_table()))
     elif kind == "keyring":
         (out / "theory.py").write_text(_with_attack(theory, KEYRING, SECRET=f"secret-of-{folder.name}"))
     elif attacks.get(kind) is not None:
@@ -128,18 +170,18 @@ def write_submission(folder: Path, kind: str, root: Path, hog_mb: int = 100, hog
 
 
 # the class: kind -> how many students
-KINDS = {"honest": 5, "honest-loop": 1, "wrong": 2, "partial": 1, "hang": 1, "hang-waiting": 1, "crash": 1,
-         "segfault": 1, "symlink-checkout": 1, "symlink-environ": 1, "fifo": 1, "deep-json": 1, "memory-hog": 1,
-         "ansi": 1, "keyring": 1}
+KINDS = {"honest": 3, "honest-loop": 1, "wrong": 1, "constant": 1, "lookup-table": 1, "partial": 1, "hang": 1,
+         "hang-waiting": 1, "crash": 1, "segfault": 1, "symlink-checkout": 1, "fifo": 1, "deep-json": 1,
+         "memory-hog": 1, "ansi": 1, "keyring": 1, "formula-id": 1, "hijack-metadata": 1}
 
 
 def write_class(folder: Path, root: Path, kinds: dict = KINDS, hog_mb: int = 100, hogs: int = 12) -> list[str]:
-    """A folder per student (NN-kind), in KINDS' order; their names."""
+    """A folder per student (student_name: NN-kind), in KINDS' order; their names."""
     names = []
     for kind, count in kinds.items():
         for _ in range(count):
-            name = f"{len(names) + 1:02d}-{kind}"
-            write_submission(folder / name, kind, root, hog_mb, hogs)
+            name = student_name(len(names) + 1, kind)
+            write_submission(folder / name, kind, root, hog_mb, hogs, classmates=list(names))
             names.append(name)
     return names
 

@@ -225,6 +225,166 @@ def test_gradescope_run_autograder_as_root_writes_results_without_the_hidden_tot
     assert not (autograder / "source" / "hidden.json").exists()
 
 
+# Put at the top of the student's theory.py: runs in every check that imports it, as the sandbox
+# user, and prints what it could read, what earlier checks left, what it could open to the network.
+SPY = """
+def _spy(root, mark):
+    import json, os, socket
+    seen = {"uid": os.getuid(), "readable": {}, "found": [], "wrote": [], "sockets": []}
+    for path in (root + "/results", root + "/results/results.json", root + "/results/.partial.json",
+                 root + "/source", root + "/source/hidden.json", root + "/source/copy", root + "/submission",
+                 root + "/submission_metadata.json"):
+        try:
+            seen["readable"][path] = os.listdir(path) if os.path.isdir(path) else open(path).read(300)
+        except OSError:
+            pass
+    places = ["/tmp", "/var/tmp", "/dev/shm", os.environ.get("HOME", "/nonexistent"), os.environ.get("TMPDIR", "/tmp")]
+    for place in places:
+        try:
+            seen["found"] += [place + "/" + name for name in os.listdir(place) if name.startswith(mark)]
+        except OSError:
+            pass
+    for place in places:
+        try:
+            with open(place + "/" + mark + str(os.getpid()), "w") as left:
+                left.write("left by an earlier check")
+            seen["wrote"].append(place)
+        except OSError:
+            pass
+    for family, kind in ((socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM),
+                         (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_PACKET, socket.SOCK_RAW)):
+        try:
+            socket.socket(family, kind).close()
+            seen["sockets"].append(family.name + "/" + kind.name)
+        except OSError:
+            pass
+    print("SPY " + json.dumps(seen), flush=True)
+
+
+_spy(ROOT_OF_AUTOGRADER, MARK)
+"""
+
+
+def readable_python() -> list[str] | None:
+    """A command prefix under which other users can run this Python, as they can Gradescope's
+    (/autograder/venv): [] where they already can; where a private folder on its way blocks
+    them (pyenv's under /root), a mount namespace of the test's own in which that folder is an
+    empty tmpfs readable by all, holding only what Python needs of it (bound from the real one).
+    None where neither works (not root, no unshare)."""
+    from assignments.sandbox import interpreter_path, unreadable_python
+
+    blocked = unreadable_python(sys.executable)
+    if blocked is None:
+        return []
+    unshare = shutil.which("unshare", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    paths = [os.path.realpath(sys.executable), *map(os.path.realpath, interpreter_path(sys.executable))]
+    needed = sorted({Path(p).relative_to(blocked).parts[0] for p in paths if Path(p).is_relative_to(blocked)})
+    if unshare is None or os.geteuid() != 0 or not needed:
+        return None
+    script = (f'R=$(mktemp -d) && mount --bind {blocked} "$R" && mount -t tmpfs -o mode=755 tmpfs {blocked} && '
+              + "".join(f'mkdir {blocked}/{n} && mount --bind "$R/{n}" {blocked}/{n} && ' for n in needed)
+              + 'exec "$@"')
+    return [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
+
+
+def spied(output: str) -> list[dict]:
+    return [json.loads(line[4:]) for line in output.splitlines() if line.startswith("SPY ")]
+
+
+def test_gradescope_without_cap_sys_admin_shows_no_check_anything_of_the_grade(source, tmp_path):
+    """Gradescope as it probably is: a container without CAP_SYS_ADMIN (run_autograder under
+    `capsh --drop=cap_sys_admin`: no namespaces, the sandbox falls to level "user"), the
+    /autograder folder world-readable as Gradescope's. A submission that passes every check also
+    spies in each: nothing of the results (the earlier hidden check's verdict), the hidden
+    references, the instructor's source, the submission or its metadata is readable; nothing an
+    earlier check wrote in /tmp, /var/tmp, /dev/shm, its home or TMPDIR is there; no socket but a
+    Unix one opens. (results.json was 0644 in a 0755 folder, rewritten after every check, and /tmp
+    kept what each check left.) The results are root's alone, published once."""
+    import stat
+    import tempfile
+
+    capsh = shutil.which("capsh", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if os.geteuid() != 0 or capsh is None:
+        pytest.skip("needs root and capsh (libcap2-bin: apt-get install libcap2-bin) to drop CAP_SYS_ADMIN")
+    if subprocess.run([capsh, "--drop=cap_sys_admin", "--", "-c", "true"], capture_output=True).returncode != 0:
+        pytest.skip("capsh cannot drop CAP_SYS_ADMIN here")
+    python = readable_python()
+    if python is None:
+        pytest.skip("this Python cannot be made readable by other users (level user needs that)")
+    root = Path(tempfile.mkdtemp(prefix="autograder-", dir="/tmp"))  # traversable by every user, as /autograder
+    try:
+        root.chmod(0o755)
+        checks = ["speedup", "best_gamma_choice", "tokens_by_position"]  # hidden first, then two visible
+        mark = f"spy-mark-{uuid.uuid4().hex[:8]}-"  # this run's (another run's marks are not this one's)
+        theory = f"ROOT_OF_AUTOGRADER, MARK = {str(root)!r}, {mark!r}\n" + SPY + (ROOT / THEORY).read_text()
+        built = layout(source, tmp_path, theory, checks)
+        for entry in built.iterdir():
+            shutil.move(str(entry), root / entry.name)
+        (root / "submission_metadata.json").write_text('{"previous_submissions": [{"score": 10}]}')
+        for path in root.rglob("*"):  # as unpacked and uploaded: readable by every user
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        env = {"PATH": os.defpath, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
+        done = subprocess.run([*python, capsh, "--drop=cap_sys_admin", "--", "-c", 'exec "$@"', "sh", "bash",
+                               str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert "without namespaces" in done.stderr, done.stderr  # level "user"
+        results = json.loads((root / "results" / "results.json").read_text())
+        assert [(t["name"], t["status"], t["score"]) for t in results["tests"]] == [
+            (c, "passed", ASSIGNMENT.check(c).points) for c in checks]
+        spies = [spied(t["output"]) for t in results["tests"]]
+        assert all(len(s) == 1 for s in spies), [t["output"] for t in results["tests"]]
+        for (seen,) in spies:
+            assert seen["uid"] != 0 and seen["readable"] == {}, seen
+            assert seen["found"] == [] and seen["sockets"] == [], seen
+            assert "/tmp" in seen["wrote"] and "/dev/shm" in seen["wrote"], seen  # it could write: and it was removed
+        assert not any('"status"' in t["output"] or "after_published" in t["output"] for t in results["tests"])
+        for path, mode in (("results", 0o700), ("source", 0o700), ("submission", 0o700),
+                           ("results/results.json", 0o600), ("submission_metadata.json", 0o600)):
+            assert stat.S_IMODE((root / path).stat().st_mode) == mode, path
+        assert not (root / "results" / ".partial.json").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_network_filter_leaves_unix_sockets_only():
+    """The seccomp filter a check's child gets at level "user" (sandbox.refuse_network): in a
+    child process after it, AF_INET, AF_INET6 and AF_PACKET sockets fail with EACCES, a Unix
+    socket and a socketpair open; before it (the control) an AF_INET socket opens."""
+    import ctypes
+    import errno
+    import socket
+
+    from assignments.sandbox import PR_SET_NO_NEW_PRIVS, network_filter, refuse_network
+
+    if network_filter(os.uname().machine) is None:
+        pytest.skip(f"no network filter for {os.uname().machine}: documented as not refused there")
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            ctypes.CDLL(None).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+            refuse_network()
+            found = []
+            for family, kind in ((socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM),
+                                 (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_PACKET, socket.SOCK_RAW)):
+                try:
+                    socket.socket(family, kind).close()
+                    found.append("opened")
+                except OSError as error:
+                    found.append(errno.errorcode.get(error.errno, str(error.errno)))
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+            socket.socketpair()
+            os.write(write, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    found = json.loads(os.read(read, 1000).decode())
+    os.waitpid(pid, 0)
+    assert found == ["EACCES"] * 4
+
+
 def memory_cgroup(limit: int) -> Path | None:
     """A new memory cgroup (v1 or v2) limited to `limit` bytes without swap, or None where this
     process may not make one."""

@@ -37,6 +37,11 @@ def data(tmp_path_factory):
     return make_data(tmp_path_factory.mktemp("data"))
 
 
+def first_draws(refs: dict) -> dict:
+    """refs without the statistical checks' second draws."""
+    return {name: {key: value for key, value in entry.items() if key != "retry"} for name, entry in refs.items()}
+
+
 class Kit:
     """One assignment's stripped copy, hidden references and zygote; grades variants."""
 
@@ -45,7 +50,10 @@ class Kit:
         self.folder, self.data = folder, data
         self.pristine = folder / "pristine"
         make(list(self.assignment.functions), self.pristine, assignment=name, ship_visible=False)
-        self.refs = references(self.assignment, data, HIDDEN_SEED)
+        # the first draws only: what the kit shows fails or passes there (a failing statistical
+        # check's second draw is shown by tests/test_grader_verdicts.py; here it would double the
+        # sandbox runs of every planted mistake and shortcut)
+        self.refs = first_draws(references(self.assignment, data, HIDDEN_SEED))
         self.zygote = Zygote(self.pristine)
         self.count = 0
 
@@ -83,6 +91,7 @@ def test_ready_made_assignment(tmp_path, data, name):
         stripped_copy_fails_even_with_a_forged_verdict_and_the_reference_solution_passes(kit)
         planted_mistakes_fail_their_check_with_a_message_naming_them(kit)
         shortcuts_fail(kit)
+        sibling_shortcuts_fail(kit)
         grade_variants(kit)  # shortcuts earn at most 25%, honest alternatives 100% (test_grader_verdicts.py)
         the_copy_holds_no_answer(kit)
         gradescope_export_grades_a_fake_autograder_folder(kit, tmp_path / "gradescope")
@@ -290,6 +299,92 @@ SHORTCUTS = {
          "best_gamma_choice", "removed in this assignment"),
     ],
 }
+
+
+# Shortcuts through siblings the copy kept (before they were removed): (file, function, body
+# written into the reference solution, the check, words of its verdict). Each scored full marks.
+SIBLING_SHORTCUTS = {
+    "kv_cache": [
+        ("gpt2/kv_cache.py", "KVCache.update", """
+            from spec_decoding.batched import BatchedKVCache
+            rows = BatchedKVCache(self)
+            rows.lengths[:] = self.length
+            return rows.update(layer, k, v)""", "kv_update", "removed in this assignment"),
+        ("gpt2/kv_cache.py", "KVCache.truncate", """
+            from spec_decoding.batched import BatchedKVCache
+            rows = BatchedKVCache(self)
+            rows.lengths[:] = self.length
+            rows.truncate([length] * self.batch_size)
+            self.length = int(rows.lengths[0])""", "kv_truncate", "removed in this assignment"),
+    ],
+    "gamma_cost_model": [
+        ("spec_decoding/theory.py", "expected_tokens_per_round", """
+            from benchmarks.demo_class import REFERENCE_BODY
+            namespace = {}
+            exec("def formula(alpha, gamma):" + chr(10) + REFERENCE_BODY, namespace)
+            return namespace["formula"](alpha, gamma)""", "tokens_per_round", "demo_class"),
+        ("spec_decoding/theory.py", "expected_tokens_by_position", """
+            from spec_decoding.gamma import AutoGamma
+
+            class Positions(AutoGamma):
+                def __init__(self):
+                    self.gamma_max = len(alphas)
+
+                def acceptance_by_position(self, optimism=0.0):
+                    return list(alphas)
+
+                def round_seconds(self, g):
+                    return 1.0
+
+            return Positions()._tokens_per_second(0.0)[-1]""", "tokens_by_position", "removed in this assignment"),
+        ("spec_decoding/theory.py", "best_gamma", """
+            from spec_decoding.costs import BatchCostModel
+
+            class Costs(BatchCostModel):
+                def __init__(self):
+                    pass
+
+                def c(self, batch_size):
+                    return c
+
+            Costs.verify_cost = lambda self, rows, g: 1.0 if verify_cost is None else verify_cost(g)
+            return Costs().best_gamma(alpha, 1, gammas)""", "best_gamma_choice", "removed in this assignment"),
+        ("spec_decoding/costs.py", "CostModel.round_seconds",
+         "return gamma * self.draft_step_s + self.verify_cost(gamma) * self.target_step_s",
+         "round_seconds", "removed in this assignment"),
+    ],
+}
+
+
+def solved_copy(kit, file: str) -> str:
+    """The copy's version of `file` (its removed siblings raising) with every function the student
+    writes in it given the reference's body: what an honest student submits."""
+    import ast
+    import textwrap
+
+    from assignments.make import _definitions
+    from test_grader_verdicts import with_body
+
+    reference = (ROOT / file).read_text()
+    nodes, lines = _definitions(ast.parse(reference)), reference.splitlines(keepends=True)
+    text = kit.stripped(file)
+    for target in (resolve(f) for f in kit.assignment.functions):
+        if target.file == file:
+            node = nodes[target.qualname]
+            first = node.body[1] if ast.get_docstring(node) and len(node.body) > 1 else node.body[0]
+            text = with_body(text, target.qualname, textwrap.dedent("".join(lines[first.lineno - 1:node.end_lineno])))
+    return text
+
+
+def sibling_shortcuts_fail(kit):
+    """Each sibling shortcut fails its check, written into an honest submission of its file (the
+    copy's, every function solved: solved_copy)."""
+    from test_grader_verdicts import with_body
+
+    for file, qualname, body, check, words in SIBLING_SHORTCUTS.get(kit.assignment.name, []):
+        result = results_by_check(kit.grade({file: with_body(solved_copy(kit, file), qualname, body)},
+                                            only=[check]))[check]
+        assert not result.passed and words in result.message, (qualname, result.message)
 
 
 def shortcuts_fail(kit):

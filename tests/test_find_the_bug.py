@@ -19,6 +19,7 @@ from assignments.grade import (HIDDEN_SEED, Zygote, assignment_files, grade_tree
 from assignments.references import failing_checks
 from assignments.make import ROOT, make
 from assignments.registry import ASSIGNMENTS
+from test_assignments import first_draws
 
 ASSIGNMENT = ASSIGNMENTS["find_the_bug"]
 FILES = ["spec_decoding/algorithms/decoding.py", "spec_decoding/algorithms/rejection.py", ANSWER]
@@ -30,7 +31,8 @@ def kit(tmp_path_factory):
     data = make_data(folder / "data")
     pristine = folder / "pristine"
     make(list(ASSIGNMENT.functions), pristine, assignment="find_the_bug", ship_visible=False)
-    refs = hidden = references(ASSIGNMENT, data, HIDDEN_SEED)
+    # first draws only: each plant is caught there (the second draw: tests/test_grader_verdicts.py)
+    refs = hidden = first_draws(references(ASSIGNMENT, data, HIDDEN_SEED))
     zygote = Zygote(pristine)
     count = [0]
 
@@ -250,3 +252,35 @@ def test_the_name_is_judged_against_the_bug_in_that_students_copy(kit, monkeypat
     assert not named(bug_for(other, "one secret", ROOT), refs).passed
     monkeypatch.delenv(SECRET)
     assert for_student(ASSIGNMENT, grade.refs, mine)["bug_named"] == grade.refs["bug_named"]
+
+
+def test_batch_single_and_gradescope_grades_read_bug_txt_alike(tmp_path, monkeypatch):
+    """What a submission is, once (submission_files.files_read: BUG.txt is one of find_the_bug's
+    files, and of no other assignment's): a correct, correctly named find_the_bug submission
+    earns bug_named graded alone, in a batch and by the Gradescope autograder, the same verdict
+    each way (the batch once read only the functions' files: every student lost the naming
+    point). bug_named alone is graded, on the class's bug."""
+    import io
+
+    from assignments import batch
+    from assignments.export import autograde, gradescope_source
+    from assignments.grade import grade
+    from assignments.submission_files import files_read
+
+    assert [name for name, a in ASSIGNMENTS.items() if ANSWER in files_read(a)] == ["find_the_bug"]
+    named = next(c for c in ASSIGNMENT.checks if c.name == "bug_named")
+    monkeypatch.setitem(ASSIGNMENTS, "find_the_bug", type(ASSIGNMENT)(**{**ASSIGNMENT.__dict__, "checks": (named,)}))
+    submission = tmp_path / "submissions" / "ada"
+    for rel, text in reference_files(planted_bug(ROOT)[0]).items():
+        (submission / rel).parent.mkdir(parents=True, exist_ok=True)
+        (submission / rel).write_text(text)
+    alone = grade(submission, assignment="find_the_bug", seed=HIDDEN_SEED)
+    reports = batch.grade_batch("find_the_bug", tmp_path / "submissions", tmp_path / "grades.csv", seed=HIDDEN_SEED,
+                                file=io.StringIO())
+    source = gradescope_source("find_the_bug", tmp_path / "source", HIDDEN_SEED, check_reference=False)
+    autograde(source, submission, tmp_path / "results" / "results.json")
+    tests = json.loads((tmp_path / "results" / "results.json").read_text())["tests"]
+    verdicts = [(t["name"], t["status"] == "passed", t["score"]) for t in tests]
+    assert verdicts == [("bug_named", True, 1.0)]
+    assert [(r.check, r.passed, r.points) for r in alone.results] == verdicts
+    assert [(r.check, r.passed, r.points) for r in reports[0].results] == verdicts

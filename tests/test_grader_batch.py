@@ -13,9 +13,13 @@ import io
 import json
 import os
 
-import pytest
+from pathlib import Path
 
-from assignments.batch import grade_batch
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from assignments.batch import csv_cell, find_submissions, grade_batch
 from assignments.export import gradescope_results
 from assignments.grade import print_report
 from assignments.make import ROOT
@@ -30,8 +34,10 @@ MEMORY_MB = 256  # the memory hog asks for 6 x 100 MB
 # the class, in the CSV's order: kind -> how many
 # (its hang waits rather than spins: the same timeout ends it, without taking a core from the other
 # tests for TIMEOUT seconds; benchmarks/demo_class.py grades both kinds)
+# (the hijacker's metadata lists the checkout and its classmates' folders; the formula-id student's
+# folder name starts with "=": it sorts last, as it comes last here)
 CLASS = {"honest": 1, "symlink-checkout": 1, "hang-waiting": 1, "crash": 1, "deep-json": 1, "memory-hog": 1, "ansi": 1,
-         "honest-loop": 1}
+         "honest-loop": 1, "hijack-metadata": 1, "formula-id": 1}
 PER_ROUND = {"tokens_per_round", "speedup", "best_gamma_choice"}  # the checks that call expected_tokens_per_round
 
 
@@ -44,6 +50,119 @@ def test_printable_escapes_every_control_and_formatting_character():
     assert shown == "ok\\x1b[2J\\x1b[H\\x9b31m\\x0dALL PASS\\x08\\x07 \\u202eevil\\u200b\nline\ttab é ü 你"
     assert printable(shown) == shown
     assert printable(forged, newlines=False).count("\n") == 0 and "\\n" in printable(forged, newlines=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a batch is: a row per student folder, metadata from the export's top only, safe cells
+# ------------------------------------------------------------------------------------------------
+
+def _metadata(entries: dict) -> str:
+    """Gradescope's submission_metadata.yml for {folder key: submitter's sid}."""
+    import yaml
+
+    return yaml.safe_dump({key: {":submitters": [{":name": f"name of {sid}", ":sid": sid}]}
+                           for key, sid in entries.items()})
+
+
+def _export(top, folders):
+    for name in folders:
+        (top / name).mkdir(parents=True)
+    return top
+
+
+def test_metadata_is_read_at_the_top_only_and_names_only_its_own_folders(tmp_path):
+    """Keys that lead outside the export (absolute, '..', through a folder), name no folder, or a
+    link to one: never a submission. A student's own submission_metadata.yml is one of their
+    files. Every folder is one row; one the metadata does not name keeps its folder's name, and
+    the row says so."""
+    top = _export(tmp_path / "export", ["submission_1", "submission_2", "submission_3"])
+    outside = _export(tmp_path, ["elsewhere"]) / "elsewhere"
+    (top / "linked").symlink_to(outside)
+    (top / "submission_3" / "submission_metadata.yml").write_text(_metadata({"../submission_1": "copied",
+                                                                             str(outside): "outsider"}))
+    (top / "submission_metadata.yml").write_text(_metadata({
+        "submission_1": "100", "../elsewhere": "dotdot", str(outside): "absolute", str(top / "submission_2"): "abs2",
+        "submission_2/../submission_1": "through", "linked": "link", "submission_9": "nobody"}))
+    found = find_submissions(top)
+    assert [(s.student, s.name, s.folder) for s in found] == [
+        ("100", "name of 100", top / "submission_1"), ("submission_2", "", top / "submission_2"),
+        ("submission_3", "", top / "submission_3")]
+    assert found[0].notes == [] and all("does not name this folder" in s.notes[0] for s in found[1:])
+
+
+@pytest.mark.parametrize("how, why", [
+    ("unclosed", "not valid YAML"), ("list", "not a mapping"), ("unhashable", "not valid YAML"),
+    ("deep", "not valid YAML"), ("link", "symbolic link"), ("fifo", "named pipe"), ("folder", "a folder"),
+])
+def test_metadata_that_cannot_be_read_is_a_note_on_every_row(tmp_path, how, why):
+    """Malformed YAML, a list, an unhashable key, nesting deeper than the parser goes, a link (to
+    a root-only file), a FIFO, a folder: no traceback; every folder is a row under its own name,
+    with a note saying the metadata could not be read and why. (It ended the batch with a
+    ScannerError and no CSV.)"""
+    top = _export(tmp_path / "export", ["submission_1", "submission_2"])
+    metadata = top / "submission_metadata.yml"
+    text = {"unclosed": "submission_1: [unclosed\n", "list": "- submission_1\n- submission_2\n",
+            "unhashable": "? [a, b]\n: c\n", "deep": "[" * 100_000}
+    if how in text:
+        metadata.write_text(text[how])
+    elif how == "link":
+        metadata.symlink_to("/etc/shadow")
+    elif how == "fifo":
+        os.mkfifo(metadata)
+    else:
+        metadata.mkdir()
+    found = find_submissions(top)
+    assert [(s.student, s.folder.name) for s in found] == [("submission_1", "submission_1"),
+                                                           ("submission_2", "submission_2")]
+    for s in found:
+        assert len(s.notes) == 1 and "submission_metadata.yml could not be read" in s.notes[0], s.notes
+        assert why in s.notes[0], s.notes
+
+
+_KEYS = st.one_of(st.sampled_from(["submission_1", "submission_2", "..", ".", "/", "/etc", "../submission_1",
+                                   "submission_1/..", "submission_1/../submission_2", "~", ""]),
+                  st.text(max_size=12))
+_VALUES = st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=8), st.booleans()),
+                       lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                               st.dictionaries(st.sampled_from([":submitters", ":sid", ":name",
+                                                                                ":email", "x"]), inner, max_size=3)),
+                       max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=st.dictionaries(_KEYS, _VALUES, max_size=6), raw=st.one_of(st.none(), st.binary(max_size=200)))
+@example(records={"submission_1": {":submitters": 5}, "submission_2": {":submitters": [{":sid": [1]}, 7]}}, raw=None)
+def test_any_metadata_gives_each_folder_exactly_one_row_inside_the_export(records, raw):
+    """Whatever the metadata holds (any keys and values, or any bytes): every folder of the
+    export is one row, in order, and nothing outside it is ever a submission."""
+    import tempfile
+
+    import yaml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        top = _export(Path(tmp) / "export", ["submission_1", "submission_2", "submission 3"])
+        text = raw if raw is not None else yaml.safe_dump(records).encode()
+        (top / "submission_metadata.yml").write_bytes(text)
+        found = find_submissions(top)
+        assert [s.folder for s in found] == [top / "submission 3", top / "submission_1", top / "submission_2"]
+        assert all(isinstance(s.student, str) and s.student and isinstance(s.name, str) for s in found)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=40) | st.sampled_from(["=1+1", "+1", "-1", "@SUM(A1)", "\t=1", "\r=1",
+                                                   "=cmd|' /C calc'!A0"]))
+def test_no_csv_cell_starts_a_formula(text):
+    """Any text (an id, a name, a note) becomes a cell that does not start with = + - @, a tab or
+    a carriage return, holds no control character, and reads back as the escaped text, with a
+    leading ' where it was neutralised."""
+    cell = csv_cell(text)
+    assert not cell.startswith(("=", "+", "-", "@", "\t", "\r"))
+    assert not any(ord(c) < 32 or 0x7f <= ord(c) <= 0x9f for c in cell)
+    shown = printable(text, newlines=False)
+    assert cell == (("'" + shown) if shown[:1] in ("=", "+", "-", "@") else shown)
+    written = io.StringIO()
+    csv.writer(written).writerow([cell])
+    assert next(csv.reader(io.StringIO(written.getvalue()))) == [cell]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +186,7 @@ def graded(shared):
 
 
 def _row(graded, kind):
-    return graded["rows"][next(n for n in graded["names"] if n.endswith("-" + kind))]
+    return graded["rows"][csv_cell(next(n for n in graded["names"] if n.endswith("-" + kind)))]
 
 
 def _report(graded, kind):
@@ -78,11 +197,35 @@ def test_every_student_gets_a_row_in_order(graded):
     """A row per student, in order, each with every column filled; the honest students, first and
     after all the hostile ones, get full marks (a batch that stopped, or a sandbox left broken by
     a hostile student, would miss them)."""
-    assert graded["order"] == graded["names"]
+    assert graded["order"] == [csv_cell(name) for name in graded["names"]]
     assert all(row["max"] == f"{ASSIGNMENT.points:g}" and row["seconds"] for row in graded["rows"].values())
     for kind in ("honest", "honest-loop"):
         assert _row(graded, kind)["total"] == f"{ASSIGNMENT.points:g}", _row(graded, kind)
     assert f"[{len(CLASS)}/{len(CLASS)}]" in graded["progress"]
+
+
+def test_a_students_metadata_file_hijacks_nothing(graded):
+    """A submission_metadata.yml in a student's own folder, listing the instructor's checkout and
+    every classmate's folder under ids of its choosing: it is a file of that student's folder,
+    nothing more. The batch graded the checkout as a submission (full marks to an id the file
+    chose), gave a classmate's grade a second id and left every unlisted student out of the CSV;
+    now each folder is one row under its own name, the hijacker's 0 (it submitted no code)."""
+    row = _row(graded, "hijack-metadata")
+    assert row["total"] == "0" and row["student"] == row["submission"]
+    assert sorted(graded["rows"]) == sorted(csv_cell(name) for name in graded["names"])
+    assert not any(cell.startswith(("hijacker", "second-id")) for cell in graded["rows"])
+    assert "hijacker" not in graded["text"] and "second-id" not in graded["text"]
+
+
+def test_a_formula_id_reaches_the_csv_as_text(graded):
+    """A student whose id (its folder's name) starts with "=": the cell starts with ' (text to a
+    spreadsheet), the rest of it kept; graded in full as the honest submission it is. No cell of
+    the CSV starts with what a spreadsheet runs as a formula."""
+    row, name = _row(graded, "formula-id"), next(n for n in graded["names"] if n.endswith("-formula-id"))
+    assert name.startswith("=") and row["student"] == "'" + name and row["submission"] == "'" + name
+    assert row["total"] == f"{ASSIGNMENT.points:g}"
+    cells = [cell for line in csv.reader(io.StringIO(graded["text"])) for cell in line]
+    assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in cells)
 
 
 def test_a_link_to_the_checkout_is_refused(graded):
@@ -218,3 +361,43 @@ def test_a_checks_processes_are_held_to_the_sandboxs_memory_limit():
         assert _child_allocating(memory.for_child(), 16) == (0, "1000")
     finally:
         memory.close()
+
+
+def test_a_checks_processes_join_the_sandboxs_cpu_cgroup():
+    """Each sandbox's checks share one CPU weight (cpu.SandboxCPU): a process that joins as a
+    check's child does (sandbox.join_cpu, after join_memory) is in the sandbox's own cpu cgroup,
+    whose weight is the default one (every sandbox alike), not in the grader's; the cgroup is
+    gone once closed. Where none can be made, the reason is said."""
+    from assignments.cpu import SHARES_V1, WEIGHT_V2, SandboxCPU
+    from assignments.memory import SandboxMemory
+    from assignments.sandbox import join_cpu, join_memory
+
+    memory = SandboxMemory(256 << 20)
+    cpu = SandboxCPU(memory)
+    try:
+        if cpu.folder is None:
+            pytest.skip(f"no cpu cgroup can be made here: {cpu.why_not}")
+        weight = cpu.folder / ("cpu.weight" if (cpu.folder / "cpu.weight").exists() else "cpu.shares")
+        assert int(weight.read_text()) == (WEIGHT_V2 if weight.name == "cpu.weight" else SHARES_V1)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read)
+                join_memory(memory.for_child())
+                join_cpu(cpu.for_child())
+                os.write(write, open("/proc/self/cgroup").read().encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        groups = os.read(read, 65536).decode()
+        os.waitpid(pid, 0)
+        where = {line.split(":", 2)[1]: line.split(":", 2)[2] for line in groups.splitlines()}
+        mine = next(path for controllers, path in where.items() if "cpu" in controllers.split(",") or controllers == "")
+        assert mine.rstrip("/").endswith(cpu.folder.name), (where, cpu.folder)
+        assert cpu.folder.name not in open("/proc/self/cgroup").read()  # the grader stays where it was
+    finally:
+        folder, made = cpu.folder, cpu.made
+        cpu.close()
+        memory.close()
+    assert not made or not folder.exists()

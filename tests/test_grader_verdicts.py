@@ -697,3 +697,288 @@ def test_the_ngram_checks_target_always_lets_the_lookup_save_forwards(tmp_path, 
     monkeypatch.setattr(secrets, "randbits", lambda bits: next(drawn))
     chosen = greedy_reference(inputs, data)
     assert chosen["secret"] >= 10_000 and not plain_passes(chosen["secret"])
+
+
+def _renamed(tokens, order=None):
+    """tokens with each renamed by the order of its first appearance, and the renaming."""
+    order = {} if order is None else order
+    return tuple(order.setdefault(t, len(order)) for t in tokens), order
+
+
+def test_no_renaming_proof_table_of_the_visible_cases_answers_ngram_lookups_hidden_cases():
+    """ngram_lookup's hidden cases are drawn afresh, not the visible ones with their tokens
+    renamed: a table of the visible answers keyed by each case up to renaming (its answer renamed
+    back), proposing nothing for a case it does not know, scores what proposing nothing scores
+    (0) at every seed tried; on the visible inputs (the control) it scores full. (The hidden cases
+    were the visible ones renamed: such a table passed them.)"""
+    from assignments.forms import read
+    from assignments.ngram_drafter import lookup_inputs
+
+    check = ASSIGNMENTS["ngram_drafter"].check("ngram_lookup")
+    visible = lookup_inputs(VISIBLE_SEED)
+    answers = check.probe(visible, None)  # the instructor's drafter, in this process
+    table = {}
+    for (_, tokens, num_tokens, max_ngram, cap), answer in zip(visible["cases"], answers):
+        shape, order = _renamed(tokens)
+        table[shape, num_tokens, max_ngram, cap] = [order[t] for t in answer["tokens"]]
+
+    def looked_up(inputs):
+        values = []
+        for _, tokens, num_tokens, max_ngram, cap in inputs["cases"]:
+            shape, order = _renamed(tokens)
+            back = {v: k for k, v in order.items()}
+            known = table.get((shape, num_tokens, max_ngram, cap))
+            values.append({"tokens": [back[t] for t in known] if known is not None else [], "q_is_none": True})
+        return values
+
+    def passes(inputs, values):
+        reference = check.probe(inputs, None)
+        try:
+            check.judge(inputs, reference, read(check.form(inputs, reference), values))
+            return True
+        except Failed:
+            return False
+
+    assert passes(visible, looked_up(visible))
+    for seed in range(1, 301):
+        inputs = lookup_inputs(seed)
+        nothing = [{"tokens": [], "q_is_none": True} for _ in inputs["cases"]]
+        assert not passes(inputs, nothing), seed
+        assert not passes(inputs, looked_up(inputs)), seed
+        assert passes(inputs, check.probe(inputs, None)), seed
+
+
+def _drafted_by_the_draft_model(self, tokens, num_tokens, *args, **kwargs):
+    """The issue's attack on ngram_greedy: no lookup, the data folder found on the caller's stack,
+    its draft model's greedy tokens proposed (the target agrees with them most of the time)."""
+    import inspect
+
+    import torch
+
+    from assignments.probing import load
+
+    frame = inspect.currentframe()
+    while frame is not None and "data" not in frame.f_locals:
+        frame = frame.f_back
+    draft, out, proposal = load(frame.f_locals["data"], "draft"), list(tokens), []
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            proposal.append(int(draft(torch.tensor([out]))[0, -1].argmax()))
+            out.append(proposal[-1])
+    return proposal, None
+
+
+@pytest.mark.parametrize("drafter", ["the instructor's lookup", "the draft model"])
+def test_ngram_greedy_fails_a_drafter_that_drafts_with_a_model(tmp_path, monkeypatch, drafter):
+    """ngram_greedy judges each proposal against the n-gram lookup's on the same tokens: a
+    propose() that drafts with the draft model it finds on its caller's stack gives the target's
+    output with fewer forwards than the lookup (it passed, and ngram_drafter with it) and now
+    fails, naming the call; the instructor's drafter (the control) passes. In this process, on the
+    grader's own server, as failing_checks runs the reference."""
+    from assignments.forms import read
+    from spec_decoding.drafters import NGramDrafter
+
+    check = ASSIGNMENTS["ngram_drafter"].check("ngram_greedy")
+    data = make_data(tmp_path / "data")
+    inputs = check.make_inputs(3)
+    reference = json.loads(json.dumps(check.reference(inputs, data)))
+    if drafter == "the draft model":
+        monkeypatch.setattr(NGramDrafter, "propose", _drafted_by_the_draft_model)
+    server = check.serve(inputs, reference, data)
+    serve_here(server)
+    try:
+        values = json.loads(json.dumps(check.probe(inputs, data)))
+    finally:
+        serve_here(None)
+    got = read(check.form(inputs, reference), values)
+    if drafter == "the instructor's lookup":
+        check.judge(inputs, reference, got, server.record())
+        return
+    with pytest.raises(Failed, match=r"propose\(\) call \d+ .* proposed .*expected .*the n-gram lookup"):
+        check.judge(inputs, reference, got, server.record())
+
+
+STATISTICAL = {name: [c.name for c in a.checks if c.statistical] for name, a in ASSIGNMENTS.items()}
+
+
+def test_the_statistical_checks_are_those_that_test_draws_and_their_second_draw_is_independent():
+    """Every check judged by a chi-square test is marked statistical (and no exact one): its
+    references hold a second draw whose inputs share no generator seed with the first's, and at
+    no seed is a second draw's seed a first draw's (the visible inputs' included)."""
+    from assignments.references import second_seed
+
+    assert STATISTICAL == {
+        "rejection_sampling": ["first_token", "bonus_token", "acceptance_rate", "second_token", "point_mass_draft",
+                               "lossless"],
+        "tree_verify": ["multi_draft_output", "multi_draft_one_child", "multi_draft_all_rejected", "tree_lossless"],
+        "ngram_drafter": ["ngram_lossless"], "find_the_bug": ["bug_fixed"],
+        "kv_cache": [], "greedy_speculative": [], "gamma_cost_model": []}
+    firsts = set(range(MAX_SEED + 1))
+    assert not firsts & {second_seed(seed) for seed in firsts}
+    for name, checks in STATISTICAL.items():
+        for check in map(ASSIGNMENTS[name].check, checks):
+            for seed in (0, 1, 77, MAX_SEED):
+                first, second = check.make_inputs(seed), check.make_inputs(second_seed(seed))
+                seeds = lambda inputs: {v for k, v in inputs.items() if k.endswith("seed")}  # noqa: E731
+                assert seeds(first) and not seeds(first) & seeds(second), (check.name, first, second)
+
+
+def _judging(check, verdicts: dict, calls: list):
+    """check with a judge that raises verdicts[which draw] (None: passes), counting its calls."""
+    from dataclasses import replace
+
+    from assignments.references import second_seed
+
+    def judge(inputs, reference, got, *served):
+        draw = "second" if inputs == check.make_inputs(second_seed(1)) else "first"
+        calls.append(draw)
+        if verdicts[draw] is not None:
+            raise verdicts[draw](f"the {draw} draw's verdict")
+
+    return replace(check, judge=judge)
+
+
+@pytest.mark.parametrize("first, second, fails", [
+    ("Unlikely", None, False), ("Unlikely", "Unlikely", True), ("Unlikely", "Failed", True), ("Failed", None, True),
+])
+def test_a_statistical_failure_is_judged_again_on_the_second_draw(tmp_path, first, second, fails):
+    """The reference check (failing_checks, in this process) as a student is judged: an Unlikely
+    first draw is judged again on the second draw and fails only if that fails too, with both
+    messages; an exact failure (Failed) is final, the second draw never judged."""
+    from dataclasses import replace
+
+    from assignments.definition import Unlikely
+
+    kinds = {"Unlikely": Unlikely, "Failed": Failed, None: None}
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    calls = []
+    check = _judging(assignment.check("bonus_token"), {"first": kinds[first], "second": kinds[second]}, calls)
+    data = make_data(tmp_path / "data")
+    refs = references(assignment, data, 1, [assignment.check("bonus_token")])
+    failures = failing_checks(replace(assignment, checks=(check,)), data, refs)
+    assert calls == (["first", "second"] if first == "Unlikely" else ["first"])
+    assert bool(failures) == fails
+    if first == "Unlikely" and fails:
+        assert failures["bonus_token"] == ("the first draw's verdict; a second, independent draw failed too: "
+                                           "the second draw's verdict")
+
+
+def test_a_grade_passes_a_check_whose_second_draw_passes(tmp_path):
+    """Through the sandbox (grade_tree): the instructor's rejection.py graded on bonus_token with
+    a judge that finds the first draw unlikely: the second draw is run in its own child and
+    judged, the check passes with both draws counted and says the first was unlikely; where the
+    second is unlikely too it fails with both messages. (Before, the first draw decided.)"""
+    from dataclasses import replace
+
+    from assignments.definition import Unlikely
+    from assignments.grade import Zygote, grade_tree
+    from assignments.make import make
+
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    data = make_data(tmp_path / "data")
+    make(list(assignment.functions), tmp_path / "copy", assignment=assignment.name, ship_visible=False)
+    refs = references(assignment, data, 1, [assignment.check("bonus_token")])
+    files = {resolve(f).file: ROOT / resolve(f).file for f in assignment.functions}
+    with Zygote(tmp_path / "copy") as zygote:
+        for second, passed in ((None, True), (Unlikely, False)):
+            calls = []
+            check = _judging(assignment.check("bonus_token"), {"first": Unlikely, "second": second}, calls)
+            report = grade_tree(replace(assignment, checks=(check,)), tmp_path / "copy", files, data, refs,
+                                zygote=zygote)
+            (result,) = report.results
+            assert calls == ["first", "second"] and result.draws == 2 and result.passed == passed
+            assert result.points == (check.points if passed else 0)
+            assert ("ok on a second, independent draw (the first was unlikely: the first draw's verdict)"
+                    if passed else "a second, independent draw failed too: the second draw's verdict") in result.message
+
+
+def test_the_guides_false_failure_rates_are_alpha_squared_per_statistical_check():
+    """docs/instructor_guide.md states, per assignment, the checks judged on two draws and the
+    rate at which a correct solution fails one of them: exactly the checks marked statistical,
+    and their count times alpha squared (the draws are independent: the test above)."""
+    from spec_decoding.checks import P_VALUE_THRESHOLD
+
+    guide = (ROOT / "docs" / "instructor_guide.md").read_text()
+    table = guide[guide.index("| assignment | statistical checks (two draws each)"):]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        name, checks, rate = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[name] = ([c.strip() for c in checks.split("(")[0].split(",")], rate)
+    assert {name: checks for name, (checks, _) in rows.items()} == {n: c for n, c in STATISTICAL.items() if c}
+    for name, (checks, rate) in rows.items():
+        per_million = round(len(checks) * P_VALUE_THRESHOLD ** 2 * 1e6)
+        assert rate == f"about {per_million} in 1,000,000", (name, rate)
+
+
+def test_a_planted_bug_fails_both_draws_and_the_reference_neither(tmp_path):
+    """The guide's power table, one cell: with the bug zoo's "resample from p" planted in this
+    process, first_token fails the instructor's code on both draws (the message says so) at
+    two seeds; without it, it passes."""
+    from spec_decoding.bug_zoo import BUGS
+
+    assignment = ASSIGNMENTS["rejection_sampling"]
+    check = assignment.check("first_token")
+    data = make_data(tmp_path / "data")
+    for seed in (1, 2):
+        refs = references(assignment, data, seed, [check])
+        assert "retry" in refs["first_token"]
+        assert failing_checks(assignment, data, refs) == {}
+        with BUGS["resample from p"].planted():
+            failed = failing_checks(assignment, data, refs)
+        assert "a second, independent draw failed too" in failed["first_token"], failed
+
+
+def _is_tokens(value) -> bool:
+    return isinstance(value, list) and len(value) > 0 and all(type(v) is int for v in value)
+
+
+def _canonical(value, order: dict):
+    """`value` up to renaming the token ids in it (the integers of its lists of integers, each
+    by the order of its first appearance; a count or a length stays itself): what a
+    renaming-proof lookup table keys a case by."""
+    if _is_tokens(value):
+        return tuple(("token", order.setdefault(v, len(order))) for v in value)
+    if isinstance(value, list):
+        return tuple(_canonical(v, order) for v in value)
+    if isinstance(value, dict):
+        return tuple((key, _canonical(v, order)) for key, v in sorted(value.items()))
+    return value
+
+
+def _mapped(value, renaming: dict):
+    """`value` (an answer) with each integer that `renaming` maps replaced by its image."""
+    if isinstance(value, bool) or not isinstance(value, (int, list, dict)):
+        return value
+    if isinstance(value, int):
+        return renaming.get(value, value)
+    if isinstance(value, list):
+        return [_mapped(v, renaming) for v in value]
+    return {key: _mapped(v, renaming) for key, v in value.items()}
+
+
+@pytest.mark.parametrize("name", [n for n, a in ASSIGNMENTS.items() if any(c.visible and not c.serve for c in a.checks)])
+def test_a_renaming_proof_table_of_every_visible_check_scores_nothing_hidden(tmp_path, name):
+    """Every visible check (but the served ones, whose target is a secret drawn per grade): a
+    table of the values the instructor's code sends on the visible inputs, keyed by the inputs up
+    to renaming their integers, answers hidden inputs (seeds 1 and 2) only where their form is a
+    visible one's; its answer, renamed back, then fails the hidden judge. Elsewhere it has no
+    entry, and answers nothing (a do-nothing submission)."""
+    from assignments.forms import read
+
+    data = make_data(tmp_path / "data")
+    for check in (c for c in ASSIGNMENTS[name].checks if c.visible and not c.serve):
+        visible = check.make_inputs(VISIBLE_SEED)
+        order = {}
+        key = _canonical(visible, order)
+        answer = json.loads(json.dumps(check.probe(visible, data)))  # what the copy's shipped answers give
+        for seed in (1, 2):
+            hidden, found = check.make_inputs(seed), {}
+            if _canonical(hidden, found) != key:
+                continue  # no entry: the table answers nothing
+            back = {order_index: value for value, order_index in found.items()}
+            renamed = _mapped(answer, {value: back[index] for value, index in order.items()})
+            reference = json.loads(json.dumps((check.reference or check.probe)(hidden, data)))
+            with pytest.raises(Failed):
+                check.judge(hidden, reference, read(check.form(hidden, reference), renamed))

@@ -251,9 +251,15 @@ ASSIGNMENT = Assignment(
     functions=FUNCTIONS,
     # Siblings that hold the answers: break_even_alpha evaluates the speed-up over gammas as
     # best_gamma does; the token tree's expectation and speed-up are the chain's with other names;
-    # AutoGamma's round time is the CostModel's with a refitted scale.
+    # AutoGamma's round time is the CostModel's with a refitted scale, its tokens per second the
+    # expectation by position over it; the batch cost model's best gamma is best_gamma's argmax,
+    # its speed-up and verify cost (as CostModel.verify_cost) the round's cost terms.
     removed=("spec_decoding.policies.theory.break_even_alpha", "spec_decoding.policies.theory.expected_tokens_per_tree_round",
-             "spec_decoding.policies.theory.predicted_tree_speedup", "spec_decoding.policies.gamma.AutoGamma.round_seconds"),
+             "spec_decoding.policies.theory.predicted_tree_speedup", "spec_decoding.policies.gamma.AutoGamma.round_seconds",
+             "spec_decoding.policies.gamma.AutoGamma.tokens_per_second", "spec_decoding.policies.costs.CostModel.verify_cost",
+             "spec_decoding.policies.costs.BatchCostModel.verify_cost",
+             "spec_decoding.policies.costs.BatchCostModel.predicted_speedup",
+             "spec_decoding.policies.costs.BatchCostModel.best_gamma"),
     # The speed-up notebook derives and plots these formulas.
     dropped=("notebooks/04_speedup_theory.*",),
     readme="assignments/gamma_cost_model/README.md",

@@ -269,8 +269,12 @@ ASSIGNMENT = Assignment(
     name="kv_cache",
     functions=(UPDATE, TRUNCATE, ATTENTION),
     # keep() holds truncate's check and length move (truncate is keep(length, [])); the compiled
-    # decode's SlotCache.update writes keys and values in place, as update does.
-    removed=("gpt2.kv_cache.KVCache.keep", "gpt2.speed.compiled.SlotCache.update"),
+    # decode's SlotCache.update writes keys and values in place, as update does; the batched
+    # cache's update and truncate are this cache's with a length per row (a KVCache's buffers
+    # wrapped in one answer both).
+    removed=("gpt2.kv_cache.KVCache.keep", "gpt2.speed.compiled.SlotCache.update",
+             "spec_decoding.algorithms.batched.BatchedKVCache.update",
+             "spec_decoding.algorithms.batched.BatchedKVCache.truncate"),
     readme="assignments/kv_cache/README.md",
     checks=(
         Check("kv_update", (UPDATE,), update_inputs, update_probe, update_judge, update_form, points=2,

@@ -1,6 +1,6 @@
 """Assignment 4: write an n-gram drafter (prompt lookup) (README.md here; instructor.md: notes)."""
 
-import torch
+import random
 
 from ..definition import Assignment, Check, Failed
 from ..forms import Bool, Int, List, Record, Samples, Tokens, Tuple
@@ -29,12 +29,83 @@ CASES = [
 
 
 def lookup_inputs(seed):
-    cases = [list(case) for case in CASES]
-    if seed:  # the hidden inputs: the same cases with the tokens renamed
-        rename = torch.randperm(50, generator=seeded(seed)).tolist()
-        for case in cases:
-            case[1] = [rename[t] for t in case[1]]
-    return {"cases": cases}
+    """The visible cases (seed 0), or cases drawn for this seed (drawn_cases): not the visible
+    ones relabelled, so no table of the visible answers, however it renames tokens, answers them."""
+    if seed == 0:
+        return {"cases": [list(case) for case in CASES]}
+    return {"cases": drawn_cases(random.Random(f"ngram_drafter/{seed}"))}
+
+
+def canonical(case) -> tuple:
+    """A case up to renaming its tokens (each token by the order of its first appearance): what a
+    renaming-proof table of answers would be keyed by."""
+    _, tokens, num_tokens, max_ngram, cap = case
+    order = {}
+    return tuple(order.setdefault(t, len(order)) for t in tokens), num_tokens, max_ngram, cap
+
+
+VISIBLE_FORMS = {canonical(case) for case in CASES}
+RANDOM_CASES = 3  # after one case drawn for each rule: sequences drawn at random
+
+
+def drawn_cases(r: random.Random) -> list:
+    """One case for each rule CASES shows (its words, in its order), each built afresh from random
+    lengths, positions and tokens (every token but the repeated n-grams distinct, so only the rule's
+    own match is there), then RANDOM_CASES sequences drawn at random over a few tokens. A case whose
+    form equals a visible case's up to renaming (canonical) is drawn again."""
+    cases = []
+    for i, (what, *_) in enumerate(CASES):
+        while True:
+            case = [what, *_rule_case(i, r)]
+            if canonical(case) not in VISIBLE_FORMS:
+                break
+        cases.append(case)
+    while len(cases) < len(CASES) + RANDOM_CASES:
+        alphabet = r.sample(range(100), r.randint(2, 5))
+        tokens = [r.choice(alphabet) for _ in range(r.randint(2, 16))]
+        case = ["a sequence drawn at random: every rule above applies", tokens, r.randint(1, 5), r.randint(1, 4),
+                r.choice([None, None, r.randint(1, 4)])]
+        if canonical(case) not in VISIBLE_FORMS:
+            cases.append(case)
+    return cases
+
+
+def _rule_case(rule: int, r: random.Random) -> list:
+    """[tokens, num_tokens, max_ngram, cap] showing CASES[rule]'s rule, drawn with `r`."""
+    pool = r.sample(range(100), 100)
+    fresh = lambda n: [pool.pop() for _ in range(n)]  # noqa: E731  (tokens used nowhere else)
+    m, k = r.randint(1, 4), r.randint(1, 4)
+    if rule == 0:  # the last 3 tokens occurred earlier
+        x = fresh(3)
+        return [fresh(r.randint(0, 3)) + x + fresh(r.randint(k, k + 2)) + fresh(r.randint(0, 2)) + x, k, 3, None]
+    if rule == 1:  # two earlier occurrences: the most recent one's followers
+        x = fresh(m)
+        first, second = fresh(r.randint(k, k + 2)), fresh(r.randint(k, k + 2))
+        return [fresh(r.randint(0, 2)) + x + first + x + second + x, k, m, None]
+    if rule == 2:  # no match of max_ngram tokens, a shorter one matches
+        m = r.randint(2, 4)
+        j = r.randint(1, m - 1)
+        x = fresh(j)
+        return [fresh(r.randint(0, 2)) + x + fresh(r.randint(k, k + 2)) + fresh(m - j) + x, k, m, None]
+    if rule == 3:  # a longer n-gram earlier wins over a more recent match of its last token
+        m = r.randint(2, 4)
+        x = fresh(m)
+        return [fresh(r.randint(0, 2)) + x + fresh(r.randint(k, k + 2)) + fresh(1) + x[-1:] + fresh(r.randint(k, k + 2))
+                + fresh(r.randint(0, 2)) + x, k, m, None]
+    if rule == 4:  # nothing matches
+        return [fresh(r.randint(2, 9)), k, m, None]
+    if rule == 5:  # fewer tokens follow the match than asked for
+        x, follow = fresh(m), fresh(r.randint(0, 2))
+        return [fresh(r.randint(0, 2)) + x + follow + x, len(follow) + m + r.randint(1, 3), m, None]
+    if rule == 6:  # the drafter's own cap
+        x, cap = fresh(m), r.randint(1, 3)
+        return [fresh(r.randint(0, 2)) + x + fresh(cap + r.randint(1, 3)) + x, cap + r.randint(1, 3), m, cap]
+    if rule == 7:  # num_tokens = 0
+        x = fresh(m)
+        return [fresh(r.randint(0, 2)) + x + fresh(r.randint(1, 3)) + x, 0, m, None]
+    if rule == 8:  # one token
+        return [fresh(1), k, m, None]
+    return [fresh(1) * r.randint(2, 6), k, r.randint(1, 4), None]  # a run of one token
 
 
 def lookup_form(inputs, ref):
@@ -67,33 +138,70 @@ def greedy_inputs(seed):
     return {"prompt": PROMPT + PROMPT[:4] + [last], "max_gen": 24, "gamma": 4}
 
 
+def recording_drafter(calls: list):
+    """An NGramDrafter(max_ngram=3) (the copy's: in the probe, the student's) that appends
+    [how many tokens it was given, what it proposed] to `calls` at each propose()."""
+    from spec_decoding import NGramDrafter
+
+    class Recorded(NGramDrafter):
+        def propose(self, tokens, num_tokens, *args, **kwargs):
+            proposal, q = super().propose(tokens, num_tokens, *args, **kwargs)
+            calls.append([len(tokens), [whole_number(t, "propose()'s token") for t in proposal]])
+            return proposal, q
+
+    return Recorded(max_ngram=3)
+
+
 def greedy_probe(inputs, data):
     """Greedy speculative decoding with the student's drafter, on the grader's served target
-    (assignments/greedy_speculative: the grader counts its forwards)."""
-    from spec_decoding import NGramDrafter, speculative_sampling_greedy
+    (assignments/greedy_speculative: the grader counts its forwards); the output and every
+    proposal the drafter made."""
+    from spec_decoding import speculative_sampling_greedy
 
-    result = speculative_sampling_greedy(served_model(data), NGramDrafter(max_ngram=3), inputs["prompt"],
+    calls = []
+    result = speculative_sampling_greedy(served_model(data), recording_drafter(calls), inputs["prompt"],
                                          inputs["max_gen"], inputs["gamma"])
-    return plain_tokens(result)
+    return {"tokens": plain_tokens(result), "proposals": calls}
 
 
 def greedy_reference(inputs, data):
-    """The served target's greedy output, and the forwards the instructor's drafter takes, under a
-    secret target that continues the prompt's repetition often enough for those forwards to be
-    told from plain decoding's (greedy_speculative.served_reference, beats_plain)."""
-    from spec_decoding import NGramDrafter
+    """The served target's greedy output, the forwards the instructor's drafter takes and every
+    proposal it makes, under a secret target that continues the prompt's repetition often enough
+    for those forwards to be told from plain decoding's (greedy_speculative.served_reference,
+    beats_plain)."""
+    calls = []
 
-    return served_reference(inputs, data, [inputs], lambda: NGramDrafter(max_ngram=3), beats_plain=True)
+    def drafter():
+        calls.clear()  # a fresh drafter for each secret tried: the chosen one's proposals are kept
+        return recording_drafter(calls)
+
+    reference = served_reference(inputs, data, [inputs], drafter, beats_plain=True)
+    return {**reference, "proposals": [list(call) for call in calls]}
 
 
 def greedy_form(inputs, ref):
-    return Tokens(len(ref["tokens"][0]), VOCAB)
+    proposal = List(Int(0, 2**31 - 1, "a token id"), at_most=inputs["gamma"], what="tokens")
+    calls = List(Tuple((Int(0, 4096, "a length"), proposal), what="a call"), at_most=len(ref["proposals"]) + 64,
+                 what="propose() calls")
+    return Record({"tokens": Tokens(len(ref["tokens"][0]), VOCAB), "proposals": calls})
 
 
 def greedy_judge(inputs, ref, got, served):
-    check_tokens(got, ref["tokens"][0], "greedy speculative decoding with your drafter", hidden=False)
-    check_speculated(ref, served, "greedy speculative decoding with your drafter on a prompt that repeats itself",
-                     hidden=False)
+    """The target's output; then each proposal the drafter made, against the n-gram lookup's on
+    the same tokens (a drafter that drafts any other way, a model found from its caller included,
+    fails here, whatever forwards it saves); then the forwards the grader counted."""
+    what = "greedy speculative decoding with your drafter"
+    check_tokens(got["tokens"], ref["tokens"][0], what, hidden=False)
+    prompt = len(inputs["prompt"])
+    for i, (mine, want) in enumerate(zip(got["proposals"], ref["proposals"]), 1):
+        if mine != want:
+            raise Failed(f"{what}: propose() call {i} (given the prompt and {want[0] - prompt} generated tokens) "
+                         f"proposed {mine[1]}, expected {want[1]}: the drafter proposes what followed the most recent "
+                         f"earlier occurrence of the sequence's end (the n-gram lookup), nothing else")
+    if len(got["proposals"]) != len(ref["proposals"]):
+        raise Failed(f"{what}: propose() was called {len(got['proposals'])} times, expected "
+                     f"{len(ref['proposals'])} (one call per round)")
+    check_speculated(ref, served, what + " on a prompt that repeats itself", hidden=False)
 
 
 def lossless_inputs(seed):
@@ -137,6 +245,6 @@ ASSIGNMENT = Assignment(
               serve=serve_target, about="the grader counts the served target's forwards"),
         Check("ngram_lossless", (NGRAM,), lossless_inputs, lossless_probe, lossless_judge, lossless_form,
               visible=False,
-              reference=lossless_reference, timeout=120),
+              reference=lossless_reference, timeout=120, statistical=True),
     ),
 )
