@@ -916,7 +916,7 @@ def test_a_planted_bug_fails_both_draws_and_the_reference_neither(tmp_path):
     """The guide's power table, one cell: with the bug zoo's "resample from p" planted in this
     process, first_token fails the instructor's code on both draws (the message says so) at
     two seeds; without it, it passes."""
-    from spec_decoding.bug_zoo import BUGS
+    from spec_decoding.checks.bug_zoo import BUGS
 
     assignment = ASSIGNMENTS["rejection_sampling"]
     check = assignment.check("first_token")
