@@ -58,6 +58,10 @@ class Check:
     # judged by a test of its draws (its judge may raise Unlikely): the references also hold a
     # second, independent draw (references.second_seed), graded when the first is Unlikely
     statistical: bool = False
+    # A run that ended in an error (an exception, a time-out): (regular expression on its message,
+    # the usual mistake behind it, in the student's words), the first match added to the message.
+    # Text only: the verdict is the same with or without it.
+    hints: tuple[tuple[str, str], ...] = ()
 
 
 def same_run(check: Check, inputs) -> tuple | str:

@@ -14,6 +14,7 @@ or sends nothing fails with a message saying so, and the other checks are not af
 
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -154,9 +155,19 @@ def judge(check: Check, inputs, reference, run: ChildRun) -> CheckResult:
     return judged(check, inputs, reference, run)[0]
 
 
+def with_hint(check: Check, error: str | None) -> str | None:
+    """A run's error message with the usual mistake behind it, where one of check.hints matches."""
+    if error is None:
+        return None
+    for pattern, mistake in check.hints:
+        if re.search(pattern, error):
+            return f"{error}. The usual cause: {mistake}"
+    return error
+
+
 def judged(check: Check, inputs, reference, run: ChildRun) -> tuple[CheckResult, bool]:
     """(judge's verdict, whether it was a statistical one: Unlikely draws)."""
-    passed, message, unlikely = False, run.error, False
+    passed, message, unlikely = False, with_hint(check, run.error), False
     if run.error is None:
         try:
             got = read(check.form(inputs, reference), run.values)  # parse, don't trust: Malformed is a Failed

@@ -156,6 +156,9 @@ class GPT2(nn.Module):
 
     def _check_input(self, idx, start, cache, positions=None, attn_mask=None):
         """Shapes and types only (nothing that reads a tensor's values), each with what to do."""
+        if isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.shape[1] == 0:
+            raise ValueError("idx has no tokens (T = 0): feed at least one token (a cache that "
+                             "already holds every token has nothing new to score)")
         if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype != torch.long:
             got = f"{tuple(idx.shape)} {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise ValueError(f"idx must be a LongTensor of token ids with shape [B, T]; got {got}")

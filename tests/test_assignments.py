@@ -197,7 +197,7 @@ PLANTED = {
         # forward gets no new token (without a rejection before the last round it would pass: the
         # reference's secret makes sure there is one)
         ("spec_decoding/algorithms/greedy.py", "        roll_back(target_cache, drafter, len(tokens))\n", "",
-         "greedy_caches", "raised ValueError: idx must be a LongTensor of token ids with shape [B, T]; got (1, 0)"),
+         "greedy_caches", "The usual cause: the caches ran ahead of the accepted tokens: a forgotten roll_back"),
     ],
     "rejection_sampling": [
         ("spec_decoding/algorithms/rejection.py", "return residual / total if total > 0 else target_probs",
@@ -716,3 +716,24 @@ def test_the_students_copy_starts_at_the_assignment(tmp_path):
     assert (out / "README_project.md").read_text() == (ROOT / "README.md").read_text()
     removed = (out / "spec_decoding" / "speculative.py").read_text()
     assert "removed in this assignment" in removed and "README.md says what is yours to write" in removed
+
+
+@pytest.mark.parametrize("error, named", [
+    ("raised ValueError: idx has no tokens (T = 0): feed at least one token at gpt2/model.py:161",
+     "a forgotten roll_back(target_cache, drafter, len(tokens))"),
+    ("raised IndexError: list index out of range at spec_decoding/algorithms/greedy.py:57",
+     "a forgotten roll_back(target_cache, drafter, len(tokens))"),
+    ("raised ValueError: The KV cache holds 40 positions and has room for 40; 3 more don't fit",
+     "a cache made too small for prompt + max_gen"),
+    ("did not finish within 60 s (an endless loop? a very slow loop?)",
+     "the bonus when every draft token was kept"),
+])
+def test_a_crash_or_a_hang_of_the_greedy_loop_names_the_usual_mistake(error, named):
+    """greedy_speculative's checks add the mistake behind a run that crashed or hung to its message
+    (the forgotten roll_back, a cache too small, a round that adds no token); another error is
+    shown as it is, and a run without an error has no message to add to."""
+    from assignments.grade import with_hint
+    for check in ASSIGNMENTS["greedy_speculative"].checks:
+        assert with_hint(check, error).startswith(error) and named in with_hint(check, error)
+        assert with_hint(check, "raised KeyError: 'x'") == "raised KeyError: 'x'"
+        assert with_hint(check, None) is None

@@ -339,6 +339,23 @@ def stopping_judge(inputs, ref, got, served):
     check_speculated(ref, served, f"max_gen {inputs['max_gens']} and 30 with eos", hidden=False)
 
 
+# What a run that crashed or hung usually means here (the messages name the mistake; the
+# verdict is the same): the drafter or the target fed tokens its cache had already seen, or a
+# round that adds no token.
+HINTS = (
+    (r"idx has no tokens|idx must be a LongTensor .* got \(1, 0\)|IndexError: list index out of range",
+     "the caches ran ahead of the accepted tokens: a forgotten roll_back(target_cache, drafter, "
+     "len(tokens)) at the end of a round (step 4), so the next round found nothing new to feed, or "
+     "fed tokens that were never accepted"),
+    (r"room for",
+     "the caches ran ahead of the accepted tokens (a forgotten or misplaced roll_back), or a "
+     "cache made too small for prompt + max_gen"),
+    (r"did not finish within",
+     "a round that adds no token loops forever: the target's own token (the correction, or the "
+     "bonus when every draft token was kept) must be appended every round, also when gamma is 0"),
+)
+
+
 ASSIGNMENT = Assignment(
     name="greedy_speculative",
     functions=(GREEDY,),
@@ -357,16 +374,16 @@ ASSIGNMENT = Assignment(
     # worth 1 point and greedy_speculates 3: plain decoding still earns at most 2 of 8.
     checks=(
         Check("greedy_equals_target", (GREEDY,), equals_inputs, equals_probe, equals_judge, equals_form, points=2,
-              reference=equals_reference, serve=serve_target),
+              reference=equals_reference, serve=serve_target, hints=HINTS),
         Check("greedy_speculates", (GREEDY,), speculates_inputs, speculates_probe, speculates_judge, tokens_form,
               points=3,
-              reference=speculates_reference, serve=serve_target,
+              reference=speculates_reference, serve=serve_target, hints=HINTS,
               about="the grader counts the target's forwards: about max_gen / (accepted + 1) of them, not max_gen"),
         Check("greedy_unrelated_draft", (GREEDY,), equals_inputs, unrelated_probe, unrelated_judge, equals_form,
-              visible=False, reference=unrelated_reference, serve=serve_target),
+              visible=False, reference=unrelated_reference, serve=serve_target, hints=HINTS),
         Check("greedy_caches", (GREEDY,), caches_inputs, caches_probe, caches_judge, caches_form, visible=False,
-              reference=caches_reference, serve=serve_target),
+              reference=caches_reference, serve=serve_target, hints=HINTS),
         Check("greedy_stopping", (GREEDY,), stopping_inputs, stopping_probe, stopping_judge, stopping_form, points=1,
-              reference=stopping_reference, serve=serve_target),
+              reference=stopping_reference, serve=serve_target, hints=HINTS),
     ),
 )
