@@ -709,12 +709,12 @@ def test_the_students_copy_starts_at_the_assignment(tmp_path):
     make(list(greedy.functions), out, assignment="greedy_speculative", ship_visible=False)
     front = (out / "README.md").read_text()
     assert front.startswith("# Assignment `greedy_speculative`: your copy of the project")
-    assert "`speculative_sampling_greedy` in `spec_decoding/greedy.py`" in front
-    assert "python -m assignments check" in front and "`spec_decoding/greedy.py`." in front
+    assert "`speculative_sampling_greedy` in `spec_decoding/algorithms/greedy.py`" in front
+    assert "python -m assignments check" in front and "`spec_decoding/algorithms/greedy.py`." in front
     assert "`speculative_sampling`" in front.split("**Taken out of this copy**")[1]
     assert f"]({greedy.readme})" in front and (out / greedy.readme).is_file()
     assert (out / "README_project.md").read_text() == (ROOT / "README.md").read_text()
-    removed = (out / "spec_decoding" / "speculative.py").read_text()
+    removed = (out / "spec_decoding" / "algorithms" / "speculative.py").read_text()
     assert "removed in this assignment" in removed and "README.md says what is yours to write" in removed
 
 
