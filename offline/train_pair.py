@@ -379,6 +379,22 @@ def check_output_folder(out: Path, overwrite: bool) -> None:
         f"not a pair made by offline.train_pair. Choose a new or empty --out folder; nothing was written.")
 
 
+def same_pair_there(out: Path, settings: TrainSettings, texts, target_config: GPT2Config,
+                    draft_config: GPT2Config) -> dict | None:
+    """What out/train_pair.json says, if out holds a complete pair trained from these texts with
+    these settings and shapes (running the same command again need not train again); else None."""
+    try:
+        info = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    shape = ("n_layer", "n_head", "n_embd", "n_positions")
+    same = (isinstance(info, dict) and info.get("settings") == asdict(settings)
+            and info.get("texts") == (list(texts) if texts else None)
+            and all(isinstance(info.get(role), dict) and [info[role].get(k) for k in shape] == [getattr(config, k) for k in shape]
+                    for role, config in (("target", target_config), ("draft", draft_config))))
+    return info if same and not info["target"].get("cut_short") and not info["draft"].get("cut_short") else None
+
+
 def write_pair_atomically(out: Path, write) -> None:
     """Call write(tmp_folder) to fill a temporary folder beside `out`, then rename it to `out`.
     If anything fails or is interrupted before the rename, `out` is left as it was."""
@@ -487,6 +503,10 @@ def train_pair(out, texts: list[str] | None = None, settings: TrainSettings | No
     if target_config.n_positions != draft_config.n_positions:
         raise TrainPairError("the target and the draft must have the same n_positions")
     out = Path(out).expanduser().resolve()
+    if not overwrite and (kept := same_pair_there(out, settings, texts, target_config, draft_config)):
+        log(f"{out} already holds a pair trained with these settings (see {out / 'README.md'}): kept as it "
+            f"is (the same settings and seed train the same pair). Pass --overwrite to train it again.")
+        return kept
     check_output_folder(out, overwrite)
     random.seed(settings.seed)
     torch.manual_seed(settings.seed)

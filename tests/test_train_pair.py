@@ -5,6 +5,7 @@ the mechanics: the kept-vocabulary loss is exactly the saved model's loss over G
 vocabulary, the checkpoints load and decode speculatively, writing is atomic, bad input errors.
 """
 
+import dataclasses
 import json
 import math
 import re
@@ -101,8 +102,13 @@ def test_an_existing_pair_needs_overwrite_and_is_never_half_replaced(tmp_path, t
     out = tmp_path / "pair"
     tp.train_pair(out, texts, FAST, log=lambda *a: None)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    # the same command again (the README's, run twice): the pair it would train is there, kept
+    said = []
+    assert tp.train_pair(out, texts, FAST, log=said.append) == json.loads((out / tp.MARKER).read_text())
+    assert "kept as it is" in said[0] and before == {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    # other settings: refused without --overwrite
     with pytest.raises(tp.TrainPairError, match="already holds a trained pair.*--overwrite"):
-        tp.train_pair(out, texts, FAST, log=lambda *a: None)
+        tp.train_pair(out, texts, dataclasses.replace(FAST, seed=FAST.seed + 1), log=lambda *a: None)
 
     # Replacing it fails while writing the second checkpoint (a full disk, say): the old pair stays.
     real_save = tp.save_checkpoint
