@@ -401,3 +401,19 @@ def test_the_bug_zoos_plants_find_their_code():
         for file, old, _new in edits:
             assert (ROOT / file).is_file(), f"{bug}: {file} does not exist"
             assert old in (ROOT / file).read_text(), f"{bug}: {file} no longer holds {old!r}"
+
+
+# What `from spec_decoding import X` gave before the folders: every name still comes from the package.
+PUBLIC_API = ["autoregressive_generate", "speculative_sampling_greedy", "speculative_sampling", "Drafter",
+              "ModelDrafter", "NGramDrafter", "LayerSkipDrafter", "tree_speculative_sampling",
+              "modified_rejection_sampling", "residual_distribution", "logits_to_probs", "sample",
+              "GenerationResult", "GenerationStats", "CostModel", "GammaPolicy", "FixedGamma", "HeuristicGamma",
+              "AutoGamma"]
+
+
+def test_the_public_api_is_still_importable_from_the_package():
+    import spec_decoding
+
+    missing = [name for name in PUBLIC_API if not hasattr(spec_decoding, name)]
+    assert not missing, f"from spec_decoding import ... no longer finds {missing}"
+    assert set(PUBLIC_API) | {"SamplingParams", "Observers", "GREEDY"} <= set(spec_decoding.__all__)
