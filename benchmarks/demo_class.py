@@ -107,7 +107,7 @@ return 0.0
 def visible_table() -> dict:
     """{(alpha, gamma): expected tokens per round} over the visible grid of gamma_cost_model."""
     from assignments.gamma_cost_model import grid_inputs
-    from spec_decoding.theory import expected_tokens_per_round
+    from spec_decoding.policies.theory import expected_tokens_per_round
 
     grid = grid_inputs(0)
     return {(round(a, 6), g): expected_tokens_per_round(a, g) for a in grid["alphas"] for g in grid["gammas"]}

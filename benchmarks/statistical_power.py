@@ -24,7 +24,7 @@ DEFAULT = ("rejection_sampling", "tree_verify", "ngram_drafter")
 
 def sampling_bugs() -> dict:
     """The zoo's bugs that change the sampled law (caught by check_lossless), and sampler match."""
-    from spec_decoding.bug_zoo import BUGS
+    from spec_decoding.checks.bug_zoo import BUGS
 
     return {name: bug for name, bug in BUGS.items() if bug.check == "lossless" or name == "sampler match"}
 

@@ -306,25 +306,25 @@ SHORTCUTS = {
 SIBLING_SHORTCUTS = {
     "kv_cache": [
         ("gpt2/kv_cache.py", "KVCache.update", """
-            from spec_decoding.batched import BatchedKVCache
+            from spec_decoding.algorithms.batched import BatchedKVCache
             rows = BatchedKVCache(self)
             rows.lengths[:] = self.length
             return rows.update(layer, k, v)""", "kv_update", "removed in this assignment"),
         ("gpt2/kv_cache.py", "KVCache.truncate", """
-            from spec_decoding.batched import BatchedKVCache
+            from spec_decoding.algorithms.batched import BatchedKVCache
             rows = BatchedKVCache(self)
             rows.lengths[:] = self.length
             rows.truncate([length] * self.batch_size)
             self.length = int(rows.lengths[0])""", "kv_truncate", "removed in this assignment"),
     ],
     "gamma_cost_model": [
-        ("spec_decoding/theory.py", "expected_tokens_per_round", """
+        ("spec_decoding/policies/theory.py", "expected_tokens_per_round", """
             from benchmarks.demo_class import REFERENCE_BODY
             namespace = {}
             exec("def formula(alpha, gamma):" + chr(10) + REFERENCE_BODY, namespace)
             return namespace["formula"](alpha, gamma)""", "tokens_per_round", "demo_class"),
-        ("spec_decoding/theory.py", "expected_tokens_by_position", """
-            from spec_decoding.gamma import AutoGamma
+        ("spec_decoding/policies/theory.py", "expected_tokens_by_position", """
+            from spec_decoding.policies.gamma import AutoGamma
 
             class Positions(AutoGamma):
                 def __init__(self):
@@ -336,9 +336,9 @@ SIBLING_SHORTCUTS = {
                 def round_seconds(self, g):
                     return 1.0
 
-            return Positions()._tokens_per_second(0.0)[-1]""", "tokens_by_position", "removed in this assignment"),
-        ("spec_decoding/theory.py", "best_gamma", """
-            from spec_decoding.costs import BatchCostModel
+            return Positions().tokens_per_second(0.0)[-1]""", "tokens_by_position", "removed in this assignment"),
+        ("spec_decoding/policies/theory.py", "best_gamma", """
+            from spec_decoding.policies.costs import BatchCostModel
 
             class Costs(BatchCostModel):
                 def __init__(self):
@@ -349,7 +349,7 @@ SIBLING_SHORTCUTS = {
 
             Costs.verify_cost = lambda self, rows, g: 1.0 if verify_cost is None else verify_cost(g)
             return Costs().best_gamma(alpha, 1, gammas)""", "best_gamma_choice", "removed in this assignment"),
-        ("spec_decoding/costs.py", "CostModel.round_seconds",
+        ("spec_decoding/policies/costs.py", "CostModel.round_seconds",
          "return gamma * self.draft_step_s + self.verify_cost(gamma) * self.target_step_s",
          "round_seconds", "removed in this assignment"),
     ],
