@@ -401,3 +401,28 @@ def test_a_checks_processes_join_the_sandboxs_cpu_cgroup():
         cpu.close()
         memory.close()
     assert not made or not folder.exists()
+
+
+@pytest.mark.parametrize("name", [name for name, a in ASSIGNMENTS.items() if not a.plant])
+def test_each_assignments_reference_gets_the_same_verdicts_alone_and_in_a_batch(tmp_path, name):
+    """What a submission is, once: each ready-made assignment's reference solution (the project's
+    own files, as a student would submit them), graded alone and in a batch of one, gets the same
+    verdict from every check, and passes every one. (find_the_bug, whose answer file is BUG.txt,
+    is compared with the Gradescope autograder too: tests/test_find_the_bug.py.)"""
+    from assignments.grade import HIDDEN_SEED, grade
+    from assignments.make import resolve
+    from assignments.submission_files import files_read
+
+    assignment = ASSIGNMENTS[name]
+    submission = tmp_path / "submissions" / "ada"
+    for rel in files_read(assignment):
+        if (ROOT / rel).is_file():
+            (submission / rel).parent.mkdir(parents=True, exist_ok=True)
+            (submission / rel).write_text((ROOT / rel).read_text())
+    assert all((submission / resolve(f).file).is_file() for f in assignment.functions)
+    alone = grade(submission, assignment=name, seed=HIDDEN_SEED)
+    batched = grade_batch(name, tmp_path / "submissions", tmp_path / "grades.csv", seed=HIDDEN_SEED, file=io.StringIO())
+    verdicts = [(r.check, r.passed, r.points) for r in alone.results]
+    assert [(r.check, r.passed, r.points) for r in batched[0].results] == verdicts
+    assert [check.name for check in assignment.checks] == [check for check, _, _ in verdicts]
+    assert all(passed for _, passed, _ in verdicts), alone.results
