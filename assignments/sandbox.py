@@ -560,10 +560,16 @@ def fresh_scratch(spec: dict, uid: int | None, gid: int | None) -> None:
                                   f"mode=700,size={SCRATCH_BYTES}{owner}")
     scratch("/tmp")
     scratch("/dev/shm")
-    for target, fd in kept:
-        os.makedirs(target, exist_ok=True)
-        _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
-        os.close(fd)
+    # The folders above a bound one (a virtualenv in /tmp/tmp.X/, as .ci/run makes) must let the
+    # sandbox user pass whatever umask the grader runs under (run_autograder's is 077).
+    umask = os.umask(0o022)
+    try:
+        for target, fd in kept:
+            os.makedirs(target, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+            os.close(fd)
+    finally:
+        os.umask(umask)
     scratch(spec["home"])  # after the binds: the sandbox's own folder may be one of them
 
 
