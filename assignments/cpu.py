@@ -16,28 +16,9 @@ import os
 import time
 from pathlib import Path
 
-from .memory import _mounts, _pid_namespace, _remove_stale
+from .memory import _own_cgroup, _pid_namespace, _remove_stale
 
 WEIGHT_V2, SHARES_V1 = 100, 1024  # the default weights: every sandbox alike
-
-
-def _own_cpu_cgroup_v1() -> Path | None:
-    """This process's folder in the cgroup v1 cpu hierarchy."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" not in controllers.split(","):
-            continue
-        for point, root, options in _mounts("cgroup"):
-            if "cpu" not in options.split(","):
-                continue
-            inside = path if root == "/" else (path[len(root):] if path.startswith(root) else None)
-            if inside is not None and Path(point, inside.lstrip("/")).is_dir():
-                return Path(point, inside.lstrip("/"))
-    return None
 
 
 class SandboxCPU:
@@ -61,7 +42,7 @@ class SandboxCPU:
             self.why_not = f"cgroup v1: {error.strerror or error}"
 
     def _make_v1(self) -> None:
-        parent = _own_cpu_cgroup_v1()
+        parent = _own_cgroup("v1", "cpu")
         if parent is None or not (parent / "cpu.shares").exists():
             raise OSError(0, "no cpu hierarchy mounted")
         _remove_stale(parent)

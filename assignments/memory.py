@@ -170,17 +170,17 @@ def _mounts(fstype: str) -> list[tuple[str, str, str]]:
     return found
 
 
-def _own_cgroup(version: str) -> Path | None:
-    """This process's cgroup folder in the v2 hierarchy, or in v1's memory hierarchy."""
+def _own_cgroup(version: str, controller: str = "memory") -> Path | None:
+    """This process's cgroup folder in the v2 hierarchy, or in v1's hierarchy of `controller`."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if (version == "v2" and controllers == "") or (version == "v1" and "memory" in controllers.split(",")):
+        if (version == "v2" and controllers == "") or (version == "v1" and controller in controllers.split(",")):
             for point, root, options in _mounts("cgroup2" if version == "v2" else "cgroup"):
-                if version == "v1" and "memory" not in options.split(","):
+                if version == "v1" and controller not in options.split(","):
                     continue
                 inside = path if root == "/" else (path[len(root):] if path.startswith(root) else None)
                 if inside is not None and Path(point, inside.lstrip("/")).is_dir():
