@@ -67,16 +67,17 @@ FORMATS.update({f"{name}-plain": kwargs for name, kwargs in list(FORMATS.items()
 
 
 class fast_kernels:
-    """with fast_kernels(on): run a loaded model with or without the kernels gpt2.speed.kernels attached."""
+    """with fast_kernels(on): run an accelerated model on its kernels, or (off) every FastLinear on
+    F.linear over its values (gpt2.speed.fast_model.ENABLED, what GPT2_FAST_LINEAR=0 sets)."""
 
     def __init__(self, on: bool):
         self.on = on
 
     def __enter__(self):
-        self.saved, gpt2.speed.kernels.ENABLED = gpt2.speed.kernels.ENABLED, self.on
+        self.saved, gpt2.speed.fast_model.ENABLED = gpt2.speed.fast_model.ENABLED, self.on
 
     def __exit__(self, *exc):
-        gpt2.speed.kernels.ENABLED = self.saved
+        gpt2.speed.fast_model.ENABLED = self.saved
 
 
 def format_bytes(model, fmt) -> int:

@@ -224,8 +224,8 @@ def imports_of(name: str) -> set[str]:
 
 
 # What kernels.py may import of the model's side: the accelerated model's own classes (it puts
-# their layers in place, gpt2/speed/fast_model.py) and ENABLED, read there; and the stored weights.
-KERNELS_MAY_IMPORT = {".fast_model": {"ENABLED", "FastEmbedding", "FastGPT2", "FastLinear"},
+# their layers in place, gpt2/speed/fast_model.py); and the stored weights.
+KERNELS_MAY_IMPORT = {".fast_model": {"FastEmbedding", "FastGPT2", "FastLinear"},
                       ".stored_weights": {"StoredWeight", "give_back_freed_memory"}}
 
 
@@ -245,7 +245,7 @@ def imported_names(name: str) -> dict[str, set[str]]:
 def test_the_model_imports_no_kernels_and_the_kernels_no_model():
     """gpt2/model.py is plain PyTorch: it imports none of the kernel files. gpt2/speed/kernels.py
     imports fast_linear.py and kernel_cache.py, and of the model's side only the accelerated
-    model's classes (fast_model.py: ENABLED, FastEmbedding, FastGPT2, FastLinear) and the stored
+    model's classes (fast_model.py: FastEmbedding, FastGPT2, FastLinear) and the stored
     weights: nothing of gpt2/model.py, loading or the checkpoints. fast_linear.py and
     kernel_cache.py import no model; fast_model.py and stored_weights.py import no kernels (no
     cycle)."""

@@ -53,7 +53,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast_linear, kernel_cache, native
-from .fast_model import ENABLED, FastEmbedding, FastGPT2, FastLinear  # noqa: F401 (ENABLED: read there)
+from .fast_model import FastEmbedding, FastGPT2, FastLinear
 from .stored_weights import StoredWeight, give_back_freed_memory
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
