@@ -57,18 +57,20 @@ random-weight stand-ins of the real shapes with --make-standins DIR (their speed
 models' speed; their text and acceptance are not: they accept almost everything).
 """
 
+import os
 import signal
 import sys
 
 if __name__ == "__main__":  # Ctrl-C while the libraries below import: a quiet exit, not their traceback
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    # os._exit, not sys.exit: the signal may land inside torch's C++ import code, where a Python
+    # exception aborts the process; nothing is open yet that needs closing.
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import argparse
 import csv
 import datetime
 import itertools
 import json
-import os
 import platform
 import shlex
 import subprocess

@@ -31,16 +31,18 @@ piped, it is plain text. --json prints one JSON object instead.
 printed per prompt and summed. It takes the model drafter and a fixed --gamma.
 """
 
+import os
 import signal
 import sys
 
 if __name__ == "__main__":  # Ctrl-C while the libraries below import: a quiet exit, not their traceback
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    # os._exit, not sys.exit: the signal may land inside torch's C++ import code, where a Python
+    # exception aborts the process; nothing is open yet that needs closing.
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 import argparse
 import codecs
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
