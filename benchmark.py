@@ -154,8 +154,8 @@ def parse_args(argv=None):
                    help="auto (default): per model, the format measured fastest on this CPU for its "
                         "shapes (float32, float16 weights or bfloat16; python -m gpt2.speed.kernel_report); "
                         "bfloat16/float16 on a GPU")
-    p.add_argument("--quantize", choices=["int8", "fp16"], help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
-    p.add_argument("--draft-quantize", choices=["int8", "fp16"], help="the draft's format, as --quantize")
+    p.add_argument("--quantize", choices=["int8", "fp16", "w8a8"], help="formats made at load time: int8 (weights per channel), fp16 (float16 weights, float32 math), w8a8 (int8's weights, inputs rounded to int8 in blocks)")
+    p.add_argument("--draft-quantize", choices=["int8", "fp16", "w8a8"], help="the draft's format, as --quantize")
     p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
                    help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as one "
                    "CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused, that graph with five Triton kernels a block "

@@ -151,9 +151,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="auto (default: per model, the format measured fastest on this CPU for "
                              "its shapes: float32, float16 weights or bfloat16, see python -m "
                              "gpt2.speed.kernel_report; bfloat16/float16 on a GPU), float32, bfloat16 or float16")
-    parser.add_argument("--quantize", choices=["int8", "fp16"],
-                        help="weight-only formats made at load time: int8 (per channel), fp16 (float16 weights, float32 math)")
-    parser.add_argument("--draft-quantize", choices=["int8", "fp16"],
+    parser.add_argument("--quantize", choices=["int8", "fp16", "w8a8"],
+                        help="formats made at load time: int8 (weights per channel), fp16 (float16 weights, float32 math), "
+                             "w8a8 (int8's weights, each layer's inputs rounded to int8 in blocks)")
+    parser.add_argument("--draft-quantize", choices=["int8", "fp16", "w8a8"],
                         help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
                         help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as "

@@ -60,6 +60,7 @@ FORMATS = {"fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"},
            "int8": {"dtype": "float32", "quantize": "int8"}, "fp16w": {"dtype": "float32", "quantize": "fp16"},
            "fp16": {"dtype": "float16"},
            "int8+bf16": {"dtype": "bfloat16", "quantize": "int8"},
+           "w8a8": {"dtype": "float32", "quantize": "w8a8"},
            "auto": {"dtype": "auto"}}  # what gpt2.speed.kernels measures fastest here (one of the above)
 # "<format>-plain": the same loaded model with GPT2_FAST_LINEAR=0 (no extra memory). For int8 that
 # is the plain oneDNN path on the dequantized weights, i.e. what a plain bf16/fp32 model costs.
@@ -81,10 +82,10 @@ class fast_kernels:
 
 
 def format_bytes(model, fmt) -> int:
-    """Weight bytes a step reads: the int8 formats read 1 byte per linear/head weight, fp16w 2."""
+    """Weight bytes a step reads: the int8 formats (w8a8 too) read 1 byte per linear/head weight, fp16w 2."""
     total = weight_bytes_per_token(model)
     quantize = {"fp16": "fp16w"}.get(getattr(model, "quantize", None), getattr(model, "quantize", None))
-    stored = {"int8": 1, "fp16w": 2}.get(quantize if fmt == "auto" else fmt.split("+")[0])
+    stored = {"int8": 1, "w8a8": 1, "fp16w": 2}.get(quantize if fmt == "auto" else fmt.split("+")[0])
     if stored and not fmt.endswith("-plain"):
         for w in gpt2.speed.kernels.linear_weights(model):
             total -= w.numel() * (w.dtype.itemsize - stored)  # (a StoredWeight: its dtype as decoded)

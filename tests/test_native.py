@@ -120,6 +120,9 @@ def test_the_avx512_build_compiles_on_any_host(tmp_path):
     error in it shows on a host without them too."""
     native.build(native.compiler(), tmp_path / "wide.so", native.build_flags(True))
     assert (tmp_path / "wide.so").stat().st_size > 0
+    # and the w8a8 kernel's AVX512-VNNI code, which only a CPU with VNNI runs
+    native.build(native.compiler(), tmp_path / "vnni.so", native.FLAGS + native.WIDE_FLAGS + native.VNNI_FLAGS)
+    assert (tmp_path / "vnni.so").stat().st_size > 0
 
 
 @needs_native

@@ -22,6 +22,9 @@ Formats (`format`):
   "float32"   the weights as they are
   "fp16"      float16 weights in a float32 model (float32 math)
   "int8"      int8 weights, one float32 scale per output row, float32 math (our C kernel)
+  "w8a8"      int8's weights, and each layer's inputs rounded to int8 in blocks of 32 (a float32
+              scale each), multiplied in integers, summed in float32 (our C kernel): a verification's
+              rows cost little more than a step's; further from float32 than int8
   "bfloat16", "float16"   a 16-bit model
 """
 
@@ -37,12 +40,13 @@ from ..checkpoints import (CONV1D_SUFFIXES, CheckpointError, checkpoint_errors, 
 from ..model import GPT2
 from . import kernels, weight_cache
 from .device import auto_format, dtype_note, log_kernel_choice, note_once, resolve_dtype
-from .fast_linear import QUANTIZE_CHOICES, int8_per_channel
+from .fast_linear import INT8_FORMATS, QUANTIZE_CHOICES, int8_per_channel
 from .fast_model import FastEmbedding, FastGPT2
 from .stored_weights import STORABLE, StoredWeight, give_back_freed_memory
 
 # format name -> (the model's dtype, the weights' format where not the dtype's)
 FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"), "int8": (torch.float32, "int8"),
+           "w8a8": (torch.float32, "w8a8"),
            "bfloat16": (torch.bfloat16, None), "float16": (torch.float16, None)}
 FORMAT_NAMES = ("auto", *FORMATS)
 
@@ -82,7 +86,7 @@ def load_accelerated(name_or_path, device=None, format: str | None = None, dtype
     again.
 
     format: a name of FORMATS or "auto"; or, as load_gpt2 takes them, dtype ("auto", "float32",
-    "bfloat16", "float16", None: the file's) with quantize (None, "int8", "fp16").
+    "bfloat16", "float16", None: the file's) with quantize (None, "int8", "fp16", "w8a8").
     compile: True gives the model a compiled decode step (gpt2.speed.compiled; on a CUDA GPU its block
     recorded as CUDA graphs, gpt2.speed.cuda_graph), "graph" the CUDA-graph path with the eager block (a
     CUDA GPU), "fused" that path with five Triton kernels a block (gpt2.speed.fused_step), "auto" the
@@ -242,15 +246,15 @@ def unplaced_to_plain(model: FastGPT2, stored: dict) -> None:
 
 def quantized_values(tensor: torch.Tensor, quantize: str, dtype: torch.dtype) -> torch.Tensor:
     """The values a weight has in a format, as a plain tensor of dtype: int8's q * scale, fp16's
-    float16-rounded values."""
-    if quantize == "int8":
+    float16-rounded values (w8a8: int8's; where no kernel runs it, its inputs are not rounded)."""
+    if quantize in INT8_FORMATS:
         q, scale = int8_per_channel(tensor)
         return (q.float() * scale[:, None]).to(dtype)
     return tensor.to(torch.float16).to(dtype)
 
 
 def storage_format(dtype, quantize, path) -> str:
-    """The weight format a loaded model stores: "int8", "fp16" (float16 weights in a float32
+    """The weight format a loaded model stores: "int8", "w8a8", "fp16" (float16 weights in a float32
     model), or the dtype's name ("float32", "bfloat16", "float16"; dtype None: the file's)."""
     if quantize is not None:
         return quantize
@@ -341,7 +345,8 @@ def auto_choice(device, config: GPT2Config, logits_in, name: str) -> tuple[torch
     said in one line where it was measured."""
     dtype, quantize, why = auto_format(device, config, logits_in)
     if why is not None and device.type == "cpu":
-        described = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)"}.get(
+        described = {"fp16": "float16 weights (float32 math)", "int8": "int8 weights (float32 model)",
+                     "w8a8": "int8 weights and int8 inputs in blocks (w8a8, float32 sums)"}.get(
             quantize, str(dtype).removeprefix("torch."))
         note_once(f"note: dtype auto for {name}: {described}, {why}", sys.stderr)
     return dtype, quantize
@@ -354,7 +359,7 @@ def resolve_format(dtype, quantize, device, config: GPT2Config, path) -> tuple[t
     if isinstance(dtype, str) and dtype.lower() == "auto" and quantize is None:
         return auto_choice(device, config, format_logits(path, config, device), Path(path).parent.name or str(path))
     dtype = resolve_dtype(dtype, device, config)
-    if dtype is not None and quantize != "int8":
+    if dtype is not None and quantize not in INT8_FORMATS:
         note_once(dtype_note(dtype, device), sys.stderr)
     return dtype, quantize
 

@@ -241,8 +241,8 @@ def choose_compiled(model) -> tuple[bool, str]:
 
 
 def model_quantize(model) -> str | None:
-    """The weights' format where it is not the dtype's ("int8", "fp16"), else None."""
-    return getattr(model, "format", None) if getattr(model, "format", None) in ("int8", "fp16") else None
+    """The weights' format where it is not the dtype's ("int8", "fp16", "w8a8"), else None."""
+    return getattr(model, "format", None) if getattr(model, "format", None) in WEIGHT_FORMATS else None
 
 
 def model_key(model) -> dict:

@@ -35,7 +35,12 @@ import torch.nn.functional as F
 
 from . import native
 
-QUANTIZE_CHOICES = (None, "int8", "fp16")
+QUANTIZE_CHOICES = (None, "int8", "fp16", "w8a8")
+# The weight formats that are not a dtype (quantize's choices): a float32 model holding its
+# linear weights in another form.
+WEIGHT_FORMATS = ("int8", "fp16", "w8a8")
+# The formats whose weights are int8 bytes and per-output scales (w8a8 rounds the inputs too).
+INT8_FORMATS = ("int8", "w8a8")
 # _weight_int8pack_mm is fast with bf16 activations only (Int8Weight, Int8AsBF16 round their inputs
 # and outputs to bf16; the int8 format's own kernel, NativeInt8Linear, does not).
 INT8_ACTIVATION_DTYPE = torch.bfloat16
@@ -170,6 +175,61 @@ class NativeInt8Linear(NativeRowsLinear):
     def __init__(self, q: torch.Tensor, scale: torch.Tensor):
         self.panels, self.out = native.pack_panels(q, torch.int8), q.shape[0]
         self.scale = scale.float().contiguous()
+
+
+class NativeW8A8Linear(NativeRowsLinear):
+    """Our C kernel's w8a8 computation ("native-w8a8", the "w8a8" format): the int8 format's
+    weights (q, scale), and each input row rounded to int8 too, in blocks of W8A8_BLOCK inputs with
+    a float32 scale each; each block's products summed exactly in integers (AVX512-VNNI's or AVX2's
+    integer dot products), the blocks' sums added in float32 in order, times the weight's scale,
+    plus the bias (w8a8_reference writes it out). A verification's rows then cost integer
+    arithmetic, a fraction of float32's; its outputs stay float32 but move further from float32's
+    than int8's do (the inputs are rounded too). A row gives the same bits alone as among others."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor):
+        self.panels, self.out = native.pack_quad_panels(q), q.shape[0]
+        self.scale = scale.float().contiguous()
+
+
+# Inputs per block of the w8a8 computation's rounding (QBLOCK in rows_linear.c).
+W8A8_BLOCK = 32
+
+
+def w8a8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, in] float32 -> (xq [rows, in] int64 in [-127, 127], xs [rows, blocks] float32): the
+    w8a8 computation's rounding of its inputs, block by block of W8A8_BLOCK inputs (the last one
+    shorter): xs a block's largest |x| / 127, xq = round-half-even(x / xs) (0 where xs is 0)."""
+    rows, inputs = x.shape
+    blocks = -(-inputs // W8A8_BLOCK)
+    padded = torch.zeros(rows, blocks * W8A8_BLOCK, dtype=torch.float32)
+    padded[:, :inputs] = x
+    padded = padded.view(rows, blocks, W8A8_BLOCK)
+    xs = padded.abs().amax(dim=-1) / torch.tensor(127.0)
+    safe = torch.where(xs > 0, xs, torch.ones_like(xs))
+    xq = torch.round(padded / safe[..., None]).clamp(-127, 127)
+    xq = torch.where(xs[..., None] > 0, xq, torch.zeros_like(xq)).to(torch.int64)
+    return xq.view(rows, -1)[:, :inputs], xs
+
+
+def w8a8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """The w8a8 computation written out in PyTorch (slow; the tests hold the C kernel to it, bit
+    for bit): x [..., in] float32, q [out, in] int8, scale [out], bias [out] or None -> [..., out]."""
+    flat = x.reshape(-1, x.shape[-1]).float()
+    xq, xs = w8a8_quantize(flat)
+    rows, inputs = flat.shape
+    blocks = xs.shape[1]
+    pad = blocks * W8A8_BLOCK - inputs
+    xq_b = F.pad(xq, (0, pad)).view(rows, blocks, W8A8_BLOCK)
+    q_b = F.pad(q.to(torch.int64), (0, pad)).view(q.shape[0], blocks, W8A8_BLOCK)
+    sums = torch.einsum("rbk,obk->rob", xq_b, q_b)  # exact: int64
+    acc = torch.zeros(rows, q.shape[0], dtype=torch.float32)
+    for b in range(blocks):  # in order, a float32 multiply then a float32 add
+        acc = acc + sums[:, :, b].to(torch.float32) * xs[:, b:b + 1]
+    y = acc * scale.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.view(*x.shape[:-1], q.shape[0])
 
 
 class Int8Weight:

@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..model import GPT2
+from .fast_linear import WEIGHT_FORMATS
 from .stored_weights import StoredWeight
 
 # Read at call time by FastLinear: False runs the plain F.linear on the same values (the
@@ -185,8 +186,8 @@ class FastGPT2(GPT2):
     @property
     def quantize(self) -> str | None:
         """The weights' format where it is not the dtype's: "int8", "fp16" (float16 weights in a
-        float32 model), else None."""
-        return self.format if self.format in ("int8", "fp16") else None
+        float32 model), "w8a8", else None."""
+        return self.format if self.format in WEIGHT_FORMATS else None
 
     def num_parameters(self) -> int:
         """The weights' count, those held as StoredWeights included (the tied head's once)."""

@@ -92,12 +92,13 @@ PATHS = {
     "int8pack": "torch._weight_int8pack_mm, int8 weights, bfloat16 activations",
     "int8-bf16": "int8 weights as bfloat16 integers, oneDNN pre-packed, scale fused: int8pack's numbers",
     "native-int8": "our C kernel (gpt2/speed/csrc/rows_linear.c), int8 weights: int8pack's numbers, reads each weight once for all rows",
+    "native-w8a8": "our C kernel (gpt2/speed/csrc/rows_linear.c), int8 weights and inputs rounded to int8 in blocks, integer dot products (AVX512-VNNI or AVX2)",
 }
 # Paths whose kernel copies the weight into another layout or format (oneDNN's blocked bfloat16,
 # fbgemm's packed float16, a contiguous int8 copy, ...): made on the path's first call, for every
 # layer at once (PackedOnFirstCall).
 PACKED_PATHS = ("onednn-bf16", "fbgemm-fp16", "int8pack", "onednn-packed", "int8-bf16", "native-fp16", "native-f32",
-                "native-int8")
+                "native-int8", "native-w8a8")
 KERNELS = {
     "linear": fast_linear.PlainLinear,
     "mm": fast_linear.TransposedMM,
@@ -128,18 +129,25 @@ CANDIDATES = {
     # (only paths that read 16-bit weights: a float32 path would need a float32 copy beside them)
     "fp16": ("fbgemm-fp16", "native-fp16"),
     "int8": ("native-int8",),
+    # int8's weights with inputs rounded to int8 too: another computation, so another format
+    "w8a8": ("native-w8a8",),
 }
 # The layout each path's kernel reads (gpt2/speed/stored_weights.py): the weight itself ("plain"),
 # the int8 bytes ("q"), or a copy it packs: our C kernel's "panels" (plain tensors, storable in a
 # file) or a library's opaque "packed" weight (oneDNN's blocked layout, fbgemm's packed float16).
 LAYOUTS = {"linear": "plain", "mm": "plain", "onednn": "plain", "onednn-packed": "packed",
            "onednn-bf16": "packed", "fbgemm-fp16": "packed", "native-fp16": "panels",
-           "native-f32": "panels", "int8pack": "q", "int8-bf16": "packed", "native-int8": "panels"}
+           "native-f32": "panels", "int8pack": "q", "int8-bf16": "packed", "native-int8": "panels",
+           "native-w8a8": "panels"}
+# Our C kernel's paths -> the dtype of the panels each reads (w8a8's: quad panels of q + 128).
+PANEL_DTYPES = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8,
+                "native-w8a8": torch.uint8}
 # The paths whose packed layout can be written to the weight cache and mapped back.
 STORABLE_PATHS = tuple(p for p, layout in LAYOUTS.items() if layout == "panels")
 # The kernels built from int8 weights' (q, scale): the int8 format's, and the library's int8
 # products (for the benchmarks and the report).
-INT8_KERNELS = {"native-int8": fast_linear.NativeInt8Linear, "int8pack": fast_linear.Int8Weight,
+INT8_KERNELS = {"native-int8": fast_linear.NativeInt8Linear, "native-w8a8": fast_linear.NativeW8A8Linear,
+                "int8pack": fast_linear.Int8Weight,
                 "int8-bf16": fast_linear.Int8AsBF16}
 INT8_PATHS = tuple(INT8_KERNELS)
 # Formats dtype="auto" chooses among on a CPU: name -> (model dtype, quantize). Each one's logits
@@ -149,7 +157,7 @@ INT8_PATHS = tuple(INT8_KERNELS)
 # enough to part greedy speculative decoding from plain greedy decoding); --dtype bfloat16 still
 # loads one.
 AUTO_FORMATS = {"float32": (torch.float32, None), "fp16": (torch.float32, "fp16"),
-                "int8": (torch.float32, "int8")}
+                "int8": (torch.float32, "int8"), "w8a8": (torch.float32, "w8a8")}
 
 
 def emulated_cpu() -> str | None:
@@ -232,11 +240,12 @@ def kernel_from_layouts(path: str, weight) -> object | None:
     """The kernel of `path` built from a layout the stored weight already holds (our C kernel's
     panels, mapped from the weight cache): no packing. None if it holds no such layout."""
     panels = weight.layouts.get("panels") if isinstance(weight, StoredWeight) else None
-    dtype = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8}.get(path)
+    dtype = PANEL_DTYPES.get(path)
     if panels is None or panels.dtype != dtype:
         return None
-    scale = weight.layouts.get("scale") if path == "native-int8" else None
-    cls = fast_linear.NativeInt8Linear if path == "native-int8" else fast_linear.NativeRowsLinear
+    scale = weight.layouts.get("scale") if path in ("native-int8", "native-w8a8") else None
+    cls = {"native-int8": fast_linear.NativeInt8Linear,
+           "native-w8a8": fast_linear.NativeW8A8Linear}.get(path, fast_linear.NativeRowsLinear)
     return cls.from_panels(panels, weight.shape[0], scale)
 
 
@@ -469,8 +478,9 @@ def packed_layouts(path: str, layouts: dict) -> dict:
     """A weight's layouts ({"q", "scale"}, {"half"} or {"plain"}) as our C kernel of `path`
     packs them: {"panels"} (and the int8 scale), the source dropped."""
     source = layouts.get("q", layouts.get("half", layouts.get("plain")))
-    dtype = {"native-fp16": torch.float16, "native-f32": torch.float32, "native-int8": torch.int8}[path]
-    return {"panels": native.pack_panels(source, dtype)} | ({"scale": layouts["scale"]} if "scale" in layouts else {})
+    panels = (native.pack_quad_panels(source) if path == "native-w8a8"
+              else native.pack_panels(source, PANEL_DTYPES[path]))
+    return {"panels": panels} | ({"scale": layouts["scale"]} if "scale" in layouts else {})
 
 
 def most_read_shape(weights: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:

@@ -27,6 +27,9 @@ NEEDS = ("avx2", "fma", "f16c")
 # Where the CPU has AVX-512 (and does not act as an AVX2 one, GPT2_CPU=avx2), the kernel is built
 # with it: its loop over several rows then takes 16-lane vectors (rows_linear.c), same results.
 WIDE_FLAGS = ["-mavx512f"]
+# ... and where it has AVX512-VNNI, the w8a8 kernel takes its 4-byte integer dot products
+# (vpdpbusd); without, the AVX2 build's 2-by-2 ones (vpmaddwd): the same exact sums.
+VNNI_FLAGS = ["-mavx512bw", "-mavx512vnni"]
 
 _LIBRARY: ctypes.CDLL | None = None  # this CPU's build, once loaded
 _BUILDS: dict[bool, ctypes.CDLL] = {}  # wide -> that build, loaded
@@ -61,8 +64,13 @@ def wide() -> bool:
     return "avx512f" in kernel_cache.cpu_flags() and os.environ.get("GPT2_CPU") != "avx2"
 
 
+def vnni() -> bool:
+    """Whether this CPU's AVX-512 build takes the w8a8 kernel's VNNI instructions."""
+    return {"avx512bw", "avx512_vnni"} <= set(kernel_cache.cpu_flags())
+
+
 def build_flags(wide_build: bool) -> list[str]:
-    return FLAGS + (WIDE_FLAGS if wide_build else [])
+    return FLAGS + (WIDE_FLAGS + (VNNI_FLAGS if vnni() else []) if wide_build else [])
 
 
 def library_path(cc: str, flags: list[str]) -> Path:
@@ -89,13 +97,13 @@ def library(wide_build: bool | None = None) -> ctypes.CDLL:
             build(cc, path, build_flags(wide_build))
         lib = ctypes.CDLL(str(path))
         # (x, rows, in, panels, out, scale, bias, y, threads) -> 0
-        for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8):
+        for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8, lib.rows_linear_w8a8):
             fn.restype = ctypes.c_int
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         # the entry point of each panel dtype (looked up once: rows_linear runs once per layer per step)
         lib.by_dtype = {torch.float16: lib.rows_linear_f16, torch.float32: lib.rows_linear_f32,
-                        torch.int8: lib.rows_linear_i8}
+                        torch.int8: lib.rows_linear_i8, torch.uint8: lib.rows_linear_w8a8}
         _BUILDS[wide_build] = lib
     return _BUILDS[wide_build]
 
@@ -133,6 +141,35 @@ def unpack_panels(panels: torch.Tensor, out: int) -> torch.Tensor:
     return panels.transpose(1, 2).reshape(-1, panels.shape[1])[:out]
 
 
+# Inputs a w8a8 quad holds, and the bytes a w8a8 weight is stored with above its int8 value
+# (rows_linear.c's w8a8 layout: unsigned bytes q + 128).
+QUAD = 4
+W8_OFFSET = 128
+
+
+def pack_quad_panels(q: torch.Tensor) -> torch.Tensor:
+    """int8 weights q [out, in] -> the w8a8 kernel's panels [ceil(out / PANEL), ceil(in / QUAD), PANEL,
+    QUAD] uint8 holding q + 128: panel p, quad j holds inputs QUAD j ... QUAD j + 3 of the panel's
+    PANEL outputs, one 64-byte load (padding: q = 0)."""
+    out, inputs = q.shape
+    panels, quads = -(-out // PANEL), -(-inputs // QUAD)
+    padded = torch.full((panels * PANEL, quads * QUAD), W8_OFFSET, dtype=torch.uint8)
+    padded[:out, :inputs] = (q.to(torch.int16) + W8_OFFSET).to(torch.uint8)
+    return padded.view(panels, PANEL, quads, QUAD).transpose(1, 2).contiguous()
+
+
+def unpack_quad_panels(panels: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
+    """pack_quad_panels' inverse: -> q [out, inputs] int8 (a new tensor)."""
+    rows = panels.transpose(1, 2).reshape(panels.shape[0] * PANEL, -1)[:out, :inputs]
+    return (rows.to(torch.int16) - W8_OFFSET).to(torch.int8)
+
+
+def quad_panel_rows(panels: torch.Tensor, index: torch.Tensor, inputs: int) -> torch.Tensor:
+    """Rows `index` [n] of q packed in quad panels -> [n, inputs] int8."""
+    rows = panels[index // PANEL, :, index % PANEL].reshape(len(index), -1)[:, :inputs]
+    return (rows.to(torch.int16) - W8_OFFSET).to(torch.int8)
+
+
 def panel_rows(panels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows `index` [n] of the weight packed in panels -> [n, in], read from the panels directly."""
     return panels[index // PANEL, :, index % PANEL]
@@ -141,17 +178,22 @@ def panel_rows(panels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None,
                 scale: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
-    float32 or int8) and W has `out` rows; bias [out] float32 contiguous. int8 panels hold q, and
+    float32 or int8) and W has `out` rows (or panels = pack_quad_panels(q): the w8a8 computation,
+    rows_linear.c, the inputs rounded to int8 in blocks); bias [out] float32 contiguous. int8 panels hold q, and
     W = q * scale [out] (float32 contiguous): each output is then its float32 sum of q * x times
     its scale, then the bias (nothing rounded to 16 bits). On PyTorch's number of threads; lib: a
     build of the kernel (default: this CPU's). (Written for a call's few microseconds: it runs
     once per linear layer per step.)"""
     x = x if x.is_contiguous() else x.contiguous()
-    inputs = panels.shape[1]
+    inputs = x.shape[-1]
+    if (-(-inputs // QUAD) if panels.dtype == torch.uint8 else inputs) != panels.shape[1]:
+        raise ValueError(f"rows_linear: x has {inputs} inputs, the packed weight another number")
     y = torch.empty(*x.shape[:-1], out, dtype=torch.float32)
     lib = lib or _LIBRARY or library()
-    lib.by_dtype[panels.dtype](
+    failed = lib.by_dtype[panels.dtype](
         x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
         None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(),
         y.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError("rows_linear_w8a8: no memory for the quantized inputs")
     return y

@@ -16,7 +16,8 @@ A layout is a name and a tensor (or a library's opaque packed object):
   "q", "scale"      int8 weights [out, in] and their float32 scales [out]: q * scale
   "half"            float16 weights [out, in] (a float32 model's "fp16" format): half.float()
   "plain"           the weight itself in the model's dtype (before a kernel packed it)
-  "panels"          our C kernel's panels (gpt2.speed.native.pack_panels), with "scale" for int8
+  "panels"          our C kernel's panels (gpt2.speed.native.pack_panels; pack_quad_panels, uint8, for
+                    w8a8), with "scale" for int8 and w8a8
   "packed"          a library's packed weight (oneDNN's blocked layout, fbgemm's packed float16):
                     opaque, decoded by the library (its own unpacking)
 A kernel that packs its weight replaces the layout it was packed from (`replace`), so the bytes
@@ -39,7 +40,7 @@ class StoredWeight:
     `dtype` the dtype decode() returns, `device` where the layouts live."""
 
     def __init__(self, fmt: str, layouts: dict, shape, dtype: torch.dtype):
-        """fmt: the weight format ("int8", "fp16", "float32", "bfloat16"); layouts: name -> tensor;
+        """fmt: the weight format ("int8", "w8a8", "fp16", "float32", "bfloat16"); layouts: name -> tensor;
         shape [out, in] and dtype: what the weight decodes to."""
         self.format, self.layouts = fmt, dict(layouts)
         self.shape, self.dtype = torch.Size(shape), dtype
@@ -56,7 +57,7 @@ class StoredWeight:
         if "q" in layouts:
             return dequantize_int8(layouts["q"], layouts["scale"], self.dtype)
         if "panels" in layouts:
-            rows = native.unpack_panels(layouts["panels"], self.shape[0])
+            rows = self.panel_weight()
             return dequantize_int8(rows, layouts["scale"], self.dtype) if "scale" in layouts else rows.to(self.dtype)
         if "half" in layouts:
             return layouts["half"].to(self.dtype)
@@ -70,7 +71,7 @@ class StoredWeight:
         if "q" in self.layouts:
             return self.layouts["q"], self.layouts["scale"]
         if "panels" in self.layouts:
-            return native.unpack_panels(self.layouts["panels"], self.shape[0]).contiguous(), self.layouts["scale"]
+            return self.panel_weight().contiguous(), self.layouts["scale"]
         return int8_per_channel(self.decode())  # a library's packed int8: its values give back q, scale
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
@@ -80,7 +81,9 @@ class StoredWeight:
         if "q" in layouts:
             picked = dequantize_int8(layouts["q"][flat], layouts["scale"][flat], self.dtype)
         elif "panels" in layouts:
-            rows = native.panel_rows(layouts["panels"], flat)
+            panels = layouts["panels"]
+            rows = (native.quad_panel_rows(panels, flat, self.shape[1]) if panels.dtype == torch.uint8
+                    else native.panel_rows(panels, flat))
             picked = (dequantize_int8(rows, layouts["scale"][flat], self.dtype) if "scale" in layouts
                       else rows.to(self.dtype))
         elif "half" in layouts or "plain" in layouts:
@@ -88,6 +91,14 @@ class StoredWeight:
         else:
             picked = self.decode()[flat]
         return picked.view(*index.shape, self.shape[1])
+
+    def panel_weight(self) -> torch.Tensor:
+        """The weight [out, in] (int8's q where a scale is held) read back from our C kernel's
+        panels: its 16-row panels, or the w8a8 kernel's quad panels (uint8)."""
+        panels = self.layouts["panels"]
+        if panels.dtype == torch.uint8:
+            return native.unpack_quad_panels(panels, self.shape[0], self.shape[1])
+        return native.unpack_panels(panels, self.shape[0])
 
     def replace(self, old: tuple[str, ...], new: dict, decode=None) -> None:
         """A kernel packed this weight into `new` (layout name -> tensor): drop the layouts `old` it

@@ -207,3 +207,224 @@ int NAME(const float *x, int64_t rows, int64_t in, const WTYPE *w, int64_t out, 
 ROWS_LINEAR(rows_linear_f16, one_panel_f16, four_panels_one_row_f16, uint16_t)
 ROWS_LINEAR(rows_linear_f32, one_panel_f32, four_panels_one_row_f32, float)
 ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
+
+/* ---------------------------------------------------------------------------------------------
+   w8a8: int8 weights AND int8 activations, integer dot products (gpt2/speed/fast_linear.py's
+   NativeW8A8Linear; the "w8a8" format).
+
+   The int8 kernel above converts every weight to float32 and multiplies it by a float32 input:
+   per weight a conversion and a multiply-add per row, so a verification's rows cost arithmetic,
+   not only the weight's byte. Here each input row is rounded to int8 too, in blocks of QBLOCK
+   inputs, each block with its own float32 scale (a block's largest |x| / 127), and the products
+   are integer dot products: 4 weights by 4 inputs into one 32-bit sum per instruction with
+   AVX512-VNNI (vpdpbusd), 2 by 2 with AVX2 (vpmaddwd) otherwise.
+
+   The computation, for row r and output o (tests/test_w8a8_kernel.py writes it out in PyTorch):
+     xs[b]   = max |x[k]| over block b / 127                      (float32; 0 for an all-zero block)
+     xq[k]   = round-half-even(x[k] / xs[b]), in [-127, 127]      (0 where xs[b] is 0)
+     s[b]    = sum over k in block b of q[o][k] * xq[k]            (exact, in integers)
+     acc     = (((0 + float(s[0]) * xs[0]) + float(s[1]) * xs[1]) + ...)   (float32, blocks in order,
+                                                                   a multiply then an add, not fused)
+     y[r][o] = acc * scale[o] + bias[o]                            (float32, as the int8 kernel)
+   Each block's sum is exact whatever instructions compute it, and the float32 steps run in one
+   fixed order per output: the AVX2 and AVX-512 builds give the same bits, and a row the same bits
+   alone as among others.
+
+   Layout: vpdpbusd multiplies unsigned bytes by signed ones, so the weights are stored as
+   q + 128 (1 .. 255, unsigned) and the inputs stay signed: sum (q + 128) xq = sum q xq + 128 sum xq,
+   and the second term, one number per row and block, is subtracted. A panel is 16 outputs by the
+   inputs in quads: [in4 / 4][16][4] bytes (in4: `in` rounded up to a multiple of 4, the padding
+   weights 128, i.e. q = 0), so one 64-byte load holds 4 inputs of all 16 outputs
+   (gpt2/speed/native.py's pack_quad_panels). */
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QBLOCK 32
+
+/* Row r's inputs as int8 in blocks (xq: in4 values, padding 0), each block's scale and
+   128 * (sum of its xq). AVX2's build keeps xq as int16 (what vpmaddwd multiplies). */
+#if defined(__AVX512VNNI__)
+typedef int8_t xq_t;
+#else
+typedef int16_t xq_t;
+#endif
+
+static void quantize_rows(const float *x, int64_t rows, int64_t in, int64_t in4, xq_t *xq, float *xs,
+                          int32_t *xcorr) {
+    int64_t blocks = (in4 + QBLOCK - 1) / QBLOCK;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * in;
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t k0 = b * QBLOCK, k1 = k0 + QBLOCK < in ? k0 + QBLOCK : in;
+            float amax = 0.0f;
+            for (int64_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(xr[k]));
+            float s = amax / 127.0f;
+            int32_t sum = 0;
+            for (int64_t k = k0; k < k0 + QBLOCK && k < in4; k++) {
+                int32_t q = 0;
+                if (k < k1 && s > 0.0f) {
+                    float v = nearbyintf(xr[k] / s);  /* the default rounding: half to even */
+                    q = v > 127.0f ? 127 : (v < -127.0f ? -127 : (int32_t)v);
+                }
+                xq[r * in4 + k] = (xq_t)q;
+                sum += q;
+            }
+            xs[r * blocks + b] = s;
+            xcorr[r * blocks + b] = 128 * sum;
+        }
+    }
+}
+
+#define W8_MAX_ROWS 6
+
+#if defined(__AVX512VNNI__)
+/* One panel against R rows: per block, two 16-lane integer sums a row (even and odd quads: two
+   chains of vpdpbusd instead of one waiting on its own latency), then the block's float32 step. */
+#define W8_STEP(r, sum)                                                                          \
+    if (R > r) {                                                                                 \
+        int32_t four;                                                                            \
+        memcpy(&four, xq + r * in4 + 4 * j, 4);                                                  \
+        sum##r = _mm512_dpbusd_epi32(sum##r, w, _mm512_set1_epi32(four));                        \
+    }
+#define W8_BLOCK_END(r)                                                                          \
+    if (R > r) {                                                                                 \
+        __m512i s = _mm512_sub_epi32(_mm512_add_epi32(ev##r, od##r),                             \
+                                     _mm512_set1_epi32(xcorr[r * blocks + b]));                  \
+        acc##r = _mm512_add_ps(acc##r, _mm512_mul_ps(_mm512_cvtepi32_ps(s),                      \
+                                                     _mm512_set1_ps(xs[r * blocks + b])));       \
+        ev##r = od##r = _mm512_setzero_si512();                                                  \
+    }
+#define W8_STORE(r)                                                                              \
+    if (R > r) {                                                                                 \
+        float sums[PANEL];                                                                       \
+        _mm512_storeu_ps(sums, acc##r);                                                          \
+        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
+    }
+
+static inline __attribute__((always_inline)) void w8_panel_rows(
+        const uint8_t *panel, const xq_t *xq, const float *xs, const int32_t *xcorr, const int R,
+        int64_t in4, int64_t blocks, float *y, int64_t out, int width) {
+    __m512i ev0, od0, ev1, od1, ev2, od2, ev3, od3, ev4, od4, ev5, od5;
+    __m512 acc0, acc1, acc2, acc3, acc4, acc5;
+    ev0 = od0 = ev1 = od1 = ev2 = od2 = ev3 = od3 = ev4 = od4 = ev5 = od5 = _mm512_setzero_si512();
+    acc0 = acc1 = acc2 = acc3 = acc4 = acc5 = _mm512_setzero_ps();
+    int64_t quads = in4 / 4;
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j1 = (b + 1) * (QBLOCK / 4) < quads ? (b + 1) * (QBLOCK / 4) : quads;
+        for (int64_t j = b * (QBLOCK / 4); j < j1; j++) {
+            _mm_prefetch((const char *)(panel + j * 64) + AHEAD_BYTES, _MM_HINT_T0);
+            __m512i w = _mm512_loadu_si512((const void *)(panel + j * 64));
+            W8_STEP(0, ev) W8_STEP(1, ev) W8_STEP(2, ev) W8_STEP(3, ev) W8_STEP(4, ev) W8_STEP(5, ev)
+            if (++j >= j1) break;
+            _mm_prefetch((const char *)(panel + j * 64) + AHEAD_BYTES, _MM_HINT_T0);
+            w = _mm512_loadu_si512((const void *)(panel + j * 64));
+            W8_STEP(0, od) W8_STEP(1, od) W8_STEP(2, od) W8_STEP(3, od) W8_STEP(4, od) W8_STEP(5, od)
+        }
+        W8_BLOCK_END(0) W8_BLOCK_END(1) W8_BLOCK_END(2) W8_BLOCK_END(3) W8_BLOCK_END(4) W8_BLOCK_END(5)
+    }
+    W8_STORE(0) W8_STORE(1) W8_STORE(2) W8_STORE(3) W8_STORE(4) W8_STORE(5)
+}
+#define W8_ROWS_PER_PASS W8_MAX_ROWS
+#else
+/* AVX2: a quad of 16 outputs is four 16-byte loads (4 outputs x 4 inputs each), widened to 16-bit
+   and multiplied by the row's 4 inputs with vpmaddwd: 8 sums of 2 products, two per output. At a
+   block's end the pairs are added (vphaddd, then the lanes put in order). Two rows a pass: the
+   sums of more would not stay in the 16 registers. */
+#define W8_STEP(r)                                                                               \
+    if (R > r) {                                                                                 \
+        __m256i xv = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(xq + r * in4 + 4 * j))); \
+        a##r = _mm256_add_epi32(a##r, _mm256_madd_epi16(w0, xv));                                \
+        b##r = _mm256_add_epi32(b##r, _mm256_madd_epi16(w1, xv));                                \
+        c##r = _mm256_add_epi32(c##r, _mm256_madd_epi16(w2, xv));                                \
+        d##r = _mm256_add_epi32(d##r, _mm256_madd_epi16(w3, xv));                                \
+    }
+#define W8_BLOCK_END(r)                                                                          \
+    if (R > r) {                                                                                 \
+        __m256i corr = _mm256_set1_epi32(xcorr[r * blocks + b]);                                 \
+        __m256 sc = _mm256_set1_ps(xs[r * blocks + b]);                                          \
+        __m256i lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a##r, b##r), 0xD8);              \
+        __m256i hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r, d##r), 0xD8);              \
+        flo##r = _mm256_add_ps(flo##r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, corr)), sc)); \
+        fhi##r = _mm256_add_ps(fhi##r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, corr)), sc)); \
+        a##r = b##r = c##r = d##r = _mm256_setzero_si256();                                      \
+    }
+#define W8_STORE(r)                                                                              \
+    if (R > r) {                                                                                 \
+        float sums[PANEL];                                                                       \
+        _mm256_storeu_ps(sums, flo##r);                                                          \
+        _mm256_storeu_ps(sums + 8, fhi##r);                                                      \
+        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
+    }
+
+static inline __attribute__((always_inline)) void w8_panel_rows(
+        const uint8_t *panel, const xq_t *xq, const float *xs, const int32_t *xcorr, const int R,
+        int64_t in4, int64_t blocks, float *y, int64_t out, int width) {
+    __m256i a0, b0, c0, d0, a1, b1, c1, d1;
+    __m256 flo0, fhi0, flo1, fhi1;
+    a0 = b0 = c0 = d0 = a1 = b1 = c1 = d1 = _mm256_setzero_si256();
+    flo0 = fhi0 = flo1 = fhi1 = _mm256_setzero_ps();
+    int64_t quads = in4 / 4;
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j1 = (b + 1) * (QBLOCK / 4) < quads ? (b + 1) * (QBLOCK / 4) : quads;
+        for (int64_t j = b * (QBLOCK / 4); j < j1; j++) {
+            const uint8_t *p = panel + j * 64;
+            _mm_prefetch((const char *)p + AHEAD_BYTES, _MM_HINT_T0);
+            __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+            __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
+            __m256i w2 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 32)));
+            __m256i w3 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 48)));
+            W8_STEP(0) W8_STEP(1)
+        }
+        W8_BLOCK_END(0) W8_BLOCK_END(1)
+    }
+    W8_STORE(0) W8_STORE(1)
+}
+#define W8_ROWS_PER_PASS 2
+#endif
+
+/* The entry point, with the other kernels' arguments: w is the quad panels (uint8), scale the
+   weights' int8 scales [out]. The inputs are quantized once, then the panels are shared among the
+   threads, each against every row, W8_ROWS_PER_PASS rows at a time. Returns 0, or 1 if the
+   buffer for the quantized inputs could not be allocated. */
+int rows_linear_w8a8(const float *x, int64_t rows, int64_t in, const uint8_t *w, int64_t out,
+                     const float *scale, const float *bias, float *y, int threads) {
+    int64_t in4 = (in + 3) / 4 * 4, blocks = (in4 + QBLOCK - 1) / QBLOCK;
+    int64_t panels = (out + PANEL - 1) / PANEL;
+    xq_t *xq = malloc(rows * in4 * sizeof(xq_t) + 8);
+    float *xs = malloc(rows * blocks * sizeof(float));
+    int32_t *xcorr = malloc(rows * blocks * sizeof(int32_t));
+    if (!xq || !xs || !xcorr) {
+        free(xq); free(xs); free(xcorr);
+        return 1;
+    }
+    quantize_rows(x, rows, in, in4, xq, xs, xcorr);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < panels; p++) {
+        const uint8_t *panel = w + p * in4 * PANEL;
+        int64_t o = p * PANEL;
+        int width = out - o < PANEL ? (int)(out - o) : PANEL;
+        for (int64_t r = 0; r < rows; r += W8_ROWS_PER_PASS) {
+            const xq_t *xr = xq + r * in4;
+            const float *sr = xs + r * blocks;
+            const int32_t *cr = xcorr + r * blocks;
+            float *yr = y + r * out + o;
+            int64_t left = rows - r;
+            switch (left < W8_ROWS_PER_PASS ? left : W8_ROWS_PER_PASS) {
+                case 1: w8_panel_rows(panel, xr, sr, cr, 1, in4, blocks, yr, out, width); break;
+#if W8_ROWS_PER_PASS > 2
+                case 2: w8_panel_rows(panel, xr, sr, cr, 2, in4, blocks, yr, out, width); break;
+                case 3: w8_panel_rows(panel, xr, sr, cr, 3, in4, blocks, yr, out, width); break;
+                case 4: w8_panel_rows(panel, xr, sr, cr, 4, in4, blocks, yr, out, width); break;
+                case 5: w8_panel_rows(panel, xr, sr, cr, 5, in4, blocks, yr, out, width); break;
+#endif
+                default: w8_panel_rows(panel, xr, sr, cr, W8_ROWS_PER_PASS, in4, blocks, yr, out, width); break;
+            }
+        }
+        for (int64_t r = 0; r < rows; r++)
+            finish(y + r * out, scale, bias, o, o + width);
+    }
+    free(xq); free(xs); free(xcorr);
+    return 0;
+}
