@@ -198,6 +198,11 @@ PLANTED = {
         # reference's secret makes sure there is one)
         ("spec_decoding/algorithms/greedy.py", "        roll_back(target_cache, drafter, len(tokens))\n", "",
          "greedy_caches", "The usual cause: the caches ran ahead of the accepted tokens: a forgotten roll_back"),
+        # a cache not advanced: the target called on the last token and the draft, without its cache
+        ("spec_decoding/algorithms/greedy.py",
+         "target_logits = target_forward(target, target_cache, tokens, draft_tokens, drafter)",
+         "target_logits = target(torch.tensor([tokens[-1:] + draft_tokens]), num_last_logits=len(draft_tokens) + 1)[0]",
+         "greedy_equals_target", "KV cache was not advanced"),
     ],
     "rejection_sampling": [
         ("spec_decoding/algorithms/rejection.py", "return residual / total if total > 0 else target_probs",
@@ -725,12 +730,14 @@ def test_the_students_copy_starts_at_the_assignment(tmp_path):
      "a forgotten roll_back(target_cache, drafter, len(tokens))"),
     ("raised ValueError: The KV cache holds 40 positions and has room for 40; 3 more don't fit",
      "a cache made too small for prompt + max_gen"),
+    ("raised ValueError: KVCache.truncate(5): length must be between 0 and the current length 0 at gpt2/kv_cache.py:38",
+     "the target's KV cache was not advanced"),
     ("did not finish within 60 s (an endless loop? a very slow loop?)",
      "the bonus when every draft token was kept"),
 ])
 def test_a_crash_or_a_hang_of_the_greedy_loop_names_the_usual_mistake(error, named):
     """greedy_speculative's checks add the mistake behind a run that crashed or hung to its message
-    (the forgotten roll_back, a cache too small, a round that adds no token); another error is
+    (the forgotten roll_back, a cache not advanced, a cache too small, a round that adds no token); another error is
     shown as it is, and a run without an error has no message to add to."""
     from assignments.grade import with_hint
     for check in ASSIGNMENTS["greedy_speculative"].checks:

@@ -162,7 +162,22 @@ def equals_reference(inputs, data):
     return served_reference(inputs, data, equals_runs(inputs), needs_a_rejection=True)
 
 
+def check_target_saw_the_prompt(inputs, served):
+    """A cache not advanced: every forward the served target answered scores tokens after the
+    prompt (its cache holds the sequence so far); one that saw none of it was called without the
+    cache, or with a new, empty one."""
+    prompt = inputs["prompt"]
+    for tokens, last in served.get("requests", []):
+        if tokens[:len(prompt)] != prompt:
+            raise Failed(f"the target scored {last} token(s) after a sequence of {len(tokens) - last} that is not the "
+                         f"prompt and the tokens accepted so far: its KV cache was not advanced (the target called "
+                         f"without target_cache, or with a new one), so it never held the prompt. Feed each round's "
+                         f"new tokens through target_cache (target_forward does: tokens[target_cache.length:] and "
+                         f"the draft)")
+
+
 def equals_judge(inputs, ref, got, served, what="with a draft that mostly agrees", hidden=False):
+    check_target_saw_the_prompt(inputs, served)
     for gamma, run, want in zip(inputs["gammas"], got, ref["tokens"], strict=True):
         try:
             check_tokens(run["tokens"], want, f"gamma={gamma}, {what}", hidden)
@@ -340,13 +355,18 @@ def stopping_judge(inputs, ref, got, served):
 
 
 # What a run that crashed or hung usually means here (the messages name the mistake; the
-# verdict is the same): the drafter or the target fed tokens its cache had already seen, or a
-# round that adds no token.
+# verdict is the same): the drafter or the target fed tokens its cache had already seen, a cache
+# never fed, or a round that adds no token.
 HINTS = (
     (r"idx has no tokens|idx must be a LongTensor .* got \(1, 0\)|IndexError: list index out of range",
      "the caches ran ahead of the accepted tokens: a forgotten roll_back(target_cache, drafter, "
      "len(tokens)) at the end of a round (step 4), so the next round found nothing new to feed, or "
      "fed tokens that were never accepted"),
+    (r"truncate\(\d+\): length must be between 0 and the current length",
+     "the target's KV cache was not advanced: the target was called without target_cache (or with a "
+     "new one), so at the end of the round roll_back found it shorter than the accepted tokens. Feed "
+     "each round's new tokens through target_cache (target_forward does: tokens[target_cache.length:] "
+     "and the draft)"),
     (r"room for",
      "the caches ran ahead of the accepted tokens (a forgotten or misplaced roll_back), or a "
      "cache made too small for prompt + max_gen"),
