@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder or hub name")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--quantize", choices=["int8", "fp16"], help="the weights' format (load_gpt2's quantize)")
+    parser.add_argument("--quantize", choices=["int8", "fp16", "w8a8"], help="the weights' format (load_gpt2's quantize)")
     parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()])
     parser.add_argument("--steps", type=int, default=5, help="steps per measurement")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the kernel comparison")

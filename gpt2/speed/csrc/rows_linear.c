@@ -243,7 +243,7 @@ ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
 
 #define QBLOCK 32
 
-/* Row r's inputs as int8 in blocks (xq: in4 values, padding 0), each block's scale and
+/* The inputs as int8 in blocks (xq: in4 values a row, padding 0), with each block's scale and
    128 * (sum of its xq). AVX2's build keeps xq as int16 (what vpmaddwd multiplies). */
 #if defined(__AVX512VNNI__)
 typedef int8_t xq_t;
@@ -251,30 +251,47 @@ typedef int8_t xq_t;
 typedef int16_t xq_t;
 #endif
 
-static void quantize_rows(const float *x, int64_t rows, int64_t in, int64_t in4, xq_t *xq, float *xs,
-                          int32_t *xcorr) {
-    int64_t blocks = (in4 + QBLOCK - 1) / QBLOCK;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * in;
-        for (int64_t b = 0; b < blocks; b++) {
-            int64_t k0 = b * QBLOCK, k1 = k0 + QBLOCK < in ? k0 + QBLOCK : in;
-            float amax = 0.0f;
-            for (int64_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(xr[k]));
-            float s = amax / 127.0f;
-            int32_t sum = 0;
-            for (int64_t k = k0; k < k0 + QBLOCK && k < in4; k++) {
-                int32_t q = 0;
-                if (k < k1 && s > 0.0f) {
-                    float v = nearbyintf(xr[k] / s);  /* the default rounding: half to even */
-                    q = v > 127.0f ? 127 : (v < -127.0f ? -127 : (int32_t)v);
-                }
-                xq[r * in4 + k] = (xq_t)q;
-                sum += q;
+/* Block b of row r (QBLOCK inputs from k0 = b * QBLOCK; the last one may be partial, and the
+   inputs from `in` to in4 are padding, 0). A whole block in vector code, a partial one element by
+   element: the same operations (a correctly rounded division, rounding half to even, the clamp). */
+static inline void quantize_block(const float *xr, int64_t in, int64_t in4, int64_t b, xq_t *xq, float *xs,
+                                  int32_t *xcorr) {
+    int64_t k0 = b * QBLOCK, k1 = k0 + QBLOCK < in ? k0 + QBLOCK : in;
+    int32_t q[QBLOCK] = {0}, sum = 0;
+    float amax = 0.0f, s;
+    if (k1 - k0 == QBLOCK) {
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 x0 = _mm256_loadu_ps(xr + k0), x1 = _mm256_loadu_ps(xr + k0 + 8);
+        __m256 x2 = _mm256_loadu_ps(xr + k0 + 16), x3 = _mm256_loadu_ps(xr + k0 + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x0), _mm256_andnot_ps(sign, x1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, x2), _mm256_andnot_ps(sign, x3)));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, lanes[i]);
+        s = amax / 127.0f;
+        if (s > 0.0f) {
+            const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+            __m256 v[4] = {x0, x1, x2, x3};
+            for (int i = 0; i < 4; i++) {
+                __m256 r = _mm256_round_ps(_mm256_div_ps(v[i], sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm256_storeu_si256((__m256i *)(q + 8 * i), _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(r, hi), lo)));
             }
-            xs[r * blocks + b] = s;
-            xcorr[r * blocks + b] = 128 * sum;
+        }
+    } else {
+        for (int64_t k = k0; k < k1; k++) amax = fmaxf(amax, fabsf(xr[k]));
+        s = amax / 127.0f;
+        for (int64_t k = k0; k < k1 && s > 0.0f; k++) {
+            float v = nearbyintf(xr[k] / s);  /* the default rounding: half to even */
+            q[k - k0] = v > 127.0f ? 127 : (v < -127.0f ? -127 : (int32_t)v);
         }
     }
+    int64_t n = k0 + QBLOCK < in4 ? QBLOCK : in4 - k0;
+    for (int64_t i = 0; i < n; i++) {
+        xq[k0 + i] = (xq_t)q[i];
+        sum += q[i];
+    }
+    *xs = s;
+    *xcorr = 128 * sum;
 }
 
 #define W8_MAX_ROWS 6
@@ -328,17 +345,22 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
 }
 #define W8_ROWS_PER_PASS W8_MAX_ROWS
 #else
-/* AVX2: a quad of 16 outputs is four 16-byte loads (4 outputs x 4 inputs each), widened to 16-bit
-   and multiplied by the row's 4 inputs with vpmaddwd: 8 sums of 2 products, two per output. At a
-   block's end the pairs are added (vphaddd, then the lanes put in order). Two rows a pass: the
-   sums of more would not stay in the 16 registers. */
-#define W8_STEP(r)                                                                               \
-    if (R > r) {                                                                                 \
-        __m256i xv = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(xq + r * in4 + 4 * j))); \
-        a##r = _mm256_add_epi32(a##r, _mm256_madd_epi16(w0, xv));                                \
-        b##r = _mm256_add_epi32(b##r, _mm256_madd_epi16(w1, xv));                                \
-        c##r = _mm256_add_epi32(c##r, _mm256_madd_epi16(w2, xv));                                \
-        d##r = _mm256_add_epi32(d##r, _mm256_madd_epi16(w3, xv));                                \
+/* AVX2: a quad of 16 outputs is four 16-byte loads (4 outputs x 4 inputs each), each widened to
+   16-bit and multiplied by every row's 4 inputs with vpmaddwd: 8 sums of 2 products, two per
+   output. At a block's end the pairs are added (vphaddd, then the lanes put in order). W8_AVX2_ROWS
+   rows a pass: each row's four sums, its 4 inputs and one widened load in the 16 registers. */
+#ifndef W8_AVX2_ROWS
+#define W8_AVX2_ROWS 2
+#endif
+#define W8_INPUTS(r)                                                                             \
+    __m256i xv##r = R > r ? _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(xq + r * in4 + 4 * j))) \
+                          : _mm256_setzero_si256();
+#define W8_MADD(r, acc, wv)                                                                      \
+    if (R > r) acc##r = _mm256_add_epi32(acc##r, _mm256_madd_epi16(wv, xv##r));
+#define W8_SUBVECTOR(acc, offset)                                                                \
+    {                                                                                            \
+        __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + offset)));        \
+        W8_MADD(0, acc, wv) W8_MADD(1, acc, wv) W8_MADD(2, acc, wv) W8_MADD(3, acc, wv)          \
     }
 #define W8_BLOCK_END(r)                                                                          \
     if (R > r) {                                                                                 \
@@ -346,42 +368,39 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
         __m256 sc = _mm256_set1_ps(xs[r * blocks + b]);                                          \
         __m256i lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a##r, b##r), 0xD8);              \
         __m256i hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r, d##r), 0xD8);              \
-        flo##r = _mm256_add_ps(flo##r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, corr)), sc)); \
-        fhi##r = _mm256_add_ps(fhi##r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, corr)), sc)); \
+        flo[r] = _mm256_add_ps(flo[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, corr)), sc)); \
+        fhi[r] = _mm256_add_ps(fhi[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, corr)), sc)); \
         a##r = b##r = c##r = d##r = _mm256_setzero_si256();                                      \
     }
 #define W8_STORE(r)                                                                              \
     if (R > r) {                                                                                 \
         float sums[PANEL];                                                                       \
-        _mm256_storeu_ps(sums, flo##r);                                                          \
-        _mm256_storeu_ps(sums + 8, fhi##r);                                                      \
+        _mm256_storeu_ps(sums, flo[r]);                                                          \
+        _mm256_storeu_ps(sums + 8, fhi[r]);                                                      \
         for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
     }
 
 static inline __attribute__((always_inline)) void w8_panel_rows(
         const uint8_t *panel, const xq_t *xq, const float *xs, const int32_t *xcorr, const int R,
         int64_t in4, int64_t blocks, float *y, int64_t out, int width) {
-    __m256i a0, b0, c0, d0, a1, b1, c1, d1;
-    __m256 flo0, fhi0, flo1, fhi1;
-    a0 = b0 = c0 = d0 = a1 = b1 = c1 = d1 = _mm256_setzero_si256();
-    flo0 = fhi0 = flo1 = fhi1 = _mm256_setzero_ps();
+    __m256i a0, b0, c0, d0, a1, b1, c1, d1, a2, b2, c2, d2, a3, b3, c3, d3;
+    __m256 flo[4], fhi[4];  /* touched once a block: they may live in memory */
+    a0 = b0 = c0 = d0 = a1 = b1 = c1 = d1 = a2 = b2 = c2 = d2 = a3 = b3 = c3 = d3 = _mm256_setzero_si256();
+    for (int r = 0; r < 4; r++) flo[r] = fhi[r] = _mm256_setzero_ps();
     int64_t quads = in4 / 4;
     for (int64_t b = 0; b < blocks; b++) {
         int64_t j1 = (b + 1) * (QBLOCK / 4) < quads ? (b + 1) * (QBLOCK / 4) : quads;
         for (int64_t j = b * (QBLOCK / 4); j < j1; j++) {
             const uint8_t *p = panel + j * 64;
             _mm_prefetch((const char *)p + AHEAD_BYTES, _MM_HINT_T0);
-            __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
-            __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 16)));
-            __m256i w2 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 32)));
-            __m256i w3 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 48)));
-            W8_STEP(0) W8_STEP(1)
+            W8_INPUTS(0) W8_INPUTS(1) W8_INPUTS(2) W8_INPUTS(3)
+            W8_SUBVECTOR(a, 0) W8_SUBVECTOR(b, 16) W8_SUBVECTOR(c, 32) W8_SUBVECTOR(d, 48)
         }
-        W8_BLOCK_END(0) W8_BLOCK_END(1)
+        W8_BLOCK_END(0) W8_BLOCK_END(1) W8_BLOCK_END(2) W8_BLOCK_END(3)
     }
-    W8_STORE(0) W8_STORE(1)
+    W8_STORE(0) W8_STORE(1) W8_STORE(2) W8_STORE(3)
 }
-#define W8_ROWS_PER_PASS 2
+#define W8_ROWS_PER_PASS W8_AVX2_ROWS
 #endif
 
 /* The entry point, with the other kernels' arguments: w is the quad panels (uint8), scale the
@@ -399,8 +418,15 @@ int rows_linear_w8a8(const float *x, int64_t rows, int64_t in, const uint8_t *w,
         free(xq); free(xs); free(xcorr);
         return 1;
     }
-    quantize_rows(x, rows, in, in4, xq, xs, xcorr);
-    #pragma omp parallel for schedule(static) num_threads(threads)
+    #pragma omp parallel num_threads(threads)
+    {
+    /* the inputs' blocks, shared among the threads; then (after the loop's barrier) the panels */
+    #pragma omp for schedule(static)
+    for (int64_t rb = 0; rb < rows * blocks; rb++) {
+        int64_t r = rb / blocks, b = rb % blocks;
+        quantize_block(x + r * in, in, in4, b, xq + r * in4, xs + rb, xcorr + rb);
+    }
+    #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; p++) {
         const uint8_t *panel = w + p * in4 * PANEL;
         int64_t o = p * PANEL;
@@ -415,7 +441,11 @@ int rows_linear_w8a8(const float *x, int64_t rows, int64_t in, const uint8_t *w,
                 case 1: w8_panel_rows(panel, xr, sr, cr, 1, in4, blocks, yr, out, width); break;
 #if W8_ROWS_PER_PASS > 2
                 case 2: w8_panel_rows(panel, xr, sr, cr, 2, in4, blocks, yr, out, width); break;
+#endif
+#if W8_ROWS_PER_PASS > 3
                 case 3: w8_panel_rows(panel, xr, sr, cr, 3, in4, blocks, yr, out, width); break;
+#endif
+#if W8_ROWS_PER_PASS > 4
                 case 4: w8_panel_rows(panel, xr, sr, cr, 4, in4, blocks, yr, out, width); break;
                 case 5: w8_panel_rows(panel, xr, sr, cr, 5, in4, blocks, yr, out, width); break;
 #endif
@@ -424,6 +454,7 @@ int rows_linear_w8a8(const float *x, int64_t rows, int64_t in, const uint8_t *w,
         }
         for (int64_t r = 0; r < rows; r++)
             finish(y + r * out, scale, bias, o, o + width);
+    }
     }
     free(xq); free(xs); free(xcorr);
     return 0;
