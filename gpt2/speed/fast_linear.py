@@ -18,6 +18,8 @@ bandwidth): halving the bytes should halve the step. The kernels here are the ca
     float32 activations, sums and outputs. The library's int8 products, torch._weight_int8pack_mm
     with bfloat16 activations (Int8Weight) and the same on oneDNN's bfloat16 matmul (Int8AsBF16),
     round their outputs to bfloat16; they stay here for the benchmarks to compare.
+  - w8a8 (quantize="w8a8"): int8's weights, and each input row rounded to int8 in blocks of 32,
+    multiplied on integer dot products (NativeW8A8Linear; w8a8_reference writes it out).
   - float16 weights in a float32 model (quantize="fp16"): fbgemm's fp16 GEMM
     (torch.ops.quantized.linear_dynamic_fp16), which reads the 16-bit weights and multiplies in
     float32, on any x86 CPU with AVX2.

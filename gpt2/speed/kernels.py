@@ -19,7 +19,8 @@ Three questions, each answered on the machine in use, never from a number writte
      float32? (`fastest_format`, behind dtype="auto") The same measurement on weights of the
      model's shapes, once per format that works; the winner must also keep its next-token
      distributions within FIDELITY_MAX_KL of float32's on the model's own weights (`fidelity`).
-     Every format auto can pick returns float32 logits (AUTO_FORMATS).
+     Every format auto can pick returns float32 logits (AUTO_FORMATS), w8a8 (int8 weights and
+     inputs rounded to int8 in blocks) included.
 
 A kernel that packs its weight (oneDNN's blocked bfloat16, fbgemm's float16) packs it on the
 path's first call (`PackedOnFirstCall`), not at load, every layer of the model at once, side by
