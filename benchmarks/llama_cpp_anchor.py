@@ -433,25 +433,31 @@ def strip_text(runs: dict) -> dict:
             for n, rs in runs.items()}
 
 
-GOALS = ("step time <= 1.1x llama.cpp's 16-bit step", ">= 0.8 of the bandwidth floor (floor / step)",
-         "verify(5) <= 1.3 steps", "speculative >= 1.3x llama.cpp's speculative tokens/s")
+GOALS = (">= 0.7 of the bandwidth floor (floor / step)", "verify(5) <= 1.3 steps",
+         "plain decoding >= 1.2x llama.cpp q8_0's", "speculative >= 1.5x llama.cpp's best speculative tokens/s")
 
 
-def goal_lines(summary: dict, ours: str, theirs: str = "llama.cpp f16") -> list[str]:
-    """The four speed goals for our format `ours` against llama.cpp's 16-bit run, each reached or not."""
-    if ours not in summary or theirs not in summary:
+def goal_lines(summary: dict, ours: str) -> list[str]:
+    """The four speed goals for our format `ours`, each reached or not (or not measured: no llama.cpp
+    run to compare with); [] when `ours` did not run."""
+    if ours not in summary:
         return []
-    o, t = summary[ours], summary[theirs]
-    checks = [(o["step_s"] <= 1.1 * t["step_s"],
-               f"{o['step_s'] * 1e3:.1f} ms against {t['step_s'] * 1e3:.1f} ms: {o['step_s'] / t['step_s']:.2f}x"),
-              (o["floor_s"] >= 0.8 * o["step_s"],
-               f"floor {o['floor_s'] * 1e3:.1f} ms / step {o['step_s'] * 1e3:.1f} ms = {o['floor_s'] / o['step_s']:.2f}"
-               f" (llama.cpp f16: {t['floor_s'] / t['step_s']:.2f})"),
-              (o["verify5_s"] <= 1.3 * o["step_s"],
-               f"{o['verify5_s'] / o['step_s']:.2f} steps (llama.cpp f16: {t['verify5_s'] / t['step_s']:.2f})"),
-              (o["spec_tok_s"] >= 1.3 * t["spec_tok_s"],
-               f"{o['spec_tok_s']:.2f} against {t['spec_tok_s']:.2f} tok/s: {o['spec_tok_s'] / t['spec_tok_s']:.2f}x")]
-    return [f"- {goal}: **{'reached' if ok else 'not reached'}** ({detail})" for goal, (ok, detail) in zip(GOALS, checks)]
+    o = summary[ours]
+    q8 = summary.get("llama.cpp q8_0")
+    llama = {name: m for name, m in summary.items() if name.startswith("llama.cpp")}
+    best = max(llama, key=lambda name: llama[name]["spec_tok_s"]) if llama else None
+    checks = [(o["floor_s"] >= 0.7 * o["step_s"],
+               f"floor {o['floor_s'] * 1e3:.1f} ms / step {o['step_s'] * 1e3:.1f} ms = {o['floor_s'] / o['step_s']:.2f}"),
+              (o["verify5_s"] <= 1.3 * o["step_s"], f"{o['verify5_s'] / o['step_s']:.2f} steps"),
+              None if q8 is None else (o["plain_tok_s"] >= 1.2 * q8["plain_tok_s"],
+                                       f"{o['plain_tok_s']:.2f} against {q8['plain_tok_s']:.2f} tok/s: "
+                                       f"{o['plain_tok_s'] / q8['plain_tok_s']:.2f}x"),
+              None if best is None else (o["spec_tok_s"] >= 1.5 * llama[best]["spec_tok_s"],
+                                         f"{o['spec_tok_s']:.2f} against {best}'s {llama[best]['spec_tok_s']:.2f} "
+                                         f"tok/s: {o['spec_tok_s'] / llama[best]['spec_tok_s']:.2f}x")]
+    return [f"- {goal}: " + ("**not measured** (no llama.cpp run to compare with)" if check is None else
+                             f"**{'reached' if check[0] else 'not reached'}** ({check[1]})")
+            for goal, check in zip(GOALS, checks)]
 
 
 def pair_markdown(pair: str, summary: dict, args, gb_per_s: float) -> str:
@@ -477,7 +483,7 @@ def pair_markdown(pair: str, summary: dict, args, gb_per_s: float) -> str:
             f"Acceptance: ours is alpha, llama.cpp's n_accept / n_drafted. A random-weight stand-in's draft "
             f"agrees with its target almost always, far more than a real pair's would: its speculative "
             f"speed-ups are an upper bound, not real-model behaviour."
-            + "".join(f"\n\nGoals, {name} against llama.cpp f16:\n" + "\n".join(lines)
+            + "".join(f"\n\nGoals, {name}:\n" + "\n".join(lines)
                       for name, lines in goals.items() if lines))
 
 
