@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_cache
+from .fast_linear import WEIGHT_FORMATS
 from .fast_model import LAYERS, FastGPT2
 from .device import synchronize
 from ..kv_cache import KVCache
