@@ -116,6 +116,19 @@ def test_gpt2_cpu_avx2_acts_as_a_cpu_without_bf16(fresh_probe, monkeypatch):
         kernels.emulated_cpu()
 
 
+def test_gpt2_cpu_avx2_vnni_keeps_avx_vnni_and_drops_avx512(fresh_probe, monkeypatch):
+    """GPT2_CPU=avx2-vnni acts as an AVX2 CPU with AVX-VNNI: no bfloat16 path, our C kernel's AVX2
+    build, with AVX-VNNI where the CPU has it; GPT2_CPU=avx2 leaves AVX-VNNI out."""
+    from gpt2.speed import native
+    monkeypatch.setenv("GPT2_CPU", "avx2-vnni")
+    assert kernels.emulated_cpu() == "avx2-vnni" and not kernels.cpu_has_bf16_instructions()
+    assert "GPT2_CPU=avx2-vnni" in kernels.probe("onednn-bf16")
+    assert not native.wide() and native.avx_vnni() == ("avx_vnni" in native.kernel_cache.cpu_flags())
+    monkeypatch.setenv("GPT2_CPU", "avx2")
+    assert not native.wide() and not native.avx_vnni()
+    assert "-mavxvnni" not in native.build_flags(False) and "-mavxvnni" in native.build_flags(False, True)
+
+
 def test_bfloat16_without_its_fast_path_runs_with_one_note(wide_dir, fresh_probe, monkeypatch, capsys):
     monkeypatch.setitem(kernels._PROBED, "onednn-bf16", "RuntimeError: needs avx512bw")
     model = load_accelerated(wide_dir, dtype=torch.bfloat16)

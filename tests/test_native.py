@@ -123,6 +123,9 @@ def test_the_avx512_build_compiles_on_any_host(tmp_path):
     # and the w8a8 kernel's AVX512-VNNI code, which only a CPU with VNNI runs
     native.build(native.compiler(), tmp_path / "vnni.so", native.FLAGS + native.WIDE_FLAGS + native.VNNI_FLAGS)
     assert (tmp_path / "vnni.so").stat().st_size > 0
+    # and the AVX2 build's AVX-VNNI code (gcc 11 or later)
+    native.build(native.compiler(), tmp_path / "avx_vnni.so", native.build_flags(False, avx_vnni_build=True))
+    assert (tmp_path / "avx_vnni.so").stat().st_size > 0
 
 
 @needs_native

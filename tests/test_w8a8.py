@@ -25,10 +25,16 @@ SHAPES = [(37, 100), (64, 1280), (40, 70), (5, 7), (13, 64)]
 ROWS = range(1, 18)  # a step, every verification up to 16 draft tokens, and one more than a pass's rows
 
 
+# The kernel's builds: AVX2 (vpmaddwd), AVX2 with AVX-VNNI, AVX-512 (with AVX512-VNNI where the CPU
+# has it), each with the CPU flag it needs.
+BUILDS = {"avx2": dict(wide_build=False, avx_vnni_build=False), "avx_vnni": dict(wide_build=False, avx_vnni_build=True),
+          "avx512": dict(wide_build=True)}
+NEEDS = {"avx2": "avx2", "avx_vnni": "avx_vnni", "avx512": "avx512f"}
+
+
 def builds():
-    """The builds this host can run: the AVX2 one, and the AVX-512 one (VNNI where the CPU has it)."""
-    wide = "avx512f" in native.kernel_cache.cpu_flags()
-    return [native.library(wide_build=False)] + ([native.library(wide_build=True)] if wide else [])
+    """The builds this host can run."""
+    return [native.library(**BUILDS[b]) for b in BUILDS if NEEDS[b] in native.kernel_cache.cpu_flags()]
 
 
 def inputs(rows: int, inp: int, generator) -> torch.Tensor:
@@ -72,17 +78,19 @@ def test_a_row_gives_the_same_bits_alone_as_among_others():
 
 
 @needs_native
-@pytest.mark.skipif("avx512f" not in native.kernel_cache.cpu_flags(), reason="needs an AVX-512 CPU")
-def test_the_avx512_build_gives_the_avx2_builds_bits():
+def test_every_build_gives_the_same_bits():
+    """vpmaddwd's pairs, AVX-VNNI's and AVX512-VNNI's quads: the same exact block sums, so the same
+    outputs (on an AVX2 host without AVX-VNNI there is one build, and nothing to compare)."""
     g = torch.Generator().manual_seed(2)
     q, scale = int8_per_channel(torch.randn(100, 1280, generator=g))
     kernel = NativeW8A8Linear(q, scale)
     for rows in ROWS:
         x = inputs(rows, 1280, g)
-        kernel.lib = native.library(wide_build=False)
-        narrow = kernel(x, None)
-        kernel.lib = native.library(wide_build=True)
-        assert torch.equal(narrow, kernel(x, None)), rows
+        outputs = []
+        for lib in builds():
+            kernel.lib = lib
+            outputs.append(kernel(x, None))
+        assert all(torch.equal(outputs[0], other) for other in outputs[1:]), rows
 
 
 def test_the_reference_tells_apart_what_a_kernel_could_get_wrong():
@@ -136,15 +144,15 @@ def test_quad_panels_hold_the_int8_weights_exactly():
 
 
 @needs_native
-@pytest.mark.parametrize("wide", [False, True])
-def test_greedy_speculative_equals_plain_greedy_in_w8a8(text_pair_dirs, monkeypatch, wide):
-    """Every linear layer and the head on the w8a8 kernel (the AVX2 build, then this CPU's AVX-512
-    one): the speculative output is the target's own greedy output in the format, token for token,
-    and the weights are held once, as the kernel's quad panels."""
-    if wide and "avx512f" not in native.kernel_cache.cpu_flags():
-        pytest.skip("needs an AVX-512 CPU")
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_greedy_speculative_equals_plain_greedy_in_w8a8(text_pair_dirs, monkeypatch, build):
+    """Every linear layer and the head on the w8a8 kernel (each build this CPU runs): the
+    speculative output is the target's own greedy output in the format, token for token, and the
+    weights are held once, as the kernel's quad panels."""
+    if NEEDS[build] not in native.kernel_cache.cpu_flags():
+        pytest.skip(f"needs a CPU with {NEEDS[build]}")
     monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)  # this small pair's layers get the kernel too
-    monkeypatch.setattr(native, "_LIBRARY", native.library(wide_build=wide))
+    monkeypatch.setattr(native, "_LIBRARY", native.library(**BUILDS[build]))
     target_dir, draft_dir = text_pair_dirs
     target, draft = load_accelerated(target_dir, format="w8a8"), load_accelerated(draft_dir, format="w8a8")
     for model in (target, draft):

@@ -74,7 +74,7 @@ def cpu_flags() -> tuple[str, ...]:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
         return ()
-    return tuple(sorted(f for f in set(flags) if f in ("avx2", "fma", "f16c", "avx_ne_convert")
+    return tuple(sorted(f for f in set(flags) if f in ("avx2", "fma", "f16c", "avx_ne_convert", "avx_vnni")
                         or f.startswith(("avx512", "amx"))))
 
 

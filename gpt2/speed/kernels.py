@@ -37,9 +37,11 @@ Switches (environment variables):
                          weight is held in another layout): the plain computation, for comparison.
   GPT2_MEASURE_KERNELS=0 time nothing: each format's default kernel (its first candidate), and
                          float32 for dtype="auto" (the tests set it: no result depends on timing).
-  GPT2_CPU=avx2          act as a CPU without AVX-512 and bfloat16 instructions (an AMD Zen 2/3 or a
-                         recent Intel consumer CPU), so that one machine can test both kinds of paths.
-                         Use it with PyTorch's and oneDNN's own switches, set before torch is imported:
+  GPT2_CPU=avx2          act as a CPU without AVX-512, AVX-VNNI and bfloat16 instructions (an AMD
+                         Zen 2/3, an Intel consumer CPU before Alder Lake), so that one machine can
+                         test both kinds of paths; GPT2_CPU=avx2-vnni the same with AVX-VNNI (Intel
+                         consumer CPUs since Alder Lake), where the CPU has it. Use it with PyTorch's
+                         and oneDNN's own switches, set before torch is imported:
 
     GPT2_CPU=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python -m gpt2.speed.kernel_report
 """
@@ -58,7 +60,8 @@ from .fast_model import FastEmbedding, FastGPT2, FastLinear
 from .stored_weights import StoredWeight, give_back_freed_memory
 from .kernel_cache import cpu_flags, cpu_name  # noqa: F401 (the report names the CPU through here)
 
-EMULATIONS = {"avx2": "a CPU without AVX-512 or bfloat16 instructions (GPT2_CPU=avx2)"}
+EMULATIONS = {"avx2": "a CPU without AVX-512 or bfloat16 instructions (GPT2_CPU=avx2)",
+              "avx2-vnni": "a CPU with AVX2 and AVX-VNNI, without AVX-512 or bfloat16 instructions (GPT2_CPU=avx2-vnni)"}
 # oneDNN sets up each call; below this many weights plain F.linear is quicker, and a layer this
 # small is per-call overhead, not reading weights, so no format or kernel choice pays. Every
 # linear layer of the real GPT-2 sizes is above it; only toy test models are below.
@@ -168,14 +171,14 @@ def emulated_cpu() -> str | None:
         return None
     if name not in EMULATIONS:
         raise ValueError(f"GPT2_CPU={name!r} is not known: use GPT2_CPU=avx2 (act as a CPU without "
-                         f"AVX-512/bfloat16) or leave it unset")
+                         f"AVX-512/bfloat16), GPT2_CPU=avx2-vnni (the same with AVX-VNNI) or leave it unset")
     return name
 
 
 def cpu_has_bf16_instructions() -> bool:
     """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX); False under
-    GPT2_CPU=avx2. Without them bfloat16 is emulated, slower than float32."""
-    if emulated_cpu() == "avx2":
+    GPT2_CPU=avx2 (or avx2-vnni). Without them bfloat16 is emulated, slower than float32."""
+    if emulated_cpu() is not None:
         return False
     try:
         return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
@@ -206,8 +209,8 @@ def _try(path: str) -> str | None:
         raise ValueError(f"unknown kernel path {path!r}: one of {', '.join(PATHS)}")
     if (path.startswith("onednn") or path == "int8-bf16") and not torch.backends.mkldnn.is_available():
         return "this PyTorch build has no oneDNN (mkldnn)"
-    if path in ("onednn-bf16", "int8-bf16") and emulated_cpu() == "avx2":
-        return f"acting as {EMULATIONS['avx2']}"
+    if path in ("onednn-bf16", "int8-bf16") and emulated_cpu() is not None:
+        return f"acting as {EMULATIONS[emulated_cpu()]}"
     if path == "fbgemm-fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         return "this PyTorch build has no fbgemm (x86 only)"
     if path.startswith("native") and (reason := native.why_not()):

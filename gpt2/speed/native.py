@@ -24,15 +24,18 @@ SOURCE = Path(__file__).parent / "csrc" / "rows_linear.c"
 # -ffp-contract=off: only the kernel's written FMAs fuse, so the summation order is the source's.
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 NEEDS = ("avx2", "fma", "f16c")
-# Where the CPU has AVX-512 (and does not act as an AVX2 one, GPT2_CPU=avx2), the kernel is built
+# Where the CPU has AVX-512 (and does not act as an AVX2 one, GPT2_CPU=avx2 or avx2-vnni), the kernel is built
 # with it: its loop over several rows then takes 16-lane vectors (rows_linear.c), same results.
 WIDE_FLAGS = ["-mavx512f"]
 # ... and where it has AVX512-VNNI, the w8a8 kernel takes its 4-byte integer dot products
 # (vpdpbusd); without, the AVX2 build's 2-by-2 ones (vpmaddwd): the same exact sums.
 VNNI_FLAGS = ["-mavx512bw", "-mavx512vnni"]
+# An AVX2 CPU with AVX-VNNI (Intel since Alder Lake, AMD since Zen 5) gets it in its AVX2 build:
+# the w8a8 kernel's vpdpbusd on 8 lanes (GPT2_CPU=avx2 leaves it out, as on a Zen 2/3).
+AVX_VNNI_FLAGS = ["-mavxvnni"]
 
 _LIBRARY: ctypes.CDLL | None = None  # this CPU's build, once loaded
-_BUILDS: dict[bool, ctypes.CDLL] = {}  # wide -> that build, loaded
+_BUILDS: dict[tuple, ctypes.CDLL] = {}  # (wide, avx_vnni) -> that build, loaded
 
 
 def compiler() -> str | None:
@@ -59,9 +62,15 @@ def source_tag() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
+def acting_as() -> str:
+    """GPT2_CPU: "avx2" or "avx2-vnni" where the process acts as such a CPU (gpt2.speed.kernels
+    checks the name), else ""."""
+    return os.environ.get("GPT2_CPU", "").strip().lower()
+
+
 def wide() -> bool:
     """Whether this CPU's build is the AVX-512 one (WIDE_FLAGS)."""
-    return "avx512f" in kernel_cache.cpu_flags() and os.environ.get("GPT2_CPU") != "avx2"
+    return "avx512f" in kernel_cache.cpu_flags() and acting_as() not in ("avx2", "avx2-vnni")
 
 
 def vnni() -> bool:
@@ -69,8 +78,17 @@ def vnni() -> bool:
     return {"avx512bw", "avx512_vnni"} <= set(kernel_cache.cpu_flags())
 
 
-def build_flags(wide_build: bool) -> list[str]:
-    return FLAGS + (WIDE_FLAGS + (VNNI_FLAGS if vnni() else []) if wide_build else [])
+def avx_vnni() -> bool:
+    """Whether this CPU's AVX2 build takes AVX-VNNI (not under GPT2_CPU=avx2)."""
+    return "avx_vnni" in kernel_cache.cpu_flags() and acting_as() != "avx2"
+
+
+def build_flags(wide_build: bool, avx_vnni_build: bool | None = None) -> list[str]:
+    """The compiler flags of the AVX-512 build (wide_build) or the AVX2 one, that one with AVX-VNNI
+    if avx_vnni_build (None: where this CPU has it)."""
+    if wide_build:
+        return FLAGS + WIDE_FLAGS + (VNNI_FLAGS if vnni() else [])
+    return FLAGS + (AVX_VNNI_FLAGS if (avx_vnni() if avx_vnni_build is None else avx_vnni_build) else [])
 
 
 def library_path(cc: str, flags: list[str]) -> Path:
@@ -79,22 +97,30 @@ def library_path(cc: str, flags: list[str]) -> Path:
     return kernel_cache.cache_path().parent / "native" / f"rows_linear-{tag}.so"
 
 
-def library(wide_build: bool | None = None) -> ctypes.CDLL:
+def library(wide_build: bool | None = None, avx_vnni_build: bool | None = None) -> ctypes.CDLL:
     """The compiled kernel, built now if this machine has not built this source before: this
-    CPU's build, or (wide_build True/False) the AVX-512 or the AVX2 one (the tests compare them)."""
+    CPU's build, or (wide_build True/False) the AVX-512 or the AVX2 one (the tests compare them);
+    avx_vnni_build: the AVX2 one with or without AVX-VNNI (None: as this CPU)."""
     global _LIBRARY
     if wide_build is None:
         if _LIBRARY is None:
             _LIBRARY = library(wide())
         return _LIBRARY
-    if wide_build not in _BUILDS:
+    flags = build_flags(wide_build, avx_vnni_build)
+    key = (wide_build, AVX_VNNI_FLAGS[0] in flags)
+    if key not in _BUILDS:
         reason = why_not()
         if reason:
             raise RuntimeError(reason)
         cc = compiler()
-        path = library_path(cc, build_flags(wide_build))
+        path = library_path(cc, flags)
         if not path.exists():
-            build(cc, path, build_flags(wide_build))
+            try:
+                build(cc, path, flags)
+            except RuntimeError:
+                if AVX_VNNI_FLAGS[0] not in flags:
+                    raise
+                return library(wide_build, avx_vnni_build=False)  # a compiler without -mavxvnni
         lib = ctypes.CDLL(str(path))
         # (x, rows, in, panels, out, scale, bias, y, threads) -> 0
         for fn in (lib.rows_linear_f16, lib.rows_linear_f32, lib.rows_linear_i8, lib.rows_linear_w8a8):
@@ -104,8 +130,8 @@ def library(wide_build: bool | None = None) -> ctypes.CDLL:
         # the entry point of each panel dtype (looked up once: rows_linear runs once per layer per step)
         lib.by_dtype = {torch.float16: lib.rows_linear_f16, torch.float32: lib.rows_linear_f32,
                         torch.int8: lib.rows_linear_i8, torch.uint8: lib.rows_linear_w8a8}
-        _BUILDS[wide_build] = lib
-    return _BUILDS[wide_build]
+        _BUILDS[key] = lib
+    return _BUILDS[key]
 
 
 def build(cc: str, path: Path, flags: list[str] = FLAGS) -> None:

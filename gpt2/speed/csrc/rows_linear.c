@@ -217,7 +217,7 @@ ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
    not only the weight's byte. Here each input row is rounded to int8 too, in blocks of QBLOCK
    inputs, each block with its own float32 scale (a block's largest |x| / 127), and the products
    are integer dot products: 4 weights by 4 inputs into one 32-bit sum per instruction with
-   AVX512-VNNI (vpdpbusd), 2 by 2 with AVX2 (vpmaddwd) otherwise.
+   AVX512-VNNI or AVX-VNNI (vpdpbusd, 16 or 8 lanes), 2 by 2 with AVX2 (vpmaddwd) otherwise.
 
    The computation, for row r and output o (tests/test_w8a8_kernel.py writes it out in PyTorch):
      xs[b]   = max |x[k]| over block b / 127                      (float32; 0 for an all-zero block)
@@ -245,7 +245,7 @@ ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
 
 /* The inputs as int8 in blocks (xq: in4 values a row, padding 0), with each block's scale and
    128 * (sum of its xq). AVX2's build keeps xq as int16 (what vpmaddwd multiplies). */
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 typedef int8_t xq_t;
 #else
 typedef int16_t xq_t;
@@ -338,6 +338,54 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
             _mm_prefetch((const char *)(panel + j * 64) + AHEAD_BYTES, _MM_HINT_T0);
             w = _mm512_loadu_si512((const void *)(panel + j * 64));
             W8_STEP(0, od) W8_STEP(1, od) W8_STEP(2, od) W8_STEP(3, od) W8_STEP(4, od) W8_STEP(5, od)
+        }
+        W8_BLOCK_END(0) W8_BLOCK_END(1) W8_BLOCK_END(2) W8_BLOCK_END(3) W8_BLOCK_END(4) W8_BLOCK_END(5)
+    }
+    W8_STORE(0) W8_STORE(1) W8_STORE(2) W8_STORE(3) W8_STORE(4) W8_STORE(5)
+}
+#define W8_ROWS_PER_PASS W8_MAX_ROWS
+#elif defined(__AVXVNNI__)
+/* AVX-VNNI (Intel since Alder Lake, AMD since Zen 5, without AVX-512): vpdpbusd on 8 lanes. A
+   quad's 64 bytes are two loads, outputs 0-7 and 8-15, each 4 inputs deep: two sums a row. */
+#define W8_STEP(r)                                                                               \
+    if (R > r) {                                                                                 \
+        int32_t four;                                                                            \
+        memcpy(&four, xq + r * in4 + 4 * j, 4);                                                  \
+        __m256i xv = _mm256_set1_epi32(four);                                                    \
+        lo##r = _mm256_dpbusd_avx_epi32(lo##r, w_lo, xv);                                        \
+        hi##r = _mm256_dpbusd_avx_epi32(hi##r, w_hi, xv);                                        \
+    }
+#define W8_BLOCK_END(r)                                                                          \
+    if (R > r) {                                                                                 \
+        __m256i corr = _mm256_set1_epi32(xcorr[r * blocks + b]);                                 \
+        __m256 sc = _mm256_set1_ps(xs[r * blocks + b]);                                          \
+        flo[r] = _mm256_add_ps(flo[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo##r, corr)), sc)); \
+        fhi[r] = _mm256_add_ps(fhi[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi##r, corr)), sc)); \
+        lo##r = hi##r = _mm256_setzero_si256();                                                  \
+    }
+#define W8_STORE(r)                                                                              \
+    if (R > r) {                                                                                 \
+        float sums[PANEL];                                                                       \
+        _mm256_storeu_ps(sums, flo[r]);                                                          \
+        _mm256_storeu_ps(sums + 8, fhi[r]);                                                      \
+        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
+    }
+
+static inline __attribute__((always_inline)) void w8_panel_rows(
+        const uint8_t *panel, const xq_t *xq, const float *xs, const int32_t *xcorr, const int R,
+        int64_t in4, int64_t blocks, float *y, int64_t out, int width) {
+    __m256i lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5;
+    __m256 flo[W8_MAX_ROWS], fhi[W8_MAX_ROWS];  /* touched once a block: they may live in memory */
+    lo0 = hi0 = lo1 = hi1 = lo2 = hi2 = lo3 = hi3 = lo4 = hi4 = lo5 = hi5 = _mm256_setzero_si256();
+    for (int r = 0; r < W8_MAX_ROWS; r++) flo[r] = fhi[r] = _mm256_setzero_ps();
+    int64_t quads = in4 / 4;
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j1 = (b + 1) * (QBLOCK / 4) < quads ? (b + 1) * (QBLOCK / 4) : quads;
+        for (int64_t j = b * (QBLOCK / 4); j < j1; j++) {
+            const uint8_t *p = panel + j * 64;
+            _mm_prefetch((const char *)p + AHEAD_BYTES, _MM_HINT_T0);
+            __m256i w_lo = _mm256_loadu_si256((const __m256i *)p), w_hi = _mm256_loadu_si256((const __m256i *)(p + 32));
+            W8_STEP(0) W8_STEP(1) W8_STEP(2) W8_STEP(3) W8_STEP(4) W8_STEP(5)
         }
         W8_BLOCK_END(0) W8_BLOCK_END(1) W8_BLOCK_END(2) W8_BLOCK_END(3) W8_BLOCK_END(4) W8_BLOCK_END(5)
     }
