@@ -107,18 +107,18 @@ def _run_fbgemm_fp16(x, s):
     return torch.ops.quantized.linear_dynamic_fp16(x, s[0])
 
 
-def _native(dtype, avx2_build: bool = False):
+def _native(dtype, avx2_build: bool = False, avx_vnni: bool = False):
     """Our C kernel (gpt2/speed/csrc/rows_linear.c): weights packed in panels, in dtype (torch.int8:
     per-channel int8; torch.uint8: the w8a8 computation, int8 weights and inputs). avx2_build: its
     AVX2 build even where the CPU has AVX-512 (whose build is the default there), to time the two
-    side by side."""
+    side by side; avx_vnni: that build with AVX-VNNI (without, where False)."""
     def prepare(w, b):
         if dtype == torch.uint8:
             kernel = NativeW8A8Linear(*int8_per_channel(w))
         else:
             kernel = NativeInt8Linear(*int8_per_channel(w)) if dtype == torch.int8 else NativeRowsLinear(w, dtype)
         if avx2_build:
-            kernel.lib = native.library(wide_build=False)
+            kernel.lib = native.library(wide_build=False, avx_vnni_build=avx_vnni)
         return (kernel, b)
     return prepare
 
@@ -252,6 +252,7 @@ CANDIDATES = {
     "int8_native_avx2": (_native(torch.int8, True), _run_native, torch.float32, "int8_native, its AVX2 build (the same as int8_native on a CPU without AVX-512)"),
     "int8_w8a8_native": (_native(torch.uint8), _run_native, torch.float32, "w8a8: int8 weights and inputs in blocks of 32, integer dot products, our C kernel (native-w8a8; AVX512-VNNI where the CPU has it)"),
     "int8_w8a8_native_avx2": (_native(torch.uint8, True), _run_native, torch.float32, "int8_w8a8_native, its AVX2 build (vpmaddwd)"),
+    "int8_w8a8_native_avx_vnni": (_native(torch.uint8, True, True), _run_native, torch.float32, "int8_w8a8_native, its AVX2 build with AVX-VNNI (vpdpbusd on 8 lanes; a CPU with AVX-VNNI)"),
     "bf16_blocked_upcast": (_blocked_upcast(torch.bfloat16), _run_blocked_upcast, torch.float32, "bf16 weights, 128-row tiles upcast to fp32, oneDNN/MKL sgemm per tile"),
     "bf16_compile_upcast": (_compiled_upcast(torch.bfloat16), _run_compiled, torch.float32, "bf16 weights, torch.compile(F.linear(x, w.float()))"),
     "int8_pack_bf16": (_int8pack(torch.bfloat16), _run_int8pack, torch.bfloat16, "int8 per-channel, torch._weight_int8pack_mm, bf16 x (quantize=\"int8\")"),
