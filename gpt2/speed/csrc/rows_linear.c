@@ -296,6 +296,24 @@ static inline void quantize_block(const float *xr, int64_t in, int64_t in4, int6
 
 #define W8_MAX_ROWS 6
 
+/* The 8-lane builds' end of a block (AVX-VNNI and AVX2 alike): row r's integer sums of outputs
+   0-7 (lo) and 8-15 (hi), less the offset's term, times the block's scale, added to the row's
+   float32 sums flo[r], fhi[r]; then the row's outputs stored. */
+#define W8_FLOAT_STEP8(r, lo, hi)                                                                \
+    {                                                                                            \
+        __m256i corr = _mm256_set1_epi32(xcorr[r * blocks + b]);                                 \
+        __m256 sc = _mm256_set1_ps(xs[r * blocks + b]);                                          \
+        flo[r] = _mm256_add_ps(flo[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, corr)), sc)); \
+        fhi[r] = _mm256_add_ps(fhi[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, corr)), sc)); \
+    }
+#define W8_STORE8(r)                                                                             \
+    if (R > r) {                                                                                 \
+        float sums[PANEL];                                                                       \
+        _mm256_storeu_ps(sums, flo[r]);                                                          \
+        _mm256_storeu_ps(sums + 8, fhi[r]);                                                      \
+        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
+    }
+
 #if defined(__AVX512VNNI__)
 /* One panel against R rows: per block, two 16-lane integer sums a row (even and odd quads: two
    chains of vpdpbusd instead of one waiting on its own latency), then the block's float32 step. */
@@ -357,18 +375,8 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
     }
 #define W8_BLOCK_END(r)                                                                          \
     if (R > r) {                                                                                 \
-        __m256i corr = _mm256_set1_epi32(xcorr[r * blocks + b]);                                 \
-        __m256 sc = _mm256_set1_ps(xs[r * blocks + b]);                                          \
-        flo[r] = _mm256_add_ps(flo[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo##r, corr)), sc)); \
-        fhi[r] = _mm256_add_ps(fhi[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi##r, corr)), sc)); \
+        W8_FLOAT_STEP8(r, lo##r, hi##r)                                                          \
         lo##r = hi##r = _mm256_setzero_si256();                                                  \
-    }
-#define W8_STORE(r)                                                                              \
-    if (R > r) {                                                                                 \
-        float sums[PANEL];                                                                       \
-        _mm256_storeu_ps(sums, flo[r]);                                                          \
-        _mm256_storeu_ps(sums + 8, fhi[r]);                                                      \
-        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
     }
 
 static inline __attribute__((always_inline)) void w8_panel_rows(
@@ -389,7 +397,7 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
         }
         W8_BLOCK_END(0) W8_BLOCK_END(1) W8_BLOCK_END(2) W8_BLOCK_END(3) W8_BLOCK_END(4) W8_BLOCK_END(5)
     }
-    W8_STORE(0) W8_STORE(1) W8_STORE(2) W8_STORE(3) W8_STORE(4) W8_STORE(5)
+    W8_STORE8(0) W8_STORE8(1) W8_STORE8(2) W8_STORE8(3) W8_STORE8(4) W8_STORE8(5)
 }
 #define W8_ROWS_PER_PASS W8_MAX_ROWS
 #else
@@ -412,20 +420,10 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
     }
 #define W8_BLOCK_END(r)                                                                          \
     if (R > r) {                                                                                 \
-        __m256i corr = _mm256_set1_epi32(xcorr[r * blocks + b]);                                 \
-        __m256 sc = _mm256_set1_ps(xs[r * blocks + b]);                                          \
         __m256i lo = _mm256_permute4x64_epi64(_mm256_hadd_epi32(a##r, b##r), 0xD8);              \
         __m256i hi = _mm256_permute4x64_epi64(_mm256_hadd_epi32(c##r, d##r), 0xD8);              \
-        flo[r] = _mm256_add_ps(flo[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, corr)), sc)); \
-        fhi[r] = _mm256_add_ps(fhi[r], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, corr)), sc)); \
+        W8_FLOAT_STEP8(r, lo, hi)                                                                \
         a##r = b##r = c##r = d##r = _mm256_setzero_si256();                                      \
-    }
-#define W8_STORE(r)                                                                              \
-    if (R > r) {                                                                                 \
-        float sums[PANEL];                                                                       \
-        _mm256_storeu_ps(sums, flo[r]);                                                          \
-        _mm256_storeu_ps(sums + 8, fhi[r]);                                                      \
-        for (int n = 0; n < width; n++) y[r * out + n] = sums[n];                                \
     }
 
 static inline __attribute__((always_inline)) void w8_panel_rows(
@@ -446,7 +444,7 @@ static inline __attribute__((always_inline)) void w8_panel_rows(
         }
         W8_BLOCK_END(0) W8_BLOCK_END(1) W8_BLOCK_END(2) W8_BLOCK_END(3)
     }
-    W8_STORE(0) W8_STORE(1) W8_STORE(2) W8_STORE(3)
+    W8_STORE8(0) W8_STORE8(1) W8_STORE8(2) W8_STORE8(3)
 }
 #define W8_ROWS_PER_PASS W8_AVX2_ROWS
 #endif
