@@ -158,14 +158,15 @@ def kernel_cache_file(tmp_path, monkeypatch):
 
 def plain_with_format_values(folder, fmt: str):
     """gpt2/model.py as written holding a weight format's values, computed without gpt2.speed's
-    loader: a float32, bfloat16 or float16 model as load_gpt2 casts it; for "int8" and "fp16",
+    loader: a float32, bfloat16 or float16 model as load_gpt2 casts it; for "int8" (and "w8a8",
+    whose weights are int8's) and "fp16",
     float32 parameters whose token embedding (the tied head) and linear weights hold their
     int8-dequantized or float16-rounded values."""
     import torch.nn as nn
     from gpt2 import load_gpt2
     from gpt2.speed.accelerator import quantized_values
 
-    if fmt not in ("int8", "fp16"):
+    if fmt not in ("int8", "fp16", "w8a8"):
         return load_gpt2(folder, dtype=fmt)
     model = load_gpt2(folder)
     with torch.no_grad():

@@ -23,10 +23,12 @@ from gpt2.speed import kernel_cache, load_accelerated
 # Every linear weight at least ONEDNN_MIN_WEIGHTS (512 x 512), so every one gets the format's kernel.
 WIDE = GPT2Config(n_layer=1, n_head=8, n_embd=512, n_positions=32, vocab_size=1024)
 FORMATS = {"int8": dict(quantize="int8"), "fp16": dict(quantize="fp16"), "bfloat16": dict(dtype="bfloat16"),
-           "float32": dict(dtype="float32")}
+           "float32": dict(dtype="float32"), "w8a8": dict(quantize="w8a8")}
 # Largest |logit - the same format's logits with plain weights| relative to their spread: the
 # kernels' own rounding (float32 sums in another order; bfloat16's outputs).
-TOLERANCE = {"int8": 1e-5, "fp16": 1e-5, "bfloat16": 0.02, "float32": 1e-5}
+# w8a8 rounds each layer's inputs too (tests/test_w8a8.py holds it to its own computation bit for
+# bit): here only near its weights' values.
+TOLERANCE = {"int8": 1e-5, "fp16": 1e-5, "bfloat16": 0.02, "float32": 1e-5, "w8a8": 0.02}
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +82,7 @@ def held_bytes(model) -> int:
 def expected_bytes(config: GPT2Config, fmt: str, path: str) -> int:
     """What a model of this config stores in a format whose linear weights run on `path`: each
     linear weight [out, in] once in the bytes that kernel reads (our C kernel's panels pad `out`
-    to 16 rows; int8 adds a float32 scale per row), every other parameter in the model's dtype.
+    to 16 rows, w8a8's `in` to a multiple of 4; int8 and w8a8 add a float32 scale per row), every other parameter in the model's dtype.
     The tied wte beside a library's opaque packing of it keeps its values too: the embedding
     reads its rows. Each FastLinear adds its handle, one int64 buffer that names it to the compiled
     decode path (gpt2/speed/fast_model.py)."""
@@ -88,12 +90,13 @@ def expected_bytes(config: GPT2Config, fmt: str, path: str) -> int:
     linear = [(v, n)] + [(3 * n, n), (n, n), (4 * n, n), (n, 4 * n)] * config.n_layer
     other = config.n_positions * n + 2 * n + config.n_layer * (4 * n + 3 * n + n + 4 * n + n)
     model_bytes = 2 if fmt == "bfloat16" else 4
-    per_weight = {"native-int8": 1, "native-fp16": 2, "native-f32": 4, "fbgemm-fp16": 2, "onednn-bf16": 2,
+    per_weight = {"native-int8": 1, "native-w8a8": 1, "native-fp16": 2, "native-f32": 4, "fbgemm-fp16": 2, "onednn-bf16": 2,
                   "onednn": 4}.get(path, model_bytes if kernels.LAYOUTS[path] == "plain" else None)
     total = other * model_bytes
     for out, inputs in linear:
         rows = 16 * math.ceil(out / 16) if path.startswith("native") else out
-        total += rows * inputs * per_weight + (4 * out if fmt == "int8" else 0)
+        inputs = 4 * math.ceil(inputs / 4) if path == "native-w8a8" else inputs  # its quads
+        total += rows * inputs * per_weight + (4 * out if fmt in ("int8", "w8a8") else 0)
     if kernels.LAYOUTS[path] == "packed":
         total += v * n * 2  # the embedding's 16-bit rows
     return total + 8 * len(linear)
@@ -150,7 +153,7 @@ def test_float32_on_its_packed_kernel_holds_the_panels_only(wide_dir, kernel_cac
     assert (fast - plain).abs().max().item() <= 1e-5 * (plain.max() - plain.min()).item()
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+@pytest.mark.parametrize("fmt", ["int8", "fp16", "w8a8"])
 def test_what_a_learner_inspects_is_the_plain_weight(wide_dir, fmt):
     """model.h[0].mlp.c_fc.weight answers in PyTorch terms: its shape and dtype are the plain
     model's, and its values (decoded on demand from what the layer stores), the embedding's rows
@@ -208,7 +211,7 @@ def computed(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+@pytest.mark.parametrize("fmt", ["int8", "fp16", "w8a8"])
 def test_a_second_load_maps_what_the_first_computed(wide_dir, tmp_path, fmt, monkeypatch, capsys):
     """The first load in a format computes the format (quantizes, packs) and keeps it in the
     weight cache; the second computes nothing, its weights are memory maps of that file, its load
@@ -299,7 +302,7 @@ def test_the_cache_is_bounded_shown_and_cleared(wide_dir, tmp_path, monkeypatch,
     assert list((tmp_path / "weights").glob("*.safetensors")) == []
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp16"])
+@pytest.mark.parametrize("fmt", ["int8", "fp16", "w8a8"])
 def test_the_plain_model_is_unchanged(wide_dir, tmp_path, fmt):
     """load_gpt2 keeps plain PyTorch (ordinary float32 parameters, nothing attached) and keeps
     nothing in the weight cache; an accelerated model's to_plain() is plain PyTorch too: ordinary

@@ -112,11 +112,11 @@ def test_the_trace_sees_the_speed_files_of_an_accelerated_model(wide_dir):
 
 def accelerated_formats() -> list[str]:
     from gpt2.speed import kernels
-    return [fmt for fmt in ("float32", "fp16", "int8", "bfloat16")
+    return [fmt for fmt in ("float32", "fp16", "int8", "w8a8", "bfloat16")
             if kernels.candidates(fmt, torch.float32 if fmt != "bfloat16" else torch.bfloat16)]
 
 
-@pytest.mark.parametrize("fmt", ["float32", "fp16", "int8", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["float32", "fp16", "int8", "w8a8", "bfloat16"])
 def test_an_accelerated_model_shows_what_it_changed(wide_dir, fmt):
     from gpt2.speed import FastGPT2, FastLinear, accelerate, load_accelerated
     if fmt not in accelerated_formats():
@@ -151,7 +151,7 @@ def edits(model) -> list[tuple[str, object]]:
             ("ln_1", edit(lambda: model.h[0].ln_1.weight))]
 
 
-@pytest.mark.parametrize("fmt", ["float32", "fp16", "int8", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["float32", "fp16", "int8", "w8a8", "bfloat16"])
 def test_an_edit_of_an_accelerated_model_raises_or_takes_effect(wide_dir, fmt):
     """For each weight: the edit raises an error that names the way to the plain model, or the
     logits change. A weight whose kernel reads a copy (int8 bytes, packed panels) cannot take the
