@@ -219,7 +219,8 @@ ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
    are integer dot products: 4 weights by 4 inputs into one 32-bit sum per instruction with
    AVX512-VNNI or AVX-VNNI (vpdpbusd, 16 or 8 lanes), 2 by 2 with AVX2 (vpmaddwd) otherwise.
 
-   The computation, for row r and output o (tests/test_w8a8_kernel.py writes it out in PyTorch):
+   The computation, for row r and output o (fast_linear.w8a8_reference writes it out in PyTorch,
+   tests/test_w8a8.py holds this kernel to it):
      xs[b]   = max |x[k]| over block b / 127                      (float32; 0 for an all-zero block)
      xq[k]   = round-half-even(x[k] / xs[b]), in [-127, 127]      (0 where xs[b] is 0)
      s[b]    = sum over k in block b of q[o][k] * xq[k]            (exact, in integers)
@@ -227,7 +228,7 @@ ROWS_LINEAR(rows_linear_i8, one_panel_i8, four_panels_one_row_i8, int8_t)
                                                                    a multiply then an add, not fused)
      y[r][o] = acc * scale[o] + bias[o]                            (float32, as the int8 kernel)
    Each block's sum is exact whatever instructions compute it, and the float32 steps run in one
-   fixed order per output: the AVX2 and AVX-512 builds give the same bits, and a row the same bits
+   fixed order per output: every build gives the same bits, and a row the same bits
    alone as among others.
 
    Layout: vpdpbusd multiplies unsigned bytes by signed ones, so the weights are stored as
