@@ -13,10 +13,8 @@ the kernel (autogroup, where it is on).
 """
 
 import os
-import time
-from pathlib import Path
 
-from .memory import _own_cgroup, _pid_namespace, _remove_stale
+from .memory import _own_cgroup, _pid_namespace, _remove_stale, _remove_when_empty
 
 WEIGHT_V2, SHARES_V1 = 100, 1024  # the default weights: every sandbox alike
 
@@ -72,10 +70,5 @@ class SandboxCPU:
         if not self.made:
             return
         os.close(self.procs)
-        for _ in range(100):
-            try:
-                self.folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
+        _remove_when_empty(self.folder)
         self.made, self.folder, self.procs = False, None, None

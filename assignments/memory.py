@@ -282,12 +282,7 @@ class SandboxMemory:
         if self.folder is None:
             return
         os.close(self.procs)
-        for _ in range(100):
-            try:
-                self.folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.05)
+        _remove_when_empty(self.folder)
         self.folder = None
 
 
@@ -297,6 +292,17 @@ def _pid_namespace() -> int:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return 0
+
+
+def _remove_when_empty(folder: Path) -> None:
+    """Remove a cgroup whose processes were just killed: refused until the kernel has let the last
+    one go, so tried for up to five seconds."""
+    for _ in range(100):
+        try:
+            folder.rmdir()
+            return
+        except OSError:
+            time.sleep(0.05)
 
 
 def _remove_stale(parent: Path) -> None:
