@@ -414,7 +414,7 @@ def summarize(runs: dict, step_bytes: dict, gb_per_s: float, models: dict) -> di
             m["spec_equals_plain"] = all(r["spec_equals_plain"] for r in rounds)
             target = models[name][0]
             m["dtype"] = str(target.wpe.weight.dtype).removeprefix("torch.") + (
-                f", {target.format} weights" if getattr(target, "format", None) in ("int8", "fp16", "w8a8") else "")
+                f", {target.quantize} weights" if getattr(target, "quantize", None) else "")
         else:
             spec = rounds[-1]["spec"]
             m["acceptance"] = spec["n_accept"] / spec["n_drafted"] if spec.get("n_drafted") else None

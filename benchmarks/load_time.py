@@ -68,7 +68,7 @@ def child(folder: str) -> None:
     new_tokens = int(os.environ.get("LOAD_TIME_NEW_TOKENS", NEW_TOKENS))
     tokens = autoregressive_generate(model, random_prompt(PROMPT_LENGTH, seed=0), new_tokens).tokens
     generate_s = time.perf_counter() - t0
-    quantize = getattr(model, "format", None) if getattr(model, "format", None) in ("int8", "fp16", "w8a8") else None
+    quantize = getattr(model, "quantize", None)
     print(json.dumps({"load_s": load_s, "prompt_s": seconds[0], "first_step_s": seconds[1],
                       "step_s": median(seconds[2:]), "generate_s": generate_s, "tokens": tokens,
                       "format": quantize or str(model.wpe.weight.dtype).removeprefix("torch."),

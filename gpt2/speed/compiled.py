@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_cache
-from .fast_linear import WEIGHT_FORMATS
 from .fast_model import LAYERS, FastGPT2
 from .device import synchronize
 from ..kv_cache import KVCache
@@ -234,16 +233,11 @@ def choose_compiled(model) -> tuple[bool, str]:
     c, w = model.config, model.wpe.weight
     if w.device.type not in DEVICES:
         return False, f"the compiled decode path is for CPUs and CUDA GPUs (this model is on {w.device.type})"
-    what = model_key(model) | {"quantize": model_quantize(model)}
+    what = model_key(model) | {"quantize": getattr(model, "quantize", None)}  # FastGPT2.quantize
     if w.device.type == "cuda":  # a GPU's choice is its own (the CPU's entries keep their keys)
         what["device"] = torch.cuda.get_device_name(w.device)
     return decide_path(model, "compiled", what, _measure, compile_decode, eager,
                        f"whether the compiled decode path is faster for this {c.n_layer}-block width-{c.n_embd} model")
-
-
-def model_quantize(model) -> str | None:
-    """The weights' format where it is not the dtype's ("int8", "fp16", "w8a8"), else None."""
-    return getattr(model, "format", None) if getattr(model, "format", None) in WEIGHT_FORMATS else None
 
 
 def model_key(model) -> dict:

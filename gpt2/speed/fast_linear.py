@@ -37,10 +37,10 @@ import torch.nn.functional as F
 
 from . import native
 
-QUANTIZE_CHOICES = (None, "int8", "fp16", "w8a8")
 # The weight formats that are not a dtype (quantize's choices): a float32 model holding its
 # linear weights in another form.
 WEIGHT_FORMATS = ("int8", "fp16", "w8a8")
+QUANTIZE_CHOICES = (None, *WEIGHT_FORMATS)
 # The formats whose weights are int8 bytes and per-output scales (w8a8 rounds the inputs too).
 INT8_FORMATS = ("int8", "w8a8")
 # _weight_int8pack_mm is fast with bf16 activations only (Int8Weight, Int8AsBF16 round their inputs

@@ -26,8 +26,8 @@ def describe_model(model) -> str:
     if isinstance(model, GPT2):
         c, w = model.config, model.wpe.weight
         # int8 / float16 / w8a8 weights (an accelerated model's format) cost what their bytes cost, not the dtype's
-        fmt = getattr(model, "format", None)
-        weights = f", {fmt} weights" if fmt in ("int8", "fp16", "w8a8") else ""
+        fmt = getattr(model, "quantize", None)  # an accelerated model's weight format, where not its dtype's
+        weights = f", {fmt} weights" if fmt else ""
         return (f"GPT2(n_layer={c.n_layer}, n_head={c.n_head}, n_embd={c.n_embd}, "
                 f"vocab_size={c.vocab_size}, {str(w.dtype).replace('torch.', '')}{weights}, {w.device.type})")
     if type(model).__name__ == "ModelDrafter" and isinstance(getattr(model, "model", None), GPT2):
