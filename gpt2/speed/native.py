@@ -21,6 +21,9 @@ import torch
 from . import kernel_cache
 
 SOURCE = Path(__file__).parent / "csrc" / "rows_linear.c"
+# The fused CPU step's blocks (gpt2/speed/native_step.py): built apart, with FLAGS; it calls the
+# kernels of whichever build of SOURCE holds a model's weights, through function pointers.
+STEP_SOURCE = Path(__file__).parent / "csrc" / "block_step.c"
 # -ffp-contract=off: only the kernel's written FMAs fuse, so the summation order is the source's.
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 NEEDS = ("avx2", "fma", "f16c")
@@ -36,6 +39,7 @@ AVX_VNNI_FLAGS = ["-mavxvnni"]
 
 _LIBRARY: ctypes.CDLL | None = None  # this CPU's build, once loaded
 _BUILDS: dict[tuple, ctypes.CDLL] = {}  # (wide, avx_vnni) -> that build, loaded
+_STEP_LIBRARY: ctypes.CDLL | None = None  # block_step.c's build, once loaded
 
 
 def compiler() -> str | None:
@@ -91,10 +95,11 @@ def build_flags(wide_build: bool, avx_vnni_build: bool | None = None) -> list[st
     return FLAGS + (AVX_VNNI_FLAGS if (avx_vnni() if avx_vnni_build is None else avx_vnni_build) else [])
 
 
-def library_path(cc: str, flags: list[str]) -> Path:
+def library_path(cc: str, flags: list[str], source: Path = SOURCE) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    tag = hashlib.sha256("\n".join([source_tag(), *version, *flags]).encode()).hexdigest()[:16]
-    return kernel_cache.cache_path().parent / "native" / f"rows_linear-{tag}.so"
+    code = source_tag() if source == SOURCE else hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    tag = hashlib.sha256("\n".join([code, *version, *flags]).encode()).hexdigest()[:16]
+    return kernel_cache.cache_path().parent / "native" / f"{source.stem}-{tag}.so"
 
 
 def library(wide_build: bool | None = None, avx_vnni_build: bool | None = None) -> ctypes.CDLL:
@@ -134,15 +139,35 @@ def library(wide_build: bool | None = None, avx_vnni_build: bool | None = None) 
     return _BUILDS[key]
 
 
-def build(cc: str, path: Path, flags: list[str] = FLAGS) -> None:
+def step_library() -> ctypes.CDLL:
+    """block_step.c compiled (built now if this machine has not built this source before)."""
+    global _STEP_LIBRARY
+    if _STEP_LIBRARY is None:
+        reason = why_not()
+        if reason:
+            raise RuntimeError(reason)
+        cc = compiler()
+        path = library_path(cc, FLAGS, STEP_SOURCE)
+        if not path.exists():
+            build(cc, path, FLAGS, STEP_SOURCE)
+        lib = ctypes.CDLL(str(path))
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        # (x, T, C, n_head, max_len, start, eps, blocks, n_blocks, keys, values, threads) -> 0
+        lib.decode_blocks.restype = ctypes.c_int
+        lib.decode_blocks.argtypes = [p, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, p, ctypes.c_int]
+        _STEP_LIBRARY = lib
+    return _STEP_LIBRARY
+
+
+def build(cc: str, path: Path, flags: list[str] = FLAGS, source: Path = SOURCE) -> None:
     """Compile SOURCE with flags into path (written to a temporary name, then renamed: a reader
     never loads half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         built = Path(tmp) / path.name
-        done = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        done = subprocess.run([cc, *flags, str(source), "-o", str(built)], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} with {cc} failed:\n{done.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"compiling {source.name} with {cc} failed:\n{done.stderr.strip()[-2000:]}")
         os.replace(built, path)
 
 

@@ -1,0 +1,189 @@
+"""A CPU's fused decode step: every block of the model in one call to C (gpt2/speed/csrc/block_step.c),
+for a step (1 new token) and a verification (up to MAX_ROWS). Opt-in: `compile="fused"` on a
+CPU (`load_gpt2(..., compile="fused")`, `--compile fused`); `compile="auto"` takes it where the
+model can and it measures faster than eager.
+
+Why: a block's four linear layers already run on our C kernels (gpt2/speed/csrc/rows_linear.c),
+which read the weights at close to the memory's speed. What is left of a step is some fifteen
+small PyTorch operations a block (LayerNorms, the cache writes, attention, a GELU, residual adds,
+reshapes), each a few microseconds of dispatch from Python for a few kilobytes of work. block_step.c
+writes them as loops around the same kernels, on the same packed weights, so nothing is copied.
+
+What runs where: the embeddings, ln_f and the output head run as in GPT2.forward (eagerly, the head
+on its FastLinear); the blocks in C. It serves a call with a KVCache of batch 1 in float32, at most
+MAX_ROWS new tokens and no attn_mask or positions (a token tree's) and sends any other call to the
+eager forward, as the compiled path does. It needs every linear layer of the blocks on one of our
+C kernels for every row count up to MAX_ROWS (the int8 and w8a8 formats, float16 or float32 on
+"native" kernels) and a head size that is a multiple of 8: where a model has not, why_not says so
+and the model stays eager.
+
+Numerics: the linear layers compute what the eager model's compute, bit for bit; the LayerNorms,
+attention and the GELU round differently from PyTorch's (another summation order, exp by a
+polynomial), so logits agree with eager's to float32 rounding. A row's result does not depend on
+the rows beside it, so greedy speculative decoding on this path equals plain greedy on it.
+"""
+
+import ctypes
+import sys
+import weakref
+
+import torch
+
+from . import native
+from .device import note_once
+from .fast_linear import NativeRowsLinear
+from .fast_model import FastGPT2, FastLinear
+from ..kv_cache import KVCache
+
+# Inputs of more rows than this run eagerly (a prompt: its matrix products dominate).
+MAX_ROWS = 16
+# The keywords of GPT2.forward this path serves (attn_mask and positions go to the eager forward).
+OPTIONS = {"exit_layer", "return_features"}
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [("run", ctypes.c_void_p), ("panels", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("inputs", ctypes.c_int64), ("out", ctypes.c_int64)]
+
+
+class Block(ctypes.Structure):
+    _fields_ = [("ln1_weight", ctypes.c_void_p), ("ln1_bias", ctypes.c_void_p), ("ln2_weight", ctypes.c_void_p),
+                ("ln2_bias", ctypes.c_void_p), ("c_attn", Linear), ("attn_proj", Linear), ("c_fc", Linear),
+                ("mlp_proj", Linear)]
+
+
+def panel_kernel(layer) -> NativeRowsLinear | None:
+    """The C kernel a FastLinear runs for every row count from 1 to MAX_ROWS (None: another kernel
+    runs some of them)."""
+    if not isinstance(layer, FastLinear):
+        return None
+    used = []
+    for max_rows, _, kernel in layer.kernel.by_rows:  # ranges of row counts, ascending
+        used.append(kernel)
+        if max_rows >= MAX_ROWS:
+            break
+    if len({id(k) for k in used}) != 1 or not isinstance(used[0], NativeRowsLinear):
+        return None
+    return used[0]
+
+
+def why_not(model) -> str | None:
+    """Why this model cannot take the fused CPU step (None: it can)."""
+    if not isinstance(model, FastGPT2):
+        return "it is a plain model: load it with a weight format (dtype='auto', quantize='int8', ...)"
+    if (reason := native.why_not()) is not None:
+        return reason
+    c, w = model.config, model.wpe.weight
+    if w.device.type != "cpu" or w.dtype != torch.float32:
+        return f"it is a {w.dtype} model on {w.device.type}; this step runs float32 models on a CPU"
+    if (c.n_embd // c.n_head) % 8:
+        return f"its head size {c.n_embd // c.n_head} is not a multiple of 8"
+    for i, block in enumerate(model.h):
+        for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+            layer = block.get_submodule(name)
+            if panel_kernel(layer) is None:
+                runs = layer.kernel.describe() if isinstance(layer, FastLinear) else type(layer).__name__
+                return (f"h.{i}.{name} runs on {runs}, not on our C kernel for every row count up "
+                        f"to {MAX_ROWS} (the int8 and w8a8 formats do)")
+    return None
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class FusedCPUStep:
+    """Stands in for model.forward (same arguments, same results up to rounding): calls with a
+    batch-1 KVCache and at most MAX_ROWS new tokens run the blocks in block_step.c; any other call
+    goes to the eager forward."""
+
+    def __init__(self, model: FastGPT2):
+        self.model = model
+        self.eager_forward = model.eager_forward
+        self.step = native.step_library().decode_blocks
+        self.keep = []  # the tensors whose addresses the blocks hold (the biases made float32)
+        self.blocks = (Block * len(model.h))(*[self._block(b) for b in model.h])
+        self.cache_pointers: "weakref.WeakKeyDictionary[KVCache, tuple]" = weakref.WeakKeyDictionary()
+
+    def _linear(self, layer: FastLinear) -> Linear:
+        kernel = panel_kernel(layer)
+        lib = kernel.lib or native.library()
+        bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
+        self.keep += [kernel.panels, kernel.scale, bias]
+        run = ctypes.cast(lib.by_dtype[kernel.panels.dtype], ctypes.c_void_p).value
+        return Linear(run, kernel.panels.data_ptr(), _address(kernel.scale), _address(bias),
+                      layer.in_features, layer.out_features)
+
+    def _block(self, block) -> Block:
+        ln = [t.detach().float().contiguous() for t in (block.ln_1.weight, block.ln_1.bias,
+                                                          block.ln_2.weight, block.ln_2.bias)]
+        self.keep += ln
+        return Block(*[t.data_ptr() for t in ln], self._linear(block.attn.c_attn), self._linear(block.attn.c_proj),
+                     self._linear(block.mlp.c_fc), self._linear(block.mlp.c_proj))
+
+    def serves(self, idx, cache) -> bool:
+        model = self.model
+        return (type(cache) is KVCache and cache.batch_size == 1 and isinstance(idx, torch.Tensor)
+                and idx.dim() == 2 and 1 <= idx.shape[1] <= MAX_ROWS
+                and cache.keys[0].dtype == torch.float32 and cache.keys[0].device.type == "cpu"
+                and not (torch.is_grad_enabled() and model.wpe.weight.requires_grad) and not model.training)
+
+    def _pointers(self, cache: KVCache) -> tuple:
+        """The cache's per-layer key and value buffers as C arrays of addresses (made once a cache)."""
+        held = self.cache_pointers.get(cache)
+        if held is None or held[0][0] != cache.keys[0].data_ptr():
+            n = len(cache.keys)
+            keys = (ctypes.c_void_p * n)(*[k.data_ptr() for k in cache.keys])
+            values = (ctypes.c_void_p * n)(*[v.data_ptr() for v in cache.values])
+            held = self.cache_pointers[cache] = (keys, values, n)
+        return held
+
+    def __call__(self, idx, cache=None, num_last_logits=None, **more):
+        """model(idx, cache, num_last_logits, exit_layer=, return_features=): GPT2.forward's arguments."""
+        if (not self.serves(idx, cache) or set(more) - OPTIONS
+                or cache.length + idx.shape[1] > cache.max_len):  # the eager forward says what is wrong
+            return self.eager_forward(idx, cache, num_last_logits, **more)
+        model = self.model
+        start, T = cache.length, idx.shape[1]
+        model._check_input(idx, start, cache)  # the eager path's messages
+        exit_layer = more.get("exit_layer")
+        n_blocks = len(model.h) if exit_layer is None else len(model.h[:exit_layer])
+        keys, values, held = self._pointers(cache)
+        if n_blocks > held:
+            raise ValueError(f"this cache holds {held} blocks, the forward runs {n_blocks}: make it with "
+                             f"model.new_kv_cache(n_layer={n_blocks}) or more")
+        c = model.config
+        positions = torch.arange(start, start + T)
+        x = (model.wte(idx) + model.wpe(positions)).contiguous()  # [1, T, C], overwritten by the blocks
+        failed = self.step(x.data_ptr(), T, c.n_embd, c.n_head, cache.max_len, start, c.layer_norm_epsilon,
+                           self.blocks, n_blocks, keys, values, torch.get_num_threads())
+        if failed:
+            raise MemoryError("the fused CPU step could not allocate its buffers")
+        cache.advance(T)
+        features = x
+        if num_last_logits is not None:
+            x = x[:, -num_last_logits:]
+        logits = model.head(model.ln_f(x))
+        return (logits, features) if more.get("return_features", False) else logits
+
+
+def fused_decode(model):
+    """The model with the fused CPU step (a FastGPT2's decode_path), for inference on a CPU; where the
+    model cannot take it a note says why and the model is left as it is. Returns the model."""
+    if (why := why_not(model)) is not None:
+        note_once(f"note: the fused CPU step is not for this model ({why}); it stays eager", sys.stderr)
+        return model
+    if not is_fused(model):
+        model.decode_path = FusedCPUStep(model)
+    return model
+
+
+def is_fused(model) -> bool:
+    return isinstance(getattr(model, "decode_path", None), FusedCPUStep)
+
+
+def unfuse(model):
+    """Take the fused CPU step off `model` again; returns the model."""
+    if is_fused(model):
+        model.decode_path = None
+    return model
