@@ -158,9 +158,10 @@ def parse_args(argv=None):
     p.add_argument("--draft-quantize", choices=["int8", "fp16", "w8a8"], help="the draft's format, as --quantize")
     p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
                    help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as one "
-                   "CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused, that graph with five Triton kernels a block "
-                   "(gpt2/speed/fused_step.py; a GPU); auto (the faster here: compiled on a CPU, graph "
-                   "on a GPU, only where it measures faster); or off (default)")
+                   "CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused: on a CPU every block in one call to C "
+                   "(gpt2/speed/native_step.py; int8 and w8a8 weights), on a GPU the graph with five Triton kernels "
+                   "a block (gpt2/speed/fused_step.py); auto (the faster here: fused, else compiled, on a CPU, "
+                   "graph on a GPU, only where it measures faster); or off (default)")
     p.add_argument("--threads", type=cli.positive_int, help="CPU threads for torch (default: its own choice)")
     p.add_argument("--plain", action="store_true",
                    help="time the models as gpt2/model.py is written (float32, nn.Linear); without it the "

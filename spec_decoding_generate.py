@@ -158,9 +158,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the draft's format, as --quantize (the target keeps --quantize)")
     parser.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
                         help="the compiled decode path (gpt2/speed/compiled.py; CPU or CUDA): on; graph, the step as "
-                             "one CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused, that graph with five Triton kernels a block "
-                             "(gpt2/speed/fused_step.py; a GPU); auto (compiled on a CPU, graph on a "
-                             "GPU, only where it measures faster here); or off (default)")
+                             "one CUDA graph (gpt2/speed/cuda_graph.py; a GPU); fused: on a CPU every block in one call "
+                             "to C (gpt2/speed/native_step.py; int8 and w8a8 weights), on a GPU the graph with five "
+                             "Triton kernels a block (gpt2/speed/fused_step.py); auto (fused, else compiled, on a CPU, "
+                             "graph on a GPU, only where it measures faster here); or off (default)")
     parser.add_argument("--plain", action="store_true",
                         help="run the models as gpt2/model.py is written (float32, nn.Linear, no kernels "
                              "chosen here); without it the scripts take gpt2.speed's step, said in the load lines")

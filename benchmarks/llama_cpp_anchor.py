@@ -56,7 +56,7 @@ BINARIES = {"completion": ("llama-completion", "llama-cli"), "speculative": ("ll
             "bench": ("llama-bench",)}
 CONVERTER = "convert_hf_to_gguf.py"
 GGUF_TYPES = ("f16", "q8_0")  # what the converter writes: 16-bit weights, and 8-bit blocks (34 bytes per 32)
-COMPILE = {"off": False, "on": True, "auto": "auto"}  # --compile -> load_accelerated(compile=...)
+COMPILE = {"off": False, "on": True, "fused": "fused", "auto": "auto"}  # --compile -> load_accelerated(compile=...)
 # The causal-mask buffers the hub's GPT-2 files carry (h.N.attn.bias): not weights, and the
 # converter of llama-cpp-python 0.3.36 fails on them ("Can not map tensor"), so they are left out.
 MASK_BUFFER = re.compile(r"^h\.\d+\.attn\.(masked_)?bias$")
@@ -321,8 +321,9 @@ def main(argv=None) -> int:
     p.add_argument("--formats", nargs="+", default=["auto", "fp32", "bf16"], choices=list(FORMATS),
                    help="our formats (benchmarks.weight_formats.FORMATS)")
     p.add_argument("--compile", nargs="+", default=["off"], choices=list(COMPILE),
-                   help="our decode path: eager (off), compiled (on: gpt2.speed.compiled), or compiled where it "
-                        "measures faster (auto); several: each format runs with each")
+                   help="our decode path: eager (off), compiled (on: gpt2.speed.compiled), every block in one "
+                        "call to C (fused: gpt2.speed.native_step), or the faster of eager and fused (or compiled) "
+                        "measured here (auto); several: each format runs with each")
     p.add_argument("--gguf-types", nargs="+", default=list(GGUF_TYPES), choices=GGUF_TYPES)
     p.add_argument("--prompt", default="The history of the printing press begins in the fifteenth century, when")
     p.add_argument("--new-tokens", type=int, default=64)

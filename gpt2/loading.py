@@ -33,7 +33,7 @@ def load_gpt2(name_or_path, device=None, dtype="float32", quantize=None, compile
     for you; the model returned is then a gpt2.speed FastGPT2, whose repr says what runs where:
     dtype="auto": the weight format measured fastest on this machine for this model's shapes;
     quantize="int8" or "fp16": int8 weights (float32 math) or float16 weights in a float32 model;
-    compile=True, "graph", "fused" or "auto": a compiled or CUDA-graph decode step."""
+    compile=True, "graph", "fused" or "auto": a compiled, fused or CUDA-graph decode step."""
     if speed_asked(dtype, quantize, compile):
         from .speed import load_accelerated  # the speed step (gpt2/speed/), taken when asked for
         return load_accelerated(name_or_path, device=device, dtype=dtype, quantize=quantize, compile=compile)

@@ -12,7 +12,7 @@ What the step does, on a CPU: the weights are held in the chosen format (float32
 int8 weights, bfloat16), as the bytes its kernel reads (gpt2/speed/stored_weights.py); every linear
 layer becomes a FastLinear on the kernel measured fastest on this machine (gpt2/speed/kernels.py),
 the tied head a FastLinear (`lm_head`), the token embedding a FastEmbedding where its weight is
-held in another layout. compile adds a compiled or CUDA-graph decode step (`decode_path`). On a
+held in another layout. compile adds a compiled, fused or CUDA-graph decode step (`decode_path`). On a
 GPU the linear layers stay nn.Linear (PyTorch's kernels are the fast ones there); the dtype and the
 decode path are the step.
 
@@ -89,9 +89,11 @@ def load_accelerated(name_or_path, device=None, format: str | None = None, dtype
     "bfloat16", "float16", None: the file's) with quantize (None, "int8", "fp16", "w8a8").
     compile: True gives the model a compiled decode step (gpt2.speed.compiled; on a CUDA GPU its block
     recorded as CUDA graphs, gpt2.speed.cuda_graph), "graph" the CUDA-graph path with the eager block (a
-    CUDA GPU), "fused" that path with five Triton kernels a block (gpt2.speed.fused_step), "auto" the
-    faster of eager and compiled on a CPU, of eager and CUDA graphs on a GPU, measured here (one line
-    says which and why), False (default) keeps it eager."""
+    CUDA GPU), "fused" every block in one call to C on a CPU (gpt2.speed.native_step: the int8 and w8a8
+    formats) and that CUDA-graph path with five Triton kernels a block on a GPU (gpt2.speed.fused_step),
+    "auto" the faster of eager and fused on a CPU (of eager and compiled where the model cannot take
+    the fused step), of eager and CUDA graphs on a GPU, measured here (one line says which and why),
+    False (default) keeps it eager."""
     if format is not None:
         if format not in FORMAT_NAMES:
             raise ValueError(f"format must be one of {', '.join(FORMAT_NAMES)}, got {format!r}")
@@ -132,10 +134,19 @@ def attach_decode_path(model: FastGPT2, compile, device: torch.device, name: str
     """compile (True, "graph", "fused" or "auto") on an accelerated model: sets its decode_path."""
     from .compiled import choose_compiled, compile_decode
     from .cuda_graph import choose_graphed, graph_decode
+    from . import native_step
 
-    if compile == "auto":  # a GPU's choice is between eager and CUDA graphs, a CPU's eager and compiled
-        _, why = (choose_graphed if device.type == "cuda" else choose_compiled)(model)
+    if compile == "auto":
+        # a GPU's choice is between eager and CUDA graphs; a CPU's between eager and the fused
+        # step where the model can take it (no compiling), else eager and compiled
+        if device.type == "cuda":
+            choose = choose_graphed
+        else:
+            choose = native_step.choose_fused if native_step.why_not(model) is None else choose_compiled
+        _, why = choose(model)
         note_once(f"note: compile auto for {name}: {why}", sys.stderr)
+    elif compile == "fused" and device.type == "cpu":
+        native_step.fused_decode(model)
     elif compile in ("graph", "fused"):
         graph_decode(model, fused=compile == "fused")
     elif device.type == "cuda":  # on a GPU, the compiled block recorded as CUDA graphs

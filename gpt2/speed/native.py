@@ -66,6 +66,11 @@ def source_tag() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
+def step_tag() -> str:
+    """A short hash of block_step.c: kept with the measured choice of the fused CPU step."""
+    return hashlib.sha256(STEP_SOURCE.read_bytes()).hexdigest()[:12]
+
+
 def acting_as() -> str:
     """GPT2_CPU: "avx2" or "avx2-vnni" where the process acts as such a CPU (gpt2.speed.kernels
     checks the name), else ""."""
@@ -97,7 +102,7 @@ def build_flags(wide_build: bool, avx_vnni_build: bool | None = None) -> list[st
 
 def library_path(cc: str, flags: list[str], source: Path = SOURCE) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    code = source_tag() if source == SOURCE else hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    code = source_tag() if source == SOURCE else step_tag()
     tag = hashlib.sha256("\n".join([code, *version, *flags]).encode()).hexdigest()[:16]
     return kernel_cache.cache_path().parent / "native" / f"{source.stem}-{tag}.so"
 

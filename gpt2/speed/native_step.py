@@ -178,6 +178,35 @@ def fused_decode(model):
     return model
 
 
+def choose_fused(model) -> tuple[bool, str]:
+    """compile="auto" on a CPU, for a model that can take the fused step: (whether it is faster than
+    eager here, why), measured once per machine for the model's shape and format and kept with the
+    kernel choices (gpt2/speed/kernel_cache.py). The model is left with the path chosen."""
+    from .compiled import decide_path, model_key
+
+    what = model_key(model) | {"quantize": model.quantize, "step": native.step_tag()}
+    c = model.config
+    return decide_path(model, "fused-cpu", what, _measure, fused_decode, unfuse,
+                       f"whether the fused CPU step is faster for this {c.n_layer}-block width-{c.n_embd} model")
+
+
+@torch.inference_mode()
+def _measure(model, rounds: int = 5) -> tuple[bool, str]:
+    """Time a 1-row step and a 5-row verification, eager and fused, in turns; the fastest of
+    `rounds` each (noise only ever adds time)."""
+    from .compiled import faster_than_eager, time_decode
+
+    fused = FusedCPUStep(model)
+    times = {"eager": [], "fused": []}
+    for _ in range(rounds):
+        for name in times:
+            model.decode_path = fused if name == "fused" else None
+            times[name].append(time_decode(model))
+    model.decode_path = None
+    use, verdict, ms = faster_than_eager(times, "fused")
+    return use, f"fused CPU step {verdict} here ({ms})"
+
+
 def is_fused(model) -> bool:
     return isinstance(getattr(model, "decode_path", None), FusedCPUStep)
 

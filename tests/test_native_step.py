@@ -1,0 +1,175 @@
+"""The CPU's fused decode step (gpt2/speed/native_step.py, gpt2/speed/csrc/block_step.c) against the
+eager model: the same logits up to float32 rounding for steps and verifications (int8 weights:
+the linear layers are the same kernels, so only the LayerNorms, attention and GELU round
+differently); a row's bits do not depend on the rows beside it; greedy speculative decoding on it
+equals plain greedy decoding on it, in each build of the kernels; calls it does not serve go to the
+eager forward; models it cannot run stay eager with a note that says why."""
+
+import pytest
+import torch
+from conftest import TINY, sibling_tree
+
+import gpt2.speed.kernels as kernels
+from gpt2 import load_gpt2
+from gpt2.speed import load_accelerated, native, native_step
+from gpt2.speed.native_step import MAX_ROWS, choose_fused, fused_decode, is_fused, unfuse, why_not
+from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+
+needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
+pytestmark = needs_native
+
+# Rounding only: LayerNorm's sums, the attention's and the softmax's run in another order and exp
+# is a polynomial. A wrong cache slot, a mask off by one or a wrong GELU is far above this (the
+# logits of these models are O(1) to O(10)).
+ATOL = 5e-5
+
+
+def on_kernels(folder, fmt):
+    """The model in fmt with every linear layer on a kernel (these small layers would not get one)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)
+        return load_accelerated(folder, format=fmt)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint):
+    return make_checkpoint(TINY.with_(n_layer=3), seed=3, std=0.3, embedding_std=1.0)
+
+
+@pytest.fixture(scope="module")
+def int8_model(checkpoint):
+    return on_kernels(checkpoint, "int8")
+
+
+def forwards(model, prompt, chunks, max_len, **options):
+    """Logits of each forward on one cache: the prompt, then each chunk of new tokens."""
+    cache = model.new_kv_cache(max_len=max_len)
+    return [model(prompt, cache, **options)] + [model(chunk, cache, **options) for chunk in chunks]
+
+
+def tokens(g, *lengths):
+    return [torch.randint(0, TINY.vocab_size, (1, t), generator=g) for t in lengths]
+
+
+@torch.inference_mode()
+def test_fused_logits_equal_eager_for_steps_and_verifications(int8_model):
+    g = torch.Generator().manual_seed(0)
+    prompt, *chunks = tokens(g, 7, 1, 5, 1, 2, MAX_ROWS, 1, 3)
+    expected = forwards(unfuse(int8_model), prompt, chunks, max_len=40)
+    got = forwards(fused_decode(int8_model), prompt, chunks, max_len=40)
+    assert is_fused(int8_model)
+    for e, f in zip(expected, got):
+        torch.testing.assert_close(f, e, atol=ATOL, rtol=0)
+    assert not torch.equal(got[1], expected[1])  # the step's own code ran, not the eager forward
+    unfuse(int8_model)
+
+
+@torch.inference_mode()
+def test_exit_layer_and_features_as_the_eager_forward(int8_model):
+    g = torch.Generator().manual_seed(1)
+    prompt, *chunks = tokens(g, 5, 1, 4)
+    for options in ({"exit_layer": 2}, {"return_features": True}, {"exit_layer": 1, "return_features": True}):
+        expected = forwards(unfuse(int8_model), prompt, chunks, max_len=20, **options)
+        got = forwards(fused_decode(int8_model), prompt, chunks, max_len=20, **options)
+        for e, f in zip(expected, got):
+            for a, b in zip(e if isinstance(e, tuple) else (e,), f if isinstance(f, tuple) else (f,)):
+                torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+    unfuse(int8_model)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+@torch.inference_mode()
+def test_a_row_gives_the_same_bits_alone_as_among_others(checkpoint, fmt):
+    """A verification of T rows computes, row for row, the bits of T steps."""
+    model = fused_decode(on_kernels(checkpoint, fmt))
+    g = torch.Generator().manual_seed(2)
+    prompt, new = tokens(g, 9, MAX_ROWS)
+    cache = model.new_kv_cache(max_len=40)
+    model(prompt, cache)
+    together = model(new, cache)
+    cache.truncate(prompt.shape[1])
+    alone = torch.cat([model(new[:, i:i + 1], cache) for i in range(MAX_ROWS)], dim=1)
+    assert torch.equal(together, alone)
+
+
+def builds():
+    """The kernel builds this CPU runs: (name, build)."""
+    flags = native.kernel_cache.cpu_flags()
+    return [name for name, need in (("avx2", "avx2"), ("avx512", "avx512f")) if need in flags]
+
+
+@pytest.mark.parametrize("build", ["avx2", "avx512"])
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+def test_greedy_speculative_equals_plain_greedy_on_the_fused_step(text_pair_dirs, monkeypatch, build, fmt):
+    if build not in builds():
+        pytest.skip(f"needs a CPU with {build}")
+    monkeypatch.setattr(native, "_LIBRARY", native.library(wide_build=build == "avx512"))
+    target_dir, draft_dir = text_pair_dirs
+    target, draft = (fused_decode(on_kernels(d, fmt)) for d in (target_dir, draft_dir))
+    assert is_fused(target) and is_fused(draft)
+    prompt = list(range(100, 120))
+    plain = autoregressive_generate(target, prompt, 40).tokens
+    assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == plain
+    if fmt == "int8":  # the same kernels as eager and rounding-level differences: the same tokens
+        assert autoregressive_generate(unfuse(target), prompt, 40).tokens == plain
+
+
+@torch.inference_mode()
+def test_calls_it_does_not_serve_go_to_the_eager_forward(int8_model):
+    """A token tree's mask and positions, a batch of two, a prompt longer than MAX_ROWS: the eager
+    forward's results, bit for bit (the tree's prompt is cached by the eager forward in both)."""
+    prompt, nodes, positions, mask = sibling_tree(TINY.vocab_size)
+    g = torch.Generator().manual_seed(3)
+    long, = tokens(g, MAX_ROWS + 1)
+    results = {}
+    for path in (unfuse, fused_decode):
+        model = path(int8_model)
+        cache = model.new_kv_cache(max_len=20)
+        model.eager_forward(prompt, cache)
+        tree = model(nodes, cache, positions=positions, attn_mask=mask)
+        batch = model(torch.cat([prompt, prompt]), model.new_kv_cache(batch_size=2, max_len=20))
+        results[path] = (tree, batch, model(long, model.new_kv_cache(max_len=20)))
+    for e, f in zip(results[unfuse], results[fused_decode]):
+        assert torch.equal(e, f)
+    unfuse(int8_model)
+
+
+def test_models_it_cannot_run_stay_eager_with_a_reason(checkpoint, capsys):
+    plain = load_gpt2(checkpoint)
+    assert "plain model" in why_not(plain)
+    float32 = load_accelerated(checkpoint, format="float32")  # its layers stay nn.Linear / oneDNN
+    reason = why_not(float32)
+    assert reason is not None and "h.0.attn.c_attn" in reason and "int8 and w8a8" in reason
+    assert not is_fused(fused_decode(float32))
+    assert "the fused CPU step is not for this model" in capsys.readouterr().err
+
+
+def test_a_head_size_not_a_multiple_of_8_is_refused(make_checkpoint):
+    odd = on_kernels(make_checkpoint(TINY.with_(n_head=4, n_embd=40), seed=1), "int8")  # head size 10
+    assert "head size 10" in why_not(odd)
+
+
+def test_load_compile_fused_on_a_cpu_and_auto_keeps_its_choice(checkpoint, kernel_cache_file, monkeypatch):
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)
+    assert is_fused(load_gpt2(checkpoint, quantize="int8", compile="fused"))
+    model = on_kernels(checkpoint, "int8")
+    use, why = choose_fused(model)
+    assert is_fused(model) == use and "ms a step" in why
+    measured = []
+    monkeypatch.setattr(native_step, "_measure", lambda m: measured.append(m) or (not use, "other"))
+    again, why_again = choose_fused(unfuse(model))
+    assert measured == [] and again == use and is_fused(model) == use  # read back, not measured again
+    assert "measured here before" in why_again
+    auto = load_gpt2(checkpoint, quantize="int8", compile="auto")
+    assert is_fused(auto) == use
+
+
+@torch.inference_mode()
+def test_a_cache_too_short_gets_the_eager_message(int8_model):
+    model = fused_decode(int8_model)
+    cache = model.new_kv_cache(max_len=4)
+    model(torch.tensor([[1, 2, 3]]), cache)
+    with pytest.raises(ValueError, match="has room for 4"):
+        model(torch.tensor([[4, 5]]), cache)
+    assert cache.length == 3
+    unfuse(model)
