@@ -34,6 +34,8 @@ from tqdm import tqdm
 import gpt2.speed.kernels
 from gpt2 import OFFICIAL_CONFIGS
 from gpt2.speed import load_accelerated
+from gpt2.speed.accelerator import FORMAT_NAMES
+from gpt2.speed.compiled import COMPILE_FLAGS
 from spec_decoding import SamplingParams, autoregressive_generate, speculative_sampling, speculative_sampling_greedy
 from spec_decoding.calibration import calibrate_costs
 from spec_decoding.policies.theory import predicted_speedup
@@ -224,7 +226,8 @@ def _ms(s):
 
 def report(res) -> str:
     a = res["settings"]
-    md = ["# Speculative decoding speed (batch 1, fp32, CPU)\n",
+    fmt, path = a.get("format", "float32"), a.get("compile", "off")
+    md = [f"# Speculative decoding speed (batch 1, {fmt}{'' if path == 'off' else ', compile ' + path}, CPU)\n",
           f"Target: random {a['target_model']} shape; draft: its first {a['draft_layers']} blocks "
           f"(save_agreeing_pair, damping {a['damping']}, embedding_std {a['embedding_std']}). "
           f"Prompt {a['prompt_len']} random tokens, {a['new_tokens']} new tokens, "
@@ -233,7 +236,8 @@ def report(res) -> str:
           f"## Per-call costs (KV cache warm, context {res['cost_context']})\n"]
     rows = []
     for mode, c in res["costs"].items():
-        label = "oneDNN (default)" if mode == "onednn" else "MKL (kernels.ENABLED=False)"
+        label = ("the format's kernels" if fmt != "float32" else "oneDNN (default)") if mode == "onednn" \
+            else "MKL (kernels.ENABLED=False)"
         rows.append([label, _ms(c["draft_step"]), _ms(c["target_step"]),
                      f"{c['draft_step'] / c['target_step']:.3f}"]
                     + [f"{_ms(c['verify'][g])} ({c['verify'][g] / c['target_step']:.2f}x)" for g in res["gammas"]])
@@ -253,7 +257,7 @@ def report(res) -> str:
               f"{r['target_calls_per_token']:.4f} = {r['inverse_tokens_per_target_call']:.4f}",
               "yes" if r["forward_counts_match_stats"] else "NO"] for r in rows])
 
-    md.append("\n## Speculative vs autoregressive (oneDNN, the default)\n")
+    md.append(f"\n## Speculative vs autoregressive ({'oneDNN, the default' if fmt == 'float32' else fmt})\n")
     md.append(spec_table(res["summary"]))
     md.append("\nideal_time = draft_calls x t_draft + target_calls x t_verify(gamma+1) (measured counts, "
               "per-call costs above); ideal speed-up = baseline time / ideal time. "
@@ -297,8 +301,16 @@ def main(argv=None):
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--mkl-gamma", type=int, default=4, help="gamma for the MKL comparison (0: skip)")
     p.add_argument("--mkl-repeats", type=int, default=2)
+    p.add_argument("--format", default="float32", choices=list(FORMAT_NAMES),
+                   help="both models' weight format (default float32, as transformers runs them; another "
+                        "needs --no-hf --mkl-gamma 0, which compare float32 runs)")
+    p.add_argument("--compile", choices=list(COMPILE_FLAGS), default="off",
+                   help="both models' decode path, as the scripts' --compile (e.g. fused on a CPU)")
     add_output_options(p, "speculative_speed", "gpt2-shaped target, 2-block draft, 16 tokens, 1 prompt")
     args = p.parse_args(argv)
+    if args.format != "float32" and not (args.no_hf and args.mkl_gamma == 0):
+        p.error(f"--format {args.format}: pass --no-hf --mkl-gamma 0 too (transformers and the MKL comparison "
+                f"run float32 weights)")
     if not args.no_hf and (missing := transformers_missing("the comparison with transformers' assisted generation")):
         p.error(missing + ", or pass --no-hf")
     if args.quick:
@@ -309,8 +321,9 @@ def main(argv=None):
     print("Preparing the pair ...", flush=True)
     target_dir, draft_dir = standin_pair(args.checkpoints, args.target_model, args.draft_layers,
                                          args.damping, args.embedding_std, args.seed)
-    # float32, as transformers runs them (dtype "auto" would pick bfloat16 at this size on a CPU with bf16)
-    target, draft = load_accelerated(target_dir, dtype="float32"), load_accelerated(draft_dir, dtype="float32")
+    # float32 by default, as transformers runs them (dtype "auto" would pick bfloat16 at this size on a CPU with bf16)
+    target, draft = (load_accelerated(folder, format=args.format, compile=COMPILE_FLAGS[args.compile])
+                     for folder in (target_dir, draft_dir))
     counters = {"target": ForwardCounter(target), "draft": ForwardCounter(draft)}
     hf_target = hf_draft = None
     if not args.no_hf:

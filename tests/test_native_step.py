@@ -162,6 +162,9 @@ def test_load_compile_fused_on_a_cpu_and_auto_keeps_its_choice(checkpoint, kerne
     assert "measured here before" in why_again
     auto = load_gpt2(checkpoint, quantize="int8", compile="auto")
     assert is_fused(auto) == use
+    from gpt2.speed.kernel_report import report
+    kept = [line for line in report().splitlines() if "fused_cpu" in line]
+    assert len(kept) == 1 and ("taken: fused CPU step faster" if use else "eager kept: fused CPU step not faster") in kept[0]
 
 
 @torch.inference_mode()

@@ -102,6 +102,8 @@ def describe_value(kind: str, value) -> str:
         checked = ("fidelity not checked (no weights)" if fidelity is None else "fidelity: " + (", ".join(
             f"{f} KL {v['kl']:.2g}, agreement {100 * v['agreement']:.1f}%" for f, v in fidelity.items()) or "none needed"))
         return f"{value[0]} ({ms}; {checked})" if ms else value[0]
+    if kind in ("compiled", "fused_cpu", "cuda_graph"):  # a decode path chosen by compile="auto": [use, why]
+        return f"{'taken' if value[0] else 'eager kept'}: {value[1]}"
     if kind == "fused_block_sizes":  # gpt2/speed/fused_step.py: one product's tuned launch
         rows, block_n, block_k, warps = value
         return f"{rows} rows a program, BLOCK_N {block_n}, BLOCK_K {block_k}, {warps} warps"

@@ -186,7 +186,7 @@ def choose_fused(model) -> tuple[bool, str]:
 
     what = model_key(model) | {"quantize": model.quantize, "step": native.step_tag()}
     c = model.config
-    return decide_path(model, "fused-cpu", what, _measure, fused_decode, unfuse,
+    return decide_path(model, "fused_cpu", what, _measure, fused_decode, unfuse,
                        f"whether the fused CPU step is faster for this {c.n_layer}-block width-{c.n_embd} model")
 
 
