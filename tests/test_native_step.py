@@ -12,7 +12,7 @@ from conftest import TINY, sibling_tree
 import gpt2.speed.kernels as kernels
 from gpt2 import load_gpt2
 from gpt2.speed import load_accelerated, native, native_step
-from gpt2.speed.native_step import MAX_ROWS, choose_fused, fused_decode, is_fused, unfuse, why_not
+from gpt2.speed.native_step import choose_fused, fused_decode, is_fused, unfuse, why_not
 from spec_decoding import autoregressive_generate, speculative_sampling_greedy
 
 needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
@@ -22,6 +22,7 @@ pytestmark = needs_native
 # is a polynomial. A wrong cache slot, a mask off by one or a wrong GELU is far above this (the
 # logits of these models are O(1) to O(10)).
 ATOL = 5e-5
+ROWS = 16  # the longest verification below (gamma 15)
 
 
 def on_kernels(folder, fmt):
@@ -54,7 +55,7 @@ def tokens(g, *lengths):
 @torch.inference_mode()
 def test_fused_logits_equal_eager_for_steps_and_verifications(int8_model):
     g = torch.Generator().manual_seed(0)
-    prompt, *chunks = tokens(g, 7, 1, 5, 1, 2, MAX_ROWS, 1, 3)
+    prompt, *chunks = tokens(g, 7, 1, 5, 1, 2, ROWS, 1, 3)
     expected = forwards(unfuse(int8_model), prompt, chunks, max_len=40)
     got = forwards(fused_decode(int8_model), prompt, chunks, max_len=40)
     assert is_fused(int8_model)
@@ -83,13 +84,28 @@ def test_a_row_gives_the_same_bits_alone_as_among_others(checkpoint, fmt):
     """A verification of T rows computes, row for row, the bits of T steps."""
     model = fused_decode(on_kernels(checkpoint, fmt))
     g = torch.Generator().manual_seed(2)
-    prompt, new = tokens(g, 9, MAX_ROWS)
+    prompt, new = tokens(g, 9, ROWS)
     cache = model.new_kv_cache(max_len=40)
     model(prompt, cache)
     together = model(new, cache)
     cache.truncate(prompt.shape[1])
-    alone = torch.cat([model(new[:, i:i + 1], cache) for i in range(MAX_ROWS)], dim=1)
+    alone = torch.cat([model(new[:, i:i + 1], cache) for i in range(ROWS)], dim=1)
     assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+@torch.inference_mode()
+def test_a_prompt_read_at_once_or_in_pieces_gives_the_same_bits(checkpoint, fmt):
+    """The prompt goes through the same code as the steps: a speculative run that reads the
+    prompt in one forward and then verifies drafts computes what plain decoding's steps compute
+    (with the prompt left to the eager forward, greedy outputs parted on the stand-ins)."""
+    model = fused_decode(on_kernels(checkpoint, fmt))
+    g = torch.Generator().manual_seed(4)
+    text, = tokens(g, 40)
+    at_once = model(text, model.new_kv_cache(max_len=40))
+    cache = model.new_kv_cache(max_len=40)
+    pieces = torch.cat([model(text[:, a:b], cache) for a, b in ((0, 23), (23, 24), (24, 29), (29, 40))], dim=1)
+    assert torch.equal(at_once, pieces)
 
 
 def builds():
@@ -116,11 +132,9 @@ def test_greedy_speculative_equals_plain_greedy_on_the_fused_step(text_pair_dirs
 
 @torch.inference_mode()
 def test_calls_it_does_not_serve_go_to_the_eager_forward(int8_model):
-    """A token tree's mask and positions, a batch of two, a prompt longer than MAX_ROWS: the eager
-    forward's results, bit for bit (the tree's prompt is cached by the eager forward in both)."""
+    """A token tree's mask and positions, a batch of two, no cache: the eager forward's results,
+    bit for bit (the tree's prompt is cached by the eager forward in both)."""
     prompt, nodes, positions, mask = sibling_tree(TINY.vocab_size)
-    g = torch.Generator().manual_seed(3)
-    long, = tokens(g, MAX_ROWS + 1)
     results = {}
     for path in (unfuse, fused_decode):
         model = path(int8_model)
@@ -128,7 +142,7 @@ def test_calls_it_does_not_serve_go_to_the_eager_forward(int8_model):
         model.eager_forward(prompt, cache)
         tree = model(nodes, cache, positions=positions, attn_mask=mask)
         batch = model(torch.cat([prompt, prompt]), model.new_kv_cache(batch_size=2, max_len=20))
-        results[path] = (tree, batch, model(long, model.new_kv_cache(max_len=20)))
+        results[path] = (tree, batch, model(prompt))
     for e, f in zip(results[unfuse], results[fused_decode]):
         assert torch.equal(e, f)
     unfuse(int8_model)

@@ -1,7 +1,7 @@
 """A CPU's fused decode step: every block of the model in one call to C (gpt2/speed/csrc/block_step.c),
-for a step (1 new token) and a verification (up to MAX_ROWS). Opt-in: `compile="fused"` on a
-CPU (`load_gpt2(..., compile="fused")`, `--compile fused`); `compile="auto"` takes it where the
-model can and it measures faster than eager.
+for a prompt, a step (1 new token) and a verification alike. Opt-in: `compile="fused"` on a CPU
+(`load_gpt2(..., compile="fused")`, `--compile fused`); `compile="auto"` takes it where the model
+can and it measures faster than eager.
 
 Why: a block's four linear layers already run on our C kernels (gpt2/speed/csrc/rows_linear.c),
 which read the weights at close to the memory's speed. What is left of a step is some fifteen
@@ -10,17 +10,19 @@ reshapes), each a few microseconds of dispatch from Python for a few kilobytes o
 writes them as loops around the same kernels, on the same packed weights, so nothing is copied.
 
 What runs where: the embeddings, ln_f and the output head run as in GPT2.forward (eagerly, the head
-on its FastLinear); the blocks in C. It serves a call with a KVCache of batch 1 in float32, at most
-MAX_ROWS new tokens and no attn_mask or positions (a token tree's) and sends any other call to the
-eager forward, as the compiled path does. It needs every linear layer of the blocks on one of our
-C kernels for every row count up to MAX_ROWS (the int8 and w8a8 formats, float16 or float32 on
-"native" kernels) and a head size that is a multiple of 8: where a model has not, why_not says so
-and the model stays eager.
+on its FastLinear); the blocks in C. It serves every call with a KVCache of batch 1 in float32 and
+no attn_mask or positions (a token tree's go to the eager forward, as do calls without a cache,
+batches and training). It needs every linear layer of the blocks on one of our C kernels for every
+number of rows (the int8 and w8a8 formats) and a head size that is a multiple of 8: where a model
+has not, why_not says so and the model stays eager.
 
 Numerics: the linear layers compute what the eager model's compute, bit for bit; the LayerNorms,
 attention and the GELU round differently from PyTorch's (another summation order, exp by a
 polynomial), so logits agree with eager's to float32 rounding. A row's result does not depend on
-the rows beside it, so greedy speculative decoding on this path equals plain greedy on it.
+the rows beside it, and the prompt goes through the same code as the steps: greedy speculative
+decoding on this path equals plain greedy decoding on it, token for token, whatever the lengths.
+(The eager forward is not so: PyTorch's attention takes other code for other numbers of rows, so
+a prompt read in one forward and the same tokens read in two can round apart.)
 """
 
 import ctypes
@@ -35,8 +37,6 @@ from .fast_linear import NativeRowsLinear
 from .fast_model import FastGPT2, FastLinear
 from ..kv_cache import KVCache
 
-# Inputs of more rows than this run eagerly (a prompt: its matrix products dominate).
-MAX_ROWS = 16
 # The keywords of GPT2.forward this path serves (attn_mask and positions go to the eager forward).
 OPTIONS = {"exit_layer", "return_features"}
 
@@ -53,18 +53,12 @@ class Block(ctypes.Structure):
 
 
 def panel_kernel(layer) -> NativeRowsLinear | None:
-    """The C kernel a FastLinear runs for every row count from 1 to MAX_ROWS (None: another kernel
-    runs some of them)."""
+    """The C kernel a FastLinear runs for every number of rows (None: it runs others for some)."""
     if not isinstance(layer, FastLinear):
         return None
-    used = []
-    for max_rows, _, kernel in layer.kernel.by_rows:  # ranges of row counts, ascending
-        used.append(kernel)
-        if max_rows >= MAX_ROWS:
-            break
-    if len({id(k) for k in used}) != 1 or not isinstance(used[0], NativeRowsLinear):
-        return None
-    return used[0]
+    used = {id(kernel): kernel for _, _, kernel in layer.kernel.by_rows}
+    kernel = next(iter(used.values()))
+    return kernel if len(used) == 1 and isinstance(kernel, NativeRowsLinear) else None
 
 
 def why_not(model) -> str | None:
@@ -83,8 +77,8 @@ def why_not(model) -> str | None:
             layer = block.get_submodule(name)
             if panel_kernel(layer) is None:
                 runs = layer.kernel.describe() if isinstance(layer, FastLinear) else type(layer).__name__
-                return (f"h.{i}.{name} runs on {runs}, not on our C kernel for every row count up "
-                        f"to {MAX_ROWS} (the int8 and w8a8 formats do)")
+                return (f"h.{i}.{name} runs on {runs}, not on our C kernel for every number of rows "
+                        f"(the int8 and w8a8 formats do)")
     return None
 
 
@@ -94,8 +88,8 @@ def _address(t: torch.Tensor | None) -> int | None:
 
 class FusedCPUStep:
     """Stands in for model.forward (same arguments, same results up to rounding): calls with a
-    batch-1 KVCache and at most MAX_ROWS new tokens run the blocks in block_step.c; any other call
-    goes to the eager forward."""
+    batch-1 float32 KVCache (and no tree mask or positions) run the blocks in block_step.c; any
+    other call goes to the eager forward."""
 
     def __init__(self, model: FastGPT2):
         self.model = model
@@ -124,7 +118,7 @@ class FusedCPUStep:
     def serves(self, idx, cache) -> bool:
         model = self.model
         return (type(cache) is KVCache and cache.batch_size == 1 and isinstance(idx, torch.Tensor)
-                and idx.dim() == 2 and 1 <= idx.shape[1] <= MAX_ROWS
+                and idx.dim() == 2 and idx.shape[1] >= 1
                 and cache.keys[0].dtype == torch.float32 and cache.keys[0].device.type == "cpu"
                 and not (torch.is_grad_enabled() and model.wpe.weight.requires_grad) and not model.training)
 

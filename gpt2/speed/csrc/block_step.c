@@ -1,4 +1,4 @@
-/* GPT-2's transformer blocks for a few new tokens on a KV cache, in C: the CPU's fused decode step
+/* GPT-2's transformer blocks for new tokens on a KV cache, in C: the CPU's fused decode step
    (gpt2/speed/native_step.py is the Python side; it is what `compile="fused"` runs on a CPU).
 
    Why: in a decode step the four linear layers of a block read the weights (the step's floor),
@@ -28,6 +28,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,7 +154,7 @@ int decode_blocks(float *x, int64_t T, int64_t C, int64_t n_head, int64_t max_le
     float *h = malloc(T * C * sizeof(float)), *qkv = malloc(T * 3 * C * sizeof(float));
     float *a = malloc(T * C * sizeof(float)), *y = malloc(T * C * sizeof(float));
     float *fc = malloc(T * 4 * C * sizeof(float));
-    float *scores = malloc(T * n_head * padded * sizeof(float));
+    float *scores = malloc(threads * padded * sizeof(float)); /* one row of scores a thread */
     int failed = !h || !qkv || !a || !y || !fc || !scores;
     for (int64_t i = 0; i < n_blocks && !failed; i++) {
         const Block *b = blocks + i;
@@ -169,7 +170,7 @@ int decode_blocks(float *x, int64_t T, int64_t C, int64_t n_head, int64_t max_le
         for (int64_t th = 0; th < T * n_head; th++) {
             int64_t t = th / n_head, hd = th % n_head;
             attend(qkv + t * 3 * C + hd * D, keys[i] + hd * max_len * D, values[i] + hd * max_len * D,
-                   start + t + 1, D, scores + th * padded, a + t * C + hd * D);
+                   start + t + 1, D, scores + omp_get_thread_num() * padded, a + t * C + hd * D);
         }
         if ((failed = run(&b->attn_proj, a, T, y, threads))) break;
         for (int64_t k = 0; k < T * C; k++) x[k] += y[k];
