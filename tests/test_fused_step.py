@@ -128,9 +128,12 @@ def test_a_model_the_kernels_cannot_read_is_named_and_recorded_with_the_compiled
 
 
 def test_compile_fused_on_a_cpu_stays_eager_and_says_why(make_checkpoint, capsys, notes_not_yet_shown):
+    """On a CPU compile="fused" is the CPU's fused step (gpt2/speed/native_step.py,
+    tests/test_native_step.py), which this float32 model, on oneDNN and PyTorch, cannot take."""
+    from gpt2.speed.native_step import is_fused
     model = load_gpt2(make_checkpoint(TINY, seed=3), device="cpu", compile="fused")
-    assert not is_graphed(model)
-    assert "CUDA graphs are for CUDA GPUs" in capsys.readouterr().err
+    assert not is_graphed(model) and not is_fused(model)
+    assert "the fused CPU step is not for this model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("T", [1, 5])
