@@ -76,9 +76,9 @@ def why_not(model) -> str | None:
         for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
             layer = block.get_submodule(name)
             if panel_kernel(layer) is None:
-                runs = layer.kernel.describe() if isinstance(layer, FastLinear) else type(layer).__name__
-                return (f"h.{i}.{name} runs on {runs}, not on our C kernel for every number of rows "
-                        f"(the int8 and w8a8 formats do)")
+                runs = layer.kernel.describe() if isinstance(layer, FastLinear) else "PyTorch's nn.Linear"
+                return (f"its {model.format} h.{i}.{name} runs on {runs}, not on our C kernel for every "
+                        f"number of rows: load it with quantize='int8' or 'w8a8' (--quantize)")
     return None
 
 
