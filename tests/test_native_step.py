@@ -13,7 +13,7 @@ import gpt2.speed.kernels as kernels
 from gpt2 import load_gpt2
 from gpt2.speed import load_accelerated, native, native_step
 from gpt2.speed.native_step import choose_fused, fused_decode, is_fused, unfuse, why_not
-from spec_decoding import autoregressive_generate, speculative_sampling_greedy
+from spec_decoding import GREEDY, autoregressive_generate, speculative_sampling_greedy, tree_speculative_sampling
 
 needs_native = pytest.mark.skipif(native.why_not() is not None, reason=f"no C kernel here: {native.why_not()}")
 pytestmark = needs_native
@@ -126,23 +126,42 @@ def test_greedy_speculative_equals_plain_greedy_on_the_fused_step(text_pair_dirs
     prompt = list(range(100, 120))
     plain = autoregressive_generate(target, prompt, 40).tokens
     assert speculative_sampling_greedy(target, draft, prompt, 40, gamma=4).tokens == plain
+    assert tree_speculative_sampling(target, draft, prompt, 40, (2, 2), sampling=GREEDY).tokens == plain
     if fmt == "int8":  # the same kernels as eager and rounding-level differences: the same tokens
         assert autoregressive_generate(unfuse(target), prompt, 40).tokens == plain
 
 
 @torch.inference_mode()
-def test_calls_it_does_not_serve_go_to_the_eager_forward(int8_model):
-    """A token tree's mask and positions, a batch of two, no cache: the eager forward's results,
-    bit for bit (the tree's prompt is cached by the eager forward in both)."""
+def test_a_token_tree_as_the_eager_forward_and_as_its_chains(int8_model):
+    """A tree's mask and positions: eager's logits up to rounding; and each node's logits are, bit
+    for bit, those of the same token fed at the end of the chain of its ancestors."""
     prompt, nodes, positions, mask = sibling_tree(TINY.vocab_size)
     results = {}
     for path in (unfuse, fused_decode):
         model = path(int8_model)
         cache = model.new_kv_cache(max_len=20)
-        model.eager_forward(prompt, cache)
-        tree = model(nodes, cache, positions=positions, attn_mask=mask)
+        model(prompt, cache)
+        results[path] = model(nodes, cache, positions=positions, attn_mask=mask)
+    torch.testing.assert_close(results[fused_decode], results[unfuse], atol=ATOL, rtol=0)
+    model = fused_decode(int8_model)
+    chains = [[0], [1], [0, 2]]  # the nodes on the path to each node (sibling_tree's shape)
+    for node, chain in enumerate(chains):
+        cache = model.new_kv_cache(max_len=20)
+        model(prompt, cache)
+        as_chain = model(nodes[:, chain], cache)[:, -1]
+        assert torch.equal(as_chain, results[fused_decode][:, node])
+    unfuse(int8_model)
+
+
+@torch.inference_mode()
+def test_calls_it_does_not_serve_go_to_the_eager_forward(int8_model):
+    """A batch of two, no cache: the eager forward's results, bit for bit."""
+    prompt, *_ = sibling_tree(TINY.vocab_size)
+    results = {}
+    for path in (unfuse, fused_decode):
+        model = path(int8_model)
         batch = model(torch.cat([prompt, prompt]), model.new_kv_cache(batch_size=2, max_len=20))
-        results[path] = (tree, batch, model(prompt))
+        results[path] = (batch, model(prompt))
     for e, f in zip(results[unfuse], results[fused_decode]):
         assert torch.equal(e, f)
     unfuse(int8_model)

@@ -157,9 +157,9 @@ def step_library() -> ctypes.CDLL:
             build(cc, path, FLAGS, STEP_SOURCE)
         lib = ctypes.CDLL(str(path))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        # (x, T, C, n_head, max_len, start, eps, blocks, n_blocks, keys, values, threads) -> 0
+        # (x, T, C, n_head, max_len, start, mask, eps, blocks, n_blocks, keys, values, threads) -> 0
         lib.decode_blocks.restype = ctypes.c_int
-        lib.decode_blocks.argtypes = [p, i64, i64, i64, i64, i64, ctypes.c_float, p, i64, p, p, ctypes.c_int]
+        lib.decode_blocks.argtypes = [p, i64, i64, i64, i64, i64, p, ctypes.c_float, p, i64, p, p, ctypes.c_int]
         _STEP_LIBRARY = lib
     return _STEP_LIBRARY
 

@@ -10,17 +10,18 @@ reshapes), each a few microseconds of dispatch from Python for a few kilobytes o
 writes them as loops around the same kernels, on the same packed weights, so nothing is copied.
 
 What runs where: the embeddings, ln_f and the output head run as in GPT2.forward (eagerly, the head
-on its FastLinear); the blocks in C. It serves every call with a KVCache of batch 1 in float32 and
-no attn_mask or positions (a token tree's go to the eager forward, as do calls without a cache,
-batches and training). It needs every linear layer of the blocks on one of our C kernels for every
+on its FastLinear); the blocks in C. It serves every call with a KVCache of batch 1 in float32,
+token trees' masks and positions included (calls without a cache, batches and training go to the
+eager forward). It needs every linear layer of the blocks on one of our C kernels for every
 number of rows (the int8 and w8a8 formats) and a head size that is a multiple of 8: where a model
 has not, why_not says so and the model stays eager.
 
 Numerics: the linear layers compute what the eager model's compute, bit for bit; the LayerNorms,
 attention and the GELU round differently from PyTorch's (another summation order, exp by a
 polynomial), so logits agree with eager's to float32 rounding. A row's result does not depend on
-the rows beside it, and the prompt goes through the same code as the steps: greedy speculative
-decoding on this path equals plain greedy decoding on it, token for token, whatever the lengths.
+the rows beside it, the prompt goes through the same code as the steps, and a tree's node attends
+its ancestors' slots in the order a chain would hold them: greedy speculative decoding on this
+path, chains and trees, equals plain greedy decoding on it, token for token, whatever the lengths.
 (The eager forward is not so: PyTorch's attention takes other code for other numbers of rows, so
 a prompt read in one forward and the same tokens read in two can round apart.)
 """
@@ -37,8 +38,8 @@ from .fast_linear import NativeRowsLinear
 from .fast_model import FastGPT2, FastLinear
 from ..kv_cache import KVCache
 
-# The keywords of GPT2.forward this path serves (attn_mask and positions go to the eager forward).
-OPTIONS = {"exit_layer", "return_features"}
+# The keywords of GPT2.forward this path serves (all of them).
+OPTIONS = {"positions", "attn_mask", "exit_layer", "return_features"}
 
 
 class Linear(ctypes.Structure):
@@ -88,8 +89,7 @@ def _address(t: torch.Tensor | None) -> int | None:
 
 class FusedCPUStep:
     """Stands in for model.forward (same arguments, same results up to rounding): calls with a
-    batch-1 float32 KVCache (and no tree mask or positions) run the blocks in block_step.c; any
-    other call goes to the eager forward."""
+    batch-1 float32 KVCache run the blocks in block_step.c; any other call goes to the eager forward."""
 
     def __init__(self, model: FastGPT2):
         self.model = model
@@ -133,13 +133,15 @@ class FusedCPUStep:
         return held
 
     def __call__(self, idx, cache=None, num_last_logits=None, **more):
-        """model(idx, cache, num_last_logits, exit_layer=, return_features=): GPT2.forward's arguments."""
+        """model(idx, cache, num_last_logits, positions=, attn_mask=, exit_layer=, return_features=):
+        GPT2.forward's arguments."""
         if (not self.serves(idx, cache) or set(more) - OPTIONS
                 or cache.length + idx.shape[1] > cache.max_len):  # the eager forward says what is wrong
             return self.eager_forward(idx, cache, num_last_logits, **more)
         model = self.model
         start, T = cache.length, idx.shape[1]
-        model._check_input(idx, start, cache)  # the eager path's messages
+        positions, attn_mask = more.get("positions"), more.get("attn_mask")
+        model._check_input(idx, start, cache, positions, attn_mask)  # the eager path's messages
         exit_layer = more.get("exit_layer")
         n_blocks = len(model.h) if exit_layer is None else len(model.h[:exit_layer])
         keys, values, held = self._pointers(cache)
@@ -147,10 +149,13 @@ class FusedCPUStep:
             raise ValueError(f"this cache holds {held} blocks, the forward runs {n_blocks}: make it with "
                              f"model.new_kv_cache(n_layer={n_blocks}) or more")
         c = model.config
-        positions = torch.arange(start, start + T)
+        if positions is None:
+            positions = torch.arange(start, start + T)
+        # a token tree's mask [T, start + T] as bytes (None: causal)
+        mask = None if attn_mask is None else attn_mask.to(device="cpu", dtype=torch.uint8).contiguous()
         x = (model.wte(idx) + model.wpe(positions)).contiguous()  # [1, T, C], overwritten by the blocks
-        failed = self.step(x.data_ptr(), T, c.n_embd, c.n_head, cache.max_len, start, c.layer_norm_epsilon,
-                           self.blocks, n_blocks, keys, values, torch.get_num_threads())
+        failed = self.step(x.data_ptr(), T, c.n_embd, c.n_head, cache.max_len, start, _address(mask),
+                           c.layer_norm_epsilon, self.blocks, n_blocks, keys, values, torch.get_num_threads())
         if failed:
             raise MemoryError("the fused CPU step could not allocate its buffers")
         cache.advance(T)

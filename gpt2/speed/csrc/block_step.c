@@ -11,7 +11,8 @@
      h   = LayerNorm(x; ln_1)                          x [T, C]
      qkv = h @ c_attn.T + b                            [T, 3C]: q, k, v, each [T, n_head, D]
      k, v of row t are written at cache slot start + t
-     a   = softmax(q k^T / sqrt(D)) v                  row t over slots 0 .. start + t (causal)
+     a   = softmax(q k^T / sqrt(D)) v                  row t over slots 0 .. start + t (causal), or
+                                                       the slots a token tree's mask gives it
      x   = x + a @ attn.c_proj.T + b
      h   = LayerNorm(x; ln_2)
      x   = x + gelu_tanh(h @ c_fc.T + b) @ mlp.c_proj.T + b
@@ -109,32 +110,35 @@ static void gelu_tanh(float *x, int64_t n) {
     }
 }
 
-/* One head of one row: a [D] = softmax(q k_j / sqrt(D) over slots j < len) v, with
-   keys, values [max_len, D] of this head and `scores` room for len rounded up to 8. D is a
-   multiple of 8. */
-static void attend(const float *q, const float *keys, const float *values, int64_t len, int64_t D,
-                   float *scores, float *a) {
+/* One head of one row: a [D] = softmax(q k_j / sqrt(D)) v over the slots j it may attend, in
+   increasing order: slots[0 .. n) (a causal row: 0 .. its own; a token tree's node: the cached
+   slots and its ancestors). The scores are taken in that order into `scores` (room for n rounded
+   up to 8), so a node computes, value for value, what the same token computes at the end of a
+   chain of its ancestors. keys, values [max_len, D] of this head; D is a multiple of 8. */
+static void attend(const float *q, const float *keys, const float *values, const int32_t *slots, int64_t n,
+                   int64_t D, float *scores, float *a) {
     float scale = 1.0f / sqrtf((float)D), top = -INFINITY;
-    for (int64_t j = 0; j < len; j++) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *k = keys + slots[i] * D;
         __m256 acc = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(keys + j * D + d)));
-        scores[j] = sum8(acc) * scale;
-        top = scores[j] > top ? scores[j] : top;
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d)));
+        scores[i] = sum8(acc) * scale;
+        top = scores[i] > top ? scores[i] : top;
     }
-    int64_t padded = (len + 7) / 8 * 8;
-    for (int64_t j = len; j < padded; j++) scores[j] = -INFINITY;
+    int64_t padded = (n + 7) / 8 * 8;
+    for (int64_t i = n; i < padded; i++) scores[i] = -INFINITY;
     __m256 total = _mm256_setzero_ps(), shift = _mm256_set1_ps(top);
-    for (int64_t j = 0; j < padded; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift));
-        _mm256_storeu_ps(scores + j, e);
+    for (int64_t i = 0; i < padded; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), shift));
+        _mm256_storeu_ps(scores + i, e);
         total = _mm256_add_ps(total, e);
     }
     float inv = 1.0f / sum8(total);
     for (int64_t d = 0; d < D; d += 8) {
         __m256 acc = _mm256_setzero_ps();
-        for (int64_t j = 0; j < len; j++)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * D + d)));
+        for (int64_t i = 0; i < n; i++)
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(scores[i]), _mm256_loadu_ps(values + slots[i] * D + d)));
         _mm256_storeu_ps(a + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
     }
 }
@@ -145,17 +149,25 @@ static inline int run(const Linear *l, const float *x, int64_t rows, float *y, i
 
 /* Blocks [0, n_blocks) on x [T, C] (the embeddings of T new tokens, at cache slots start ..
    start + T - 1; overwritten with the last block's output). keys[i], values[i]: block i's cache
-   [n_head, max_len, D] (batch 1), written at those slots. Returns 0, 1 if out of memory, or the
-   failing linear kernel's code. */
+   [n_head, max_len, D] (batch 1), written at those slots. mask: NULL (causal: row t attends
+   slots 0 .. start + t), or [T, start + T] bytes, 1 where row t may attend the slot (a token
+   tree's). Returns 0, 1 if out of memory, or the failing linear kernel's code. */
 int decode_blocks(float *x, int64_t T, int64_t C, int64_t n_head, int64_t max_len, int64_t start,
-                  float eps, const Block *blocks, int64_t n_blocks, float *const *keys,
+                  const uint8_t *mask, float eps, const Block *blocks, int64_t n_blocks, float *const *keys,
                   float *const *values, int threads) {
     int64_t D = C / n_head, len = start + T, padded = (len + 7) / 8 * 8;
     float *h = malloc(T * C * sizeof(float)), *qkv = malloc(T * 3 * C * sizeof(float));
     float *a = malloc(T * C * sizeof(float)), *y = malloc(T * C * sizeof(float));
     float *fc = malloc(T * 4 * C * sizeof(float));
     float *scores = malloc(threads * padded * sizeof(float)); /* one row of scores a thread */
-    int failed = !h || !qkv || !a || !y || !fc || !scores;
+    int32_t *slots = malloc(T * len * sizeof(int32_t));    /* the slots each row attends, in order */
+    int64_t *counts = malloc(T * sizeof(int64_t));
+    int failed = !h || !qkv || !a || !y || !fc || !scores || !slots || !counts;
+    for (int64_t t = 0; t < T && !failed; t++) {
+        counts[t] = 0;
+        for (int64_t j = 0; j < (mask ? len : start + t + 1); j++)
+            if (!mask || mask[t * len + j]) slots[t * len + counts[t]++] = (int32_t)j;
+    }
     for (int64_t i = 0; i < n_blocks && !failed; i++) {
         const Block *b = blocks + i;
         for (int64_t t = 0; t < T; t++) layer_norm(x + t * C, C, b->ln1_weight, b->ln1_bias, eps, h + t * C);
@@ -170,7 +182,7 @@ int decode_blocks(float *x, int64_t T, int64_t C, int64_t n_head, int64_t max_le
         for (int64_t th = 0; th < T * n_head; th++) {
             int64_t t = th / n_head, hd = th % n_head;
             attend(qkv + t * 3 * C + hd * D, keys[i] + hd * max_len * D, values[i] + hd * max_len * D,
-                   start + t + 1, D, scores + omp_get_thread_num() * padded, a + t * C + hd * D);
+                   slots + t * len, counts[t], D, scores + omp_get_thread_num() * padded, a + t * C + hd * D);
         }
         if ((failed = run(&b->attn_proj, a, T, y, threads))) break;
         for (int64_t k = 0; k < T * C; k++) x[k] += y[k];
@@ -180,6 +192,6 @@ int decode_blocks(float *x, int64_t T, int64_t C, int64_t n_head, int64_t max_le
         if ((failed = run(&b->mlp_proj, fc, T, y, threads))) break;
         for (int64_t k = 0; k < T * C; k++) x[k] += y[k];
     }
-    free(h); free(qkv); free(a); free(y); free(fc); free(scores);
+    free(h); free(qkv); free(a); free(y); free(fc); free(scores); free(slots); free(counts);
     return failed;
 }
