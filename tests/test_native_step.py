@@ -209,3 +209,21 @@ def test_a_cache_too_short_gets_the_eager_message(int8_model):
         model(torch.tensor([[4, 5]]), cache)
     assert cache.length == 3
     unfuse(model)
+
+
+def test_the_benchmark_runs_both_paths_and_checks_their_tokens(text_pair_dirs, tmp_path, monkeypatch):
+    """benchmarks.fused_cpu_speed: eager and fused in turns, each method's tokens checked against
+    its path's plain decoding (here all equal: this pair has no near-ties)."""
+    import json
+
+    from benchmarks.fused_cpu_speed import main
+    monkeypatch.setattr(kernels, "ONEDNN_MIN_WEIGHTS", 0)
+    target_dir, draft_dir = text_pair_dirs
+    main(["--target", str(target_dir), "--draft", str(draft_dir), "--format", "w8a8", "--new-tokens", "12",
+          "--prompt-len", "20", "--rounds", "1", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["ran"] == {"eager": "eager", "fused": "fused"}
+    for path in ("eager", "fused"):
+        assert [len(r["seconds"]) for r in res["paths"][path].values()] == [1, 1, 1]
+        assert all(r["equal_to_plain"] for r in res["paths"][path].values())
+    assert "| fused (ran: fused) | tree (2, 2) |" in (tmp_path / "results.md").read_text()
