@@ -265,16 +265,24 @@ def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     if compiled.failed:
         eager(model)
         return False, f"compiling failed here ({compiled.failed})"
-    times = {"eager": [], "compiled": []}
-    for _ in range(rounds):
-        for name in times:
-            eager(model)
-            if name == "compiled":
-                model.decode_path = compiled
-            times[name].append(time_decode(model))
+    times = time_in_turns(model, {"eager": eager, "compiled": lambda m: setattr(m, "decode_path", compiled)}, rounds)
     use, verdict, ms = faster_than_eager(times, "compiled")
     compile_s = sum(compiled.compile_seconds.values())
     return use, f"compiled decode path {verdict} here ({ms}; compiling took {compile_s:.1f} s)"
+
+
+def time_in_turns(model, paths: dict, rounds: int, warm_up: bool = False) -> dict[str, list[tuple[float, float]]]:
+    """paths: name -> a function putting the model on that decode path. Returns name -> the
+    (step, 5-row verification) seconds of each round (time_decode), the paths taking turns within
+    a round so that noise hits each alike; warm_up: an untimed first round (a graphed path records
+    then). The model is left on the last path."""
+    times = {name: [] for name in paths}
+    for r in range(rounds + warm_up):
+        for name, take in paths.items():
+            take(model)
+            if r >= warm_up:
+                times[name].append(time_decode(model))
+    return times
 
 
 def faster_than_eager(times: dict[str, list[tuple[float, float]]], path: str) -> tuple[bool, str, str]:

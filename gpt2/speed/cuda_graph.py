@@ -50,7 +50,7 @@ import weakref
 import torch
 
 from .compiled import (MAX_ROWS, OPTIONS, block_step, decide_path, eager, faster_than_eager, fixed_size_inputs,
-                       head, model_key, time_decode)
+                       head, model_key, time_in_turns)
 from .device import note_once, synchronize
 from .fast_model import FastGPT2
 from .fused_step import fused_block_step, fused_head, why_not_fused
@@ -273,12 +273,7 @@ def choose_graphed(model) -> tuple[bool, str]:
 def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     """Time a 1-row step and a 5-row verification, eager and graphed, in turns; graphed where it
     is faster by gpt2.speed.compiled's AUTO_MARGIN."""
-    times = {"eager": [], "graphed": []}
-    for r in range(rounds + 1):  # the first round records the graphs
-        for name in times:
-            (graph_decode if name == "graphed" else ungraph)(model)
-            if r:
-                times[name].append(time_decode(model))
+    times = time_in_turns(model, {"eager": ungraph, "graphed": graph_decode}, rounds, warm_up=True)  # records first
     ungraph(model)
     use, verdict, ms = faster_than_eager(times, "graphed")
     return use, f"CUDA graphs {verdict} here ({ms})"

@@ -193,15 +193,11 @@ def choose_fused(model) -> tuple[bool, str]:
 def _measure(model, rounds: int = 5) -> tuple[bool, str]:
     """Time a 1-row step and a 5-row verification, eager and fused, in turns; the fastest of
     `rounds` each (noise only ever adds time)."""
-    from .compiled import faster_than_eager, time_decode
+    from .compiled import faster_than_eager, time_in_turns
 
     fused = FusedCPUStep(model)
-    times = {"eager": [], "fused": []}
-    for _ in range(rounds):
-        for name in times:
-            model.decode_path = fused if name == "fused" else None
-            times[name].append(time_decode(model))
-    model.decode_path = None
+    times = time_in_turns(model, {"eager": unfuse, "fused": lambda m: setattr(m, "decode_path", fused)}, rounds)
+    unfuse(model)
     use, verdict, ms = faster_than_eager(times, "fused")
     return use, f"fused CPU step {verdict} here ({ms})"
 
