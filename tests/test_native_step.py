@@ -8,6 +8,8 @@ eager forward; models it cannot run stay eager with a note that says why."""
 import pytest
 import torch
 from conftest import TINY, sibling_tree
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gpt2.speed.kernels as kernels
 from gpt2 import load_gpt2
@@ -227,3 +229,34 @@ def test_the_benchmark_runs_both_paths_and_checks_their_tokens(text_pair_dirs, t
         assert [len(r["seconds"]) for r in res["paths"][path].values()] == [1, 1, 1]
         assert all(r["equal_to_plain"] for r in res["paths"][path].values())
     assert "| fused (ran: fused) | tree (2, 2) |" in (tmp_path / "results.md").read_text()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_cache_length_rows_and_tree_mask_as_the_eager_forward(int8_model, data):
+    """Drawn: the cached length, the new rows, the cache's spare room, and (half the time) a token
+    tree's mask (the cached slots and each node itself visible, each earlier node at random) with
+    the positions it implies. The fused step's logits are eager's within rounding."""
+    start, T = data.draw(st.integers(1, 30), "cached"), data.draw(st.integers(1, 12), "rows")
+    spare = data.draw(st.integers(0, 4), "spare slots")
+    ids = torch.tensor([data.draw(st.lists(st.integers(0, TINY.vocab_size - 1), min_size=start + T,
+                                           max_size=start + T), "tokens")])
+    options = {}
+    if data.draw(st.booleans(), "a tree"):
+        mask = torch.zeros(T, start + T, dtype=torch.bool)
+        mask[:, :start] = True
+        for t in range(T):
+            mask[t, start + t] = True
+            for u in range(t):
+                mask[t, start + u] = data.draw(st.booleans())
+        positions = torch.tensor([start + int(mask[t, start:].sum()) - 1 for t in range(T)])
+        options = {"attn_mask": mask, "positions": positions}
+    logits = []
+    with torch.inference_mode():
+        for path in (unfuse, fused_decode):
+            model = path(int8_model)
+            cache = model.new_kv_cache(max_len=start + T + spare)
+            model.eager_forward(ids[:, :start], cache)
+            logits.append(model(ids[:, start:], cache, **options))
+    unfuse(int8_model)
+    torch.testing.assert_close(logits[1], logits[0], atol=ATOL, rtol=0)
