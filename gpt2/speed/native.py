@@ -231,6 +231,13 @@ def panel_rows(panels: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return panels[index // PANEL, :, index % PANEL]
 
 
+def entry_point(panels: torch.Tensor, lib: ctypes.CDLL | None = None):
+    """The kernel's C function for these panels' dtype, in `lib` (a build; default: this CPU's):
+    (x, rows, in, panels, out, scale, bias, y, threads) -> 0. rows_linear calls it; the fused CPU
+    step (block_step.c) is handed its address."""
+    return (lib or _LIBRARY or library()).by_dtype[panels.dtype]
+
+
 def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Tensor | None,
                 scale: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [..., in] float32 @ W.T + bias -> [..., out] float32, where panels = pack_panels(W, float16,
@@ -245,8 +252,7 @@ def rows_linear(x: torch.Tensor, panels: torch.Tensor, out: int, bias: torch.Ten
     if (-(-inputs // QUAD) if panels.dtype == torch.uint8 else inputs) != panels.shape[1]:
         raise ValueError(f"rows_linear: x has {inputs} inputs, the packed weight another number")
     y = torch.empty(*x.shape[:-1], out, dtype=torch.float32)
-    lib = lib or _LIBRARY or library()
-    failed = lib.by_dtype[panels.dtype](
+    failed = entry_point(panels, lib)(
         x.data_ptr(), x.numel() // inputs, inputs, panels.data_ptr(), out,
         None if scale is None else scale.data_ptr(), None if bias is None else bias.data_ptr(),
         y.data_ptr(), torch.get_num_threads())

@@ -101,10 +101,9 @@ class FusedCPUStep:
 
     def _linear(self, layer: FastLinear) -> Linear:
         kernel = panel_kernel(layer)
-        lib = kernel.lib or native.library()
         bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
         self.keep += [kernel.panels, kernel.scale, bias]
-        run = ctypes.cast(lib.by_dtype[kernel.panels.dtype], ctypes.c_void_p).value
+        run = ctypes.cast(native.entry_point(kernel.panels, kernel.lib), ctypes.c_void_p).value
         return Linear(run, kernel.panels.data_ptr(), _address(kernel.scale), _address(bias),
                       layer.in_features, layer.out_features)
 
